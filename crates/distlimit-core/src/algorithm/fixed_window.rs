@@ -1,0 +1,63 @@
+//! The fixed window counter.
+
+use super::Model;
+use crate::Quota;
+
+/// Fixed window state: the start of the window counted in, and its count.
+///
+/// Windows are aligned to multiples of the period since the Unix epoch. If the clock goes back
+/// before `start_us`, the stored window stays current.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FixedWindow {
+    /// Start of the window `count` belongs to (µs since the epoch).
+    pub start_us: u64,
+    /// Units admitted in that window.
+    pub count: u64,
+}
+
+impl FixedWindow {
+    /// The current window's start and count at `now`.
+    fn current(&self, q: &Quota, now: u64) -> (u64, u64) {
+        let start = now - now % q.period_us();
+        if start > self.start_us {
+            (start, 0)
+        } else {
+            (self.start_us, self.count)
+        }
+    }
+}
+
+impl Model for FixedWindow {
+    fn available(&self, q: &Quota, now: u64) -> u64 {
+        q.limit().saturating_sub(self.current(q, now).1)
+    }
+
+    fn retry_after(&self, q: &Quota, now: u64, _want: u64) -> u64 {
+        // `want` never exceeds the limit, so the next window admits it.
+        let (start, _) = self.current(q, now);
+        start.saturating_add(q.period_us()).saturating_sub(now)
+    }
+
+    fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
+        let (start, count) = self.current(q, now);
+        if count.saturating_add(extra) == 0 {
+            0
+        } else {
+            start.saturating_add(q.period_us()).saturating_sub(now)
+        }
+    }
+
+    fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
+        let (start, count) = self.current(q, now);
+        self.start_us = start;
+        self.count = count.saturating_add(cost);
+    }
+
+    fn expires_at(&self, q: &Quota) -> u64 {
+        if self.count == 0 {
+            0
+        } else {
+            self.start_us.saturating_add(q.period_us())
+        }
+    }
+}

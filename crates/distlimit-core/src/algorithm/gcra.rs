@@ -1,0 +1,50 @@
+//! The generic cell rate algorithm.
+
+use super::{Model, div_ceil};
+use crate::Quota;
+
+/// GCRA state: the theoretical arrival time (TAT) of the next unit, in µs since the epoch.
+///
+/// With the emission interval `T = ⌈period / limit⌉` µs, a key is `⌈(tat − now) / T⌉` units in
+/// debt; a request of `cost` passes when the debt plus `cost` stays within `burst`. The zero state
+/// is a key with no debt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Gcra {
+    /// The theoretical arrival time.
+    pub tat_us: u64,
+}
+
+/// The emission interval: µs per unit, rounded up so the rate never exceeds the quota.
+pub(crate) fn emission_interval(q: &Quota) -> u64 {
+    div_ceil(q.period_us(), q.limit())
+}
+
+impl Model for Gcra {
+    fn available(&self, q: &Quota, now: u64) -> u64 {
+        let debt = self.tat_us.saturating_sub(now);
+        q.burst()
+            .saturating_sub(div_ceil(debt, emission_interval(q)))
+    }
+
+    fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {
+        let debt = self.tat_us.saturating_sub(now);
+        debt.saturating_sub((q.burst() - want) * emission_interval(q))
+    }
+
+    fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
+        self.tat_us
+            .saturating_sub(now)
+            .saturating_add(extra.saturating_mul(emission_interval(q)))
+    }
+
+    fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
+        self.tat_us = self
+            .tat_us
+            .max(now)
+            .saturating_add(cost.saturating_mul(emission_interval(q)));
+    }
+
+    fn expires_at(&self, _q: &Quota) -> u64 {
+        self.tat_us
+    }
+}

@@ -1,0 +1,346 @@
+//! The rate-limiting algorithms as data ([`Algorithm`], [`Limit`], [`State`]) with a pure
+//! reference implementation each.
+//!
+//! Every algorithm works on integer microseconds and integer units scaled by the period, so the
+//! arithmetic is exact: no floating point, no rounding drift, and every intermediate value of a
+//! valid [`Quota`] stays below 2^53 so the Lua scripts of the Redis driver compute the very same
+//! numbers. The functions here never panic, whatever state, time or cost they are given.
+//!
+//! | algorithm | state | capacity | admitted cost in any interval of length `d` |
+//! |---|---|---|---|
+//! | [`TokenBucket`](Algorithm::TokenBucket) | 16 B | `burst` | ≤ `burst + ⌊d × limit / period⌋` |
+//! | [`Gcra`](Algorithm::Gcra) | 8 B | `burst` | ≤ `burst + ⌊d / T⌋`, `T = ⌈period / limit⌉` µs |
+//! | [`FixedWindow`](Algorithm::FixedWindow) | 16 B | `limit` | ≤ `limit` per aligned window, so ≤ `2 × limit` when `d ≤ period` |
+//! | [`SlidingLog`](Algorithm::SlidingLog) | ≤ `limit` entries | `limit` | ≤ `limit` when `d ≤ period` (exact) |
+//! | [`SlidingWindow`](Algorithm::SlidingWindow) | 24 B | `limit` | ≤ `limit` per aligned window, ≤ `2 × limit` when `d ≤ period` |
+//!
+//! Common rules, checked by property tests for every algorithm:
+//! * A request whose cost exceeds the capacity is denied with `retry_after` = [`NEVER`](crate::NEVER)
+//!   and changes nothing.
+//! * A denied request changes nothing; it is never charged.
+//! * Cost 0 is a *peek*: it changes nothing and reports whether one unit would pass now.
+//! * `retry_after` is exact: at `now + retry_after` the same request passes if nothing else was
+//!   consumed, one microsecond earlier it does not.
+//! * Splitting equal-time requests differently (`3` vs `1 + 2` at the same instant) ends in the
+//!   same state.
+//! * Time going backwards refills nothing.
+
+mod fixed_window;
+mod gcra;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use sliding_log::SlidingLog;
+pub use sliding_window::SlidingWindow;
+pub use token_bucket::TokenBucket;
+
+use crate::{Decision, Quota};
+
+/// `⌈a / b⌉` for `b > 0`.
+pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
+    a.div_ceil(b.max(1))
+}
+
+/// Which algorithm counts a key's consumption.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// A bucket of `burst` tokens refilled continuously at `limit / period`, exactly (tokens are
+    /// counted in units of `1 / period` µs, so no refill is lost to rounding).
+    ///
+    /// `Quota::per_minute(60)?.with_burst(10)?`: 10 requests at once, then one per second.
+    #[default]
+    TokenBucket,
+    /// The generic cell rate algorithm: one timestamp per key (the theoretical arrival time).
+    /// Admits like a token bucket of `burst` refilled one unit every `T = ⌈period / limit⌉` µs;
+    /// the emission interval `T` is rounded *up* to a whole microsecond, so it never admits more
+    /// than the quota (`per_second(3)` admits one every 333 334 µs).
+    Gcra,
+    /// Counts per window of `period`, windows aligned to multiples of `period` since the Unix
+    /// epoch (a one-minute window starts at every whole minute, for every key at once). Admits
+    /// `limit` per window, so up to `2 × limit` across a window boundary.
+    FixedWindow,
+    /// Keeps one entry per admitted instant and admits when the cost in the last `period`
+    /// (the half-open interval `(now − period, now]`) stays within `limit`. Exact, but stores up
+    /// to `limit` entries per key: for small limits.
+    SlidingLog,
+    /// The sliding window counter: the count of the previous aligned window weighted by how much
+    /// of it still overlaps the sliding window, plus the current count:
+    /// `prev × (period − elapsed) / period + current + cost ≤ limit`, evaluated exactly in
+    /// integers. An approximation of the sliding log in 24 bytes.
+    SlidingWindow,
+}
+
+impl Algorithm {
+    /// Every algorithm, for tests and documentation.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ];
+
+    /// The algorithm's name as used in configuration: `token_bucket`, `gcra`, `fixed_window`,
+    /// `sliding_log`, `sliding_window`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingWindow => "sliding_window",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An unknown algorithm name.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown algorithm {0:?}: expected token_bucket, gcra, fixed_window, sliding_log or sliding_window"
+)]
+pub struct UnknownAlgorithm(pub String);
+
+impl FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| UnknownAlgorithm(s.to_owned()))
+    }
+}
+
+/// A quota enforced by an algorithm: what one key is limited to.
+///
+/// ```
+/// use distlimit_core::{Limit, ManualClock, Quota, State};
+///
+/// # fn main() -> Result<(), distlimit_core::QuotaError> {
+/// let limit = Limit::gcra(Quota::per_second(2)?);
+/// let mut state = State::fresh(limit.algorithm());
+/// assert!(limit.decide(&mut state, 0, 1).is_allowed());
+/// assert!(limit.decide(&mut state, 0, 1).is_allowed());
+/// let denied = limit.decide(&mut state, 0, 1);
+/// assert!(denied.is_denied());
+/// assert_eq!(denied.retry_after().as_micros(), 500_000);
+/// assert!(limit.decide(&mut state, 500_000, 1).is_allowed());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    algorithm: Algorithm,
+    quota: Quota,
+}
+
+impl Limit {
+    /// `quota` enforced by `algorithm`.
+    pub fn new(algorithm: Algorithm, quota: Quota) -> Self {
+        Self { algorithm, quota }
+    }
+
+    /// `quota` as a token bucket.
+    pub fn token_bucket(quota: Quota) -> Self {
+        Self::new(Algorithm::TokenBucket, quota)
+    }
+
+    /// `quota` by GCRA.
+    pub fn gcra(quota: Quota) -> Self {
+        Self::new(Algorithm::Gcra, quota)
+    }
+
+    /// `quota` per fixed window.
+    pub fn fixed_window(quota: Quota) -> Self {
+        Self::new(Algorithm::FixedWindow, quota)
+    }
+
+    /// `quota` by sliding log.
+    pub fn sliding_log(quota: Quota) -> Self {
+        Self::new(Algorithm::SlidingLog, quota)
+    }
+
+    /// `quota` by sliding window counter.
+    pub fn sliding_window(quota: Quota) -> Self {
+        Self::new(Algorithm::SlidingWindow, quota)
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The quota.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// The most units one request may cost: `burst` for the token bucket and GCRA, `limit` for
+    /// the window algorithms.
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => self.quota.burst(),
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::SlidingWindow => {
+                self.quota.limit()
+            }
+        }
+    }
+
+    /// Decides a request of `cost` units at `now_us` against `state`, charging it when admitted.
+    ///
+    /// A state of another algorithm is replaced by a fresh one. The state is changed only when
+    /// the request is admitted with a cost above zero.
+    pub fn decide(&self, state: &mut State, now_us: u64, cost: u64) -> Decision {
+        if state.algorithm() != self.algorithm {
+            *state = State::fresh(self.algorithm);
+        }
+        let decision = self.evaluate(Some(state), now_us, cost);
+        if decision.is_allowed() && cost > 0 {
+            state.consume(&self.quota, now_us, cost);
+        }
+        decision
+    }
+
+    /// What [`decide`](Self::decide) would answer, without changing anything. `None`, or a state
+    /// of another algorithm, stands for a fresh key.
+    pub fn evaluate(&self, state: Option<&State>, now_us: u64, cost: u64) -> Decision {
+        let q = &self.quota;
+        match state {
+            Some(State::TokenBucket(s)) if self.algorithm == Algorithm::TokenBucket => {
+                evaluate(s, q, self.capacity(), now_us, cost)
+            }
+            Some(State::Gcra(s)) if self.algorithm == Algorithm::Gcra => {
+                evaluate(s, q, self.capacity(), now_us, cost)
+            }
+            Some(State::FixedWindow(s)) if self.algorithm == Algorithm::FixedWindow => {
+                evaluate(s, q, self.capacity(), now_us, cost)
+            }
+            Some(State::SlidingLog(s)) if self.algorithm == Algorithm::SlidingLog => {
+                evaluate(s, q, self.capacity(), now_us, cost)
+            }
+            Some(State::SlidingWindow(s)) if self.algorithm == Algorithm::SlidingWindow => {
+                evaluate(s, q, self.capacity(), now_us, cost)
+            }
+            _ => self.evaluate(Some(&State::fresh(self.algorithm)), now_us, cost),
+        }
+    }
+}
+
+/// What one algorithm must answer about its state; the shared rules live in [`evaluate`].
+pub(crate) trait Model {
+    /// Units that could be spent at `now`.
+    fn available(&self, q: &Quota, now: u64) -> u64;
+    /// µs from `now` until `want` units are available; `want` exceeds `available` and is at most
+    /// the capacity.
+    fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64;
+    /// µs from `now` until the state is back to full capacity, after `extra` more units were spent.
+    fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64;
+    /// Charges `cost` (at most `available`) at `now`.
+    fn consume(&mut self, q: &Quota, now: u64, cost: u64);
+    /// The instant from which the state is equivalent to a fresh one: a store may forget it then.
+    fn expires_at(&self, q: &Quota) -> u64;
+}
+
+fn evaluate<M: Model>(m: &M, q: &Quota, capacity: u64, now: u64, cost: u64) -> Decision {
+    let available = m.available(q, now).min(capacity);
+    if cost > capacity {
+        return Decision::from_micros(
+            false,
+            capacity,
+            available,
+            m.reset_after(q, now, 0),
+            u64::MAX,
+        );
+    }
+    let want = cost.max(1);
+    if want <= available {
+        let remaining = available - cost;
+        Decision::from_micros(true, capacity, remaining, m.reset_after(q, now, cost), 0)
+    } else {
+        Decision::from_micros(
+            false,
+            capacity,
+            available,
+            m.reset_after(q, now, 0),
+            m.retry_after(q, now, want).max(1),
+        )
+    }
+}
+
+/// The stored state of one key, for one algorithm.
+///
+/// The all-zero state of every algorithm ([`State::fresh`]) is a key never seen: a store that
+/// finds no state for a key uses it, and a store may delete a state once
+/// [`expires_at`](State::expires_at) has passed, without changing any decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum State {
+    /// See [`Algorithm::TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// See [`Algorithm::Gcra`].
+    Gcra(Gcra),
+    /// See [`Algorithm::FixedWindow`].
+    FixedWindow(FixedWindow),
+    /// See [`Algorithm::SlidingLog`].
+    SlidingLog(SlidingLog),
+    /// See [`Algorithm::SlidingWindow`].
+    SlidingWindow(SlidingWindow),
+}
+
+impl State {
+    /// The state of a key never seen.
+    pub fn fresh(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::TokenBucket => State::TokenBucket(TokenBucket::default()),
+            Algorithm::Gcra => State::Gcra(Gcra::default()),
+            Algorithm::FixedWindow => State::FixedWindow(FixedWindow::default()),
+            Algorithm::SlidingLog => State::SlidingLog(SlidingLog::default()),
+            Algorithm::SlidingWindow => State::SlidingWindow(SlidingWindow::default()),
+        }
+    }
+
+    /// The algorithm this state belongs to.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            State::TokenBucket(_) => Algorithm::TokenBucket,
+            State::Gcra(_) => Algorithm::Gcra,
+            State::FixedWindow(_) => Algorithm::FixedWindow,
+            State::SlidingLog(_) => Algorithm::SlidingLog,
+            State::SlidingWindow(_) => Algorithm::SlidingWindow,
+        }
+    }
+
+    /// The instant (µs since the epoch) from which this state, under `quota`, decides exactly like
+    /// a fresh one, so a store may delete it. Stores derive key TTLs from it.
+    pub fn expires_at(&self, quota: &Quota) -> u64 {
+        match self {
+            State::TokenBucket(s) => s.expires_at(quota),
+            State::Gcra(s) => s.expires_at(quota),
+            State::FixedWindow(s) => s.expires_at(quota),
+            State::SlidingLog(s) => s.expires_at(quota),
+            State::SlidingWindow(s) => s.expires_at(quota),
+        }
+    }
+
+    fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
+        match self {
+            State::TokenBucket(s) => s.consume(q, now, cost),
+            State::Gcra(s) => s.consume(q, now, cost),
+            State::FixedWindow(s) => s.consume(q, now, cost),
+            State::SlidingLog(s) => s.consume(q, now, cost),
+            State::SlidingWindow(s) => s.consume(q, now, cost),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! [`Decision`]: the answer to one rate-limit request.
+
+use std::time::Duration;
+
+/// `retry_after` of a request that can never pass because its cost exceeds the capacity.
+pub const NEVER: Duration = Duration::from_micros(u64::MAX);
+
+/// The answer to one request: admitted or not, and what the client may do next.
+///
+/// A denial is a value, not an error: `Err` from a store means the store failed to decide.
+///
+/// * `limit`: the capacity (the burst for the token bucket and GCRA, the limit per window for the
+///   window algorithms): the largest `remaining` can be.
+/// * `remaining`: units that could still be spent right now, after this request.
+/// * `reset_after`: time until the key is back to its full capacity if nothing else is consumed.
+/// * `retry_after`: for a denial, the time after which the same request is admitted if nothing
+///   else consumes meanwhile (exactly: a microsecond earlier it would still be denied). Zero when
+///   allowed, [`NEVER`] when the cost exceeds the capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Decision {
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_after_us: u64,
+    retry_after_us: u64,
+}
+
+impl Decision {
+    /// An admitted request. Store drivers build their answers with this.
+    pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after_us: micros(reset_after),
+            retry_after_us: 0,
+        }
+    }
+
+    /// A denied request. Store drivers build their answers with this.
+    pub fn denied(
+        limit: u64,
+        remaining: u64,
+        reset_after: Duration,
+        retry_after: Duration,
+    ) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining,
+            reset_after_us: micros(reset_after),
+            retry_after_us: micros(retry_after),
+        }
+    }
+
+    pub(crate) fn from_micros(
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        reset_after_us: u64,
+        retry_after_us: u64,
+    ) -> Self {
+        Self {
+            allowed,
+            limit,
+            remaining,
+            reset_after_us,
+            retry_after_us: if allowed { 0 } else { retry_after_us },
+        }
+    }
+
+    /// Whether the request was admitted (and charged).
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Whether the request was denied (and not charged).
+    pub fn is_denied(&self) -> bool {
+        !self.allowed
+    }
+
+    /// The capacity: the largest value [`remaining`](Self::remaining) can take.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Units that could still be spent right now.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Time until the key is back to full capacity if nothing else is consumed.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_micros(self.reset_after_us)
+    }
+
+    /// For a denial, the time after which the same request would be admitted if nothing else is
+    /// consumed meanwhile; zero when allowed; [`NEVER`] when it can never pass.
+    pub fn retry_after(&self) -> Duration {
+        Duration::from_micros(self.retry_after_us)
+    }
+
+    /// Whether the request can never pass (its cost exceeds the capacity).
+    pub fn is_never(&self) -> bool {
+        self.retry_after_us == u64::MAX
+    }
+
+    /// The most restrictive of several decisions (for example the tiers of one request, checked
+    /// all-or-nothing): denied if any is denied, the smallest `remaining`, the largest
+    /// `retry_after` and `reset_after`. `None` for an empty input.
+    ///
+    /// `limit` is that of the decision with the smallest `remaining`.
+    pub fn most_restrictive<'a, I: IntoIterator<Item = &'a Decision>>(
+        decisions: I,
+    ) -> Option<Self> {
+        let mut iter = decisions.into_iter();
+        let mut acc = *iter.next()?;
+        for d in iter {
+            if d.remaining < acc.remaining {
+                acc.remaining = d.remaining;
+                acc.limit = d.limit;
+            }
+            acc.allowed &= d.allowed;
+            acc.reset_after_us = acc.reset_after_us.max(d.reset_after_us);
+            acc.retry_after_us = acc.retry_after_us.max(d.retry_after_us);
+        }
+        Some(acc)
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}

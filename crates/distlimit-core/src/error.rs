@@ -1,0 +1,94 @@
+//! [`Error`]: why a store could not decide.
+
+use std::time::Duration;
+
+use crate::{KeyError, QuotaError};
+
+/// A boxed error from a store's backend.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a store failed to decide. A denial is not an error: it is an `Ok(`[`Decision`](crate::Decision)`)`.
+///
+/// [`is_transient`](Error::is_transient) tells a circuit breaker whether trying again later (or
+/// on another store) may succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key was empty or too long.
+    #[error(transparent)]
+    InvalidKey(#[from] KeyError),
+    /// The quota was invalid.
+    #[error(transparent)]
+    InvalidQuota(#[from] QuotaError),
+    /// The request as a whole was invalid (for example an empty batch, or a key twice in one batch).
+    #[error("invalid request: {0}")]
+    InvalidRequest(&'static str),
+    /// The store did not answer in time. A consuming request that timed out may still have been
+    /// applied, so it must not be retried blindly.
+    #[error("{store}: no answer within {after:?}")]
+    Timeout {
+        /// The store's name.
+        store: &'static str,
+        /// The time budget that ran out.
+        after: Duration,
+    },
+    /// The store could not be reached (connection refused or lost, failover in progress).
+    #[error("{store}: unavailable: {source}")]
+    Unavailable {
+        /// The store's name.
+        store: &'static str,
+        /// The underlying error.
+        source: BoxError,
+    },
+    /// The store answered something that is not a valid answer (a wrong type at the key, a
+    /// malformed reply).
+    #[error("{store}: invalid reply: {message}")]
+    Protocol {
+        /// The store's name.
+        store: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// The store is misconfigured (bad URL, wrong credentials, scripting disabled).
+    #[error("{store}: configuration: {message}")]
+    Config {
+        /// The store's name.
+        store: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+    /// Any other backend failure, with its own transient/permanent classification.
+    #[error("{store}: {source}")]
+    Backend {
+        /// The store's name.
+        store: &'static str,
+        /// Whether trying again later may succeed.
+        transient: bool,
+        /// The underlying error.
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// Whether trying again later, or failing over to another store, may succeed: timeouts and
+    /// lost connections are transient; invalid input, invalid replies and bad configuration are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout { .. } | Error::Unavailable { .. } => true,
+            Error::Backend { transient, .. } => *transient,
+            Error::InvalidKey(_)
+            | Error::InvalidQuota(_)
+            | Error::InvalidRequest(_)
+            | Error::Protocol { .. }
+            | Error::Config { .. } => false,
+        }
+    }
+
+    /// Whether the error is the caller's fault (bad key, quota or request) rather than the store's.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidKey(_) | Error::InvalidQuota(_) | Error::InvalidRequest(_)
+        )
+    }
+}

@@ -1,0 +1,241 @@
+//! The storage contract ([`Store`]) drivers implement, and the conveniences users call ([`StoreExt`]).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::{Decision, Error, Key, Limit};
+
+/// The most requests one [`Store::decide_all`] batch may hold.
+pub const MAX_BATCH: usize = 16;
+
+/// One request: charge `cost` units to `key` under `limit`.
+///
+/// ```
+/// use distlimit_core::{Key, Limit, Quota, Request};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limit = Limit::token_bucket(Quota::per_second(10)?);
+/// let request = Request::new(Key::new("user:42")?, limit).with_cost(3);
+/// assert_eq!(request.cost(), 3);
+/// assert_eq!(Request::peek(Key::new("user:42")?, limit).cost(), 0);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Request<'a> {
+    key: Key<'a>,
+    limit: Limit,
+    cost: u64,
+}
+
+impl<'a> Request<'a> {
+    /// A request of cost 1.
+    pub fn new(key: Key<'a>, limit: Limit) -> Self {
+        Self {
+            key,
+            limit,
+            cost: 1,
+        }
+    }
+
+    /// A request of cost 0: it reports whether one unit would pass now and changes nothing.
+    pub fn peek(key: Key<'a>, limit: Limit) -> Self {
+        Self {
+            key,
+            limit,
+            cost: 0,
+        }
+    }
+
+    /// The same request with another cost (a weighted request).
+    pub fn with_cost(self, cost: u64) -> Self {
+        Self { cost, ..self }
+    }
+
+    /// The key charged.
+    pub fn key(&self) -> Key<'a> {
+        self.key
+    }
+
+    /// The limit the key is held to.
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    /// The units charged if admitted.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+/// Checks that a batch for [`Store::decide_all`] is valid: 1 to [`MAX_BATCH`] requests, no key
+/// twice. Drivers call it first so every store rejects the same batches.
+pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
+    if requests.is_empty() {
+        return Err(Error::InvalidRequest("empty batch"));
+    }
+    if requests.len() > MAX_BATCH {
+        return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
+    }
+    for (i, a) in requests.iter().enumerate() {
+        if requests[..i].iter().any(|b| b.key == a.key) {
+            return Err(Error::InvalidRequest("the same key twice in one batch"));
+        }
+    }
+    Ok(())
+}
+
+/// Where rate-limit state lives: the contract a storage driver implements.
+///
+/// Object safe: `Arc<dyn Store>` works. Users call it through [`StoreExt`] or a limiter built on
+/// top; drivers implement the two methods below.
+///
+/// # Contract
+///
+/// A store MUST:
+/// * decide every request exactly as [`Limit::decide`] would on the key's state at the store's
+///   current time, atomically: concurrent requests on one key behave as if run one after another;
+/// * treat a key without state (never seen, or forgotten after its state's
+///   [`expires_at`](crate::State::expires_at)) as [`State::fresh`](crate::State::fresh);
+/// * never charge a denied request, and never change anything for a request of cost 0;
+/// * in [`decide_all`](Store::decide_all), charge either every request of the batch or none,
+///   atomically, after [`validate_batch`];
+/// * return `Err` only when it failed to decide, classified by [`Error::is_transient`]; never panic
+///   on any key, quota or reply from its backend.
+///
+/// A store SHOULD forget state after it expires, so memory stays bounded, and document how it
+/// reads time (its own clock, or a server's).
+///
+/// The `distlimit-test` crate checks all of this: run its conformance suite against your store.
+///
+/// # Example: a minimal driver
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+/// use async_trait::async_trait;
+/// use distlimit_core::{
+///     validate_batch, Clock, Decision, Error, Key, Limit, Quota, Request, State, Store, StoreExt,
+///     SystemClock,
+/// };
+///
+/// #[derive(Default)]
+/// struct MapStore(Mutex<HashMap<Vec<u8>, State>>);
+///
+/// #[async_trait]
+/// impl Store for MapStore {
+///     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+///         Ok(self.decide_all(std::slice::from_ref(request)).await?[0])
+///     }
+///
+///     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+///         validate_batch(requests)?;
+///         let now = SystemClock.now_us();
+///         let mut map = self.0.lock().map_err(|_| Error::InvalidRequest("poisoned"))?;
+///         let decisions: Vec<Decision> = requests
+///             .iter()
+///             .map(|r| r.limit().evaluate(map.get(r.key().as_bytes()), now, r.cost()))
+///             .collect();
+///         if decisions.iter().all(Decision::is_allowed) {
+///             for r in requests {
+///                 let state = map
+///                     .entry(r.key().as_bytes().to_vec())
+///                     .or_insert_with(|| State::fresh(r.limit().algorithm()));
+///                 r.limit().decide(state, now, r.cost());
+///             }
+///         }
+///         Ok(decisions)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MapStore::default();
+/// let limit = Limit::token_bucket(Quota::per_minute(2)?);
+/// assert!(store.check("alice", limit).await?.is_allowed());
+/// assert!(store.check("alice", limit).await?.is_allowed());
+/// assert!(store.check("alice", limit).await?.is_denied());
+/// assert!(store.check("bob", limit).await?.is_allowed());
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Decides one request, charging it when admitted.
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error>;
+
+    /// Decides a batch all-or-nothing: every request is charged, or none is.
+    ///
+    /// The answer has one decision per request, in order: what that request alone would have
+    /// been answered. The batch was admitted (and charged) if and only if every decision is
+    /// allowed; [`Decision::most_restrictive`] folds them into one.
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error>;
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        (**self).decide(request).await
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        (**self).decide_all(requests).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for Box<S> {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        (**self).decide(request).await
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        (**self).decide_all(requests).await
+    }
+}
+
+/// Conveniences for calling any [`Store`] with a plain key.
+pub trait StoreExt: Store {
+    /// Charges one unit to `key` under `limit`. An empty or oversized key is an
+    /// [`Error::InvalidKey`].
+    fn check<'a, K>(
+        &'a self,
+        key: &'a K,
+        limit: Limit,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a
+    where
+        K: AsRef<[u8]> + Sync + ?Sized,
+    {
+        self.check_cost(key, limit, 1)
+    }
+
+    /// Charges `cost` units to `key` under `limit`.
+    fn check_cost<'a, K>(
+        &'a self,
+        key: &'a K,
+        limit: Limit,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a
+    where
+        K: AsRef<[u8]> + Sync + ?Sized,
+    {
+        async move {
+            let request = Request::new(Key::new(key)?, limit).with_cost(cost);
+            self.decide(&request).await
+        }
+    }
+
+    /// Reports whether one unit would pass for `key` now, changing nothing.
+    fn peek<'a, K>(
+        &'a self,
+        key: &'a K,
+        limit: Limit,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a
+    where
+        K: AsRef<[u8]> + Sync + ?Sized,
+    {
+        self.check_cost(key, limit, 0)
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}

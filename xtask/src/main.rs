@@ -1,0 +1,2 @@
+//! Project automation (placeholder, replaced below).
+fn main() {}
