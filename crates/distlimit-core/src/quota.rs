@@ -7,8 +7,8 @@ use std::time::Duration;
 /// Every algorithm works on integers scaled by the period. Keeping the products below 2^50 keeps
 /// every intermediate value below 2^53, the largest integer a Lua number (an IEEE double) holds
 /// exactly, so the Redis scripts and the Rust reference model compute bit-identical decisions.
-/// 2^50 µs is about 35 years: `per_hour(300_000)` or a one-day period with a burst of 13 000 000
-/// still fit.
+/// 2^50 µs is about 35 years: `per_hour(312_000)` fits, and so does a one-day period with a limit
+/// or burst of up to 13 031.
 pub const MAX_SCALED: u64 = 1 << 50;
 
 /// A rate limit: `limit` units per `period`, with up to `burst` units at once.

@@ -46,13 +46,13 @@ impl Model for SlidingWindow {
         let period = q.period_us();
         let limit = q.limit();
         let (start, prev, cur) = self.at(q, now);
-        let elapsed = now.saturating_sub(start).min(period);
-        // Later in the current window, as the previous window's weight shrinks.
+        // Later in the current window, as the previous window's weight shrinks. Measured from
+        // `start`, not from `now`: before `start` (the clock went back) the weight does not shrink.
         if prev > 0 && cur.saturating_add(want) <= limit {
             let slack = (limit - cur - want) * period / prev;
             if slack >= 1 {
                 let at = period.saturating_sub(slack);
-                return at.saturating_sub(elapsed);
+                return start.saturating_add(at).saturating_sub(now);
             }
         }
         // In the next window, where `cur` becomes the weighted previous count.
@@ -62,10 +62,10 @@ impl Model for SlidingWindow {
         }
         let slack = (limit - want) * period / cur.min(limit);
         if slack >= 1 {
-            to_next + period.saturating_sub(slack)
+            to_next.saturating_add(period.saturating_sub(slack))
         } else {
             // Only the window after the next one admits it.
-            to_next + period
+            to_next.saturating_add(period)
         }
     }
 

@@ -39,18 +39,26 @@ impl Model for TokenBucket {
 
     fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {
         let allowed_deficit = (q.burst() - want) * q.period_us();
-        div_ceil(
+        let refill = div_ceil(
             self.deficit_at(q, now).saturating_sub(allowed_deficit),
             q.limit(),
-        )
+        );
+        // Nothing refills before `last_us` (the clock went back): wait until then first.
+        self.last_us.saturating_sub(now).saturating_add(refill)
     }
 
     fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
-        div_ceil(
+        let refill = div_ceil(
             self.deficit_at(q, now)
                 .saturating_add(extra.saturating_mul(q.period_us())),
             q.limit(),
-        )
+        );
+        if refill == 0 {
+            0
+        } else {
+            // As in `retry_after`: the refill starts at `last_us` at the earliest.
+            self.last_us.saturating_sub(now).saturating_add(refill)
+        }
     }
 
     fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
