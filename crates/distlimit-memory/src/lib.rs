@@ -1,0 +1,339 @@
+//! distlimit's in-process store: 64 lock-sharded swiss tables with flood-resistant hashing,
+//! bounded memory and zero allocations per decision on a known key.
+//!
+//! [`MemoryStore`] implements the [`distlimit_core::Store`] contract (so it can stand in for
+//! Redis in tests, or be the fallback of a hybrid store) and offers a synchronous fast path,
+//! [`MemoryStore::decide_sync`], that never allocates, never fails and takes one uncontended
+//! lock for different keys on different shards.
+//!
+//! * **Sharding.** One keyed hash per key (foldhash, seeded at random per store) picks the
+//!   shard and the slot inside it. Keys come from clients, so nobody outside the process can
+//!   aim many keys at one shard or one probe sequence.
+//! * **Bounded memory.** Every entry knows when its state becomes equivalent to a fresh key
+//!   ([`State::expires_at`](distlimit_core::State::expires_at)); each insert sweeps a couple of
+//!   buckets and drops expired entries (no stop-the-world pass), and a cap on the number of keys
+//!   ([`Builder::max_keys`]) evicts a live entry the client cannot choose when a flood of unique
+//!   keys fills a shard.
+//! * **Time.** [`FastClock`] by default (the CPU's time-stamp counter, anchored to the wall
+//!   clock); any [`Clock`], such as a [`ManualClock`](distlimit_core::ManualClock) in tests.
+//!
+//! # Example
+//!
+//! ```
+//! use distlimit_core::{Key, Limit, Quota, Request, StoreExt};
+//! use distlimit_memory::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let limit = Limit::token_bucket(Quota::per_minute(60)?.with_burst(2)?);
+//!
+//! // The synchronous fast path.
+//! let request = Request::new(Key::new("203.0.113.7")?, limit);
+//! assert!(store.decide_sync(&request).is_allowed());
+//! assert!(store.decide_sync(&request).is_allowed());
+//! let denied = store.decide_sync(&request);
+//! assert!(denied.is_denied());
+//! assert!(denied.retry_after().as_millis() <= 1_000);
+//!
+//! // The async contract every store shares.
+//! assert!(store.check("203.0.113.8", limit).await?.is_allowed());
+//! # Ok(()) }
+//! ```
+//!
+//! # Feature flags
+//!
+//! None.
+
+mod clock;
+mod shard;
+mod sync;
+#[cfg(all(test, distlimit_loom))]
+mod tests;
+
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use distlimit_core::{Clock, Decision, Error, Request, Store, validate_batch};
+
+pub use clock::FastClock;
+use shard::Table;
+use sync::RwLock;
+
+/// The number of shards.
+pub const SHARDS: usize = 64;
+
+/// The default cap on the number of keys a store holds: 1 048 576 (about 80 MiB).
+pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
+
+/// The hasher a store uses by default: foldhash, seeded at random per store.
+pub type DefaultHasher = foldhash::quality::RandomState;
+
+/// A shard on its own cache lines, so that locking one never slows its neighbours.
+#[repr(align(128))]
+#[derive(Debug)]
+struct Padded<T>(T);
+
+/// The in-process store: see the [crate documentation](crate).
+pub struct MemoryStore<C = FastClock, S = DefaultHasher> {
+    shards: Box<[Padded<RwLock<Table>>]>,
+    hasher: S,
+    clock: C,
+    max_keys_per_shard: usize,
+    evictions: AtomicU64,
+}
+
+/// Configures a [`MemoryStore`].
+///
+/// ```
+/// use distlimit_core::ManualClock;
+/// use distlimit_memory::MemoryStore;
+///
+/// let store = MemoryStore::builder()
+///     .max_keys(100_000)
+///     .clock(ManualClock::new(0))
+///     .build();
+/// assert_eq!(store.max_keys(), 100_032); // rounded up to a multiple of 64 shards
+/// ```
+#[derive(Debug, Clone)]
+pub struct Builder<C = FastClock, S = DefaultHasher> {
+    clock: C,
+    hasher: S,
+    max_keys: usize,
+}
+
+impl MemoryStore {
+    /// A store with the default clock, hasher and key cap.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> Builder {
+        Builder {
+            clock: FastClock::new(),
+            hasher: DefaultHasher::default(),
+            max_keys: DEFAULT_MAX_KEYS,
+        }
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// A store reading `clock`, with the default hasher and key cap.
+    pub fn with_clock(clock: C) -> Self {
+        MemoryStore::builder().clock(clock).build()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C, S> Builder<C, S> {
+    /// The most keys the store holds (default [`DEFAULT_MAX_KEYS`]), rounded up to a multiple of
+    /// [`SHARDS`]. Each shard holds at most `max_keys / 64`; when a shard is full, inserting a new
+    /// key first drops expired entries it finds nearby and otherwise evicts a live one, which then
+    /// starts over as a fresh key (so it may be admitted up to one extra burst). Keys spread
+    /// evenly, so evictions begin once the store is nearly full.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The clock decisions read.
+    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<C2, S> {
+        Builder {
+            clock,
+            hasher: self.hasher,
+            max_keys: self.max_keys,
+        }
+    }
+
+    /// The hasher that places keys; it must be seeded at random (the default is) or clients
+    /// can choose keys that collide.
+    pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> Builder<C, S2> {
+        Builder {
+            clock: self.clock,
+            hasher,
+            max_keys: self.max_keys,
+        }
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore<C, S> {
+        MemoryStore {
+            shards: (0..SHARDS)
+                .map(|_| Padded(RwLock::new(Table::default())))
+                .collect(),
+            hasher: self.hasher,
+            clock: self.clock,
+            max_keys_per_shard: self.max_keys.div_ceil(SHARDS).max(1),
+            evictions: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
+    #[inline]
+    fn locate(&self, key: &[u8]) -> (u64, &RwLock<Table>) {
+        let hash = self.hasher.hash_one(key);
+        // Bits 32..38 pick the shard: hashbrown uses the low bits for the slot and the top
+        // seven for its control bytes, so the shard index is independent of both.
+        let shard = (hash >> 32) as usize % SHARDS;
+        (hash, &self.shards[shard].0)
+    }
+
+    /// Decides one request now: the synchronous fast path. Never allocates for a known key and
+    /// never fails (the key was validated when the [`Request`] was built).
+    #[inline]
+    pub fn decide_sync(&self, request: &Request<'_>) -> Decision {
+        self.decide_at(request, self.clock.now_us())
+    }
+
+    /// Decides one request at an explicit time (µs since the epoch) instead of the store's
+    /// clock, for callers that already read the time for a batch of work.
+    #[inline]
+    pub fn decide_at(&self, request: &Request<'_>, now_us: u64) -> Decision {
+        let key = request.key().as_bytes();
+        let (hash, shard) = self.locate(key);
+        if request.cost() == 0 {
+            return shard.read().evaluate(hash, key, request.limit(), now_us, 0);
+        }
+        let (decision, effects) = shard.write().decide(
+            hash,
+            key,
+            request.limit(),
+            now_us,
+            request.cost(),
+            self.max_keys_per_shard,
+            &self.hasher,
+        );
+        if effects.evicted {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        decision
+    }
+
+    /// Decides a batch all-or-nothing, synchronously: see [`Store::decide_all`].
+    ///
+    /// The shards involved are locked in ascending order, so batches never deadlock.
+    pub fn decide_all_sync(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_batch(requests)?;
+        let now = self.clock.now_us();
+        let located: Vec<(u64, usize)> = requests
+            .iter()
+            .map(|r| {
+                let hash = self.hasher.hash_one(r.key().as_bytes());
+                (hash, (hash >> 32) as usize % SHARDS)
+            })
+            .collect();
+        let mut shard_ids: Vec<usize> = located.iter().map(|&(_, s)| s).collect();
+        shard_ids.sort_unstable();
+        shard_ids.dedup();
+        let mut guards: Vec<_> = shard_ids
+            .iter()
+            .map(|&s| (s, self.shards[s].0.write()))
+            .collect();
+        let guard_of = |shard: usize| shard_ids.binary_search(&shard).unwrap_or(0);
+
+        let decisions: Vec<Decision> = requests
+            .iter()
+            .zip(&located)
+            .map(|(r, &(hash, shard))| {
+                guards[guard_of(shard)].1.evaluate(
+                    hash,
+                    r.key().as_bytes(),
+                    r.limit(),
+                    now,
+                    r.cost(),
+                )
+            })
+            .collect();
+        if decisions.iter().all(Decision::is_allowed) {
+            for (r, &(hash, shard)) in requests.iter().zip(&located) {
+                if r.cost() == 0 {
+                    continue;
+                }
+                let effects = guards[guard_of(shard)].1.commit(
+                    hash,
+                    r.key().as_bytes(),
+                    r.limit(),
+                    now,
+                    r.cost(),
+                    self.max_keys_per_shard,
+                    &self.hasher,
+                );
+                if effects.evicted {
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(decisions)
+    }
+
+    /// Drops every expired entry now and returns memory left behind by a flood. Never needed for
+    /// correctness or to bound memory (inserts sweep incrementally); it locks each shard in turn.
+    pub fn purge_expired(&self) {
+        let now = self.clock.now_us();
+        for shard in self.shards.iter() {
+            shard.0.write().purge(now, &self.hasher);
+        }
+    }
+}
+
+impl<C, S> MemoryStore<C, S> {
+    /// The number of keys held now (expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.read().len()).sum()
+    }
+
+    /// Whether the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The number of keys each shard holds now: a diagnostic of how evenly keys spread.
+    pub fn shard_lens(&self) -> Vec<usize> {
+        self.shards.iter().map(|s| s.0.read().len()).collect()
+    }
+
+    /// The cap on the number of keys.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys_per_shard * SHARDS
+    }
+
+    /// How many live keys were evicted because a shard was full.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// The clock the store reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<C, S> fmt::Debug for MemoryStore<C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &SHARDS)
+            .field("max_keys", &self.max_keys())
+            .field("evictions", &self.evictions())
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        Ok(self.decide_sync(request))
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        self.decide_all_sync(requests)
+    }
+}

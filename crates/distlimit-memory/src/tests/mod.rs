@@ -1,0 +1,3 @@
+//! loom models of the shard locks (run with `cargo xtask loom`).
+
+mod loom_shard;

@@ -1,0 +1,71 @@
+//! Allocation counting: a decision on a key the store already holds allocates nothing, and a
+//! key costs a bounded number of bytes.
+
+use distlimit_core::{Algorithm, Key, Limit, ManualClock, Quota, Request};
+use distlimit_memory::MemoryStore;
+
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
+const KEYS: u64 = 20_000;
+
+// One test: dhat counts for the whole process, so nothing else may run beside it.
+#[test]
+fn decisions_on_known_keys_allocate_nothing_and_keys_cost_bounded_bytes() {
+    let _profiler = dhat::Profiler::builder().testing().build();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+
+    // Bytes per key, u64-like (inline) and 40-byte (heap) keys.
+    for (name, key_len, bound) in [("8-byte", 8usize, 110u64), ("40-byte", 40, 170)] {
+        let before = dhat::HeapStats::get();
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let limit = Limit::gcra(Quota::per_second(10).unwrap());
+        for i in 0..KEYS {
+            let mut key = vec![b'k'; key_len];
+            key[..8].copy_from_slice(&i.to_le_bytes());
+            store.decide_sync(&Request::new(Key::new(&key).unwrap(), limit));
+        }
+        let after = dhat::HeapStats::get();
+        let per_key = (after.curr_bytes - before.curr_bytes) as u64 / KEYS;
+        eprintln!("{name} keys: {per_key} bytes per key");
+        assert!(per_key <= bound, "{name} keys cost {per_key} B each");
+        drop(store);
+    }
+
+    for algorithm in Algorithm::ALL {
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        // A 4 µs period with the clock moving 1 to 3 µs a round: sliding logs stay short (a log
+        // grows with the traffic inside its window, and growing is not a steady state).
+        let limit = Limit::new(
+            algorithm,
+            Quota::from_parts(1_000_000_000, 4, 1_000_000_000).unwrap(),
+        );
+        let keys: Vec<[u8; 8]> = (0..1_000u64).map(u64::to_le_bytes).collect();
+        let long_keys: Vec<String> = (0..1_000).map(|i| format!("user-{i:035}")).collect();
+        let run = |rounds: u64| {
+            for round in 0..rounds {
+                clock.advance(std::time::Duration::from_micros(1 + round % 3));
+                for key in &keys {
+                    store.decide_sync(&Request::new(Key::new(key).unwrap(), limit));
+                }
+                for key in &long_keys {
+                    let request = Request::new(Key::new(key).unwrap(), limit).with_cost(2);
+                    store.decide_sync(&request);
+                    store.decide_sync(&Request::peek(Key::new(key).unwrap(), limit));
+                }
+            }
+        };
+        // Warm up: insert every key (and let sliding logs reach their steady length).
+        run(3);
+        let before = dhat::HeapStats::get();
+        run(20);
+        let after = dhat::HeapStats::get();
+        assert_eq!(
+            after.total_blocks - before.total_blocks,
+            0,
+            "{algorithm}: {} allocations in {} decisions on known keys",
+            after.total_blocks - before.total_blocks,
+            20 * 3_000
+        );
+    }
+}
