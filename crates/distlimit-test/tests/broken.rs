@@ -1,0 +1,290 @@
+//! The checks can fail: deliberately broken stores, each caught by the check for the rule it
+//! breaks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlimit_core::{
+    Algorithm, Clock, Decision, Error, ManualClock, Request, State, Store, validate_batch,
+};
+use distlimit_test::new_clock;
+use parking_lot::Mutex;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bug {
+    /// A denied request still takes one unit when one is left.
+    ChargesDenied,
+    /// A peek charges one unit.
+    ChargesPeeks,
+    /// decide_all charges the admitted requests of a denied batch.
+    NotAllOrNothing,
+    /// decide_all skips validate_batch (and answers an empty batch with no decisions).
+    NoBatchValidation,
+    /// retry_after one microsecond short.
+    RetryOffByOne,
+    /// A cost above the capacity is told to retry after one period instead of never.
+    OverCapacityRetries,
+    /// Reads its clock one microsecond late.
+    ClockSkew,
+    /// Never lets time go backwards: uses the latest time seen.
+    MonotonicClock,
+    /// Keys compared as lossy UTF-8 strings.
+    LossyUtf8Keys,
+    /// Keys end at the first NUL, as C strings.
+    TruncatesAtNul,
+    /// One state per key and algorithm instead of one per key.
+    StatePerAlgorithm,
+    /// Reads the state, yields, then writes it back: not atomic.
+    NonAtomic,
+}
+
+type MapKey = (Vec<u8>, Option<Algorithm>);
+
+struct BuggyStore {
+    clock: ManualClock,
+    bug: Bug,
+    latest: Mutex<u64>,
+    states: Mutex<HashMap<MapKey, State>>,
+}
+
+impl BuggyStore {
+    fn new(bug: Bug, clock: ManualClock) -> Self {
+        Self {
+            clock,
+            bug,
+            latest: Mutex::new(0),
+            states: Mutex::default(),
+        }
+    }
+
+    fn map_key(&self, r: &Request<'_>) -> MapKey {
+        let bytes = r.key().as_bytes();
+        let bytes = match self.bug {
+            Bug::LossyUtf8Keys => String::from_utf8_lossy(bytes).into_owned().into_bytes(),
+            Bug::TruncatesAtNul => bytes.split(|&b| b == 0).next().unwrap_or_default().to_vec(),
+            _ => bytes.to_vec(),
+        };
+        let algorithm = (self.bug == Bug::StatePerAlgorithm).then(|| r.limit().algorithm());
+        (bytes, algorithm)
+    }
+
+    fn now(&self) -> u64 {
+        let now = self.clock.now_us();
+        match self.bug {
+            Bug::ClockSkew => now + 1,
+            Bug::MonotonicClock => {
+                let mut latest = self.latest.lock();
+                *latest = (*latest).max(now);
+                *latest
+            }
+            _ => now,
+        }
+    }
+
+    /// The decisions, and the states to store afterwards.
+    fn plan(&self, requests: &[Request<'_>], now: u64) -> (Vec<Decision>, Vec<(MapKey, State)>) {
+        let states = self.states.lock();
+        let decisions: Vec<Decision> = requests
+            .iter()
+            .map(|r| {
+                r.limit()
+                    .evaluate(states.get(&self.map_key(r)), now, r.cost())
+            })
+            .collect();
+        let all = decisions.iter().all(Decision::is_allowed);
+        let mut writes = Vec::new();
+        for (r, d) in requests.iter().zip(&decisions) {
+            let key = self.map_key(r);
+            let mut state = states
+                .get(&key)
+                .cloned()
+                .unwrap_or_else(|| State::fresh(r.limit().algorithm()));
+            if all || (self.bug == Bug::NotAllOrNothing && d.is_allowed()) {
+                let cost = if self.bug == Bug::ChargesPeeks {
+                    r.cost().max(1)
+                } else {
+                    r.cost()
+                };
+                r.limit().decide(&mut state, now, cost);
+            } else if self.bug == Bug::ChargesDenied && !d.is_never() {
+                r.limit().decide(&mut state, now, 1);
+            }
+            writes.push((key, state));
+        }
+        (decisions, writes)
+    }
+}
+
+#[async_trait]
+impl Store for BuggyStore {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        let ds = self.decide_all(std::slice::from_ref(request)).await?;
+        ds.first()
+            .copied()
+            .ok_or(Error::InvalidRequest("no decision"))
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        if self.bug != Bug::NoBatchValidation {
+            validate_batch(requests)?;
+        }
+        let now = self.now();
+        let (decisions, writes) = self.plan(requests, now);
+        if self.bug == Bug::NonAtomic {
+            tokio::task::yield_now().await;
+        }
+        self.states.lock().extend(writes);
+        Ok(decisions
+            .into_iter()
+            .map(|d| match self.bug {
+                Bug::RetryOffByOne if d.is_denied() && !d.is_never() => Decision::denied(
+                    d.limit(),
+                    d.remaining(),
+                    d.reset_after(),
+                    d.retry_after() - Duration::from_micros(1),
+                ),
+                Bug::OverCapacityRetries if d.is_never() => Decision::denied(
+                    d.limit(),
+                    d.remaining(),
+                    d.reset_after(),
+                    Duration::from_secs(1),
+                ),
+                _ => d,
+            })
+            .collect())
+    }
+}
+
+fn buggy(bug: Bug) -> (BuggyStore, ManualClock) {
+    let clock = new_clock();
+    (BuggyStore::new(bug, clock.clone()), clock)
+}
+
+/// Each bug fails the check for the rule it breaks, and the panic message names that check.
+macro_rules! caught {
+    ($test:ident, $bug:expr, $check:ident, $expected:literal) => {
+        #[tokio::test]
+        #[should_panic(expected = $expected)]
+        async fn $test() {
+            let (store, clock) = buggy($bug);
+            distlimit_test::$check(&store, &clock).await;
+        }
+    };
+}
+
+caught!(
+    charging_denied_requests,
+    Bug::ChargesDenied,
+    check_denied_request_is_not_charged,
+    "check `denied_request_is_not_charged`"
+);
+caught!(
+    charging_denied_requests_diverges,
+    Bug::ChargesDenied,
+    check_matches_reference_model,
+    "check `matches_reference_model`"
+);
+caught!(
+    charging_peeks,
+    Bug::ChargesPeeks,
+    check_peek_changes_nothing,
+    "check `peek_changes_nothing`"
+);
+caught!(
+    partial_batches,
+    Bug::NotAllOrNothing,
+    check_decide_all_is_all_or_nothing,
+    "check `decide_all_is_all_or_nothing`"
+);
+caught!(
+    unvalidated_batches,
+    Bug::NoBatchValidation,
+    check_decide_all_rejects_invalid_batches,
+    "check `decide_all_rejects_invalid_batches`"
+);
+caught!(
+    inexact_retry_after,
+    Bug::RetryOffByOne,
+    check_retry_after_is_exact,
+    "check `retry_after_is_exact`"
+);
+caught!(
+    over_capacity_retries,
+    Bug::OverCapacityRetries,
+    check_cost_above_capacity_is_never,
+    "check `cost_above_capacity_is_never`"
+);
+caught!(
+    skewed_clock,
+    Bug::ClockSkew,
+    check_matches_reference_model,
+    "check `matches_reference_model`"
+);
+caught!(
+    clamped_clock,
+    Bug::MonotonicClock,
+    check_clock_going_backwards_follows_model,
+    "check `clock_going_backwards_follows_model`"
+);
+caught!(
+    lossy_utf8_keys,
+    Bug::LossyUtf8Keys,
+    check_key_bytes_are_opaque,
+    "check `key_bytes_are_opaque`"
+);
+caught!(
+    nul_terminated_keys,
+    Bug::TruncatesAtNul,
+    check_key_bytes_are_opaque,
+    "check `key_bytes_are_opaque`"
+);
+caught!(
+    state_per_algorithm,
+    Bug::StatePerAlgorithm,
+    check_limit_change_follows_model,
+    "check `limit_change_follows_model`"
+);
+
+/// Lost updates: caught by the concurrency check. On a current-thread runtime the interleaving
+/// is deterministic (every task reads before any writes); the panic is caught from the task's
+/// `JoinHandle` instead of `#[should_panic]`.
+#[tokio::test(flavor = "current_thread")]
+async fn non_atomic_store() {
+    let (store, clock) = buggy(Bug::NonAtomic);
+    let store = Arc::new(store);
+    let handle = tokio::spawn(async move {
+        distlimit_test::check_concurrent_requests_admit_exactly_limit(&store, &clock).await;
+    });
+    let error = handle.await.expect_err("the check must fail");
+    let payload = error.into_panic();
+    let message = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(
+        message.contains("check `concurrent_requests_admit_exactly_limit`")
+            && message.contains("must admit exactly 10"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[should_panic(expected = "check `concurrent_batches_are_atomic`")]
+async fn non_atomic_batches() {
+    let (store, clock) = buggy(Bug::NonAtomic);
+    distlimit_test::check_concurrent_batches_are_atomic(&Arc::new(store), &clock).await;
+}
+
+/// The same stores without their bug pass those checks: the failures above are the bugs'.
+#[tokio::test]
+async fn harmless_bugs_pass_other_checks() {
+    let (store, clock) = buggy(Bug::StatePerAlgorithm);
+    distlimit_test::check_matches_reference_model(&store, &clock).await;
+    let (store, clock) = buggy(Bug::NoBatchValidation);
+    distlimit_test::check_matches_reference_model(&store, &clock).await;
+    let (store, clock) = buggy(Bug::MonotonicClock);
+    distlimit_test::check_matches_reference_model(&store, &clock).await;
+}

@@ -1,0 +1,64 @@
+//! The reference store: the contract's minimal driver, a map of states under a mutex, reading a
+//! `ManualClock`. The suite must pass on it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use distlimit_core::{Clock, Decision, Error, ManualClock, Request, State, Store, validate_batch};
+use parking_lot::Mutex;
+
+/// The states, shareable between clients with clocks of their own (like one Redis server).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Backend(Arc<Mutex<HashMap<Vec<u8>, State>>>);
+
+/// `Limit::evaluate` for every request, then `Limit::decide` for all of them if all pass.
+#[derive(Debug)]
+pub(crate) struct ReferenceStore {
+    clock: ManualClock,
+    backend: Backend,
+}
+
+impl ReferenceStore {
+    /// A store with a backend of its own.
+    pub(crate) fn new(clock: ManualClock) -> Self {
+        Self::on(&Backend::default(), clock)
+    }
+
+    /// A client of a shared backend, reading its own clock.
+    pub(crate) fn on(backend: &Backend, clock: ManualClock) -> Self {
+        Self {
+            clock,
+            backend: backend.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for ReferenceStore {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        Ok(self.decide_all(std::slice::from_ref(request)).await?[0])
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_batch(requests)?;
+        let mut states = self.backend.0.lock();
+        let now = self.clock.now_us();
+        let decisions: Vec<Decision> = requests
+            .iter()
+            .map(|r| {
+                r.limit()
+                    .evaluate(states.get(r.key().as_bytes()), now, r.cost())
+            })
+            .collect();
+        if decisions.iter().all(Decision::is_allowed) {
+            for r in requests {
+                let state = states
+                    .entry(r.key().as_bytes().to_vec())
+                    .or_insert_with(|| State::fresh(r.limit().algorithm()));
+                r.limit().decide(state, now, r.cost());
+            }
+        }
+        Ok(decisions)
+    }
+}
