@@ -26,18 +26,20 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// An admitted request. Store drivers build their answers with this.
+    /// An admitted request. Store drivers build their answers with this; `remaining` is capped
+    /// at `limit`.
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
             allowed: true,
             limit,
-            remaining,
+            remaining: remaining.min(limit),
             reset_after_us: micros(reset_after),
             retry_after_us: 0,
         }
     }
 
-    /// A denied request. Store drivers build their answers with this.
+    /// A denied request. Store drivers build their answers with this; `remaining` is capped at
+    /// `limit` and `retry_after` is at least one microsecond (a denial always has a wait).
     pub fn denied(
         limit: u64,
         remaining: u64,
@@ -47,9 +49,9 @@ impl Decision {
         Self {
             allowed: false,
             limit,
-            remaining,
+            remaining: remaining.min(limit),
             reset_after_us: micros(reset_after),
-            retry_after_us: micros(retry_after),
+            retry_after_us: micros(retry_after).max(1),
         }
     }
 

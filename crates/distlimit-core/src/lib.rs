@@ -56,5 +56,5 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, NEVER};
 pub use error::{BoxError, Error};
 pub use key::{Key, KeyError, MAX_KEY_LEN};
-pub use quota::{MAX_SCALED, Quota, QuotaError};
+pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
 pub use store::{MAX_BATCH, Request, Store, StoreExt, validate_batch};

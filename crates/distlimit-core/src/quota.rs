@@ -2,14 +2,47 @@
 
 use std::time::Duration;
 
-/// Largest value of `limit × period` and `burst × period` (in microseconds) a quota may have.
+/// Longest period a quota may have, in microseconds: 2^50 µs, about 35.7 years.
 ///
-/// Every algorithm works on integers scaled by the period. Keeping the products below 2^50 keeps
-/// every intermediate value below 2^53, the largest integer a Lua number (an IEEE double) holds
-/// exactly, so the Redis scripts and the Rust reference model compute bit-identical decisions.
-/// 2^50 µs is about 35 years: `per_hour(312_000)` fits, and so does a one-day period with a limit
-/// or burst of up to 13 031.
-pub const MAX_SCALED: u64 = 1 << 50;
+/// With times below 2^52 µs (the year 2112), the ends of the current and the next window
+/// (`start + 2 × period`) stay below 2^53.
+pub const MAX_PERIOD_US: u64 = 1 << 50;
+
+/// Largest limit a quota may have: 2^32 (4 294 967 296) units per period.
+///
+/// The sliding window counter compares `limit × steps` with `steps ≤ 2^20` (see
+/// [`WINDOW_STEPS`]), which stays within 2^52.
+pub const MAX_LIMIT: u64 = 1 << 32;
+
+/// Largest value of `burst × reduced period` a quota may have: 2^52.
+///
+/// The *reduced period* is `period_us / gcd(limit, period_us)`: the token bucket counts in
+/// `1 / reduced period` of a token (see [`Quota::refill_units`]), so its capacity is
+/// `burst × reduced period` units, and GCRA's `burst × ⌈period / limit⌉` µs is never more.
+///
+/// Every algorithm works on integers. Together with [`MAX_LIMIT`] and [`MAX_PERIOD_US`] this
+/// bound keeps every intermediate value below 2^53 for times below 2^52 µs (the year 2112): 2^53
+/// is the end of the range of integers a Lua number (an IEEE double) holds exactly, so the Redis
+/// scripts and the Rust reference model compute bit-identical decisions.
+///
+/// A round limit has a small reduced period, so large quotas fit with their default burst
+/// (`burst = limit`):
+///
+/// | quota | reduced period | `burst × reduced period` |
+/// |---|---|---|
+/// | `per_second(4_000_000_000)` | 1 | 4 × 10^9 |
+/// | `per_day(100_000)` | 864 000 | 8.64 × 10^10 |
+/// | `per_day(10_000_000)` | 8 640 | 8.64 × 10^10 |
+/// | `per_day(1_234_567)` | 86 400 000 000 (`gcd = 1`) | 1.07 × 10^17: **too large** |
+///
+/// `per_day(1_234_567)` fits with a burst of up to 52 124 (`2^52 / 86 400 000 000`), and
+/// `per_day(1_200_000)` (reduced period 72 000) fits with its default burst.
+pub const MAX_SCALED: u64 = 1 << 52;
+
+/// The sliding window counter weighs the previous window in at most this many steps: 2^20.
+///
+/// See [`Quota::window_granule`].
+pub const WINDOW_STEPS: u64 = 1 << 20;
 
 /// A rate limit: `limit` units per `period`, with up to `burst` units at once.
 ///
@@ -21,8 +54,22 @@ pub const MAX_SCALED: u64 = 1 << 50;
 ///
 /// Periods are whole microseconds (a sub-microsecond remainder is dropped).
 ///
+/// # Bounds
+///
+/// So that every algorithm computes exactly in integers below 2^53 (see [`MAX_SCALED`]), a quota
+/// needs:
+///
+/// * `period_us ≤ 2^50` ([`MAX_PERIOD_US`], about 35.7 years);
+/// * `limit ≤ 2^32` ([`MAX_LIMIT`]);
+/// * `burst × period_us / gcd(limit, period_us) ≤ 2^52` ([`MAX_SCALED`]): a limit that shares
+///   many factors with the period (a round one) allows a large burst. `per_day(100_000)`,
+///   `per_day(10_000_000)` and `per_second(4_000_000_000)` fit; `per_day(1_234_567)` (gcd 1)
+///   only with a burst of at most 52 124.
+///
+/// Anything else is a [`QuotaError`].
+///
 /// ```
-/// use distlimit_core::Quota;
+/// use distlimit_core::{Quota, QuotaError};
 /// use std::time::Duration;
 ///
 /// # fn main() -> Result<(), distlimit_core::QuotaError> {
@@ -34,6 +81,14 @@ pub const MAX_SCALED: u64 = 1 << 50;
 ///
 /// // Zero is never a valid limit.
 /// assert!(Quota::per_second(0).is_err());
+///
+/// // Large round quotas fit; an unround one needs a smaller burst.
+/// assert!(Quota::per_day(10_000_000).is_ok());
+/// assert!(matches!(
+///     Quota::per_day(1_234_567),
+///     Err(QuotaError::TooLarge { what: "burst", value: 1_234_567, max: 52_124 })
+/// ));
+/// assert!(Quota::from_parts(1_234_567, 86_400_000_000, 52_124).is_ok());
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,6 +96,10 @@ pub struct Quota {
     limit: u64,
     period_us: u64,
     burst: u64,
+    /// `limit / gcd(limit, period_us)`: token-bucket units refilled per µs.
+    refill_per_us: u64,
+    /// `period_us / gcd(limit, period_us)`: token-bucket units per token.
+    token_units: u64,
 }
 
 /// Why a [`Quota`] could not be built.
@@ -56,18 +115,49 @@ pub enum QuotaError {
     /// The burst was zero: nothing could ever be admitted.
     #[error("invalid quota: the burst must be at least 1")]
     ZeroBurst,
-    /// `limit × period` or `burst × period` (in µs) exceeds [`MAX_SCALED`].
-    #[error(
-        "invalid quota: {what} × period ({value} × {period_us} µs) exceeds the exact integer range (2^50)"
-    )]
+    /// A part of the quota is beyond the exact integer range (see [`Quota`]'s bounds):
+    ///
+    /// * `what: "period"`: the period in µs exceeds [`MAX_PERIOD_US`];
+    /// * `what: "limit"`: the limit exceeds [`MAX_LIMIT`];
+    /// * `what: "burst"`: `burst × period_us / gcd(limit, period_us)` exceeds [`MAX_SCALED`];
+    ///   `max` is then the largest burst this limit and period allow,
+    ///   `MAX_SCALED / (period_us / gcd(limit, period_us))`.
+    #[error("invalid quota: {}", too_large_message(.what, *.value, *.max))]
     TooLarge {
-        /// `"limit"` or `"burst"`.
+        /// `"period"`, `"limit"` or `"burst"`.
         what: &'static str,
-        /// The offending limit or burst.
+        /// The offending period (µs), limit or burst.
         value: u64,
-        /// The period in microseconds.
-        period_us: u64,
+        /// The largest value allowed for it.
+        max: u64,
     },
+}
+
+/// The message of [`QuotaError::TooLarge`].
+fn too_large_message(what: &str, value: u64, max: u64) -> String {
+    match what {
+        "period" => format!(
+            "the period of {value} µs exceeds {max} µs (2^50 µs, about 35.7 years), \
+             the longest period computed exactly"
+        ),
+        "limit" => {
+            format!("the limit of {value} exceeds {max} (2^32), the largest limit computed exactly")
+        }
+        "burst" => format!(
+            "the burst of {value} exceeds {max}, the largest burst this limit and period allow \
+             (burst × period in µs / gcd(limit, period in µs) must stay within 2^52); \
+             use a smaller burst, or a rounder limit that shares more factors with the period"
+        ),
+        _ => format!("the {what} of {value} exceeds {max}, beyond the exact integer range"),
+    }
+}
+
+/// The greatest common divisor (Euclid).
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 impl Quota {
@@ -104,6 +194,9 @@ impl Quota {
 
     /// Builds a quota from its raw parts: `limit` units per `period_us` microseconds, `burst` at
     /// once. Drivers use this to rebuild a quota they stored.
+    ///
+    /// Checks, in this order: a zero limit, period or burst, then the bounds of [`Quota`]: the
+    /// period, the limit, the burst.
     pub fn from_parts(limit: u64, period_us: u64, burst: u64) -> Result<Self, QuotaError> {
         if limit == 0 {
             return Err(QuotaError::ZeroLimit);
@@ -114,19 +207,36 @@ impl Quota {
         if burst == 0 {
             return Err(QuotaError::ZeroBurst);
         }
-        for (what, value) in [("limit", limit), ("burst", burst)] {
-            if u128::from(value) * u128::from(period_us) > u128::from(MAX_SCALED) {
-                return Err(QuotaError::TooLarge {
-                    what,
-                    value,
-                    period_us,
-                });
-            }
+        if period_us > MAX_PERIOD_US {
+            return Err(QuotaError::TooLarge {
+                what: "period",
+                value: period_us,
+                max: MAX_PERIOD_US,
+            });
+        }
+        if limit > MAX_LIMIT {
+            return Err(QuotaError::TooLarge {
+                what: "limit",
+                value: limit,
+                max: MAX_LIMIT,
+            });
+        }
+        let g = gcd(limit, period_us);
+        let token_units = period_us / g;
+        let max_burst = MAX_SCALED / token_units;
+        if burst > max_burst {
+            return Err(QuotaError::TooLarge {
+                what: "burst",
+                value: burst,
+                max: max_burst,
+            });
         }
         Ok(Self {
             limit,
             period_us,
             burst,
+            refill_per_us: limit / g,
+            token_units,
         })
     }
 
@@ -148,5 +258,64 @@ impl Quota {
     /// Units that may be spent at once by the token bucket and GCRA.
     pub fn burst(&self) -> u64 {
         self.burst
+    }
+
+    /// The token bucket's exact scale: `(refill per µs, units per token)`, that is
+    /// `(limit / g, period_us / g)` with `g = gcd(limit, period_us)`, computed once when the quota
+    /// is built.
+    ///
+    /// The bucket counts in `1 / (period_us / g)` of a token: `elapsed` µs refill
+    /// `elapsed × limit / g` units, exactly the rate `limit / period_us` tokens per µs, and a full
+    /// bucket holds `burst × period_us / g ≤ 2^52` units ([`MAX_SCALED`]). Drivers that evaluate
+    /// the token bucket elsewhere (the Redis Lua script) pass these two numbers along.
+    ///
+    /// ```
+    /// use distlimit_core::Quota;
+    ///
+    /// # fn main() -> Result<(), distlimit_core::QuotaError> {
+    /// // One million per day: gcd = 1 000 000, so one unit per µs and 86 400 units per token.
+    /// assert_eq!(Quota::per_day(1_000_000)?.refill_units(), (1, 86_400));
+    /// // Three per second: gcd = 1.
+    /// assert_eq!(Quota::per_second(3)?.refill_units(), (3, 1_000_000));
+    /// # Ok(()) }
+    /// ```
+    pub fn refill_units(&self) -> (u64, u64) {
+        (self.refill_per_us, self.token_units)
+    }
+
+    /// The sliding window counter's weighting: `(granule µs, steps per window)`, that is
+    /// `gr = ⌈period_us / 2^20⌉` and `steps = ⌈period_us / gr⌉ ≤ 2^20` ([`WINDOW_STEPS`]).
+    ///
+    /// At `e` µs into the current window the previous window weighs `⌈(period_us − e) / gr⌉`
+    /// steps out of `steps`. Windows up to 2^20 µs (about 1.05 s) have `gr = 1`: weighted per
+    /// microsecond. Longer ones are weighted in steps of `gr` µs, between 2^19 and 2^20 steps
+    /// per window.
+    ///
+    /// ```
+    /// use distlimit_core::Quota;
+    ///
+    /// # fn main() -> Result<(), distlimit_core::QuotaError> {
+    /// assert_eq!(Quota::per_second(10)?.window_granule(), (1, 1_000_000));
+    /// assert_eq!(Quota::per_hour(10)?.window_granule(), (3_434, 1_048_341));
+    /// # Ok(()) }
+    /// ```
+    pub fn window_granule(&self) -> (u64, u64) {
+        let granule = self.period_us.div_ceil(WINDOW_STEPS);
+        (granule, self.period_us.div_ceil(granule))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gcd;
+
+    #[test]
+    fn gcd_of_small_numbers() {
+        assert_eq!(gcd(12, 18), 6);
+        assert_eq!(gcd(18, 12), 6);
+        assert_eq!(gcd(7, 1), 1);
+        assert_eq!(gcd(1, 7), 1);
+        assert_eq!(gcd(1 << 32, 1 << 50), 1 << 32);
+        assert_eq!(gcd(1_234_567, 86_400_000_000), 1);
     }
 }

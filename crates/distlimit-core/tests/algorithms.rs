@@ -17,8 +17,10 @@
 //! 9. nothing panics, whatever the state, time, cost or (valid) quota;
 //! 10. `Decision::most_restrictive` folds decisions as documented.
 //!
-//! Also: a backwards jump refills nothing, `reset_after` is exact, and every number of a state or
-//! decision stays below 2^53 (the Lua scripts must compute the same numbers in doubles).
+//! Also: a backwards jump refills nothing, `reset_after` is exact, and for times below 2^52 every
+//! number of a state or decision, and every product the algorithms compute (`burst × P'`,
+//! `prev × w`, `limit × steps`, window ends), stays below 2^53 (the Lua scripts must compute the
+//! same numbers in doubles); `Quota::from_parts` accepts exactly the documented bounds.
 
 // Test helpers outside #[test] functions may unwrap too: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -27,7 +29,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use distlimit_core::algorithm::{FixedWindow, Gcra, SlidingLog, SlidingWindow, TokenBucket};
-use distlimit_core::{Algorithm, Decision, Limit, MAX_SCALED, NEVER, Quota, State};
+use distlimit_core::{
+    Algorithm, Decision, Limit, MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, NEVER, Quota, QuotaError,
+    State, WINDOW_STEPS,
+};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -170,32 +175,55 @@ fn small_quota() -> impl Strategy<Value = Quota> {
     })
 }
 
-/// Valid quotas at the extremes: limit, burst and period 1, products exactly 2^50.
+/// The greatest common divisor, independently of the crate's.
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The largest burst `limit` per `period_us` allows: `⌊2^52 / (period / gcd(limit, period))⌋`.
+fn max_burst(limit: u64, period_us: u64) -> u64 {
+    MAX_SCALED / (period_us / gcd(limit, period_us))
+}
+
+/// Valid quotas at the extremes: limit, burst and period 1; limit 2^32; period 2^50; burst × P'
+/// at its maximum (exactly 2^52 when P' is a power of two, as for power-of-two limits and
+/// periods), with P' = period / gcd(limit, period).
 fn extreme_quota() -> impl Strategy<Value = Quota> {
     let period = prop_oneof![
         Just(1u64),
         Just(2),
         Just(3),
         Just(1_000_000),
+        Just((1 << 20) - 1),
+        Just(1 << 20),
+        Just((1 << 20) + 1),
         Just(1 << 25),
-        Just(MAX_SCALED / 7),
-        Just(MAX_SCALED),
-        1..=MAX_SCALED,
+        Just(3_600_000_000),
+        Just(86_400_000_000),
+        Just(MAX_PERIOD_US / 7),
+        Just(MAX_PERIOD_US - 1),
+        Just(MAX_PERIOD_US),
+        1..=MAX_PERIOD_US,
     ];
-    (period, 0..4u8, any::<u64>(), 0..4u8, any::<u64>()).prop_map(
+    (period, 0..6u8, any::<u64>(), 0..4u8, any::<u64>()).prop_map(
         |(period, limit_kind, limit_raw, burst_kind, burst_raw)| {
-            let max = MAX_SCALED / period;
-            let pick = |kind: u8, raw: u64| match kind {
+            let limit = match limit_kind {
+                0 => 1,
+                1 => MAX_LIMIT,
+                // A power of two: P' is a power of two for power-of-two periods.
+                2 => 1 << (limit_raw % 33),
+                // A divisor of the period (when it fits): P' = 1.
+                3 => period.min(MAX_LIMIT),
+                _ => 1 + limit_raw % MAX_LIMIT,
+            };
+            let max = max_burst(limit, period);
+            let burst = match burst_kind {
                 0 => 1,
                 1 => max,
-                _ => 1 + raw % max,
+                2 => limit.min(max),
+                _ => 1 + burst_raw % max,
             };
-            Quota::from_parts(
-                pick(limit_kind, limit_raw),
-                period,
-                pick(burst_kind, burst_raw),
-            )
-            .expect("a valid quota")
+            Quota::from_parts(limit, period, burst).expect("a valid quota")
         },
     )
 }
@@ -205,6 +233,8 @@ fn start_strategy() -> impl Strategy<Value = u64> {
         1 => Just(0u64),
         1 => 0..=100_000_000u64,
         6 => 0..=(1u64 << 51),
+        // Just below 2^52 (the year 2112), the largest time the exact range is checked at.
+        1 => ((1u64 << 52) - (1 << 36))..(1u64 << 52),
     ]
 }
 
@@ -407,18 +437,93 @@ fn check_expiry(limit: &Limit, state: &State, cost: u64, later: u64) -> Result<(
     Ok(())
 }
 
-/// Every number stored or answered fits a Lua double exactly.
-fn check_lua_range(state: &State, decision: &Decision) -> Result<(), TestCaseError> {
-    let numbers: Vec<u64> = match state {
-        State::TokenBucket(s) => vec![s.deficit, s.last_us],
-        State::Gcra(s) => vec![s.tat_us],
-        State::FixedWindow(s) => vec![s.start_us, s.count],
-        State::SlidingWindow(s) => vec![s.start_us, s.previous, s.current],
-        State::SlidingLog(s) => s.entries().flat_map(|(t, c)| [t, c]).collect(),
+/// Every number stored or answered fits a Lua double exactly, and so does every intermediate
+/// value the algorithm computes: checked through the quota's products and the state's bounds
+/// they follow from (times below 2^52: `latest` is the latest time seen so far).
+fn check_lua_range(
+    limit: &Limit,
+    state: &State,
+    decision: &Decision,
+    latest: u64,
+) -> Result<(), TestCaseError> {
+    let q = limit.quota();
+    let wide = u128::from;
+    let max_scaled = wide(MAX_SCALED);
+    let period = q.period_us();
+    let (rate, token) = q.refill_units();
+    let (gr, steps) = q.window_granule();
+    // The quota: the bounds and the derived numbers every algorithm scales by.
+    prop_assert!(period <= MAX_PERIOD_US && q.limit() <= MAX_LIMIT);
+    let g = gcd(q.limit(), period);
+    prop_assert_eq!((rate, token), (q.limit() / g, period / g));
+    let capacity_units = wide(q.burst()) * wide(token);
+    prop_assert!(capacity_units <= max_scaled, "burst × P' above 2^52");
+    let emission = period.div_ceil(q.limit());
+    prop_assert!(
+        wide(q.burst()) * wide(emission) <= max_scaled,
+        "burst × T above 2^52"
+    );
+    prop_assert_eq!(gr, period.div_ceil(WINDOW_STEPS));
+    prop_assert!(steps <= WINDOW_STEPS && (steps - 1) * gr < period && period <= steps * gr);
+    prop_assert!(
+        wide(q.limit()) * wide(steps) <= max_scaled,
+        "limit × steps above 2^52"
+    );
+
+    // The state: its numbers, and the bounds that keep each algorithm's intermediates small.
+    let mut numbers: Vec<u128> = vec![wide(state.expires_at(q))];
+    match state {
+        State::TokenBucket(s) => {
+            prop_assert!(
+                wide(s.deficit) <= capacity_units,
+                "deficit above capacity: {:?}",
+                s
+            );
+            // A refill `elapsed × L'` is only computed for elapsed < ⌈deficit / L'⌉, so it stays
+            // below the deficit; the capacity `burst × P'` is the largest product.
+            numbers.extend([wide(s.deficit), wide(s.last_us), capacity_units]);
+        }
+        State::Gcra(s) => {
+            prop_assert!(
+                wide(s.tat_us) <= wide(latest) + wide(q.burst()) * wide(emission),
+                "tat beyond latest + burst × T: {:?}",
+                s
+            );
+            numbers.push(wide(s.tat_us));
+        }
+        State::FixedWindow(s) => {
+            prop_assert!(s.count <= q.limit(), "count above the limit: {:?}", s);
+            numbers.extend([wide(s.start_us) + wide(period), wide(s.count)]);
+        }
+        State::SlidingWindow(s) => {
+            prop_assert!(
+                s.previous <= q.limit() && s.current <= q.limit(),
+                "counts above the limit: {:?}",
+                s
+            );
+            // prev × w with w ≤ steps, and limit × steps, are the largest products.
+            numbers.extend([
+                wide(s.start_us) + 2 * wide(period),
+                wide(s.previous) * wide(steps),
+                wide(q.limit()) * wide(steps),
+            ]);
+        }
+        State::SlidingLog(s) => {
+            let sum: u128 = s.entries().map(|(_, c)| wide(c)).sum();
+            prop_assert!(sum <= wide(q.limit()), "log above the limit: {:?}", s);
+            for (t, c) in s.entries() {
+                numbers.extend([wide(t) + wide(period), wide(c)]);
+            }
+        }
         other => return Err(TestCaseError::fail(format!("unknown state {other:?}"))),
-    };
+    }
     for n in numbers {
-        prop_assert!(n < LUA_EXACT, "state number {} ≥ 2^53 in {:?}", n, state);
+        prop_assert!(
+            n < wide(LUA_EXACT),
+            "state number {} ≥ 2^53 in {:?}",
+            n,
+            state
+        );
     }
     let mut answered = vec![
         decision.limit(),
@@ -594,9 +699,9 @@ fn check_sequence(
         }
 
         check_reset(&limit, &state, now, &decision)?;
-        // Times below 2^52 and products below 2^50 keep every number below 2^53.
+        // Times below 2^52 and a valid quota keep every number below 2^53.
         if latest < 1 << 52 {
-            check_lua_range(&state, &decision)?;
+            check_lua_range(&limit, &state, &decision, latest)?;
         }
     }
     check_bounds(&limit, &admitted)
@@ -613,6 +718,8 @@ fn wild_u64() -> impl Strategy<Value = u64> {
         Just(u64::MAX),
         Just(u64::MAX - 1),
         Just(MAX_SCALED),
+        Just(MAX_LIMIT),
+        Just(MAX_PERIOD_US),
         0..=LUA_EXACT,
         (u64::MAX - (1 << 20))..=u64::MAX,
         any::<u64>(),
@@ -677,8 +784,8 @@ proptest! {
         }
     }
 
-    /// Properties 1–8 again at the extremes of valid quotas (limit, burst or period 1, products
-    /// of exactly 2^50) and with huge costs.
+    /// Properties 1–8 again at the extremes of valid quotas (limit, burst or period 1, limit 2^32,
+    /// period 2^50, burst × P' of exactly 2^52) and with huge costs.
     #[test]
     fn every_rule_holds_at_extreme_quotas(
         quota in extreme_quota(),
@@ -729,6 +836,72 @@ proptest! {
         }
     }
 
+    /// `Quota::from_parts` accepts exactly the documented bounds (period ≤ 2^50, limit ≤ 2^32,
+    /// burst × P' ≤ 2^52), reports the first one broken with the largest value allowed, and
+    /// derives the token bucket's and the sliding window's scales as documented.
+    #[test]
+    fn quota_bounds_are_exactly_the_documented_ones(
+        limit in prop_oneof![
+            Just(0u64), Just(1), Just(MAX_LIMIT), Just(MAX_LIMIT + 1), 1..=1_000u64,
+            1..=MAX_LIMIT, any::<u64>(),
+        ],
+        period in prop_oneof![
+            Just(0u64), Just(1), Just(MAX_PERIOD_US), Just(MAX_PERIOD_US + 1), 1..=1_000_000u64,
+            Just(86_400_000_000), 1..=MAX_PERIOD_US, any::<u64>(),
+        ],
+        burst_kind in 0..5u8,
+        burst_raw in any::<u64>(),
+    ) {
+        let valid_parts = limit >= 1 && (1..=MAX_PERIOD_US).contains(&period) && limit <= MAX_LIMIT;
+        let max = if valid_parts { max_burst(limit, period) } else { MAX_SCALED };
+        let burst = match burst_kind {
+            0 => burst_raw,
+            1 => 1 + burst_raw % max,
+            2 => max - 1,
+            3 => max,
+            _ => max + 1,
+        };
+        let expected = if limit == 0 {
+            Err(QuotaError::ZeroLimit)
+        } else if period == 0 {
+            Err(QuotaError::ZeroPeriod)
+        } else if burst == 0 {
+            Err(QuotaError::ZeroBurst)
+        } else if period > MAX_PERIOD_US {
+            Err(QuotaError::TooLarge { what: "period", value: period, max: MAX_PERIOD_US })
+        } else if limit > MAX_LIMIT {
+            Err(QuotaError::TooLarge { what: "limit", value: limit, max: MAX_LIMIT })
+        } else if burst > max {
+            Err(QuotaError::TooLarge { what: "burst", value: burst, max })
+        } else {
+            Ok((limit, period, burst))
+        };
+        let quota = Quota::from_parts(limit, period, burst);
+        prop_assert_eq!(
+            quota.map(|q| (q.limit(), q.period_us(), q.burst())),
+            expected,
+            "from_parts({}, {}, {})",
+            limit,
+            period,
+            burst
+        );
+        if let Ok(q) = quota {
+            let g = gcd(limit, period);
+            let (rate, token) = q.refill_units();
+            prop_assert_eq!((rate, token), (limit / g, period / g));
+            // burst × P' ≤ 2^52, and `max` is the largest burst for which it holds.
+            prop_assert!(u128::from(burst) * u128::from(token) <= u128::from(MAX_SCALED));
+            prop_assert!(u128::from(max + 1) * u128::from(token) > u128::from(MAX_SCALED));
+            let (gr, steps) = q.window_granule();
+            prop_assert_eq!(gr, period.div_ceil(WINDOW_STEPS));
+            prop_assert_eq!(steps, period.div_ceil(gr));
+            prop_assert!(steps <= WINDOW_STEPS);
+            prop_assert!(period > WINDOW_STEPS || (gr, steps) == (1, period));
+            prop_assert!(period <= WINDOW_STEPS || steps > WINDOW_STEPS / 2);
+            prop_assert_eq!(q.with_burst(burst), Ok(q));
+        }
+    }
+
     /// A state of another algorithm, or none, stands for a fresh key.
     #[test]
     fn foreign_or_missing_state_is_fresh(
@@ -743,13 +916,20 @@ proptest! {
             let expected = limit.evaluate(Some(&fresh), now, cost);
             prop_assert_eq!(limit.evaluate(None, now, cost), expected);
             for other in Algorithm::ALL.into_iter().filter(|&a| a != algorithm) {
-                let mut foreign = wild_state(other, &fields);
+                let original = wild_state(other, &fields);
+                let mut foreign = original.clone();
                 prop_assert_eq!(limit.evaluate(Some(&foreign), now, cost), expected);
                 prop_assert_eq!(limit.decide(&mut foreign, now, cost), expected);
-                prop_assert_eq!(foreign.algorithm(), algorithm);
-                let mut charged = fresh.clone();
-                limit.decide(&mut charged, now, cost);
-                prop_assert_eq!(foreign, charged);
+                if expected.is_allowed() && cost > 0 {
+                    // Replaced by this algorithm's state, charged as a fresh key.
+                    prop_assert_eq!(foreign.algorithm(), algorithm);
+                    let mut charged = fresh.clone();
+                    limit.decide(&mut charged, now, cost);
+                    prop_assert_eq!(foreign, charged);
+                } else {
+                    // Peeks and denials leave it as it was.
+                    prop_assert_eq!(foreign, original);
+                }
             }
         }
     }

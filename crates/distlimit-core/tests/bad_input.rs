@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Decision, Error, Key, KeyError, Limit, MAX_BATCH, MAX_KEY_LEN, MAX_SCALED, Quota, QuotaError,
-    Request, Store, StoreExt, validate_batch,
+    Decision, Error, Key, KeyError, Limit, MAX_BATCH, MAX_KEY_LEN, MAX_LIMIT, MAX_PERIOD_US,
+    MAX_SCALED, Quota, QuotaError, Request, Store, StoreExt, validate_batch,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -57,77 +57,27 @@ fn zero_burst() {
 }
 
 #[test]
-fn too_large_limit() {
-    // limit × period may be exactly 2^50, not more.
-    assert!(Quota::from_parts(MAX_SCALED, 1, 1).is_ok());
-    assert!(Quota::from_parts(1, MAX_SCALED, 1).is_ok());
-    assert!(Quota::from_parts(1 << 25, 1 << 25, 1).is_ok());
+fn too_large_period() {
+    // The period may be exactly 2^50 µs (about 35.7 years), not more.
+    assert_eq!(MAX_PERIOD_US, 1 << 50);
+    assert!(Quota::from_parts(1, MAX_PERIOD_US, 1).is_ok());
+    assert!(Quota::new(1, Duration::from_micros(MAX_PERIOD_US)).is_ok());
     assert_eq!(
-        Quota::from_parts(MAX_SCALED + 1, 1, 1),
+        Quota::from_parts(1, MAX_PERIOD_US + 1, 1),
         Err(QuotaError::TooLarge {
-            what: "limit",
-            value: MAX_SCALED + 1,
-            period_us: 1
+            what: "period",
+            value: MAX_PERIOD_US + 1,
+            max: MAX_PERIOD_US
         })
     );
-    assert_eq!(
-        Quota::from_parts((1 << 25) + 1, 1 << 25, 1),
-        Err(QuotaError::TooLarge {
-            what: "limit",
-            value: (1 << 25) + 1,
-            period_us: 1 << 25
-        })
-    );
-    // A product that overflows u64 is still just too large.
-    assert_eq!(
-        Quota::from_parts(u64::MAX, u64::MAX, 1),
-        Err(QuotaError::TooLarge {
-            what: "limit",
-            value: u64::MAX,
-            period_us: u64::MAX
-        })
-    );
-    // A day is 86 400 000 000 µs: at most 13 031 per day.
-    let max_per_day = MAX_SCALED / 86_400_000_000;
-    assert!(Quota::per_day(max_per_day).is_ok());
+    // Checked before the limit and the burst.
     assert!(matches!(
-        Quota::per_day(max_per_day + 1),
-        Err(QuotaError::TooLarge { what: "limit", .. })
+        Quota::from_parts(u64::MAX, u64::MAX, u64::MAX),
+        Err(QuotaError::TooLarge { what: "period", .. })
     ));
-    let max_per_hour = MAX_SCALED / 3_600_000_000;
-    assert!(Quota::per_hour(max_per_hour).is_ok());
     assert!(matches!(
-        Quota::per_hour(max_per_hour + 1),
-        Err(QuotaError::TooLarge { what: "limit", .. })
-    ));
-    assert!(Quota::per_second(MAX_SCALED / 1_000_000).is_ok());
-    assert!(Quota::per_minute(u64::MAX).is_err());
-}
-
-#[test]
-fn too_large_burst() {
-    let q = Quota::per_second(1).unwrap();
-    let max = MAX_SCALED / 1_000_000;
-    assert_eq!(q.with_burst(max).unwrap().burst(), max);
-    assert_eq!(
-        q.with_burst(max + 1),
-        Err(QuotaError::TooLarge {
-            what: "burst",
-            value: max + 1,
-            period_us: 1_000_000
-        })
-    );
-    assert_eq!(
-        q.with_burst(u64::MAX),
-        Err(QuotaError::TooLarge {
-            what: "burst",
-            value: u64::MAX,
-            period_us: 1_000_000
-        })
-    );
-    assert!(matches!(
-        Quota::from_parts(1, 1 << 40, 1 << 11),
-        Err(QuotaError::TooLarge { what: "burst", .. })
+        Quota::new(1, Duration::from_secs(36 * 366 * 86_400)),
+        Err(QuotaError::TooLarge { what: "period", .. })
     ));
 }
 
@@ -137,21 +87,172 @@ fn period_beyond_u64_microseconds() {
     assert_eq!(
         Quota::new(1, Duration::MAX),
         Err(QuotaError::TooLarge {
-            what: "limit",
-            value: 1,
-            period_us: u64::MAX
+            what: "period",
+            value: u64::MAX,
+            max: MAX_PERIOD_US
         })
     );
     let just_beyond = Duration::from_micros(u64::MAX) + Duration::from_micros(1);
     assert!(matches!(
         Quota::new(1, just_beyond),
-        Err(QuotaError::TooLarge { what: "limit", .. })
+        Err(QuotaError::TooLarge { what: "period", .. })
     ));
+}
+
+#[test]
+fn too_large_limit() {
+    // The limit may be exactly 2^32, not more, whatever the period.
+    assert_eq!(MAX_LIMIT, 1 << 32);
+    assert!(Quota::from_parts(MAX_LIMIT, 1, 1).is_ok());
+    assert!(Quota::from_parts(MAX_LIMIT, MAX_PERIOD_US, 1).is_ok());
+    assert!(Quota::per_second(MAX_LIMIT).is_ok());
+    assert!(Quota::per_second(4_000_000_000).is_ok());
+    for period_us in [1, 1_000_000, MAX_PERIOD_US] {
+        assert_eq!(
+            Quota::from_parts(MAX_LIMIT + 1, period_us, 1),
+            Err(QuotaError::TooLarge {
+                what: "limit",
+                value: MAX_LIMIT + 1,
+                max: MAX_LIMIT
+            })
+        );
+    }
+    assert_eq!(
+        Quota::per_minute(u64::MAX),
+        Err(QuotaError::TooLarge {
+            what: "limit",
+            value: u64::MAX,
+            max: MAX_LIMIT
+        })
+    );
+    // Checked before the burst.
     assert!(matches!(
-        Quota::new(1, Duration::from_micros(MAX_SCALED + 1)),
+        Quota::from_parts(u64::MAX, 1, u64::MAX),
         Err(QuotaError::TooLarge { what: "limit", .. })
     ));
-    assert!(Quota::new(1, Duration::from_micros(MAX_SCALED)).is_ok());
+}
+
+#[test]
+fn too_large_burst() {
+    // burst × period / gcd(limit, period) may be exactly 2^52, not more.
+    assert_eq!(MAX_SCALED, 1 << 52);
+    // One per 2^50 µs: gcd 1, a token is 2^50 units, so at most 4 at once.
+    assert!(Quota::from_parts(1, 1 << 50, 4).is_ok());
+    assert_eq!(
+        Quota::from_parts(1, 1 << 50, 5),
+        Err(QuotaError::TooLarge {
+            what: "burst",
+            value: 5,
+            max: 4
+        })
+    );
+    // 2^32 per 2^50 µs: a token is 2^18 units, so up to 2^34 at once.
+    assert!(Quota::from_parts(1 << 32, 1 << 50, 1 << 34).is_ok());
+    assert_eq!(
+        Quota::from_parts(1 << 32, 1 << 50, (1 << 34) + 1),
+        Err(QuotaError::TooLarge {
+            what: "burst",
+            value: (1 << 34) + 1,
+            max: 1 << 34
+        })
+    );
+    // A period of 1 µs: a token is one unit, so the burst may be 2^52.
+    assert!(Quota::from_parts(1, 1, MAX_SCALED).is_ok());
+    assert!(
+        Quota::per_second(1_000_000)
+            .unwrap()
+            .with_burst(MAX_SCALED)
+            .is_ok()
+    );
+    assert!(matches!(
+        Quota::from_parts(1, 1, MAX_SCALED + 1),
+        Err(QuotaError::TooLarge {
+            what: "burst",
+            max: MAX_SCALED,
+            ..
+        })
+    ));
+    // One per second: a token is 10^6 units.
+    let q = Quota::per_second(1).unwrap();
+    let max = MAX_SCALED / 1_000_000;
+    assert_eq!(q.with_burst(max).unwrap().burst(), max);
+    assert_eq!(
+        q.with_burst(max + 1),
+        Err(QuotaError::TooLarge {
+            what: "burst",
+            value: max + 1,
+            max
+        })
+    );
+    assert_eq!(
+        q.with_burst(u64::MAX),
+        Err(QuotaError::TooLarge {
+            what: "burst",
+            value: u64::MAX,
+            max
+        })
+    );
+}
+
+#[test]
+fn unround_daily_limits_need_a_smaller_burst() {
+    // 1 234 567 = 127 × 9 721 shares no factor with 86 400 000 000 = 2^13 × 3^3 × 5^8: a token is
+    // 86 400 000 000 units, so the burst may be at most ⌊2^52 / 86 400 000 000⌋ = 52 124.
+    assert_eq!(
+        Quota::per_day(1_234_567),
+        Err(QuotaError::TooLarge {
+            what: "burst",
+            value: 1_234_567,
+            max: 52_124
+        })
+    );
+    let q = Quota::from_parts(1_234_567, 86_400_000_000, 52_124).unwrap();
+    assert_eq!(q.refill_units(), (1_234_567, 86_400_000_000));
+    assert!(matches!(
+        Quota::from_parts(1_234_567, 86_400_000_000, 52_125),
+        Err(QuotaError::TooLarge {
+            what: "burst",
+            max: 52_124,
+            ..
+        })
+    ));
+    // A rounder limit fits with its default burst: 1 200 000 divides a day in µs.
+    let q = Quota::per_day(1_200_000).unwrap();
+    assert_eq!(q.refill_units(), (1, 72_000));
+}
+
+#[test]
+fn large_round_quotas_fit() {
+    // (quota, refill per µs, units per token): burst × units per token ≤ 2^52.
+    let cases = [
+        (Quota::per_day(100_000), 1, 864_000),
+        (Quota::per_day(1_000_000), 1, 86_400),
+        (Quota::per_day(10_000_000), 1, 8_640),
+        (Quota::per_hour(312_001), 312_001, 3_600_000_000),
+        (Quota::per_hour(1_000_000_000), 5, 18),
+        (Quota::per_second(4_000_000_000), 4_000, 1),
+        (
+            Quota::per_second(MAX_LIMIT),
+            4_294_967_296 / 64,
+            1_000_000 / 64,
+        ),
+        (Quota::per_minute(60), 1, 1_000_000),
+        (Quota::from_parts(1, MAX_PERIOD_US, 1), 1, MAX_PERIOD_US),
+    ];
+    for (quota, refill, token) in cases {
+        let quota = quota.unwrap();
+        assert_eq!(quota.refill_units(), (refill, token), "{quota:?}");
+        assert!(quota.burst() * token <= MAX_SCALED, "{quota:?}");
+        // L' / P' = limit / period exactly.
+        assert_eq!(
+            u128::from(refill) * u128::from(quota.period_us()),
+            u128::from(token) * u128::from(quota.limit())
+        );
+    }
+    let q = Quota::per_day(100_000).unwrap();
+    assert_eq!((q.limit(), q.burst()), (100_000, 100_000));
+    let q = Quota::per_day(10_000_000).unwrap();
+    assert_eq!((q.limit(), q.burst()), (10_000_000, 10_000_000));
 }
 
 #[test]
@@ -179,9 +280,31 @@ fn quota_error_messages_name_the_problem() {
         .unwrap_err();
     let message = err.to_string();
     assert!(
-        message.contains("burst") && message.contains("2^50"),
+        message.contains("burst")
+            && message.contains(&u64::MAX.to_string())
+            && message.contains(&(MAX_SCALED / 1_000_000).to_string())
+            && message.contains("2^52")
+            && message.contains("smaller burst")
+            && message.contains("rounder limit"),
         "{message}"
     );
+    let message = Quota::per_second(u64::MAX).unwrap_err().to_string();
+    assert!(
+        message.contains("limit") && message.contains("4294967296") && message.contains("2^32"),
+        "{message}"
+    );
+    let message = Quota::new(1, Duration::MAX).unwrap_err().to_string();
+    assert!(
+        message.contains("period") && message.contains("µs") && message.contains("2^50"),
+        "{message}"
+    );
+    let message = QuotaError::TooLarge {
+        what: "cost",
+        value: 2,
+        max: 1,
+    }
+    .to_string();
+    assert!(message.contains("cost of 2 exceeds 1"), "{message}");
     assert!(QuotaError::ZeroLimit.to_string().contains("limit"));
     assert!(QuotaError::ZeroPeriod.to_string().contains("period"));
     assert!(QuotaError::ZeroBurst.to_string().contains("burst"));

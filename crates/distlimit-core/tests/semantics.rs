@@ -117,7 +117,8 @@ fn token_bucket_deficit_carries_over_a_changed_quota() {
     assert_eq!(
         s,
         State::TokenBucket(TokenBucket {
-            deficit: 10 * 60_000_000,
+            // 60 per minute: gcd(60, 60 000 000) = 60, so a token is 1 000 000 units.
+            deficit: 10 * 1_000_000,
             last_us: T0
         })
     );
@@ -141,6 +142,72 @@ fn token_bucket_clock_going_back_refills_nothing_and_retry_after_stays_exact() {
     assert!(at(&limit, &mut s.clone(), 11 * SECOND - 1, 1).is_denied());
     assert!(at(&limit, &mut s.clone(), 11 * SECOND, 1).is_allowed());
     assert_eq!(peek(&limit, &s, 11 * SECOND).remaining(), 1);
+}
+
+#[test]
+fn token_bucket_per_day_refills_exactly_in_reduced_units() {
+    // A million per day: gcd(1 000 000, 86 400 000 000) = 1 000 000, so the bucket counts one
+    // unit per µs and 86 400 units per token: one token every 86.4 ms, exactly. (Scaled by the
+    // whole period, the full bucket would be 8.64 × 10^16 units, beyond 2^53.)
+    let quota = Quota::per_day(1_000_000).unwrap();
+    assert_eq!(quota.refill_units(), (1, 86_400));
+    let limit = Limit::token_bucket(quota);
+    assert_eq!(limit.capacity(), 1_000_000);
+    let mut s = State::fresh(limit.algorithm());
+
+    let d = at(&limit, &mut s, T0, 1_000_000);
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 0);
+    // A whole day to refill the whole bucket.
+    assert_eq!(us(d.reset_after()), 86_400_000_000);
+    assert_eq!(
+        s,
+        State::TokenBucket(TokenBucket {
+            deficit: 86_400_000_000,
+            last_us: T0
+        })
+    );
+    assert_eq!(s.expires_at(limit.quota()), T0 + 86_400_000_000);
+
+    let denied = at(&limit, &mut s, T0, 1);
+    assert_eq!(us(denied.retry_after()), 86_400);
+    assert_eq!(peek(&limit, &s, T0 + 86_399).remaining(), 0);
+    assert_eq!(peek(&limit, &s, T0 + 86_400).remaining(), 1);
+    // No rounding drift: exactly k tokens after k × 86 400 µs, one less a microsecond before.
+    for k in [2, 10, 12_345, 500_000, 999_999, 1_000_000] {
+        assert_eq!(peek(&limit, &s, T0 + k * 86_400).remaining(), k);
+        assert_eq!(peek(&limit, &s, T0 + k * 86_400 - 1).remaining(), k - 1);
+    }
+    // Half a day: half the bucket.
+    assert_eq!(peek(&limit, &s, T0 + 43_200_000_000).remaining(), 500_000);
+    let denied = at(&limit, &mut s, T0 + 43_200_000_000, 500_001);
+    assert_eq!(us(denied.retry_after()), 86_400);
+    assert!(at(&limit, &mut s, T0 + 43_200_086_400, 500_001).is_allowed());
+}
+
+#[test]
+fn token_bucket_refill_faster_than_one_per_microsecond() {
+    // 10^9 per hour: gcd = 200 000 000, so 5 units per µs and 18 units per token: 3.6 µs per
+    // token, exactly.
+    let quota = Quota::per_hour(1_000_000_000)
+        .unwrap()
+        .with_burst(10)
+        .unwrap();
+    assert_eq!(quota.refill_units(), (5, 18));
+    let limit = Limit::token_bucket(quota);
+    let mut s = State::fresh(limit.algorithm());
+    assert!(at(&limit, &mut s, T0, 10).is_allowed());
+    // The first token is back after ⌈18 / 5⌉ = 4 µs (3.6 µs, rounded up to whole µs).
+    let denied = at(&limit, &mut s, T0, 1);
+    assert_eq!(us(denied.retry_after()), 4);
+    assert_eq!(peek(&limit, &s, T0 + 3).remaining(), 0);
+    assert_eq!(peek(&limit, &s, T0 + 4).remaining(), 1);
+    // 5 tokens after 18 µs, 10 after 36 µs; no more than the burst.
+    assert_eq!(peek(&limit, &s, T0 + 17).remaining(), 4);
+    assert_eq!(peek(&limit, &s, T0 + 18).remaining(), 5);
+    assert_eq!(peek(&limit, &s, T0 + 35).remaining(), 9);
+    assert_eq!(peek(&limit, &s, T0 + 36).remaining(), 10);
+    assert_eq!(s.expires_at(limit.quota()), T0 + 36);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -377,6 +444,92 @@ fn sliding_window_clock_going_back_keeps_retry_after_exact() {
     assert_eq!(us(denied.retry_after()), 12);
     assert!(at(&limit, &mut s.clone(), 16, 1).is_denied());
     assert!(at(&limit, &mut s.clone(), 17, 1).is_allowed());
+}
+
+#[test]
+fn sliding_window_per_hour_weighs_in_granules() {
+    // An hour is longer than 2^20 µs: the previous window is weighed in granules of
+    // gr = ⌈3 600 000 000 / 2^20⌉ = 3 434 µs, steps = ⌈3 600 000 000 / 3 434⌉ = 1 048 341 per
+    // window. At e µs into the window the previous one weighs w = ⌈(3 600 000 000 − e) / 3 434⌉
+    // steps.
+    let quota = Quota::per_hour(1_000).unwrap();
+    assert_eq!(quota.window_granule(), (3_434, 1_048_341));
+    let limit = Limit::sliding_window(quota);
+    let hour = 3_600 * SECOND;
+    // The first whole hour after T0.
+    let h = (T0 / hour + 1) * hour;
+    let mut s = State::fresh(limit.algorithm());
+    assert!(at(&limit, &mut s, h - 1, 1_000).is_allowed());
+    assert_eq!(
+        s,
+        State::SlidingWindow(SlidingWindow {
+            start_us: h - hour,
+            previous: 0,
+            current: 1_000
+        })
+    );
+
+    // At the start of the next hour the previous one weighs fully (w = steps)...
+    assert_eq!(peek(&limit, &s, h).remaining(), 0);
+    // ...and still does through the first granule, which is short: w drops to steps − 1 when
+    // 3 600 000 000 − e ≤ 1 048 340 × 3 434 = 3 599 999 560, at e = 440.
+    assert_eq!(peek(&limit, &s, h + 439).remaining(), 0);
+    assert_eq!(peek(&limit, &s, h + 440).remaining(), 0);
+
+    // A quarter hour in: w = ⌈2 700 000 000 / 3 434⌉ = 786 256, slightly above a quarter of the
+    // steps, so ⌊1 000 × (1 048 341 − 786 256) / 1 048 341⌋ = 249 remain (per-µs weighting
+    // would give 250).
+    let quarter = h + 900 * SECOND;
+    assert_eq!(peek(&limit, &s, quarter).remaining(), 249);
+    // 250 pass once 1 000 × w ≤ 750 × 1 048 341, w ≤ X = 786 255: once
+    // 3 600 000 000 − e ≤ 786 255 × 3 434 = 2 699 999 670, e ≥ 900 000 330. So 330 µs later
+    // than per-µs weighting, always within one granule.
+    let denied = at(&limit, &mut s, quarter, 250);
+    assert!(denied.is_denied());
+    assert_eq!(denied.remaining(), 249);
+    assert_eq!(us(denied.retry_after()), 330);
+    assert!(at(&limit, &mut s.clone(), quarter + 329, 250).is_denied());
+    // The weight is constant within a granule: 250 from e = 900 000 330 to 900 003 763.
+    assert_eq!(peek(&limit, &s, quarter + 330).remaining(), 250);
+    assert_eq!(peek(&limit, &s, quarter + 330 + 3_433).remaining(), 250);
+    // 251 need w ≤ ⌊749 × 1 048 341 / 1 000⌋ = 785 207: e ≥ 3 600 000 000 − 785 207 × 3 434
+    // = 903 599 162.
+    assert_eq!(
+        us(at(&limit, &mut s, quarter, 251).retry_after()),
+        3_599_162
+    );
+    assert_eq!(peek(&limit, &s, h + 903_599_161).remaining(), 250);
+    assert_eq!(peek(&limit, &s, h + 903_599_162).remaining(), 251);
+
+    let d = at(&limit, &mut s, quarter + 330, 250);
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 0);
+    assert_eq!(us(d.reset_after()), 2 * hour - 900_000_330);
+
+    // In the last granule the previous hour weighs a single step: 1 000 / 1 048 341 < 1, so
+    // with 250 in the current hour, 749 remain, until the window after.
+    assert_eq!(peek(&limit, &s, h + hour - 1).remaining(), 749);
+    assert_eq!(peek(&limit, &s, h + hour - 3_434).remaining(), 749);
+    // In the next hour the 250 weigh in: ⌊1 000 − 250 × w / 1 048 341⌋ at its start is 750.
+    assert_eq!(peek(&limit, &s, h + hour).remaining(), 750);
+}
+
+#[test]
+fn sliding_window_up_to_2_pow_20_us_is_weighted_per_microsecond() {
+    // 2^20 µs has granule 1: the weight drops every microsecond.
+    let quota = Quota::from_parts(1 << 20, 1 << 20, 1 << 20).unwrap();
+    assert_eq!(quota.window_granule(), (1, 1 << 20));
+    // One microsecond more: granule 2, 2^19 + 1 steps.
+    let longer = Quota::from_parts(1 << 20, (1 << 20) + 1, 1 << 20).unwrap();
+    assert_eq!(longer.window_granule(), (2, (1 << 19) + 1));
+    let limit = Limit::sliding_window(quota);
+    let mut s = State::fresh(limit.algorithm());
+    let period = 1u64 << 20;
+    assert!(at(&limit, &mut s, period - 1, period).is_allowed());
+    // At e µs into the next window, ⌊2^20 × e / 2^20⌋ = e are free.
+    for e in [0, 1, 2, 3, 1_000, period - 1] {
+        assert_eq!(peek(&limit, &s, period + e).remaining(), e);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 //! The rate-limiting algorithms as data ([`Algorithm`], [`Limit`], [`State`]) with a pure
 //! reference implementation each.
 //!
-//! Every algorithm works on integer microseconds and integer units scaled by the period, so the
-//! arithmetic is exact: no floating point, no rounding drift, and every intermediate value of a
-//! valid [`Quota`] stays below 2^53 so the Lua scripts of the Redis driver compute the very same
-//! numbers. The functions here never panic, whatever state, time or cost they are given.
+//! Every algorithm works on integer microseconds and integer units, so the arithmetic is exact:
+//! no floating point, no rounding drift, and for a valid [`Quota`] (see its bounds) and times
+//! below 2^52 µs (the year 2112) every intermediate value stays below 2^53, so the Lua scripts of
+//! the Redis driver compute the very same numbers. The functions here never panic, whatever state,
+//! time or cost they are given.
 //!
 //! | algorithm | state | capacity | admitted cost in any interval of length `d` |
 //! |---|---|---|---|
@@ -13,6 +14,24 @@
 //! | [`FixedWindow`](Algorithm::FixedWindow) | 16 B | `limit` | ≤ `limit` per aligned window, so ≤ `2 × limit` when `d ≤ period` |
 //! | [`SlidingLog`](Algorithm::SlidingLog) | ≤ `limit` entries | `limit` | ≤ `limit` when `d ≤ period` (exact) |
 //! | [`SlidingWindow`](Algorithm::SlidingWindow) | 24 B | `limit` | ≤ `limit` per aligned window, ≤ `2 × limit` when `d ≤ period` |
+//!
+//! The sliding window counter weighs the previous window by `w / steps` with
+//! `w = ⌈(period − elapsed) / gr⌉`, `gr = ⌈period / 2^20⌉` µs and `steps = ⌈period / gr⌉`: per
+//! microsecond for windows up to 2^20 µs (about 1.05 s), in steps of `gr` µs for longer ones
+//! (about 1/2^20 of the period: between 2^19 and 2^20 steps per window). See
+//! [`Quota::window_granule`].
+//!
+//! The largest intermediate values, for `limit ≤ 2^32`, `period ≤ 2^50` µs and
+//! `burst × P' ≤ 2^52` with `g = gcd(limit, period)`, `L' = limit / g`, `P' = period / g`:
+//!
+//! * token bucket: the deficit, at most `burst × P' ≤ 2^52` units of `1 / P'` token; a refill
+//!   `elapsed × L'` is only computed below `deficit + L'`; `last + ⌈deficit / L'⌉ < 2^53`;
+//! * GCRA: an admission leaves a debt `tat − now` of at most
+//!   `burst × ⌈period / limit⌉ ≤ burst × P' ≤ 2^52` µs, so `tat < 2^53`;
+//! * fixed window and sliding log: counts and sums of live costs are at most `limit ≤ 2^32`,
+//!   instants at most `now + period`;
+//! * sliding window counter: `limit × steps ≤ 2^32 × 2^20 = 2^52`, and window ends
+//!   `start + 2 × period < 2^52 + 2^51`.
 //!
 //! Common rules, checked by property tests for every algorithm:
 //! * A request whose cost exceeds the capacity is denied with `retry_after` = [`NEVER`](crate::NEVER)
@@ -51,8 +70,9 @@ pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// A bucket of `burst` tokens refilled continuously at `limit / period`, exactly (tokens are
-    /// counted in units of `1 / period` µs, so no refill is lost to rounding).
+    /// A bucket of `burst` tokens refilled continuously at `limit / period`, exactly: tokens are
+    /// counted in units of `1 / P'` token with `P' = period / gcd(limit, period)` (in µs), so no
+    /// refill is lost to rounding (see [`Quota::refill_units`]).
     ///
     /// `Quota::per_minute(60)?.with_burst(10)?`: 10 requests at once, then one per second.
     #[default]
@@ -72,8 +92,12 @@ pub enum Algorithm {
     SlidingLog,
     /// The sliding window counter: the count of the previous aligned window weighted by how much
     /// of it still overlaps the sliding window, plus the current count:
-    /// `prev × (period − elapsed) / period + current + cost ≤ limit`, evaluated exactly in
-    /// integers. An approximation of the sliding log in 24 bytes.
+    /// `prev × w + (current + cost) × steps ≤ limit × steps`, evaluated exactly in integers,
+    /// where `w = ⌈(period − elapsed) / gr⌉` out of `steps = ⌈period / gr⌉`, with the granule
+    /// `gr = ⌈period / 2^20⌉` µs ([`Quota::window_granule`]). Windows up to 2^20 µs (about
+    /// 1.05 s) have `gr = 1`: `prev × (period − elapsed) / period + current + cost ≤ limit`, per
+    /// microsecond. Longer windows are weighted in steps of `gr` µs, about 1/2^20 of the period
+    /// (3 434 µs for an hour). An approximation of the sliding log in 24 bytes.
     SlidingWindow,
 }
 
@@ -200,14 +224,15 @@ impl Limit {
 
     /// Decides a request of `cost` units at `now_us` against `state`, charging it when admitted.
     ///
-    /// A state of another algorithm is replaced by a fresh one. The state is changed only when
-    /// the request is admitted with a cost above zero.
+    /// The state is changed only when the request is admitted with a cost above zero. A state of
+    /// another algorithm counts as a fresh key, and is replaced by this algorithm's state when
+    /// such a request is admitted (peeks and denials leave it as it was).
     pub fn decide(&self, state: &mut State, now_us: u64, cost: u64) -> Decision {
-        if state.algorithm() != self.algorithm {
-            *state = State::fresh(self.algorithm);
-        }
         let decision = self.evaluate(Some(state), now_us, cost);
         if decision.is_allowed() && cost > 0 {
+            if state.algorithm() != self.algorithm {
+                *state = State::fresh(self.algorithm);
+            }
             state.consume(&self.quota, now_us, cost);
         }
         decision

@@ -1,13 +1,27 @@
 //! The sliding window counter: two aligned windows, the previous one weighted.
 
-use super::Model;
+use super::{Model, div_ceil};
 use crate::Quota;
 
 /// Sliding window counter state: the current aligned window's start, the previous window's
 /// count and the current window's count.
 ///
-/// At `elapsed` µs into the current window, a request of `cost` passes when
-/// `prev × (period − elapsed) + (current + cost) × period ≤ limit × period`.
+/// The previous window is weighted in steps of a *granule* (see [`Quota::window_granule`]):
+/// `gr = ⌈period / 2^20⌉` µs and `steps = ⌈period / gr⌉ ≤ 2^20`. At `elapsed` µs into the
+/// current window (`0 ≤ elapsed < period`) the previous window weighs
+/// `w = ⌈(period − elapsed) / gr⌉` steps (`w = steps` at the window start, `w ≥ 1` until its
+/// end), and a request of `cost` passes when
+///
+/// `prev × w + (current + cost) × steps ≤ limit × steps`,
+///
+/// evaluated as `current + cost ≤ ⌊(limit × steps − prev × w) / steps⌋`, so that no product
+/// exceeds `limit × steps ≤ 2^52`.
+///
+/// Windows up to 2^20 µs (about 1.05 s) have `gr = 1` and `steps = period`: the weight is
+/// `(period − elapsed) / period`, per microsecond. Longer windows are weighted in steps of `gr` µs
+/// (between 2^19 and 2^20 steps per window; `gr = 3 434` µs for an hour): a request may pass up
+/// to about one granule earlier or later than with per-microsecond weighting, and never more
+/// than `limit` per aligned window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SlidingWindow {
     /// Start of the window `current` belongs to (µs since the epoch).
@@ -33,36 +47,51 @@ impl SlidingWindow {
     }
 }
 
+/// The earliest `e` in `0..period` at which the weight `⌈(period − e) / gr⌉` is at most `x`,
+/// for `1 ≤ x ≤ steps`: `⌈(period − e) / gr⌉ ≤ x ⇔ period − e ≤ x × gr` (as `x` is an integer),
+/// so `e ≥ period − x × gr` (`x × gr < period + gr`: no overflow).
+fn earliest_elapsed(period: u64, gr: u64, x: u64) -> u64 {
+    period.saturating_sub(x * gr)
+}
+
 impl Model for SlidingWindow {
     fn available(&self, q: &Quota, now: u64) -> u64 {
         let period = q.period_us();
+        let (gr, steps) = q.window_granule();
         let (start, prev, cur) = self.at(q, now);
-        let weight = period - now.saturating_sub(start).min(period);
-        let budget = (q.limit() * period).saturating_sub(prev.saturating_mul(weight)) / period;
+        // Before `start` (the clock went back) the weight is that of the window start.
+        let elapsed = now.saturating_sub(start).min(period);
+        let weight = div_ceil(period - elapsed, gr);
+        let budget = (q.limit() * steps).saturating_sub(prev.saturating_mul(weight)) / steps;
         budget.saturating_sub(cur)
     }
 
     fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {
         let period = q.period_us();
+        let (gr, steps) = q.window_granule();
         let limit = q.limit();
         let (start, prev, cur) = self.at(q, now);
-        // Later in the current window, as the previous window's weight shrinks. Measured from
-        // `start`, not from `now`: before `start` (the clock went back) the weight does not shrink.
+        // Later in the current window, as the previous window's weight shrinks: with
+        // A = limit − cur − want, it passes once prev × w ≤ A × steps, i.e. w ≤ X = ⌊A × steps /
+        // prev⌋. Measured from `start`, not from `now`: before `start` (the clock went back) the
+        // weight does not shrink. (It is denied now, so X < steps; `min` only guards arbitrary
+        // states against overflow.)
         if prev > 0 && cur.saturating_add(want) <= limit {
-            let slack = (limit - cur - want) * period / prev;
-            if slack >= 1 {
-                let at = period.saturating_sub(slack);
+            let x = ((limit - cur - want) * steps / prev).min(steps);
+            if x >= 1 {
+                let at = earliest_elapsed(period, gr, x);
                 return start.saturating_add(at).saturating_sub(now);
             }
         }
-        // In the next window, where `cur` becomes the weighted previous count.
+        // In the next window, where `cur` becomes the weighted previous count: it passes once
+        // cur × w ≤ (limit − want) × steps.
         let to_next = start.saturating_add(period).saturating_sub(now);
         if cur == 0 {
             return to_next;
         }
-        let slack = (limit - want) * period / cur.min(limit);
-        if slack >= 1 {
-            to_next.saturating_add(period.saturating_sub(slack))
+        let x = (limit.saturating_sub(want) * steps / cur).min(steps);
+        if x >= 1 {
+            to_next.saturating_add(earliest_elapsed(period, gr, x))
         } else {
             // Only the window after the next one admits it.
             to_next.saturating_add(period)

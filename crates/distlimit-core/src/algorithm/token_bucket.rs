@@ -5,13 +5,18 @@ use crate::Quota;
 
 /// Token bucket state, stored as a *deficit*: how far the bucket is below full.
 ///
-/// Units are `1 / period_us` of a token, so refilling `elapsed` µs adds exactly
-/// `elapsed × limit` units and a bucket holds `burst × period_us` units. The all-zero state is a
-/// full bucket, whatever the quota, so a changed quota never hands out a fresh bucket: the deficit
-/// carries over.
+/// With `g = gcd(limit, period_us)`, `L' = limit / g` and `P' = period_us / g` (see
+/// [`Quota::refill_units`]), units are `1 / P'` of a token: refilling `elapsed` µs adds exactly
+/// `elapsed × L'` units (the rate `limit / period_us` tokens per µs, as `L' / P' = limit /
+/// period_us`), and a bucket holds `burst × P' ≤ 2^52` units. A round quota counts in small units:
+/// `Quota::per_day(1_000_000)` has `P' = 86 400`, `L' = 1`.
+///
+/// The all-zero state is a full bucket, whatever the quota, so a changed quota never hands out a
+/// fresh bucket: the deficit carries over, counted in the units of the new quota (a change of
+/// burst alone keeps them; a change of limit or period may rescale them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TokenBucket {
-    /// Units missing from a full bucket at `last_us`.
+    /// Units (`1 / P'` of a token) missing from a full bucket at `last_us`.
     pub deficit: u64,
     /// When the deficit was last updated (µs since the epoch).
     pub last_us: u64,
@@ -20,38 +25,46 @@ pub struct TokenBucket {
 impl TokenBucket {
     /// The deficit at `now`: the stored one minus what refilled since `last_us`.
     fn deficit_at(&self, q: &Quota, now: u64) -> u64 {
+        let (rate, _) = q.refill_units();
         let elapsed = now.saturating_sub(self.last_us);
-        // Compare first so that elapsed × limit cannot overflow (nor leave 2^53 in Lua).
-        if elapsed >= div_ceil(self.deficit, q.limit()) {
+        // Compare first so that elapsed × L' cannot overflow (nor leave 2^53 in Lua): below
+        // ⌈deficit / L'⌉, elapsed × L' < deficit + L'.
+        if elapsed >= div_ceil(self.deficit, rate) {
             0
         } else {
-            self.deficit
-                .saturating_sub(elapsed.saturating_mul(q.limit()))
+            self.deficit.saturating_sub(elapsed.saturating_mul(rate))
         }
     }
 }
 
+/// `burst × P'`: the units of a full bucket (at most 2^52 for a valid quota).
+fn capacity_units(q: &Quota) -> u64 {
+    q.burst().saturating_mul(q.refill_units().1)
+}
+
 impl Model for TokenBucket {
     fn available(&self, q: &Quota, now: u64) -> u64 {
-        let capacity = q.burst() * q.period_us();
-        capacity.saturating_sub(self.deficit_at(q, now)) / q.period_us()
+        let (_, token) = q.refill_units();
+        capacity_units(q).saturating_sub(self.deficit_at(q, now)) / token
     }
 
     fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {
-        let allowed_deficit = (q.burst() - want) * q.period_us();
+        let (rate, token) = q.refill_units();
+        let allowed_deficit = q.burst().saturating_sub(want).saturating_mul(token);
         let refill = div_ceil(
             self.deficit_at(q, now).saturating_sub(allowed_deficit),
-            q.limit(),
+            rate,
         );
         // Nothing refills before `last_us` (the clock went back): wait until then first.
         self.last_us.saturating_sub(now).saturating_add(refill)
     }
 
     fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
+        let (rate, token) = q.refill_units();
         let refill = div_ceil(
             self.deficit_at(q, now)
-                .saturating_add(extra.saturating_mul(q.period_us())),
-            q.limit(),
+                .saturating_add(extra.saturating_mul(token)),
+            rate,
         );
         if refill == 0 {
             0
@@ -62,14 +75,15 @@ impl Model for TokenBucket {
     }
 
     fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
+        let (_, token) = q.refill_units();
         self.deficit = self
             .deficit_at(q, now)
-            .saturating_add(cost.saturating_mul(q.period_us()));
+            .saturating_add(cost.saturating_mul(token));
         self.last_us = self.last_us.max(now);
     }
 
     fn expires_at(&self, q: &Quota) -> u64 {
-        self.last_us
-            .saturating_add(div_ceil(self.deficit, q.limit()))
+        let (rate, _) = q.refill_units();
+        self.last_us.saturating_add(div_ceil(self.deficit, rate))
     }
 }
