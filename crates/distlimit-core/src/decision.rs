@@ -96,6 +96,16 @@ impl Decision {
         Duration::from_micros(self.reset_after_us)
     }
 
+    /// [`reset_after`](Self::reset_after) in microseconds.
+    pub fn reset_after_us(&self) -> u64 {
+        self.reset_after_us
+    }
+
+    /// [`retry_after`](Self::retry_after) in microseconds (`u64::MAX` for [`NEVER`]).
+    pub fn retry_after_us(&self) -> u64 {
+        self.retry_after_us
+    }
+
     /// For a denial, the time after which the same request would be admitted if nothing else is
     /// consumed meanwhile; zero when allowed; [`NEVER`] when it can never pass.
     pub fn retry_after(&self) -> Duration {

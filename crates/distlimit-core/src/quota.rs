@@ -100,6 +100,12 @@ pub struct Quota {
     refill_per_us: u64,
     /// `period_us / gcd(limit, period_us)`: token-bucket units per token.
     token_units: u64,
+    /// `⌈period_us / limit⌉`: GCRA's emission interval.
+    emission_us: u64,
+    /// `⌈period_us / 2^20⌉`: the sliding window's granule.
+    granule_us: u64,
+    /// `⌈period_us / granule_us⌉`: the sliding window's steps per window.
+    window_steps: u64,
 }
 
 /// Why a [`Quota`] could not be built.
@@ -231,12 +237,17 @@ impl Quota {
                 max: max_burst,
             });
         }
+        // Derived once here, so that no decision divides for them.
+        let granule_us = period_us.div_ceil(WINDOW_STEPS);
         Ok(Self {
             limit,
             period_us,
             burst,
             refill_per_us: limit / g,
             token_units,
+            emission_us: period_us.div_ceil(limit),
+            granule_us,
+            window_steps: period_us.div_ceil(granule_us),
         })
     }
 
@@ -300,8 +311,18 @@ impl Quota {
     /// # Ok(()) }
     /// ```
     pub fn window_granule(&self) -> (u64, u64) {
-        let granule = self.period_us.div_ceil(WINDOW_STEPS);
-        (granule, self.period_us.div_ceil(granule))
+        (self.granule_us, self.window_steps)
+    }
+
+    /// GCRA's emission interval `T = ⌈period_us / limit⌉` µs: one unit is admitted every `T`.
+    ///
+    /// ```
+    /// # use distlimit_core::Quota;
+    /// assert_eq!(Quota::per_second(3)?.emission_interval_us(), 333_334);
+    /// # Ok::<(), distlimit_core::QuotaError>(())
+    /// ```
+    pub fn emission_interval_us(&self) -> u64 {
+        self.emission_us
     }
 }
 

@@ -687,8 +687,17 @@ fn check_sequence(
             );
             if cost == 0 {
                 prop_assert_eq!(&state, &before, "a peek changed the state");
-            } else if monotone {
-                admitted.push((now, cost));
+            } else {
+                // Stores derive the expiry (memory sweep, Redis TTL) from the decision itself.
+                prop_assert_eq!(
+                    state.expires_at(&quota),
+                    now.saturating_add(decision.reset_after_us()),
+                    "expires_at differs from now + reset_after after {:?}",
+                    decision
+                );
+                if monotone {
+                    admitted.push((now, cost));
+                }
             }
         } else {
             prop_assert_eq!(&state, &before, "a denied request changed the state");

@@ -15,15 +15,19 @@ pub struct Gcra {
 }
 
 /// The emission interval: µs per unit, rounded up so the rate never exceeds the quota.
-pub(crate) fn emission_interval(q: &Quota) -> u64 {
-    div_ceil(q.period_us(), q.limit())
+fn emission_interval(q: &Quota) -> u64 {
+    q.emission_interval_us()
 }
 
 impl Model for Gcra {
     fn available(&self, q: &Quota, now: u64) -> u64 {
-        let debt = self.tat_us.saturating_sub(now);
-        q.burst()
-            .saturating_sub(div_ceil(debt, emission_interval(q)))
+        match self.tat_us.saturating_sub(now) {
+            // An idle key: no division on the most common path.
+            0 => q.burst(),
+            debt => q
+                .burst()
+                .saturating_sub(div_ceil(debt, emission_interval(q))),
+        }
     }
 
     fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {

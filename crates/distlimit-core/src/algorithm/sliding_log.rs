@@ -1,7 +1,5 @@
 //! The sliding window log: exact, one entry per admitted instant.
 
-use std::collections::VecDeque;
-
 use super::Model;
 use crate::Quota;
 
@@ -12,7 +10,9 @@ use crate::Quota;
 /// admitted, so the log never holds more than `limit` entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SlidingLog {
-    entries: VecDeque<(u64, u64)>,
+    // A Vec rather than a VecDeque: 24 bytes instead of 32 keeps every `State` at 32 bytes
+    // (stores hold millions); dropping expired entries shifts at most `limit` pairs.
+    entries: Vec<(u64, u64)>,
 }
 
 impl SlidingLog {
@@ -34,9 +34,9 @@ impl SlidingLog {
     }
 
     fn push(&mut self, t: u64, cost: u64) {
-        match self.entries.back_mut() {
+        match self.entries.last_mut() {
             Some(last) if last.0 >= t => last.1 = last.1.saturating_add(cost),
-            _ => self.entries.push_back((t, cost)),
+            _ => self.entries.push((t, cost)),
         }
     }
 
@@ -85,19 +85,18 @@ impl Model for SlidingLog {
 
     fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
         let period = q.period_us();
-        while self
+        let expired = self
             .entries
-            .front()
-            .is_some_and(|(t, _)| t.saturating_add(period) <= now)
-        {
-            self.entries.pop_front();
-        }
+            .iter()
+            .take_while(|(t, _)| t.saturating_add(period) <= now)
+            .count();
+        self.entries.drain(..expired);
         self.push(now, cost);
     }
 
     fn expires_at(&self, q: &Quota) -> u64 {
         self.entries
-            .back()
+            .last()
             .map_or(0, |(t, _)| t.saturating_add(q.period_us()))
     }
 }
