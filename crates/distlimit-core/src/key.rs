@@ -5,6 +5,9 @@ use std::fmt;
 /// The longest key, in bytes, that every store accepts.
 pub const MAX_KEY_LEN: usize = 1024;
 
+/// The longest policy name, in bytes (see [`Request::with_policy`](crate::Request::with_policy)).
+pub const MAX_POLICY_LEN: usize = 128;
+
 /// A validated, borrowed rate-limit key: 1 to [`MAX_KEY_LEN`] arbitrary bytes.
 ///
 /// Keys usually come from clients (an IP address, a user id, an API token), so any bytes are
@@ -34,6 +37,14 @@ pub enum KeyError {
     #[error("invalid key: {len} bytes, the maximum is {max}")]
     TooLong {
         /// The key's length in bytes.
+        len: usize,
+        /// The maximum length.
+        max: usize,
+    },
+    /// The policy name was longer than [`MAX_POLICY_LEN`].
+    #[error("invalid policy name: {len} bytes, the maximum is {max}")]
+    PolicyTooLong {
+        /// The name's length in bytes.
         len: usize,
         /// The maximum length.
         max: usize,

@@ -55,6 +55,6 @@ pub use algorithm::{Algorithm, Limit, State, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, NEVER};
 pub use error::{BoxError, Error};
-pub use key::{Key, KeyError, MAX_KEY_LEN};
+pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
 pub use store::{MAX_BATCH, Request, Store, StoreExt, validate_batch};

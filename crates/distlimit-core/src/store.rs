@@ -5,12 +5,18 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{Decision, Error, Key, Limit};
+use crate::{Decision, Error, Key, KeyError, Limit, MAX_POLICY_LEN};
 
 /// The most requests one [`Store::decide_all`] batch may hold.
 pub const MAX_BATCH: usize = 16;
 
-/// One request: charge `cost` units to `key` under `limit`.
+/// One request: charge `cost` units to `key` under `limit`, in the state of `policy`.
+///
+/// A store keeps one state per *(policy, key)* pair: the same client limited per second and per
+/// day is one key under two policies (`"per-second"`, `"per-day"`), which a batch checks
+/// together. The policy name defaults to `""`. Naming policies also lets a policy's quota
+/// change at runtime while its state carries over, and lets the Redis driver place all of one
+/// key's policies in one Cluster slot.
 ///
 /// ```
 /// use distlimit_core::{Key, Limit, Quota, Request};
@@ -20,10 +26,13 @@ pub const MAX_BATCH: usize = 16;
 /// let request = Request::new(Key::new("user:42")?, limit).with_cost(3);
 /// assert_eq!(request.cost(), 3);
 /// assert_eq!(Request::peek(Key::new("user:42")?, limit).cost(), 0);
+/// let daily = Request::new(Key::new("user:42")?, limit).with_policy("per-day")?;
+/// assert_eq!(daily.policy(), "per-day");
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Request<'a> {
+    policy: &'a str,
     key: Key<'a>,
     limit: Limit,
     cost: u64,
@@ -33,6 +42,7 @@ impl<'a> Request<'a> {
     /// A request of cost 1.
     pub fn new(key: Key<'a>, limit: Limit) -> Self {
         Self {
+            policy: "",
             key,
             limit,
             cost: 1,
@@ -42,6 +52,7 @@ impl<'a> Request<'a> {
     /// A request of cost 0: it reports whether one unit would pass now and changes nothing.
     pub fn peek(key: Key<'a>, limit: Limit) -> Self {
         Self {
+            policy: "",
             key,
             limit,
             cost: 0,
@@ -51,6 +62,22 @@ impl<'a> Request<'a> {
     /// The same request with another cost (a weighted request).
     pub fn with_cost(self, cost: u64) -> Self {
         Self { cost, ..self }
+    }
+
+    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`] bytes).
+    pub fn with_policy(self, policy: &'a str) -> Result<Self, KeyError> {
+        if policy.len() > MAX_POLICY_LEN {
+            return Err(KeyError::PolicyTooLong {
+                len: policy.len(),
+                max: MAX_POLICY_LEN,
+            });
+        }
+        Ok(Self { policy, ..self })
+    }
+
+    /// The policy whose state is charged (`""` unless named).
+    pub fn policy(&self) -> &'a str {
+        self.policy
     }
 
     /// The key charged.
@@ -69,8 +96,8 @@ impl<'a> Request<'a> {
     }
 }
 
-/// Checks that a batch for [`Store::decide_all`] is valid: 1 to [`MAX_BATCH`] requests, no key
-/// twice. Drivers call it first so every store rejects the same batches.
+/// Checks that a batch for [`Store::decide_all`] is valid: 1 to [`MAX_BATCH`] requests, no
+/// (policy, key) pair twice. Drivers call it first so every store rejects the same batches.
 pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
     if requests.is_empty() {
         return Err(Error::InvalidRequest("empty batch"));
@@ -79,8 +106,13 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
         return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
     }
     for (i, a) in requests.iter().enumerate() {
-        if requests[..i].iter().any(|b| b.key == a.key) {
-            return Err(Error::InvalidRequest("the same key twice in one batch"));
+        if requests[..i]
+            .iter()
+            .any(|b| b.key == a.key && b.policy == a.policy)
+        {
+            return Err(Error::InvalidRequest(
+                "the same key and policy twice in one batch",
+            ));
         }
     }
     Ok(())
@@ -94,7 +126,9 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
 /// # Contract
 ///
 /// A store MUST:
-/// * decide every request exactly as [`Limit::decide`] would on the key's state at the store's
+/// * keep one state per (policy, key) pair: states of different policies, or of different keys,
+///   never affect each other;
+/// * decide every request exactly as [`Limit::decide`] would on that state at the store's
 ///   current time, atomically: concurrent requests on one key behave as if run one after another;
 /// * treat a key without state (never seen, or forgotten after its state's
 ///   [`expires_at`](crate::State::expires_at)) as [`State::fresh`](crate::State::fresh);
@@ -120,8 +154,13 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
 ///     SystemClock,
 /// };
 ///
+/// /// A state per (policy, key).
+/// fn id(r: &Request<'_>) -> (String, Vec<u8>) {
+///     (r.policy().to_owned(), r.key().as_bytes().to_vec())
+/// }
+///
 /// #[derive(Default)]
-/// struct MapStore(Mutex<HashMap<Vec<u8>, State>>);
+/// struct MapStore(Mutex<HashMap<(String, Vec<u8>), State>>);
 ///
 /// #[async_trait]
 /// impl Store for MapStore {
@@ -135,12 +174,12 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
 ///         let mut map = self.0.lock().map_err(|_| Error::InvalidRequest("poisoned"))?;
 ///         let decisions: Vec<Decision> = requests
 ///             .iter()
-///             .map(|r| r.limit().evaluate(map.get(r.key().as_bytes()), now, r.cost()))
+///             .map(|r| r.limit().evaluate(map.get(&id(r)), now, r.cost()))
 ///             .collect();
 ///         if decisions.iter().all(Decision::is_allowed) {
 ///             for r in requests {
 ///                 let state = map
-///                     .entry(r.key().as_bytes().to_vec())
+///                     .entry(id(r))
 ///                     .or_insert_with(|| State::fresh(r.limit().algorithm()));
 ///                 r.limit().decide(state, now, r.cost());
 ///             }

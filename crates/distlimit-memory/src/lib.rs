@@ -59,7 +59,7 @@ use async_trait::async_trait;
 use distlimit_core::{Clock, Decision, Error, Request, Store, validate_batch};
 
 pub use clock::FastClock;
-use shard::Table;
+use shard::{Id, Table};
 use sync::RwLock;
 
 /// The number of shards.
@@ -178,13 +178,17 @@ impl<C, S> Builder<C, S> {
 }
 
 impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
+    /// The hash of a request's (key, policy) and its shard index.
     #[inline]
-    fn locate(&self, key: &[u8]) -> (u64, &RwLock<Table>) {
-        let hash = self.hasher.hash_one(key);
+    fn locate<'r>(&self, request: &Request<'r>) -> (Id<'r>, u64, usize) {
+        let id = Id {
+            key: request.key().as_bytes(),
+            policy: request.policy().as_bytes(),
+        };
+        let hash = id.hash(&self.hasher);
         // Bits 32..38 pick the shard: hashbrown uses the low bits for the slot and the top
         // seven for its control bytes, so the shard index is independent of both.
-        let shard = (hash >> 32) as usize % SHARDS;
-        (hash, &self.shards[shard].0)
+        (id, hash, (hash >> 32) as usize % SHARDS)
     }
 
     /// Decides one request now: the synchronous fast path. Never allocates for a known key and
@@ -198,14 +202,14 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
     /// clock, for callers that already read the time for a batch of work.
     #[inline]
     pub fn decide_at(&self, request: &Request<'_>, now_us: u64) -> Decision {
-        let key = request.key().as_bytes();
-        let (hash, shard) = self.locate(key);
+        let (id, hash, shard) = self.locate(request);
+        let shard = &self.shards[shard].0;
         if request.cost() == 0 {
-            return shard.read().evaluate(hash, key, request.limit(), now_us, 0);
+            return shard.read().evaluate(hash, id, request.limit(), now_us, 0);
         }
         let (decision, effects) = shard.write().decide(
             hash,
-            key,
+            id,
             request.limit(),
             now_us,
             request.cost(),
@@ -224,14 +228,8 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
     pub fn decide_all_sync(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(requests)?;
         let now = self.clock.now_us();
-        let located: Vec<(u64, usize)> = requests
-            .iter()
-            .map(|r| {
-                let hash = self.hasher.hash_one(r.key().as_bytes());
-                (hash, (hash >> 32) as usize % SHARDS)
-            })
-            .collect();
-        let mut shard_ids: Vec<usize> = located.iter().map(|&(_, s)| s).collect();
+        let located: Vec<(Id<'_>, u64, usize)> = requests.iter().map(|r| self.locate(r)).collect();
+        let mut shard_ids: Vec<usize> = located.iter().map(|&(_, _, s)| s).collect();
         shard_ids.sort_unstable();
         shard_ids.dedup();
         let mut guards: Vec<_> = shard_ids
@@ -243,24 +241,20 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         let decisions: Vec<Decision> = requests
             .iter()
             .zip(&located)
-            .map(|(r, &(hash, shard))| {
-                guards[guard_of(shard)].1.evaluate(
-                    hash,
-                    r.key().as_bytes(),
-                    r.limit(),
-                    now,
-                    r.cost(),
-                )
+            .map(|(r, &(id, hash, shard))| {
+                guards[guard_of(shard)]
+                    .1
+                    .evaluate(hash, id, r.limit(), now, r.cost())
             })
             .collect();
         if decisions.iter().all(Decision::is_allowed) {
-            for (r, &(hash, shard)) in requests.iter().zip(&located) {
+            for (r, &(id, hash, shard)) in requests.iter().zip(&located) {
                 if r.cost() == 0 {
                     continue;
                 }
                 let effects = guards[guard_of(shard)].1.commit(
                     hash,
-                    r.key().as_bytes(),
+                    id,
                     r.limit(),
                     now,
                     r.cost(),

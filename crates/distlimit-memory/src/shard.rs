@@ -1,6 +1,6 @@
 //! One of the 64 shards: a swiss table of entries with an incremental sweep and a size cap.
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 
 use distlimit_core::{Decision, Limit, State};
 use hashbrown::HashTable;
@@ -14,7 +14,29 @@ const SWEEP_STEP: usize = 2;
 /// Buckets examined for an expired entry before evicting a live one when the shard is full.
 const EVICT_SCAN: usize = 32;
 
-/// A key's bytes, inline when short (IP addresses, numeric ids, UUIDs in binary form).
+/// What a state is stored under: a key in a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Id<'a> {
+    pub(crate) key: &'a [u8],
+    /// At most `MAX_POLICY_LEN` (128) bytes, so its length fits the trailing byte of a `KeyBuf`.
+    pub(crate) policy: &'a [u8],
+}
+
+impl Id<'_> {
+    /// One keyed hash of the pair; the unnamed policy (the common case) adds nothing to hash.
+    #[inline]
+    pub(crate) fn hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
+        let mut h = hasher.build_hasher();
+        h.write(self.key);
+        if !self.policy.is_empty() {
+            h.write(self.policy);
+        }
+        h.finish()
+    }
+}
+
+/// An [`Id`]'s bytes, `key ‖ policy ‖ policy length`, inline when short (IP addresses, numeric
+/// ids, UUIDs in binary form).
 #[derive(Debug)]
 enum KeyBuf {
     Inline { len: u8, bytes: [u8; INLINE] },
@@ -22,17 +44,25 @@ enum KeyBuf {
 }
 
 impl KeyBuf {
-    fn new(key: &[u8]) -> Self {
-        if key.len() <= INLINE {
+    fn new(id: Id<'_>) -> Self {
+        let len = id.key.len() + id.policy.len() + 1;
+        // The policy length fits a byte: `Request::with_policy` caps it at 128.
+        let policy_len = u8::try_from(id.policy.len()).unwrap_or(u8::MAX);
+        if len <= INLINE {
             let mut bytes = [0; INLINE];
-            bytes[..key.len()].copy_from_slice(key);
-            // len ≤ INLINE < 256
+            bytes[..id.key.len()].copy_from_slice(id.key);
+            bytes[id.key.len()..len - 1].copy_from_slice(id.policy);
+            bytes[len - 1] = policy_len;
             KeyBuf::Inline {
-                len: key.len() as u8,
+                len: len as u8, // ≤ INLINE
                 bytes,
             }
         } else {
-            KeyBuf::Heap(key.into())
+            let mut bytes = Vec::with_capacity(len);
+            bytes.extend_from_slice(id.key);
+            bytes.extend_from_slice(id.policy);
+            bytes.push(policy_len);
+            KeyBuf::Heap(bytes.into_boxed_slice())
         }
     }
 
@@ -42,6 +72,23 @@ impl KeyBuf {
             KeyBuf::Inline { len, bytes } => &bytes[..usize::from(*len)],
             KeyBuf::Heap(bytes) => bytes,
         }
+    }
+
+    /// The stored pair.
+    #[inline]
+    fn id(&self) -> Id<'_> {
+        let bytes = self.as_bytes();
+        let (rest, policy_len) = match bytes.split_last() {
+            Some((&n, rest)) => (rest, usize::from(n).min(rest.len())),
+            None => (bytes, 0),
+        };
+        let (key, policy) = rest.split_at(rest.len() - policy_len);
+        Id { key, policy }
+    }
+
+    #[inline]
+    fn is(&self, id: Id<'_>) -> bool {
+        self.id() == id
     }
 }
 
@@ -73,20 +120,20 @@ impl Table {
         self.map.len()
     }
 
-    fn find(&self, hash: u64, key: &[u8]) -> Option<&Entry> {
-        self.map.find(hash, |e| e.key.as_bytes() == key)
+    fn find(&self, hash: u64, id: Id<'_>) -> Option<&Entry> {
+        self.map.find(hash, |e| e.key.is(id))
     }
 
     /// What `limit` would answer for `key` now, changing nothing.
     pub(crate) fn evaluate(
         &self,
         hash: u64,
-        key: &[u8],
+        id: Id<'_>,
         limit: &Limit,
         now: u64,
         cost: u64,
     ) -> Decision {
-        limit.evaluate(self.find(hash, key).map(|e| &e.state), now, cost)
+        limit.evaluate(self.find(hash, id).map(|e| &e.state), now, cost)
     }
 
     /// Decides and charges one request.
@@ -95,14 +142,14 @@ impl Table {
     pub(crate) fn decide<S: BuildHasher>(
         &mut self,
         hash: u64,
-        key: &[u8],
+        id: Id<'_>,
         limit: &Limit,
         now: u64,
         cost: u64,
         max_len: usize,
         hasher: &S,
     ) -> (Decision, Effects) {
-        if let Some(entry) = self.map.find_mut(hash, |e| e.key.as_bytes() == key) {
+        if let Some(entry) = self.map.find_mut(hash, |e| e.key.is(id)) {
             let decision = limit.decide(&mut entry.state, now, cost);
             if decision.is_allowed() && cost > 0 {
                 // Equal to `State::expires_at` (property-tested in core), without its division.
@@ -116,7 +163,7 @@ impl Table {
             let mut state = State::fresh(limit.algorithm());
             limit.decide(&mut state, now, cost);
             let expires_at = now.saturating_add(decision.reset_after_us());
-            effects = self.insert(hash, key, state, expires_at, now, max_len, hasher);
+            effects = self.insert(hash, id, state, expires_at, now, max_len, hasher);
         }
         (decision, effects)
     }
@@ -126,21 +173,21 @@ impl Table {
     pub(crate) fn commit<S: BuildHasher>(
         &mut self,
         hash: u64,
-        key: &[u8],
+        id: Id<'_>,
         limit: &Limit,
         now: u64,
         cost: u64,
         max_len: usize,
         hasher: &S,
     ) -> Effects {
-        self.decide(hash, key, limit, now, cost, max_len, hasher).1
+        self.decide(hash, id, limit, now, cost, max_len, hasher).1
     }
 
     #[allow(clippy::too_many_arguments)]
     fn insert<S: BuildHasher>(
         &mut self,
         hash: u64,
-        key: &[u8],
+        id: Id<'_>,
         state: State,
         expires_at: u64,
         now: u64,
@@ -158,11 +205,11 @@ impl Table {
         self.map.insert_unique(
             hash,
             Entry {
-                key: KeyBuf::new(key),
+                key: KeyBuf::new(id),
                 expires_at,
                 state,
             },
-            |e| hasher.hash_one(e.key.as_bytes()),
+            |e| e.key.id().hash(hasher),
         );
         effects
     }
@@ -203,7 +250,7 @@ impl Table {
         self.map.retain(|e| e.expires_at > now);
         if self.map.capacity() > 4 * self.map.len().max(16) {
             self.map
-                .shrink_to(self.map.len(), |e| hasher.hash_one(e.key.as_bytes()));
+                .shrink_to(self.map.len(), |e| e.key.id().hash(hasher));
             self.cursor = 0;
         }
     }
@@ -218,6 +265,23 @@ mod tests {
         foldhash::quality::RandomState::default()
     }
 
+    fn id(key: &[u8]) -> Id<'_> {
+        Id { key, policy: b"" }
+    }
+
+    /// Decides on `key` in the unnamed policy.
+    fn decide(
+        table: &mut Table,
+        h: &foldhash::quality::RandomState,
+        key: &[u8],
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        max_len: usize,
+    ) -> (Decision, Effects) {
+        table.decide(id(key).hash(h), id(key), limit, now, cost, max_len, h)
+    }
+
     #[test]
     fn an_entry_fits_one_cache_line() {
         assert_eq!(std::mem::size_of::<State>(), 32);
@@ -226,12 +290,32 @@ mod tests {
 
     #[test]
     fn key_buf_round_trips_inline_and_heap() {
-        for len in [1, 2, INLINE - 1, INLINE, INLINE + 1, 1024] {
+        for len in [1, 2, INLINE - 2, INLINE - 1, INLINE, 1024] {
             let key: Vec<u8> = (0..len).map(|i| (i * 7 % 256) as u8).collect();
-            assert_eq!(KeyBuf::new(&key).as_bytes(), key.as_slice());
+            for policy in [&b""[..], b"p", b"per-day", &[0xff; 128]] {
+                let id = Id { key: &key, policy };
+                assert_eq!(KeyBuf::new(id).id(), id);
+                assert!(KeyBuf::new(id).is(id));
+            }
         }
-        assert!(matches!(KeyBuf::new(&[0; INLINE]), KeyBuf::Inline { .. }));
-        assert!(matches!(KeyBuf::new(&[0; INLINE + 1]), KeyBuf::Heap(_)));
+        assert!(matches!(
+            KeyBuf::new(id(&[0; INLINE - 1])),
+            KeyBuf::Inline { .. }
+        ));
+        assert!(matches!(KeyBuf::new(id(&[0; INLINE])), KeyBuf::Heap(_)));
+        // The pair is what is compared: moving bytes between key and policy is another id.
+        let a = KeyBuf::new(Id {
+            key: b"ab",
+            policy: b"c",
+        });
+        assert!(!a.is(Id {
+            key: b"a",
+            policy: b"bc"
+        }));
+        assert!(!a.is(Id {
+            key: b"abc",
+            policy: b""
+        }));
     }
 
     #[test]
@@ -240,28 +324,25 @@ mod tests {
         let limit = Limit::gcra(Quota::per_second(10).unwrap());
         let mut table = Table::default();
         for i in 0u32..100 {
-            let key = i.to_be_bytes();
-            table.decide(h.hash_one(&key[..]), &key, &limit, 0, 1, usize::MAX, &h);
+            decide(&mut table, &h, &i.to_be_bytes(), &limit, 0, 1, usize::MAX);
         }
         assert_eq!(table.len(), 100);
         // Much later every entry has expired; new inserts sweep them out incrementally.
         for i in 1000u32..1400 {
-            let key = i.to_be_bytes();
-            table.decide(
-                h.hash_one(&key[..]),
-                &key,
+            decide(
+                &mut table,
+                &h,
+                &i.to_be_bytes(),
                 &limit,
                 10_000_000,
                 1,
                 usize::MAX,
-                &h,
             );
         }
         let old_left = (0u32..100)
             .filter(|i| {
-                table
-                    .find(h.hash_one(&i.to_be_bytes()[..]), &i.to_be_bytes())
-                    .is_some()
+                let key = i.to_be_bytes();
+                table.find(id(&key).hash(&h), id(&key)).is_some()
             })
             .count();
         assert!(old_left < 100, "the sweep removed nothing");
@@ -276,8 +357,7 @@ mod tests {
         let mut table = Table::default();
         let mut evictions = 0;
         for i in 0u64..10_000 {
-            let key = i.to_le_bytes();
-            let (d, fx) = table.decide(h.hash_one(&key[..]), &key, &limit, 5, 1, 100, &h);
+            let (d, fx) = decide(&mut table, &h, &i.to_le_bytes(), &limit, 5, 1, 100);
             assert!(d.is_allowed());
             assert!(table.len() <= 100);
             evictions += usize::from(fx.evicted);
@@ -290,10 +370,12 @@ mod tests {
         let h = hasher();
         let limit = Limit::token_bucket(Quota::per_minute(10).unwrap());
         let mut table = Table::default();
-        let key = b"k";
-        let hash = h.hash_one(&key[..]);
-        assert!(table.decide(hash, key, &limit, 0, 0, 10, &h).0.is_allowed());
-        assert!(table.decide(hash, key, &limit, 0, 11, 10, &h).0.is_never());
+        assert!(
+            decide(&mut table, &h, b"k", &limit, 0, 0, 10)
+                .0
+                .is_allowed()
+        );
+        assert!(decide(&mut table, &h, b"k", &limit, 0, 11, 10).0.is_never());
         assert_eq!(table.len(), 0);
     }
 }

@@ -1107,3 +1107,66 @@ pub async fn check_store_ext_validates_keys<S: Store + ?Sized>(store: &S, clock:
         }
     }
 }
+
+/// One key under two policies holds two states: exhausting one leaves the other whole, and a
+/// batch of the same key under both policies is valid and all-or-nothing.
+pub async fn check_policies_are_independent<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
+    const CHECK: &str = "policies_are_independent";
+    let keys = Keys::new(CHECK);
+    let key = keys.key("client");
+    let Ok(key) = distlimit_core::Key::new(&key) else {
+        panic!("distlimit-test bug: key too long")
+    };
+    let per_second = Limit::token_bucket(quota(2, SECOND, 2));
+    let per_minute = Limit::gcra(quota(3, MINUTE, 3));
+    let named = |policy: &'static str, limit: Limit, cost: u64| {
+        match Request::new(key, limit).with_cost(cost).with_policy(policy) {
+            Ok(request) => request,
+            Err(e) => panic!("distlimit-test bug: {e}"),
+        }
+    };
+    let ctx = format!("check `{CHECK}`");
+
+    // Exhaust the key in the unnamed policy and in "second"; "minute" stays whole.
+    for policy in ["", "second"] {
+        let d = store.decide(&named(policy, per_second, 2)).await;
+        assert!(
+            matches!(&d, Ok(d) if d.is_allowed()),
+            "{ctx}: the first request under policy {policy:?} must pass, got {d:?}"
+        );
+    }
+    let minute = store.decide(&named("minute", per_minute, 0)).await;
+    assert!(
+        matches!(&minute, Ok(d) if d.is_allowed() && d.remaining() == 3),
+        "{ctx}: policy \"minute\" must be untouched by the others, got {minute:?}"
+    );
+
+    // A batch over both named policies: "second" is exhausted, so nothing is charged.
+    let batch = [
+        named("second", per_second, 1),
+        named("minute", per_minute, 1),
+    ];
+    let decisions = store.decide_all(&batch).await;
+    assert!(
+        matches!(&decisions, Ok(d) if d.len() == 2 && d[0].is_denied() && d[1].is_allowed()),
+        "{ctx}: the same key under two policies is a valid batch, denied by \"second\": {decisions:?}"
+    );
+    let minute = store.decide(&named("minute", per_minute, 0)).await;
+    assert!(
+        matches!(&minute, Ok(d) if d.remaining() == 3),
+        "{ctx}: a denied batch must not charge policy \"minute\", got {minute:?}"
+    );
+
+    // Once "second" refills, the batch charges both.
+    clock.advance(Duration::from_secs(1));
+    let decisions = store.decide_all(&batch).await;
+    assert!(
+        matches!(&decisions, Ok(d) if d.iter().all(Decision::is_allowed)),
+        "{ctx}: the batch must pass after a second, got {decisions:?}"
+    );
+    let minute = store.decide(&named("minute", per_minute, 0)).await;
+    assert!(
+        matches!(&minute, Ok(d) if d.remaining() == 2),
+        "{ctx}: an admitted batch charges policy \"minute\" once, got {minute:?}"
+    );
+}

@@ -54,7 +54,12 @@
 //!
 //! struct MapStore {
 //!     clock: ManualClock,
-//!     states: Mutex<HashMap<Vec<u8>, State>>,
+//!     // One state per (policy, key).
+//!     states: Mutex<HashMap<(String, Vec<u8>), State>>,
+//! }
+//!
+//! fn id(r: &Request<'_>) -> (String, Vec<u8>) {
+//!     (r.policy().to_owned(), r.key().as_bytes().to_vec())
 //! }
 //!
 //! #[async_trait]
@@ -69,12 +74,12 @@
 //!         let now = self.clock.now_us();
 //!         let decisions: Vec<Decision> = requests
 //!             .iter()
-//!             .map(|r| r.limit().evaluate(states.get(r.key().as_bytes()), now, r.cost()))
+//!             .map(|r| r.limit().evaluate(states.get(&id(r)), now, r.cost()))
 //!             .collect();
 //!         if decisions.iter().all(Decision::is_allowed) {
 //!             for r in requests {
 //!                 let state = states
-//!                     .entry(r.key().as_bytes().to_vec())
+//!                     .entry(id(r))
 //!                     .or_insert_with(|| State::fresh(r.limit().algorithm()));
 //!                 r.limit().decide(state, now, r.cost());
 //!             }
@@ -122,6 +127,7 @@
 //! | [`check_concurrent_requests_admit_exactly_limit`] | 32 racing tasks, capacity 10: exactly 10 |
 //! | [`check_concurrent_batches_are_atomic`] | racing batches over a shared key stay all-or-nothing |
 //! | [`check_store_ext_validates_keys`] | `check`, `check_cost`, `peek` reject empty and long keys |
+//! | [`check_policies_are_independent`] | one key under two policies: two states, one valid batch |
 //!
 //! # Fault injection
 //!
@@ -150,7 +156,7 @@ pub use checks::{
     check_denied_request_is_not_charged, check_fresh_key_admits_capacity,
     check_idle_key_decides_as_fresh, check_key_bytes_are_opaque, check_keys_are_independent,
     check_limit_change_follows_model, check_matches_reference_model, check_peek_changes_nothing,
-    check_retry_after_is_exact, check_store_ext_validates_keys,
+    check_policies_are_independent, check_retry_after_is_exact, check_store_ext_validates_keys,
 };
 pub use faulty::{Fault, FaultKind, FaultyStore};
 

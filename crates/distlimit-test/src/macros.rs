@@ -77,6 +77,7 @@ macro_rules! __for_each_check {
             concurrent_requests_admit_exactly_limit => check_concurrent_requests_admit_exactly_limit,
             concurrent_batches_are_atomic => check_concurrent_batches_are_atomic,
             store_ext_validates_keys => check_store_ext_validates_keys,
+            policies_are_independent => check_policies_are_independent,
         }
     };
 }

@@ -9,8 +9,11 @@ use distlimit_core::{Clock, Decision, Error, ManualClock, Request, State, Store,
 use parking_lot::Mutex;
 
 /// The states, shareable between clients with clocks of their own (like one Redis server).
+/// What a state is stored under: (policy, key).
+type Id = (String, Vec<u8>);
+
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Backend(Arc<Mutex<HashMap<Vec<u8>, State>>>);
+pub(crate) struct Backend(Arc<Mutex<HashMap<Id, State>>>);
 
 /// `Limit::evaluate` for every request, then `Limit::decide` for all of them if all pass.
 #[derive(Debug)]
@@ -46,19 +49,21 @@ impl Store for ReferenceStore {
         let now = self.clock.now_us();
         let decisions: Vec<Decision> = requests
             .iter()
-            .map(|r| {
-                r.limit()
-                    .evaluate(states.get(r.key().as_bytes()), now, r.cost())
-            })
+            .map(|r| r.limit().evaluate(states.get(&id(r)), now, r.cost()))
             .collect();
         if decisions.iter().all(Decision::is_allowed) {
             for r in requests {
                 let state = states
-                    .entry(r.key().as_bytes().to_vec())
+                    .entry(id(r))
                     .or_insert_with(|| State::fresh(r.limit().algorithm()));
                 r.limit().decide(state, now, r.cost());
             }
         }
         Ok(decisions)
     }
+}
+
+/// A state per (policy, key), as the contract asks.
+fn id(r: &distlimit_core::Request<'_>) -> Id {
+    (r.policy().to_owned(), r.key().as_bytes().to_vec())
 }
