@@ -15,12 +15,14 @@ pub trait Clock: Send + Sync {
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
+    #[inline]
     fn now_us(&self) -> u64 {
         (**self).now_us()
     }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
+    #[inline]
     fn now_us(&self) -> u64 {
         (**self).now_us()
     }
@@ -31,6 +33,7 @@ impl<C: Clock + ?Sized> Clock for &C {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    #[inline]
     fn now_us(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -76,6 +79,7 @@ impl ManualClock {
 }
 
 impl Clock for ManualClock {
+    #[inline]
     fn now_us(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
     }

@@ -28,6 +28,7 @@ pub struct Decision {
 impl Decision {
     /// An admitted request. Store drivers build their answers with this; `remaining` is capped
     /// at `limit`.
+    #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
             allowed: true,
@@ -40,6 +41,7 @@ impl Decision {
 
     /// A denied request. Store drivers build their answers with this; `remaining` is capped at
     /// `limit` and `retry_after` is at least one microsecond (a denial always has a wait).
+    #[inline]
     pub fn denied(
         limit: u64,
         remaining: u64,
@@ -55,6 +57,7 @@ impl Decision {
         }
     }
 
+    #[inline]
     pub(crate) fn from_micros(
         allowed: bool,
         limit: u64,
@@ -72,47 +75,56 @@ impl Decision {
     }
 
     /// Whether the request was admitted (and charged).
+    #[inline]
     pub fn is_allowed(&self) -> bool {
         self.allowed
     }
 
     /// Whether the request was denied (and not charged).
+    #[inline]
     pub fn is_denied(&self) -> bool {
         !self.allowed
     }
 
     /// The capacity: the largest value [`remaining`](Self::remaining) can take.
+    #[inline]
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Units that could still be spent right now.
+    #[inline]
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
 
     /// Time until the key is back to full capacity if nothing else is consumed.
+    #[inline]
     pub fn reset_after(&self) -> Duration {
         Duration::from_micros(self.reset_after_us)
     }
 
     /// [`reset_after`](Self::reset_after) in microseconds.
+    #[inline]
     pub fn reset_after_us(&self) -> u64 {
         self.reset_after_us
     }
 
     /// [`retry_after`](Self::retry_after) in microseconds (`u64::MAX` for [`NEVER`]).
+    #[inline]
     pub fn retry_after_us(&self) -> u64 {
         self.retry_after_us
     }
 
     /// For a denial, the time after which the same request would be admitted if nothing else is
     /// consumed meanwhile; zero when allowed; [`NEVER`] when it can never pass.
+    #[inline]
     pub fn retry_after(&self) -> Duration {
         Duration::from_micros(self.retry_after_us)
     }
 
     /// Whether the request can never pass (its cost exceeds the capacity).
+    #[inline]
     pub fn is_never(&self) -> bool {
         self.retry_after_us == u64::MAX
     }

@@ -53,6 +53,7 @@ pub enum KeyError {
 
 impl<'a> Key<'a> {
     /// Validates `bytes` as a key.
+    #[inline]
     pub fn new<B: AsRef<[u8]> + ?Sized>(bytes: &'a B) -> Result<Self, KeyError> {
         let bytes = bytes.as_ref();
         if bytes.is_empty() {
@@ -68,24 +69,28 @@ impl<'a> Key<'a> {
     }
 
     /// The key's bytes.
+    #[inline]
     pub fn as_bytes(&self) -> &'a [u8] {
         self.0
     }
 
     /// The key's length in bytes (never 0).
     #[allow(clippy::len_without_is_empty)] // a key is never empty
+    #[inline]
     pub fn len(&self) -> usize {
         self.0.len()
     }
 }
 
 impl fmt::Debug for Key<'_> {
+    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key(\"{}\")", self.0.escape_ascii())
     }
 }
 
 impl fmt::Display for Key<'_> {
+    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0.escape_ascii())
     }

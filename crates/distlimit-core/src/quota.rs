@@ -252,21 +252,25 @@ impl Quota {
     }
 
     /// Units per period.
+    #[inline]
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// The period.
+    #[inline]
     pub fn period(&self) -> Duration {
         Duration::from_micros(self.period_us)
     }
 
     /// The period in microseconds.
+    #[inline]
     pub fn period_us(&self) -> u64 {
         self.period_us
     }
 
     /// Units that may be spent at once by the token bucket and GCRA.
+    #[inline]
     pub fn burst(&self) -> u64 {
         self.burst
     }
@@ -290,6 +294,7 @@ impl Quota {
     /// assert_eq!(Quota::per_second(3)?.refill_units(), (3, 1_000_000));
     /// # Ok(()) }
     /// ```
+    #[inline]
     pub fn refill_units(&self) -> (u64, u64) {
         (self.refill_per_us, self.token_units)
     }
@@ -310,6 +315,7 @@ impl Quota {
     /// assert_eq!(Quota::per_hour(10)?.window_granule(), (3_434, 1_048_341));
     /// # Ok(()) }
     /// ```
+    #[inline]
     pub fn window_granule(&self) -> (u64, u64) {
         (self.granule_us, self.window_steps)
     }
@@ -321,6 +327,7 @@ impl Quota {
     /// assert_eq!(Quota::per_second(3)?.emission_interval_us(), 333_334);
     /// # Ok::<(), distlimit_core::QuotaError>(())
     /// ```
+    #[inline]
     pub fn emission_interval_us(&self) -> u64 {
         self.emission_us
     }
@@ -331,6 +338,7 @@ mod tests {
     use super::gcd;
 
     #[test]
+    #[inline]
     fn gcd_of_small_numbers() {
         assert_eq!(gcd(12, 18), 6);
         assert_eq!(gcd(18, 12), 6);

@@ -40,6 +40,7 @@ pub struct Request<'a> {
 
 impl<'a> Request<'a> {
     /// A request of cost 1.
+    #[inline]
     pub fn new(key: Key<'a>, limit: Limit) -> Self {
         Self {
             policy: "",
@@ -60,11 +61,13 @@ impl<'a> Request<'a> {
     }
 
     /// The same request with another cost (a weighted request).
+    #[inline]
     pub fn with_cost(self, cost: u64) -> Self {
         Self { cost, ..self }
     }
 
     /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`] bytes).
+    #[inline]
     pub fn with_policy(self, policy: &'a str) -> Result<Self, KeyError> {
         if policy.len() > MAX_POLICY_LEN {
             return Err(KeyError::PolicyTooLong {
@@ -76,21 +79,25 @@ impl<'a> Request<'a> {
     }
 
     /// The policy whose state is charged (`""` unless named).
+    #[inline]
     pub fn policy(&self) -> &'a str {
         self.policy
     }
 
     /// The key charged.
+    #[inline]
     pub fn key(&self) -> Key<'a> {
         self.key
     }
 
     /// The limit the key is held to.
+    #[inline]
     pub fn limit(&self) -> &Limit {
         &self.limit
     }
 
     /// The units charged if admitted.
+    #[inline]
     pub fn cost(&self) -> u64 {
         self.cost
     }

@@ -17,6 +17,7 @@ pub struct FixedWindow {
 
 impl FixedWindow {
     /// The current window's start and count at `now`.
+    #[inline]
     fn current(&self, q: &Quota, now: u64) -> (u64, u64) {
         let start = now - now % q.period_us();
         if start > self.start_us {
@@ -28,16 +29,19 @@ impl FixedWindow {
 }
 
 impl Model for FixedWindow {
+    #[inline]
     fn available(&self, q: &Quota, now: u64) -> u64 {
         q.limit().saturating_sub(self.current(q, now).1)
     }
 
+    #[inline]
     fn retry_after(&self, q: &Quota, now: u64, _want: u64) -> u64 {
         // `want` never exceeds the limit, so the next window admits it.
         let (start, _) = self.current(q, now);
         start.saturating_add(q.period_us()).saturating_sub(now)
     }
 
+    #[inline]
     fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
         let (start, count) = self.current(q, now);
         if count.saturating_add(extra) == 0 {
@@ -47,6 +51,7 @@ impl Model for FixedWindow {
         }
     }
 
+    #[inline]
     fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
         let (start, count) = self.current(q, now);
         self.start_us = start;

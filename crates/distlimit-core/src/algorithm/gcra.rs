@@ -20,6 +20,7 @@ fn emission_interval(q: &Quota) -> u64 {
 }
 
 impl Model for Gcra {
+    #[inline]
     fn available(&self, q: &Quota, now: u64) -> u64 {
         match self.tat_us.saturating_sub(now) {
             // An idle key: no division on the most common path.
@@ -30,17 +31,20 @@ impl Model for Gcra {
         }
     }
 
+    #[inline]
     fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {
         let debt = self.tat_us.saturating_sub(now);
         debt.saturating_sub((q.burst() - want) * emission_interval(q))
     }
 
+    #[inline]
     fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
         self.tat_us
             .saturating_sub(now)
             .saturating_add(extra.saturating_mul(emission_interval(q)))
     }
 
+    #[inline]
     fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
         self.tat_us = self
             .tat_us

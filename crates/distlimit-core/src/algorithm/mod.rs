@@ -62,6 +62,7 @@ pub use token_bucket::TokenBucket;
 use crate::{Decision, Quota};
 
 /// `⌈a / b⌉` for `b > 0`.
+#[inline]
 pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
     a.div_ceil(b.max(1))
 }
@@ -113,6 +114,7 @@ impl Algorithm {
 
     /// The algorithm's name as used in configuration: `token_bucket`, `gcra`, `fixed_window`,
     /// `sliding_log`, `sliding_window`.
+    #[inline]
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token_bucket",
@@ -177,42 +179,50 @@ impl Limit {
     }
 
     /// `quota` as a token bucket.
+    #[inline]
     pub fn token_bucket(quota: Quota) -> Self {
         Self::new(Algorithm::TokenBucket, quota)
     }
 
     /// `quota` by GCRA.
+    #[inline]
     pub fn gcra(quota: Quota) -> Self {
         Self::new(Algorithm::Gcra, quota)
     }
 
     /// `quota` per fixed window.
+    #[inline]
     pub fn fixed_window(quota: Quota) -> Self {
         Self::new(Algorithm::FixedWindow, quota)
     }
 
     /// `quota` by sliding log.
+    #[inline]
     pub fn sliding_log(quota: Quota) -> Self {
         Self::new(Algorithm::SlidingLog, quota)
     }
 
     /// `quota` by sliding window counter.
+    #[inline]
     pub fn sliding_window(quota: Quota) -> Self {
         Self::new(Algorithm::SlidingWindow, quota)
     }
 
     /// The algorithm.
+    #[inline]
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
 
     /// The quota.
+    #[inline]
     pub fn quota(&self) -> &Quota {
         &self.quota
     }
 
     /// The most units one request may cost: `burst` for the token bucket and GCRA, `limit` for
     /// the window algorithms.
+    #[inline]
     pub fn capacity(&self) -> u64 {
         match self.algorithm {
             Algorithm::TokenBucket | Algorithm::Gcra => self.quota.burst(),
@@ -227,6 +237,7 @@ impl Limit {
     /// The state is changed only when the request is admitted with a cost above zero. A state of
     /// another algorithm counts as a fresh key, and is replaced by this algorithm's state when
     /// such a request is admitted (peeks and denials leave it as it was).
+    #[inline]
     pub fn decide(&self, state: &mut State, now_us: u64, cost: u64) -> Decision {
         let decision = self.evaluate(Some(state), now_us, cost);
         if decision.is_allowed() && cost > 0 {
@@ -240,6 +251,7 @@ impl Limit {
 
     /// What [`decide`](Self::decide) would answer, without changing anything. `None`, or a state
     /// of another algorithm, stands for a fresh key.
+    #[inline]
     pub fn evaluate(&self, state: Option<&State>, now_us: u64, cost: u64) -> Decision {
         let q = &self.quota;
         match state {
@@ -278,6 +290,7 @@ pub(crate) trait Model {
     fn expires_at(&self, q: &Quota) -> u64;
 }
 
+#[inline]
 fn evaluate<M: Model>(m: &M, q: &Quota, capacity: u64, now: u64, cost: u64) -> Decision {
     let available = m.available(q, now).min(capacity);
     if cost > capacity {
@@ -337,6 +350,7 @@ impl State {
     }
 
     /// The algorithm this state belongs to.
+    #[inline]
     pub fn algorithm(&self) -> Algorithm {
         match self {
             State::TokenBucket(_) => Algorithm::TokenBucket,
@@ -359,6 +373,7 @@ impl State {
         }
     }
 
+    #[inline]
     fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
         match self {
             State::TokenBucket(s) => s.consume(q, now, cost),

@@ -34,6 +34,7 @@ pub struct SlidingWindow {
 
 impl SlidingWindow {
     /// `(window start, previous, current)` as seen at `now`.
+    #[inline]
     fn at(&self, q: &Quota, now: u64) -> (u64, u64, u64) {
         let period = q.period_us();
         let start = now - now % period;
@@ -55,6 +56,7 @@ fn earliest_elapsed(period: u64, gr: u64, x: u64) -> u64 {
 }
 
 impl Model for SlidingWindow {
+    #[inline]
     fn available(&self, q: &Quota, now: u64) -> u64 {
         let period = q.period_us();
         let (gr, steps) = q.window_granule();
@@ -66,6 +68,7 @@ impl Model for SlidingWindow {
         budget.saturating_sub(cur)
     }
 
+    #[inline]
     fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {
         let period = q.period_us();
         let (gr, steps) = q.window_granule();
@@ -98,6 +101,7 @@ impl Model for SlidingWindow {
         }
     }
 
+    #[inline]
     fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
         let period = q.period_us();
         let (start, prev, cur) = self.at(q, now);
@@ -111,6 +115,7 @@ impl Model for SlidingWindow {
         end.saturating_sub(now)
     }
 
+    #[inline]
     fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
         let (start, prev, cur) = self.at(q, now);
         *self = SlidingWindow {

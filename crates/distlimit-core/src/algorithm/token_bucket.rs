@@ -24,6 +24,7 @@ pub struct TokenBucket {
 
 impl TokenBucket {
     /// The deficit at `now`: the stored one minus what refilled since `last_us`.
+    #[inline]
     fn deficit_at(&self, q: &Quota, now: u64) -> u64 {
         let (rate, _) = q.refill_units();
         let elapsed = now.saturating_sub(self.last_us);
@@ -40,11 +41,13 @@ fn capacity_units(q: &Quota) -> u64 {
 }
 
 impl Model for TokenBucket {
+    #[inline]
     fn available(&self, q: &Quota, now: u64) -> u64 {
         let (_, token) = q.refill_units();
         capacity_units(q).saturating_sub(self.deficit_at(q, now)) / token
     }
 
+    #[inline]
     fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {
         let (rate, token) = q.refill_units();
         let allowed_deficit = q.burst().saturating_sub(want).saturating_mul(token);
@@ -56,6 +59,7 @@ impl Model for TokenBucket {
         self.last_us.saturating_sub(now).saturating_add(refill)
     }
 
+    #[inline]
     fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
         let (rate, token) = q.refill_units();
         let refill = div_ceil(
@@ -71,6 +75,7 @@ impl Model for TokenBucket {
         }
     }
 
+    #[inline]
     fn consume(&mut self, q: &Quota, now: u64, cost: u64) {
         let (_, token) = q.refill_units();
         self.deficit = self
