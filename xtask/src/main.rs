@@ -9,10 +9,12 @@
 //! - `main.rs`: argument parsing and dispatch.
 //! - [`step`]: a [`Step`](step::Step) is one command with its environment;
 //!   [`run_all`](step::run_all) runs a list fail-fast, times each step and prints a summary.
-//! - [`tasks`]: what `test`, `loom` and `bench` run, including the lists of loom packages and
-//!   bench targets to extend.
-//! - [`redis`]: finding (or installing) `redis-server`, free loopback ports, and
-//!   [`RedisServer`](redis::RedisServer), a child process killed by PID on drop.
+//! - [`tasks`]: what `test`, `test-cluster`, `loom` and `bench` run, including the lists of loom
+//!   packages, bench targets and cluster test packages to extend.
+//! - [`redis`]: finding (or installing) `redis-server`, free loopback ports,
+//!   [`RedisServer`](redis::RedisServer) (a child process killed by PID on drop), the Sentinel
+//!   and Cluster setups, and [`Stack`](redis::Stack), which starts them for the tests and passes
+//!   their addresses on as `DISTLIMIT_REDIS_*` variables.
 
 // A CLI talks to its user on stdout; the workspace-wide lint is meant for the library crates.
 #![allow(clippy::print_stdout)]
@@ -32,19 +34,27 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The command line printed by `cargo xtask help` and after a usage error.
 ///
-/// `redis-smoke` is left out on purpose: it exists to exercise the Redis helpers until
-/// `cargo xtask test` starts its own servers.
+/// Left out on purpose: `redis-smoke` (starts and stops one server), `__reaper` (internal, see
+/// `redis::reaper`).
 const USAGE: &str = "\
 Usage: cargo xtask <command> [args]
 
 Commands:
   test              everything CI checks, fail-fast: fmt --check, clippy -D warnings,
-                    doc (RUSTDOCFLAGS=-D warnings), test --workspace, then the loom models
+                    doc (RUSTDOCFLAGS=-D warnings), build the tests, then start Redis
+                    (standalone, Sentinel, 6-node Cluster on free loopback ports; redis-server
+                    is installed with apt-get if missing and possible), test --workspace with
+                    DISTLIMIT_REDIS_* and DISTLIMIT_REQUIRE_REDIS=1 set, stop Redis, then the
+                    loom models
   ci                same as `test` (the CI entry point)
   loom              loom models only: release build, --cfg distlimit_loom, target dir target/loom
                     (LOOM_MAX_PREEMPTIONS defaults to 3; set it to override)
   bench [args...]   criterion benches; args go to criterion, e.g. `bench --save-baseline main`
-  test-cluster      tests against a Redis Cluster (not implemented yet)
+  test-cluster [args...]
+                    start only the Redis Cluster and run the tests of distlimit-redis against it;
+                    args go to cargo test, e.g. `test-cluster -- cluster`
+  redis-up          start the Redis setups of `test`, print their variables as `export` lines,
+                    keep them up until Ctrl-C, `kill <pid>` or (when stdin is a pipe) stdin closes
   help              this text
 ";
 
@@ -97,11 +107,15 @@ fn run(args: &[String]) -> Result<()> {
             step::run_all(&tasks::loom_steps())
         }
         "bench" => step::run_all(&tasks::bench_steps(rest)),
-        "test-cluster" => Err(
-            "`cargo xtask test-cluster` is not implemented yet: it arrives with the Redis \
-                 driver (distlimit-redis), together with the cluster setup it needs"
-                .into(),
-        ),
+        "test-cluster" => tasks::test_cluster(rest),
+        "redis-up" => {
+            no_args(command, rest)?;
+            tasks::redis_up()
+        }
+        redis::REAPER_COMMAND => {
+            no_args(command, rest)?;
+            redis::reaper_main()
+        }
         "redis-smoke" => {
             no_args(command, rest)?;
             redis::smoke()
@@ -132,16 +146,15 @@ mod tests {
 
     #[test]
     fn unknown_commands_and_stray_arguments_are_usage_errors() {
-        for bad in [&["frobnicate"][..], &["test", "--nope"], &["loom", "x"]] {
+        for bad in [
+            &["frobnicate"][..],
+            &["test", "--nope"],
+            &["loom", "x"],
+            &["redis-up", "x"],
+        ] {
             let err = run(&args(bad)).err();
             assert!(err.is_some_and(|e| e.is::<UsageError>()), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn test_cluster_fails_but_is_not_a_usage_error() {
-        let err = run(&args(&["test-cluster"])).err();
-        assert!(err.is_some_and(|e| !e.is::<UsageError>()));
     }
 
     #[test]

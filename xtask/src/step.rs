@@ -57,6 +57,12 @@ impl Step {
         self
     }
 
+    /// Sets every `(key, value)` of `vars` for this step.
+    pub(crate) fn envs(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Step {
+        self.env.extend(vars);
+        self
+    }
+
     /// The step as a shell command line, for headers and error messages.
     pub(crate) fn command_line(&self) -> String {
         let env = self
@@ -106,45 +112,110 @@ impl Step {
     }
 }
 
-/// How a step of [`run_all`] ended, for the summary.
+/// How a row of a [`Summary`] ended.
+#[derive(Debug, Clone, Copy)]
 enum Outcome {
     /// Succeeded after this long.
     Passed(Duration),
-    /// Failed after this long; later steps were skipped.
+    /// Failed after this long; later rows were skipped.
     Failed(Duration),
+}
+
+/// The rows of a task, each timed as it runs, printed as a summary at the end: rows never
+/// reached (after a failure) are listed as skipped.
+#[derive(Debug)]
+pub(crate) struct Summary {
+    /// Every planned row in order, with its outcome once it ran.
+    rows: Vec<(String, Option<Outcome>)>,
+    /// When the task began.
+    start: Instant,
+}
+
+impl Summary {
+    /// A summary planning the rows `names`, in order.
+    pub(crate) fn new<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Summary {
+        Summary {
+            rows: names.into_iter().map(|name| (name.into(), None)).collect(),
+            start: Instant::now(),
+        }
+    }
+
+    /// Runs `step` as the row of its name.
+    pub(crate) fn step(&mut self, step: &Step) -> Result<()> {
+        let began = Instant::now();
+        let result = step.run();
+        self.record(&step.name, result.is_ok(), began.elapsed());
+        result.map(|_| ())
+    }
+
+    /// Runs `action` in-process as the row `name`, with the same header and timing as a step.
+    pub(crate) fn action<T>(
+        &mut self,
+        name: &str,
+        action: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        println!("==> {name}");
+        let began = Instant::now();
+        let result = action();
+        let took = began.elapsed();
+        match &result {
+            Ok(_) => println!("==> {name}: ok in {}", format_duration(took)),
+            Err(_) => println!("==> {name}: FAILED after {}", format_duration(took)),
+        }
+        self.record(name, result.is_ok(), took);
+        result
+    }
+
+    /// Marks the first row called `name` that has not run yet (a new row if none).
+    fn record(&mut self, name: &str, ok: bool, took: Duration) {
+        let outcome = if ok {
+            Outcome::Passed(took)
+        } else {
+            Outcome::Failed(took)
+        };
+        match self
+            .rows
+            .iter_mut()
+            .find(|(row, outcome)| row == name && outcome.is_none())
+        {
+            Some(row) => row.1 = Some(outcome),
+            None => self.rows.push((name.to_owned(), Some(outcome))),
+        }
+    }
+
+    /// Prints the summary and passes `result` (the task's) through.
+    pub(crate) fn finish(self, result: Result<()>) -> Result<()> {
+        let width = self
+            .rows
+            .iter()
+            .map(|(name, _)| name.len())
+            .max()
+            .unwrap_or(0);
+        println!("==> summary");
+        for (name, outcome) in &self.rows {
+            let (status, took) = match outcome {
+                Some(Outcome::Passed(took)) => ("ok", format_duration(*took)),
+                Some(Outcome::Failed(took)) => ("FAILED", format_duration(*took)),
+                None => ("skipped", String::new()),
+            };
+            println!("    {name:<width$}  {status:<7}  {took}");
+        }
+        let failed = result.is_err()
+            || self
+                .rows
+                .iter()
+                .any(|(_, outcome)| matches!(outcome, Some(Outcome::Failed(_))));
+        let verdict = if failed { "FAILED" } else { "ok" };
+        println!("==> {verdict} in {}", format_duration(self.start.elapsed()));
+        result
+    }
 }
 
 /// Runs `steps` in order, stopping at the first failure, then prints a summary of all of them.
 pub(crate) fn run_all(steps: &[Step]) -> Result<()> {
-    let start = Instant::now();
-    let mut outcomes = Vec::with_capacity(steps.len());
-    let mut failure = None;
-    for step in steps {
-        let began = Instant::now();
-        match step.run() {
-            Ok(took) => outcomes.push(Outcome::Passed(took)),
-            Err(err) => {
-                outcomes.push(Outcome::Failed(began.elapsed()));
-                failure = Some(err);
-                break;
-            }
-        }
-    }
-
-    let width = steps.iter().map(|s| s.name.len()).max().unwrap_or(0);
-    println!("==> summary");
-    for (i, step) in steps.iter().enumerate() {
-        let (status, took) = match outcomes.get(i) {
-            Some(Outcome::Passed(took)) => ("ok", format_duration(*took)),
-            Some(Outcome::Failed(took)) => ("FAILED", format_duration(*took)),
-            None => ("skipped", String::new()),
-        };
-        println!("    {:<width$}  {status:<7}  {took}", step.name);
-    }
-    let verdict = if failure.is_some() { "FAILED" } else { "ok" };
-    println!("==> {verdict} in {}", format_duration(start.elapsed()));
-
-    failure.map_or(Ok(()), Err)
+    let mut summary = Summary::new(steps.iter().map(|step| step.name.clone()));
+    let result = steps.iter().try_for_each(|step| summary.step(step));
+    summary.finish(result)
 }
 
 /// The workspace root: the parent of this crate's directory, wherever we are run from.
@@ -169,7 +240,7 @@ pub(crate) fn append_flags(var: &str, extra: &str) -> String {
 }
 
 /// `1.2s` or `3m04.5s`.
-fn format_duration(d: Duration) -> String {
+pub(crate) fn format_duration(d: Duration) -> String {
     let secs = d.as_secs_f64();
     if secs < 60.0 {
         format!("{secs:.1}s")
@@ -181,7 +252,7 @@ fn format_duration(d: Duration) -> String {
 }
 
 /// Quotes `s` for a POSIX shell when it needs it, so printed commands can be copied and re-run.
-fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
     if !s.is_empty() && s.chars().all(plain) {
         s.to_owned()

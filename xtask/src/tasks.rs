@@ -1,18 +1,31 @@
-//! What `cargo xtask test`, `loom` and `bench` run, as lists of [`Step`]s.
+//! What `cargo xtask test`, `test-cluster`, `loom` and `bench` run, as lists of [`Step`]s.
 //!
-//! # Adding the Redis tests
+//! # The Redis servers of `test`
 //!
-//! `test` will start its own servers: in [`test()`], before running the steps, start them with
-//! [`crate::redis`] (a standalone [`RedisServer`](crate::redis::RedisServer), later a Sentinel
-//! set and a 6-node cluster), add their URLs to the `test` step with [`Step::env`] (e.g.
-//! `DISTLIMIT_REDIS_URL`), and keep the server values alive until [`run_all`] returns. They are
-//! dropped when `test` returns, on success and on failure alike, and each `Drop` kills its own
-//! child by PID. A new check is one more [`Step`] in [`test_steps`].
+//! [`test()`] runs the checks that need no server first (fmt, clippy, doc, and building the
+//! tests), so a mistake fails fast and no server idles through a long compile. Only then does it
+//! start the Redis setups ([`redis::Stack`]), run the [`TEST_STEP`] with their addresses in its
+//! environment (see the `ENV_*` constants in [`crate::redis`]; `DISTLIMIT_REQUIRE_REDIS=1` turns
+//! a skipped Redis test into a failure), and stop them again, pass or fail, before the loom
+//! models. A new check is one more [`Step`] in [`test_steps`].
 
 use std::env;
 
 use crate::Result;
-use crate::step::{Step, append_flags, project_root, run_all};
+use crate::redis::{self, Setups, Stack};
+use crate::step::{Step, Summary, append_flags, project_root};
+
+/// The step of [`test_steps`] that runs with the Redis servers up.
+pub(crate) const TEST_STEP: &str = "test";
+
+/// Summary row for starting the Redis servers.
+const REDIS_UP: &str = "redis up";
+
+/// Summary row for stopping them.
+const REDIS_DOWN: &str = "redis down";
+
+/// Packages whose tests `cargo xtask test-cluster` runs against the cluster.
+pub(crate) const CLUSTER_TEST_PACKAGES: &[&str] = &["distlimit-redis"];
 
 /// Packages with loom models: tests under `src/tests/loom_*.rs`, compiled only with
 /// `--cfg distlimit_loom`, whose names contain `loom`.
@@ -25,12 +38,43 @@ pub(crate) const BENCH_TARGETS: &[(&str, &str)] = &[("distlimit-memory", "compar
 /// small models can have and keeps the run to minutes.
 const LOOM_MAX_PREEMPTIONS: &str = "3";
 
-/// `cargo xtask test` (and `ci`): every check, fail-fast.
+/// `cargo xtask test` (and `ci`): every check, fail-fast, with the Redis servers up for the
+/// [`TEST_STEP`] only.
 pub(crate) fn test() -> Result<()> {
-    run_all(&test_steps())
+    let steps = test_steps();
+    let mut rows = Vec::new();
+    for step in &steps {
+        if step.name == TEST_STEP {
+            rows.extend([REDIS_UP, TEST_STEP, REDIS_DOWN].map(str::to_owned));
+        } else {
+            rows.push(step.name.clone());
+        }
+    }
+    let mut summary = Summary::new(rows);
+    let result = steps.iter().try_for_each(|step| {
+        if step.name == TEST_STEP {
+            with_redis(&mut summary, Setups::ALL, step)
+        } else {
+            summary.step(step)
+        }
+    });
+    summary.finish(result)
 }
 
-/// The steps of `cargo xtask test`, in order: cheap checks first so they fail fast.
+/// Starts `setups`, runs `step` with their variables, and stops them whether it passed or not.
+fn with_redis(summary: &mut Summary, setups: Setups, step: &Step) -> Result<()> {
+    let stack = summary.action(REDIS_UP, || Stack::start(setups))?;
+    let step = step.clone().envs(stack.env());
+    let tested = summary.step(&step);
+    summary.action(REDIS_DOWN, || {
+        stack.stop();
+        Ok(())
+    })?;
+    tested
+}
+
+/// The steps of `cargo xtask test`, in order: cheap checks first so they fail fast, and the tests
+/// built before [`TEST_STEP`] so no Redis server waits through the compile.
 pub(crate) fn test_steps() -> Vec<Step> {
     let mut clippy = Step::cargo("clippy", &["clippy", "--workspace", "--all-targets"]);
     // A committed lock file must be up to date; before there is one, cargo creates it.
@@ -42,11 +86,35 @@ pub(crate) fn test_steps() -> Vec<Step> {
         clippy.args(["--", "-D", "warnings"]),
         Step::cargo("doc", &["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", append_flags("RUSTDOCFLAGS", "-D warnings")),
-        // Includes the doctests.
-        Step::cargo("test", &["test", "--workspace"]),
+        Step::cargo("build tests", &["test", "--workspace", "--no-run"]),
+        // Includes the doctests; runs with the Redis servers up (see `test`).
+        Step::cargo(TEST_STEP, &["test", "--workspace"]),
     ];
     steps.extend(loom_steps());
     steps
+}
+
+/// `cargo xtask test-cluster [args...]`: starts only the cluster and runs the tests of
+/// [`CLUSTER_TEST_PACKAGES`] against it.
+pub(crate) fn test_cluster(extra: &[String]) -> Result<()> {
+    let step = test_cluster_step(extra);
+    let mut summary = Summary::new([REDIS_UP, TEST_STEP, REDIS_DOWN]);
+    let result = with_redis(&mut summary, Setups::CLUSTER, &step);
+    summary.finish(result)
+}
+
+/// The test step of `test-cluster`: `cargo test -p <package>... <extra>`, `extra` passed as it is
+/// (`-- cluster` filters by test name, `--release` goes to cargo).
+pub(crate) fn test_cluster_step(extra: &[String]) -> Step {
+    let packages = CLUSTER_TEST_PACKAGES
+        .iter()
+        .flat_map(|package| ["-p", package]);
+    Step::cargo(TEST_STEP, &["test"]).args(packages).args(extra)
+}
+
+/// `cargo xtask redis-up`: the servers of `test`, for running tests by hand.
+pub(crate) fn redis_up() -> Result<()> {
+    redis::redis_up()
 }
 
 /// The steps of `cargo xtask loom`: one release-mode run of the `loom` tests per package.
@@ -99,9 +167,38 @@ mod tests {
     #[test]
     fn test_runs_the_checks_in_order_and_ends_with_loom() {
         let names: Vec<String> = test_steps().into_iter().map(|s| s.name).collect();
-        assert_eq!(names[..4], ["fmt", "clippy", "doc", "test"]);
-        assert_eq!(names.len(), 4 + LOOM_PACKAGES.len());
-        assert!(names[4..].iter().all(|name| name.starts_with("loom ")));
+        assert_eq!(
+            names[..5],
+            ["fmt", "clippy", "doc", "build tests", TEST_STEP]
+        );
+        assert_eq!(names.len(), 5 + LOOM_PACKAGES.len());
+        assert!(names[5..].iter().all(|name| name.starts_with("loom ")));
+    }
+
+    #[test]
+    fn the_tests_are_built_before_the_servers_start_with_the_same_arguments() {
+        let steps = test_steps();
+        let find = |name: &str| {
+            steps
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.args.clone())
+        };
+        let build = find("build tests").unwrap_or_default();
+        let test = find(TEST_STEP).unwrap_or_default();
+        assert_eq!(build[..build.len() - 1], test[..]);
+        assert_eq!(build.last().map(String::as_str), Some("--no-run"));
+    }
+
+    #[test]
+    fn test_cluster_passes_its_arguments_through() {
+        let extra = ["--".to_owned(), "cluster".to_owned()];
+        let step = test_cluster_step(&extra);
+        assert_eq!(step.args[0], "test");
+        for package in CLUSTER_TEST_PACKAGES {
+            assert!(step.args.windows(2).any(|w| w == ["-p", *package]));
+        }
+        assert_eq!(step.args[step.args.len() - 2..], extra);
     }
 
     #[test]
