@@ -1119,11 +1119,12 @@ pub async fn check_policies_are_independent<S: Store + ?Sized>(store: &S, clock:
     };
     let per_second = Limit::token_bucket(quota(2, SECOND, 2));
     let per_minute = Limit::gcra(quota(3, MINUTE, 3));
-    let named = |policy: &'static str, limit: Limit, cost: u64| {
-        match Request::new(key, limit).with_cost(cost).with_policy(policy) {
-            Ok(request) => request,
-            Err(e) => panic!("distlimit-test bug: {e}"),
-        }
+    let named = |policy: &'static str, limit: Limit, cost: u64| match Request::new(key, limit)
+        .with_cost(cost)
+        .with_policy(policy)
+    {
+        Ok(request) => request,
+        Err(e) => panic!("distlimit-test bug: {e}"),
     };
     let ctx = format!("check `{CHECK}`");
 
