@@ -71,6 +71,13 @@ pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 /// The hasher a store uses by default: foldhash, seeded at random per store.
 pub type DefaultHasher = foldhash::quality::RandomState;
 
+/// The shard of a key's hash. Bits 32..38 pick it: hashbrown uses the low bits for the slot and
+/// the top seven for its control bytes, so the shard index is independent of both.
+#[inline]
+fn shard_of(hash: u64) -> usize {
+    (hash >> 32) as usize % SHARDS
+}
+
 /// A shard on its own cache lines, so that locking one never slows its neighbours.
 #[repr(align(128))]
 #[derive(Debug)]
@@ -186,9 +193,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             policy: request.policy().as_bytes(),
         };
         let hash = id.hash(&self.hasher);
-        // Bits 32..38 pick the shard: hashbrown uses the low bits for the slot and the top
-        // seven for its control bytes, so the shard index is independent of both.
-        (id, hash, (hash >> 32) as usize % SHARDS)
+        (id, hash, shard_of(hash))
     }
 
     /// Decides one request now: the synchronous fast path. Never allocates for a known key and
