@@ -15,16 +15,17 @@
 //!   every key's state stays live for the whole run: with 10^9 units per second instead,
 //!   distlimit's incremental sweep would drop each entry a microsecond after its last use and
 //!   `new_keys` would compare its near-empty tables with governor's ever-growing map.
-//! * Groups: `hot_key` (one key); `keys_10k`, `keys_100k`, `keys_1m` (N pre-populated keys
-//!   visited in a fixed shuffled order); `new_keys` (keys never seen, into a fresh store per
-//!   bounded chunk); `two_threads` (wall time per decision with 1 and 2 threads on distinct
-//!   keys); `clock` and `hash` (the two costs distlimit's design choices are about).
+//! * Groups: `hot_key` (one key); `keys_10k`, `keys_100k`, `keys_1m` (N keys, inserted in one
+//!   shuffled order and then visited in another, fixed one); `new_keys` (keys never seen, into a
+//!   fresh store per bounded chunk); `two_threads` (wall time per decision with 1 and 2 threads
+//!   on distinct keys); `clock` and `hash` (the two costs distlimit's design choices are about).
 //!   Key types: `u64` (distlimit gets its 8 little-endian bytes) and `string24`
 //!   (`user-{:019}`, exactly 24 bytes).
 
 // A benchmark: setup that cannot fail in practice aborts loudly rather than propagating errors.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::hint::black_box;
@@ -57,6 +58,11 @@ const THREAD_KEYS: usize = 10_000;
 trait Contender<K>: Sync {
     /// Charges one unit to `key`; whether it was admitted.
     fn check(&self, key: &K) -> bool;
+
+    /// Live keys dropped to respect a key cap (none may be, or the contenders would differ).
+    fn evictions(&self) -> u64 {
+        0
+    }
 }
 
 fn distlimit_quota() -> Quota {
@@ -95,6 +101,10 @@ impl Contender<u64> for Distlimit {
         let request = Request::new(Key::new(&bytes).unwrap(), self.limit);
         self.store.decide_sync(&request).is_allowed()
     }
+
+    fn evictions(&self) -> u64 {
+        self.store.evictions()
+    }
 }
 
 impl Contender<String> for Distlimit {
@@ -102,6 +112,10 @@ impl Contender<String> for Distlimit {
     fn check(&self, key: &String) -> bool {
         let request = Request::new(Key::new(key).unwrap(), self.limit);
         self.store.decide_sync(&request).is_allowed()
+    }
+
+    fn evictions(&self) -> u64 {
+        self.store.evictions()
     }
 }
 
@@ -248,26 +262,36 @@ fn shuffle<T>(items: &mut [T], mut seed: u64) {
     }
 }
 
-/// Keys `first..first + n`, shuffled.
+/// Keys `first..first + n`, shuffled, built in their shuffled order: a string key's bytes then
+/// lie in memory in the order the loop reads them, as a request's key is hot in the buffer it
+/// was parsed from (shuffling built strings would add a cache miss per request to every
+/// contender).
 fn shuffled_keys<K: BenchKey>(first: u64, n: usize) -> Vec<K> {
-    let mut keys: Vec<K> = (first..first + n as u64).map(K::nth).collect();
-    shuffle(&mut keys, first ^ n as u64);
-    keys
+    let mut ids: Vec<u64> = (first..first + n as u64).collect();
+    shuffle(&mut ids, first ^ n as u64);
+    ids.into_iter().map(K::nth).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
 // Measurement loops
 
-/// Times `contender` cycling through `keys` (already known to it), one decision per iteration.
+/// Times a contender built by `make` cycling through `keys`, one decision per iteration.
+///
+/// The contender is built and populated on first use, so a filtered run (`cargo bench --bench
+/// compare -- keys_1m/u64`) builds only what it measures, and each one is measured right after
+/// its own population and dropped before the next one is built.
 fn bench_cycle<K: BenchKey, C: Contender<K>>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     name: &str,
-    contender: &C,
+    make: impl FnOnce() -> C,
     keys: &[K],
 ) {
+    let mut make = Some(make);
+    let contender = OnceCell::new();
     let mut denied = 0u64;
     let mut i = 0;
     group.bench_function(format!("{}/{name}", K::NAME), |b| {
+        let contender = contender.get_or_init(|| populated(make.take().unwrap()(), keys));
         b.iter(|| {
             let allowed = contender.check(black_box(&keys[i]));
             denied += u64::from(!allowed);
@@ -283,38 +307,35 @@ fn bench_cycle<K: BenchKey, C: Contender<K>>(
     );
 }
 
-/// Feeds every key to `contender` once, so that it knows them all.
+/// Feeds every key to `contender` once, so that it knows them all, in an order unrelated to the
+/// measured one: keys a contender copies to the heap then lie in memory in another order than
+/// they are visited, as with real traffic (visiting them in allocation order would let the
+/// hardware prefetcher hide the heap-key miss).
 fn populated<K, C: Contender<K>>(contender: C, keys: &[K]) -> C {
-    for key in keys {
-        assert!(contender.check(key));
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    shuffle(&mut order, 0x5eed);
+    for i in order {
+        assert!(contender.check(&keys[i]));
     }
+    assert_eq!(contender.evictions(), 0, "a key cap was hit");
     contender
 }
 
-/// `hot_key` and `keys_*` for one key type: every contender on the same shuffled keys, one
-/// contender alive at a time.
+/// `hot_key` and `keys_*` for one key type: every contender on the same shuffled keys.
 fn cycle_group<K: BenchKey>(group: &mut BenchmarkGroup<'_, WallTime>, keys: &[K])
 where
     Distlimit: Contender<K>,
 {
-    let tb = populated(Distlimit::token_bucket(), keys);
-    let gcra = populated(Distlimit::gcra(), keys);
-    assert_eq!(tb.store.evictions() + gcra.store.evictions(), 0);
-    bench_cycle(group, "distlimit_tb", &tb, keys);
-    bench_cycle(group, "distlimit_gcra", &gcra, keys);
-    drop((tb, gcra));
-    let governor = populated(Governor::<K>::new(), keys);
-    bench_cycle(group, "governor", &governor, keys);
-    drop(governor);
-    let mutex = populated(MutexMap::<K>::new(), keys);
-    bench_cycle(group, "mutex_hashmap", &mutex, keys);
+    bench_cycle(group, "distlimit_tb", Distlimit::token_bucket, keys);
+    bench_cycle(group, "distlimit_gcra", Distlimit::gcra, keys);
+    bench_cycle(group, "governor", Governor::<K>::new, keys);
+    bench_cycle(group, "mutex_hashmap", MutexMap::<K>::new, keys);
 }
 
 /// [`cycle_group`] for string keys, plus the seed design.
 fn cycle_group_strings(group: &mut BenchmarkGroup<'_, WallTime>, keys: &[String]) {
     cycle_group(group, keys);
-    let seed = populated(Seed::new(), keys);
-    bench_cycle(group, "seed", &seed, keys);
+    bench_cycle(group, "seed", Seed::new, keys);
 }
 
 /// Times decisions on keys never seen: each chunk of at most `fresh.len()` iterations runs on a
@@ -388,15 +409,16 @@ fn run_threads<C: Contender<u64>>(contender: &C, key_sets: &[Vec<u64>], iters: u
     (end - start).mul_f64(iters as f64 / (per_thread * threads) as f64)
 }
 
+/// Times a contender built by `make` (on first use, with every key of `key_sets` known to it)
+/// with one thread, then with two, each on its own key set.
 fn bench_threads<C: Contender<u64>>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     name: &str,
-    contender: &C,
+    make: impl FnOnce() -> C,
     key_sets: &[Vec<u64>],
 ) {
-    for key in key_sets.iter().flatten() {
-        assert!(contender.check(key));
-    }
+    let mut make = Some(make);
+    let contender = OnceCell::new();
     for threads in [1, 2] {
         let label = if threads == 1 {
             "1_thread"
@@ -404,6 +426,13 @@ fn bench_threads<C: Contender<u64>>(
             "2_threads"
         };
         group.bench_function(format!("u64/{name}/{label}"), |b| {
+            let contender = contender.get_or_init(|| {
+                let contender = make.take().unwrap()();
+                for key in key_sets.iter().flatten() {
+                    assert!(contender.check(key));
+                }
+                contender
+            });
             b.iter_custom(|iters| run_threads(contender, &key_sets[..threads], iters));
         });
     }
@@ -457,17 +486,12 @@ fn two_threads(c: &mut Criterion) {
     bench_threads(
         &mut group,
         "distlimit_tb",
-        &Distlimit::token_bucket(),
+        Distlimit::token_bucket,
         &key_sets,
     );
-    bench_threads(&mut group, "distlimit_gcra", &Distlimit::gcra(), &key_sets);
-    bench_threads(&mut group, "governor", &Governor::<u64>::new(), &key_sets);
-    bench_threads(
-        &mut group,
-        "mutex_hashmap",
-        &MutexMap::<u64>::new(),
-        &key_sets,
-    );
+    bench_threads(&mut group, "distlimit_gcra", Distlimit::gcra, &key_sets);
+    bench_threads(&mut group, "governor", Governor::<u64>::new, &key_sets);
+    bench_threads(&mut group, "mutex_hashmap", MutexMap::<u64>::new, &key_sets);
     group.finish();
 }
 
