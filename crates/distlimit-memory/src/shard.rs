@@ -21,13 +21,15 @@ const EVICT_SCAN: usize = 32;
 /// 8-byte key cost 106 ns instead of 20 ns (`cargo xtask bench`, hot key; perf showed 56 % of the
 /// time in memcmp). Keys are mostly short (IPs, ids), so compare them with a few overlapping word
 /// loads and leave longer ones to `memcmp`.
-#[inline]
+#[inline(always)]
 fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
+    #[inline(always)]
     fn word(s: &[u8], at: usize) -> u64 {
         let mut w = [0; 8];
         w.copy_from_slice(&s[at..at + 8]);
         u64::from_ne_bytes(w)
     }
+    #[inline(always)]
     fn half(s: &[u8], at: usize) -> u32 {
         let mut w = [0; 4];
         w.copy_from_slice(&s[at..at + 4]);
@@ -261,8 +263,10 @@ impl Table {
         if buckets == 0 {
             return;
         }
+        debug_assert!(buckets.is_power_of_two());
         for _ in 0..steps {
-            self.cursor = (self.cursor + 1) % buckets;
+            // The bucket count is a power of two.
+            self.cursor = (self.cursor + 1) & (buckets - 1);
             if let Ok(entry) = self.map.get_bucket_entry(self.cursor) {
                 if entry.get().expires_at <= now {
                     entry.remove();
