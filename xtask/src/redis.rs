@@ -78,41 +78,59 @@ const LOG_TAIL_LINES: usize = 25;
 /// installed with `apt-get` (non-interactively, as on a CI runner or in a container); anywhere
 /// else the error names the package to install.
 pub(crate) fn ensure_redis_server() -> Result<PathBuf> {
-    if let Some(path) = find_on_path("redis-server") {
+    ensure_tool(
+        "redis-server",
+        "redis-server",
+        "`redis` on Fedora (dnf install redis) and Homebrew (brew install redis)",
+    )
+}
+
+/// The `openssl` command, which the Redis TLS test uses to make its certificates: found on
+/// `PATH`, or installed like [`ensure_redis_server`].
+pub(crate) fn ensure_openssl() -> Result<PathBuf> {
+    ensure_tool(
+        "openssl",
+        "openssl",
+        "`openssl` on Fedora (dnf install openssl) and Homebrew (brew install openssl)",
+    )
+}
+
+/// The executable `name` on `PATH`; when it is missing and we are root on Debian/Ubuntu, installs
+/// the package `debian_package` with apt-get; elsewhere fails with a message naming the package
+/// (`elsewhere` names it for other systems).
+fn ensure_tool(name: &str, debian_package: &str, elsewhere: &str) -> Result<PathBuf> {
+    if let Some(path) = find_on_path(name) {
         return Ok(path);
     }
     let debian = Path::new("/etc/debian_version").exists() && find_on_path("apt-get").is_some();
     if !debian {
-        return Err(
-            "`redis-server` is not on PATH; install Redis: the package is `redis-server` \
-                    on Debian/Ubuntu (apt-get install redis-server), `redis` on Fedora \
-                    (dnf install redis) and Homebrew (brew install redis)"
-                .into(),
-        );
+        return Err(format!(
+            "`{name}` is not on PATH; install the package `{debian_package}` on Debian/Ubuntu \
+             (apt-get install {debian_package}), {elsewhere}"
+        )
+        .into());
     }
     if !is_root() {
-        return Err(
-            "`redis-server` is not on PATH; install the Debian/Ubuntu package \
-                    `redis-server` (sudo apt-get install redis-server), or run as root to let \
-                    xtask install it"
-                .into(),
-        );
+        return Err(format!(
+            "`{name}` is not on PATH; install the Debian/Ubuntu package `{debian_package}` \
+             (sudo apt-get install {debian_package}), or run as root to let xtask install it"
+        )
+        .into());
     }
-    println!(
-        "==> `redis-server` is not on PATH; installing the package `redis-server` with apt-get"
-    );
+    println!("==> `{name}` is not on PATH; installing the package `{debian_package}` with apt-get");
     for step in [
         Step::new("apt-get update", "apt-get", &["update"]),
         Step::new(
             "apt-get install",
             "apt-get",
-            &["install", "-y", "redis-server"],
+            &["install", "-y", debian_package],
         ),
     ] {
         step.env("DEBIAN_FRONTEND", "noninteractive").run()?;
     }
-    find_on_path("redis-server").ok_or_else(|| {
-        "installed the package `redis-server`, but `redis-server` is still not on PATH".into()
+    find_on_path(name).ok_or_else(|| {
+        format!("installed the package `{debian_package}`, but `{name}` is still not on PATH")
+            .into()
     })
 }
 
@@ -623,10 +641,12 @@ pub(crate) struct Binaries {
 }
 
 impl Binaries {
-    /// Finds both, installing Redis first if needed and possible ([`ensure_redis_server`]).
+    /// Finds both, installing Redis first if needed and possible ([`ensure_redis_server`]), and
+    /// makes sure the `openssl` command the TLS test needs is there too ([`ensure_openssl`]).
     pub(crate) fn ensure() -> Result<Binaries> {
         let server = ensure_redis_server()?;
         let cli = find_redis_cli(&server)?;
+        ensure_openssl()?;
         Ok(Binaries { server, cli })
     }
 }

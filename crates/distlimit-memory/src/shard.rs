@@ -267,10 +267,10 @@ impl Table {
         for _ in 0..steps {
             // The bucket count is a power of two.
             self.cursor = (self.cursor + 1) & (buckets - 1);
-            if let Ok(entry) = self.map.get_bucket_entry(self.cursor) {
-                if entry.get().expires_at <= now {
-                    entry.remove();
-                }
+            if let Ok(entry) = self.map.get_bucket_entry(self.cursor)
+                && entry.get().expires_at <= now
+            {
+                entry.remove();
             }
         }
     }

@@ -69,17 +69,16 @@ fn send(line: &str) {
             None
         }
     });
-    if let Some(stdin) = pipe {
-        if writeln!(stdin, "{line}")
+    if let Some(stdin) = pipe
+        && writeln!(stdin, "{line}")
             .and_then(|()| stdin.flush())
             .is_err()
-        {
-            eprintln!(
-                "warning: the xtask reaper is gone; if xtask is killed by a signal, its Redis \
-                 servers keep running"
-            );
-            *pipe = None;
-        }
+    {
+        eprintln!(
+            "warning: the xtask reaper is gone; if xtask is killed by a signal, its Redis \
+             servers keep running"
+        );
+        *pipe = None;
     }
 }
 

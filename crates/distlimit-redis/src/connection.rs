@@ -1,0 +1,1025 @@
+//! The connections a [`RedisStore`](crate::RedisStore) sends its scripts over, per topology, with
+//! timeouts, Cluster redirects, Sentinel failover, and the classification of their errors.
+//!
+//! # What is retried, and why
+//!
+//! A consuming script whose fate is unknown (its connection broke, or no answer came in time)
+//! may have run, so it is never sent again: the caller gets a transient error and decides (a
+//! circuit breaker, a local fallback). Only answers that prove the script did not run lead to
+//! another attempt, within the same per-call deadline: `MOVED` and `ASK` (the slot lives
+//! elsewhere), `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused
+//! the command before running it), a refused connection, and `NOSCRIPT` (handled in
+//! [`script`](crate::script)).
+//!
+//! redis-rs' own Cluster retries cannot make that distinction (redis 1.8.1,
+//! `src/cluster_handling/async_connection/request.rs`, `choose_response`, lines 164–306): it
+//! resends a request on *every* error whose `RetryMethod` asks for it, and
+//! `RedisError::retry_method` (`src/errors/redis_error.rs`, lines 429–465) gives an I/O error
+//! `Reconnect` when the connection dropped (the request is moved back to the pending queue and
+//! resent once the node is reconnected, `request.rs` lines 228–234) and `RetryImmediately` for
+//! any other I/O error (lines 301–304), including the per-node response timeout, which surfaces
+//! as an `io::ErrorKind::TimedOut` error (`src/aio/runtime.rs`, lines 187–192). So a script
+//! that ran and whose answer was lost, or came late, is run again, up to 16 times by default
+//! (`DEFAULT_RETRIES`, `src/cluster_handling/client.rs`, line 170). Only a caller that stopped
+//! waiting ends it: a retry checks whether anyone still awaits the answer (`request.rs`,
+//! line 313), which is why the default setup (an overall timeout equal to the per-node one)
+//! rarely resends, while a longer overall timeout does. Measured against the test Cluster with
+//! writes paused on the masters for 1 s: a per-node timeout of 100 ms and an overall one of 3 s
+//! ran an `INCR` script twice (the caller got "timed out" all the same); with `retries(0)`, once.
+//! The server errors, by contrast, are mapped to redirects and waits
+//! (`src/errors/server_error.rs`, lines 60–81), and those replies prove the command did not run.
+//!
+//! There is no per-request switch, so the Cluster client is built with `retries(0)` (every error
+//! comes back at once; the slot map is still refreshed on `MOVED`, because `choose_response`
+//! returns `PollFlushAction::RebuildSlots` whether or not it retries, and requests wait for the
+//! refresh, `poll_flush`, `src/cluster_handling/async_connection/mod.rs`, lines 1713–1745), a
+//! per-node response timeout equal to the per-call one and no overall timeout (each call has its
+//! own deadline here), and the redirects above are followed here. `ASK` is followed the way
+//! redis-rs does it (`get_redirected_connection`, same file, lines 930–950): `ASKING` then the
+//! script, on the named node, in one pipeline.
+//!
+//! The standalone `ConnectionManager` never resends a command: it returns the error and
+//! reconnects in the background (`src/aio/connection_manager.rs`, lines 361–385 and 700–730);
+//! its reconnection itself is not retried here (`number_of_retries = 0`), so during an outage
+//! every call fails fast with a refused connection instead of waiting out a backoff.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use distlimit_core::{Decision, Error, Limit};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo,
+    Pipeline, RedisError, RedisFuture, ServerErrorKind, TlsMode, Value,
+};
+use tokio::time::Instant;
+
+use crate::config::{Certs, NodeAuth, STORE, config_error};
+use crate::script::{self, ScriptRequest, TimeSource};
+
+/// The most attempts one call makes in a Cluster (redirects and waits), within its deadline.
+const MAX_CLUSTER_ATTEMPTS: u32 = 16;
+
+/// The first wait after `TRYAGAIN`, `CLUSTERDOWN` and the like; doubled per attempt.
+const CLUSTER_RETRY_WAIT: Duration = Duration::from_millis(5);
+
+/// One script call, runnable on any connection.
+pub(crate) trait Op: Sync {
+    type Output: Send;
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<Self::Output, Error>> + Send;
+}
+
+/// One request on one key: [`script::decide`].
+pub(crate) struct Single<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) limit: &'a Limit,
+    pub(crate) cost: u64,
+}
+
+impl Op for Single<'_> {
+    type Output = Decision;
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        script::decide(conn, self.key, self.limit, self.cost, time)
+    }
+}
+
+/// A batch: [`script::decide_all`].
+pub(crate) struct Batch<'a, 'k> {
+    pub(crate) requests: &'a [ScriptRequest<'k>],
+}
+
+impl Op for Batch<'_, '_> {
+    type Output = Vec<Decision>;
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send {
+        script::decide_all(conn, self.requests, time)
+    }
+}
+
+/// The connections of one store.
+pub(crate) enum Backend {
+    /// One multiplexed connection that reconnects by itself.
+    Manager(ConnectionManager),
+    /// A `deadpool-redis` pool of multiplexed connections.
+    Pool(deadpool_redis::Pool),
+    /// The primary a set of sentinels names, re-resolved after a failure.
+    Sentinel(Arc<SentinelBackend>),
+    /// A Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+/// Timeouts of one store.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
+}
+
+impl Backend {
+    /// Runs `op` within the response timeout.
+    pub(crate) async fn call<O: Op>(
+        &self,
+        op: &O,
+        time: TimeSource,
+        timeouts: Timeouts,
+    ) -> Result<O::Output, Error> {
+        let after = timeouts.response;
+        match self {
+            Backend::Manager(manager) => {
+                let mut conn = manager.clone();
+                within(after, op.run(&mut conn, time)).await
+            }
+            Backend::Pool(pool) => {
+                within(after, async {
+                    let mut conn = pool.get().await.map_err(|e| pool_error(e, after))?;
+                    op.run(&mut conn, time).await
+                })
+                .await
+            }
+            Backend::Sentinel(sentinel) => sentinel.call(op, time, timeouts).await,
+            Backend::Cluster(cluster) => cluster_call(cluster, op, time, after).await,
+        }
+    }
+
+    /// Connects to `url` (one server), through a `ConnectionManager` or a pool of `pool_size`.
+    pub(crate) async fn standalone(
+        url: &str,
+        auth: &NodeAuth,
+        pool_size: Option<usize>,
+        timeouts: Timeouts,
+    ) -> Result<Backend, Error> {
+        let info = connection_info(url, auth)?;
+        let after = timeouts.connect;
+        let backend = match pool_size {
+            None => {
+                let client = redis::Client::open(info).map_err(|e| classify(e, after))?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeouts.connect))
+                    .set_response_timeout(None)
+                    .set_number_of_retries(0);
+                let manager = within(after, async {
+                    ConnectionManager::new_with_config(client, config)
+                        .await
+                        .map_err(|e| classify(e, after))
+                })
+                .await?;
+                Backend::Manager(manager)
+            }
+            Some(max_size) => {
+                let manager = deadpool_redis::Manager::new_with_config(info, node_config(timeouts))
+                    .map_err(|e| classify(e, after))?;
+                let pool = deadpool_redis::Pool::builder(manager)
+                    .max_size(max_size)
+                    .runtime(deadpool_redis::Runtime::Tokio1)
+                    .create_timeout(Some(timeouts.connect))
+                    .build()
+                    .map_err(|e| config_error(format!("cannot build the connection pool: {e}")))?;
+                // Connect once now, so a wrong address or password fails here.
+                within(after, async {
+                    pool.get().await.map(drop).map_err(|e| pool_error(e, after))
+                })
+                .await?;
+                Backend::Pool(pool)
+            }
+        };
+        backend.preload(timeouts).await?;
+        Ok(backend)
+    }
+
+    /// Resolves the primary of `service` through `sentinels` and connects to it.
+    pub(crate) async fn sentinel(
+        sentinels: &[String],
+        service: &str,
+        auth: &NodeAuth,
+        timeouts: Timeouts,
+    ) -> Result<Backend, Error> {
+        let after = timeouts.connect;
+        if sentinels.is_empty() {
+            return Err(config_error("no sentinel URLs"));
+        }
+        if auth.certs.is_some() {
+            return Err(config_error(
+                "custom TLS certificates are not supported with Sentinel yet",
+            ));
+        }
+        let infos = sentinels
+            .iter()
+            .map(|u| connection_info(u, &NodeAuth::default()))
+            .collect::<Result<Vec<_>, Error>>()?;
+        // The primary speaks TLS when the sentinels do.
+        let tls = infos.iter().find_map(|i| match i.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => Some(if *insecure {
+                TlsMode::Insecure
+            } else {
+                TlsMode::Secure
+            }),
+            _ => None,
+        });
+        let mut redis_info = redis::RedisConnectionInfo::default();
+        if let Some(user) = &auth.username {
+            redis_info = redis_info.set_username(user);
+        }
+        if let Some(password) = &auth.password {
+            redis_info = redis_info.set_password(password);
+        }
+        if let Some(db) = auth.db {
+            redis_info = redis_info.set_db(db);
+        }
+        let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis_info);
+        if let Some(tls) = tls {
+            node = node.set_tls_mode(tls);
+        }
+        // `SentinelClient::build` takes a `String` without redis' TLS feature, a `&str` with it.
+        let service_name = String::from(service);
+        let client = SentinelClient::build(
+            infos.clone(),
+            service_name,
+            Some(node),
+            SentinelServerType::Master,
+        )
+        .map_err(|e| classify(e, after))?;
+        let sentinel = Arc::new(SentinelBackend {
+            resolver: tokio::sync::Mutex::new(client),
+            current: Mutex::new(None),
+            config: node_config(timeouts),
+        });
+        within(after, sentinel.connection())
+            .await
+            .map_err(|e| unknown_service(e, service))?;
+        tokio::spawn(watch_primary(
+            Arc::downgrade(&sentinel),
+            infos,
+            service.to_owned(),
+            timeouts,
+        ));
+        let backend = Backend::Sentinel(sentinel);
+        backend.preload(timeouts).await?;
+        Ok(backend)
+    }
+
+    /// Connects to a Cluster through `nodes` (some of its nodes; the others are discovered).
+    pub(crate) async fn cluster(
+        nodes: &[String],
+        auth: &NodeAuth,
+        timeouts: Timeouts,
+    ) -> Result<Backend, Error> {
+        let after = timeouts.connect;
+        if nodes.is_empty() {
+            return Err(config_error("no cluster node URLs"));
+        }
+        if auth.db.is_some_and(|db| db != 0) {
+            return Err(config_error("a Redis Cluster has only database 0"));
+        }
+        let infos = nodes
+            .iter()
+            .map(|u| connection_info(u, auth))
+            .collect::<Result<Vec<_>, Error>>()?;
+        let mut builder = ClusterClientBuilder::new(infos)
+            // Every error comes back to `cluster_call`, which retries only what did not run.
+            .retries(0)
+            .connection_timeout(timeouts.connect)
+            .response_timeout(timeouts.response)
+            .overall_response_timeout(None);
+        if let Some(user) = &auth.username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &auth.password {
+            builder = builder.password(password);
+        }
+        #[cfg(feature = "tls")]
+        if let Some(certs) = &auth.certs {
+            builder = builder.certs(tls_certificates(certs));
+        }
+        let client = builder.build().map_err(|e| classify(e, after))?;
+        let conn = within(after, async {
+            client
+                .get_async_connection()
+                .await
+                .map_err(|e| classify(e, after))
+        })
+        .await?;
+        Ok(Backend::Cluster(conn))
+    }
+
+    /// Loads the scripts once, so the first decisions need no `EVAL`; this also checks the
+    /// credentials (`NOAUTH`, `WRONGPASS`). A user whom an ACL forbids `SCRIPT LOAD` still
+    /// connects (the scripts then load through `EVAL`, or the decisions say `NOPERM`). Not in a
+    /// Cluster, where `SCRIPT LOAD` reaches one node only and connecting checked the credentials.
+    async fn preload(&self, timeouts: Timeouts) -> Result<(), Error> {
+        let after = timeouts.connect;
+        let result = match self {
+            Backend::Manager(manager) => {
+                let mut conn = manager.clone();
+                within(after, script::load_scripts(&mut conn)).await
+            }
+            Backend::Pool(pool) => {
+                within(after, async {
+                    let mut conn = pool.get().await.map_err(|e| pool_error(e, after))?;
+                    script::load_scripts(&mut conn).await
+                })
+                .await
+            }
+            Backend::Sentinel(sentinel) => {
+                within(after, async {
+                    let mut conn = sentinel.connection().await?.conn;
+                    script::load_scripts(&mut conn).await
+                })
+                .await
+            }
+            Backend::Cluster(_) => Ok(()),
+        };
+        match result {
+            // NOPERM: the ACL forbids `SCRIPT LOAD` (or the scripts): decisions will tell.
+            Err(Error::Config { message, .. }) if message.contains("NOPERM") => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// At connect time, sentinels that know no primary by that name mean a wrong service name (at
+/// run time the same answer may be a passing state, so it stays transient there).
+fn unknown_service(err: Error, service: &str) -> Error {
+    let unknown = match &err {
+        Error::Unavailable { source, .. } => source
+            .downcast_ref::<RedisError>()
+            .is_some_and(|e| e.kind() == ErrorKind::MasterNameNotFoundBySentinel),
+        _ => false,
+    };
+    if unknown {
+        config_error(format!(
+            "the sentinels know no primary named \"{}\"",
+            service.escape_default()
+        ))
+    } else {
+        err
+    }
+}
+
+/// The configuration of one connection to a server holding state: connect timeout only, since
+/// every call has its own deadline.
+fn node_config(timeouts: Timeouts) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeouts.connect))
+        .set_response_timeout(None)
+}
+
+/// Parses `url`, applies the overrides in `auth`, and readies TLS if it asks for it.
+fn connection_info(url: &str, auth: &NodeAuth) -> Result<ConnectionInfo, Error> {
+    let info = url.into_connection_info().map_err(|e| {
+        config_error(format!(
+            "invalid Redis URL \"{}\": {e}",
+            redact_url(url).escape_default()
+        ))
+    })?;
+    let mut redis = info.redis_settings().clone();
+    if let Some(user) = &auth.username {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &auth.password {
+        redis = redis.set_password(password);
+    }
+    if let Some(db) = auth.db {
+        redis = redis.set_db(db);
+    }
+    let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+    if tls {
+        install_crypto_provider();
+    }
+    let info = info.set_redis_settings(redis);
+    match &auth.certs {
+        None => Ok(info),
+        Some(_) if !tls => Err(config_error(
+            "TLS certificates are configured, but the URL is not rediss://",
+        )),
+        Some(certs) => with_certificates(info, certs),
+    }
+}
+
+/// `info` with the certificates in `certs`, checked (parsed) now.
+#[cfg(feature = "tls")]
+fn with_certificates(info: ConnectionInfo, certs: &Certs) -> Result<ConnectionInfo, Error> {
+    let client = redis::Client::build_with_tls(info, tls_certificates(certs))
+        .map_err(|e| config_error(format!("invalid TLS certificates: {e}")))?;
+    Ok(client.get_connection_info().clone())
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_certificates(_: ConnectionInfo, _: &Certs) -> Result<ConnectionInfo, Error> {
+    Err(config_error("TLS needs the `tls` feature"))
+}
+
+#[cfg(feature = "tls")]
+fn tls_certificates(certs: &Certs) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: certs
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: certs.root.clone(),
+    }
+}
+
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// rustls needs a process-wide crypto provider; install ring's unless the application installed
+/// one already.
+fn install_crypto_provider() {
+    #[cfg(feature = "tls")]
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: any provider will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// Runs `future` within `after`; running out is an [`Error::Timeout`].
+async fn within<T>(
+    after: Duration,
+    future: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(after, future).await {
+        Ok(result) => result.map_err(|e| refine(e, after)),
+        Err(_) => Err(timeout(after)),
+    }
+}
+
+fn timeout(after: Duration) -> Error {
+    Error::Timeout {
+        store: STORE,
+        after,
+    }
+}
+
+fn pool_error(err: deadpool_redis::PoolError, after: Duration) -> Error {
+    match err {
+        deadpool_redis::PoolError::Backend(e) => classify(e, after),
+        deadpool_redis::PoolError::Timeout(_) => timeout(after),
+        deadpool_redis::PoolError::Closed => Error::Unavailable {
+            store: STORE,
+            source: "the connection pool is closed".into(),
+        },
+        other => Error::Backend {
+            store: STORE,
+            transient: false,
+            source: other.to_string().into(),
+        },
+    }
+}
+
+/// Maps a Redis error to a distlimit [`Error`]: [`script`]'s mapping, refined.
+pub(crate) fn classify(err: RedisError, after: Duration) -> Error {
+    refine(script::map_error(err, &[]), after)
+}
+
+/// Completes [`script`]'s classification (which covers what a script's reply can say) with what
+/// connecting can say:
+///
+/// * an I/O timeout → [`Error::Timeout`];
+/// * `NOAUTH`, `WRONGPASS`, a failed authentication → [`Error::Config`], and so are
+///   `unknown command` replies to the scripting commands (scripting renamed away or disabled),
+///   a TLS handshake refused over certificates, and an empty sentinel list;
+/// * a sentinel that knows no primary for the service, or a missing Cluster connection →
+///   [`Error::Unavailable`] (during a failover this passes).
+pub(crate) fn refine(err: Error, after: Duration) -> Error {
+    let redis_error = match &err {
+        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
+            source.downcast_ref::<RedisError>()
+        }
+        _ => None,
+    };
+    let Some(e) = redis_error else {
+        return err;
+    };
+    if e.is_timeout() {
+        return timeout(after);
+    }
+    let config = |what: &str| Error::Config {
+        store: STORE,
+        message: format!("{what}: {e}"),
+    };
+    // A TLS handshake that failed over certificates fails the same way every time. rustls'
+    // error travels inside an `io::Error` behind an `Arc`; its text is what is left to read.
+    let text = e.to_string();
+    if [
+        "invalid peer certificate",
+        "peer sent no certificates",
+        "received fatal alert",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+    {
+        return config("TLS handshake failed");
+    }
+    match e.code() {
+        Some("NOAUTH" | "WRONGPASS") => return config("authentication failed"),
+        Some("ERR")
+            if e.detail().is_some_and(|d| {
+                let d = d.to_ascii_lowercase();
+                d.contains("unknown command")
+                    && (d.contains("eval") || d.contains("script") || d.contains("function"))
+            }) =>
+        {
+            return config("the server does not run Lua scripts");
+        }
+        _ => {}
+    }
+    match e.kind() {
+        ErrorKind::AuthenticationFailed => config("authentication failed"),
+        ErrorKind::InvalidClientConfig | ErrorKind::EmptySentinelList => {
+            config("invalid configuration")
+        }
+        ErrorKind::MasterNameNotFoundBySentinel
+        | ErrorKind::NoValidReplicasFoundBySentinel
+        | ErrorKind::ClusterConnectionNotFound => match err {
+            Error::Unavailable { .. } => err,
+            Error::Backend { store, source, .. } => Error::Unavailable { store, source },
+            other => other,
+        },
+        _ => err,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster
+
+/// What an error proves about the attempt, and how to follow up.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// The script did not run: send it again (the slot map is being refreshed).
+    Again,
+    /// The slot is being migrated: send it to this node, after `ASKING`.
+    Ask { host: String, port: u16 },
+    /// The script did not run, but the cluster needs a moment.
+    Wait,
+}
+
+/// Whether `err` proves the script did not run, and what to do next; `None` when it may have
+/// run, or will fail the same way again.
+fn did_not_run(err: &Error) -> Option<Next> {
+    let (Error::Unavailable { source, .. } | Error::Backend { source, .. }) = err else {
+        return None;
+    };
+    let e = source.downcast_ref::<RedisError>()?;
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ReadOnly) => Some(Next::Again),
+        ErrorKind::Server(ServerErrorKind::Ask) => {
+            let (addr, _slot) = e.redirect_node()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            Some(Next::Ask {
+                host: host.to_owned(),
+                port: port.parse().ok()?,
+            })
+        }
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading,
+        )
+        | ErrorKind::ClusterConnectionNotFound => Some(Next::Wait),
+        _ if e.is_connection_refusal() => Some(Next::Wait),
+        _ => None,
+    }
+}
+
+/// Runs `op` on the Cluster, following redirects and waits that prove the script did not run,
+/// within `after` in all.
+async fn cluster_call<O: Op>(
+    cluster: &ClusterConnection,
+    op: &O,
+    time: TimeSource,
+    after: Duration,
+) -> Result<O::Output, Error> {
+    let deadline = Instant::now() + after;
+    let mut conn = cluster.clone();
+    let mut ask: Option<SingleNodeRoutingInfo> = None;
+    let mut wait = CLUSTER_RETRY_WAIT;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let result = match ask.take() {
+            None => tokio::time::timeout_at(deadline, op.run(&mut conn, time)).await,
+            Some(node) => {
+                let mut asking = Asking {
+                    conn: &mut conn,
+                    node,
+                };
+                tokio::time::timeout_at(deadline, op.run(&mut asking, time)).await
+            }
+        };
+        let err = match result {
+            Err(_) => return Err(timeout(after)),
+            Ok(Ok(output)) => return Ok(output),
+            Ok(Err(err)) => err,
+        };
+        let next = match did_not_run(&err) {
+            Some(next) if attempt < MAX_CLUSTER_ATTEMPTS => next,
+            _ => return Err(refine(err, after)),
+        };
+        match next {
+            Next::Again => {}
+            Next::Ask { host, port } => ask = Some(SingleNodeRoutingInfo::ByAddress { host, port }),
+            Next::Wait => {
+                if Instant::now() + wait >= deadline {
+                    return Err(refine(err, after));
+                }
+                tokio::time::sleep(wait).await;
+                wait = wait.saturating_mul(2);
+            }
+        }
+    }
+}
+
+/// A Cluster connection that sends each command to one node, preceded by `ASKING`: how a
+/// command follows an `ASK` redirect during a slot migration.
+struct Asking<'a> {
+    conn: &'a mut ClusterConnection,
+    node: SingleNodeRoutingInfo,
+}
+
+impl ConnectionLike for Asking<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut pipeline = Pipeline::with_capacity(2);
+            pipeline.cmd("ASKING").add_command(cmd.clone());
+            let mut replies = self
+                .conn
+                .route_pipeline(pipeline, 1, 1, self.node.clone())
+                .await?;
+            match (replies.pop(), replies.is_empty()) {
+                (Some(reply), true) => Ok(reply),
+                _ => Err(RedisError::from((
+                    ErrorKind::Parse,
+                    "expected one reply after ASKING",
+                ))),
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let mut with_asking = Pipeline::with_capacity(pipeline.len() + 1);
+        with_asking.cmd("ASKING");
+        for cmd in pipeline.cmd_iter() {
+            with_asking.add_command(cmd.clone());
+        }
+        let node = self.node.clone();
+        Box::pin(async move {
+            self.conn
+                .route_pipeline(with_asking, offset + 1, count, node)
+                .await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sentinel
+
+/// The primary the sentinels name, connected; re-resolved after a transient failure.
+pub(crate) struct SentinelBackend {
+    /// Asks the sentinels; one resolution at a time.
+    resolver: tokio::sync::Mutex<SentinelClient>,
+    /// The connection to the primary, unless a failure invalidated it.
+    current: Mutex<Option<Current>>,
+    config: AsyncConnectionConfig,
+}
+
+#[derive(Clone)]
+struct Current {
+    /// Which connection this is, so a failure invalidates only the connection it happened on.
+    id: u64,
+    conn: MultiplexedConnection,
+    /// The primary's address, as the sentinels named it.
+    addr: (String, u16),
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+impl SentinelBackend {
+    fn current(&self) -> Option<Current> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The connection to the primary, resolving it through the sentinels if there is none.
+    async fn connection(&self) -> Result<Current, Error> {
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        let mut resolver = self.resolver.lock().await;
+        // Another call may have resolved it while this one waited.
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        let client = resolver
+            .async_get_client()
+            .await
+            .map_err(|e| script::map_error(e, &[]))?;
+        let addr = match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                (host.clone(), *port)
+            }
+            _ => (String::new(), 0),
+        };
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .map_err(|e| script::map_error(e, &[]))?;
+        let current = Current {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            conn,
+            addr,
+        };
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(current.clone());
+        Ok(current)
+    }
+
+    /// Forgets connection `id`, so the next call asks the sentinels again.
+    fn invalidate(&self, id: u64) {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().is_some_and(|c| c.id == id) {
+            *current = None;
+        }
+    }
+
+    /// Forgets the connection unless it is to `primary`.
+    fn invalidate_unless(&self, primary: &(String, u16)) {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().is_some_and(|c| &c.addr != primary) {
+            *current = None;
+        }
+    }
+
+    async fn call<O: Op>(
+        &self,
+        op: &O,
+        time: TimeSource,
+        timeouts: Timeouts,
+    ) -> Result<O::Output, Error> {
+        let mut used = None;
+        let result = within(timeouts.response, async {
+            let Current { id, mut conn, .. } = self.connection().await?;
+            used = Some(id);
+            op.run(&mut conn, time).await
+        })
+        .await;
+        if let (Err(e), Some(id)) = (&result, used) {
+            // A timeout, a lost connection, `READONLY` from a demoted primary: the next call
+            // asks the sentinels where the primary is now.
+            if e.is_transient() {
+                self.invalidate(id);
+            }
+        }
+        result
+    }
+}
+
+/// How often the sentinels are asked which server is the primary.
+const SENTINEL_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Asks the sentinels every [`SENTINEL_POLL_INTERVAL`] which server is the primary, and drops
+/// the connection to any other, until the store is dropped.
+///
+/// Errors alone are not enough to follow a failover: after `SENTINEL FAILOVER`, the old primary
+/// went on accepting writes for about ten seconds here, until the sentinels reconfigured it as a
+/// replica, while the new one was already promoted. Instances still writing to the old primary
+/// would count apart from those on the new one, and their writes would be lost. Polling bounds
+/// that window to about a second.
+async fn watch_primary(
+    backend: Weak<SentinelBackend>,
+    sentinels: Vec<ConnectionInfo>,
+    service: String,
+    timeouts: Timeouts,
+) {
+    let mut conn: Option<MultiplexedConnection> = None;
+    let mut next = 0;
+    loop {
+        tokio::time::sleep(SENTINEL_POLL_INTERVAL).await;
+        let Some(backend) = backend.upgrade() else {
+            return;
+        };
+        if conn.is_none() {
+            let info = sentinels[next % sentinels.len()].clone();
+            next += 1;
+            let connect = async {
+                redis::Client::open(info)?
+                    .get_multiplexed_async_connection_with_config(&node_config(timeouts))
+                    .await
+            };
+            conn = tokio::time::timeout(timeouts.connect, connect)
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        let Some(c) = conn.as_mut() else {
+            continue;
+        };
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("get-master-addr-by-name").arg(&service);
+        let ask = cmd.query_async::<Option<(String, u16)>>(c);
+        match tokio::time::timeout(timeouts.connect, ask).await {
+            Ok(Ok(Some(primary))) => backend.invalidate_unless(&primary),
+            // No answer: ask another sentinel next time.
+            _ => conn = None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str, detail: &str) -> Error {
+        script::map_error(
+            redis::make_extension_error(code.to_owned(), Some(detail.to_owned())),
+            &[],
+        )
+    }
+
+    fn parsed(text: &str) -> Error {
+        // A server error as the client parses it from the wire.
+        let value = redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
+        let e = value.extract_error().unwrap_err();
+        script::map_error(e, &[])
+    }
+
+    #[test]
+    fn redirects_and_refusals_did_not_run() {
+        assert_eq!(
+            did_not_run(&parsed("MOVED 3999 127.0.0.1:6381")),
+            Some(Next::Again)
+        );
+        assert_eq!(
+            did_not_run(&parsed("ASK 3999 127.0.0.1:6381")),
+            Some(Next::Ask {
+                host: "127.0.0.1".into(),
+                port: 6381
+            })
+        );
+        for wait in [
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+            "MASTERDOWN Link with MASTER is down",
+            "LOADING Redis is loading the dataset in memory",
+        ] {
+            assert_eq!(did_not_run(&parsed(wait)), Some(Next::Wait), "{wait}");
+        }
+        assert_eq!(
+            did_not_run(&parsed(
+                "READONLY You can't write against a read only replica."
+            )),
+            Some(Next::Again)
+        );
+        let refused = classify(
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            Duration::from_secs(1),
+        );
+        assert_eq!(did_not_run(&refused), Some(Next::Wait));
+    }
+
+    #[test]
+    fn a_script_whose_fate_is_unknown_is_not_retried() {
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::TimedOut,
+        ] {
+            let e = script::map_error(RedisError::from(std::io::Error::from(kind)), &[]);
+            assert_eq!(did_not_run(&e), None, "{kind:?}");
+            assert!(refine(e, Duration::from_secs(1)).is_transient(), "{kind:?}");
+        }
+        assert_eq!(did_not_run(&server("BUSY", "script running")), None);
+        assert_eq!(did_not_run(&server("DISTLIMIT_CORRUPT", "x")), None);
+        assert_eq!(did_not_run(&timeout(Duration::from_millis(1))), None);
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        let after = Duration::from_millis(200);
+        let is = |e: Error, want: &str| {
+            let e = refine(e, after);
+            let got = match &e {
+                Error::Timeout { .. } => "timeout",
+                Error::Unavailable { .. } => "unavailable",
+                Error::Config { .. } => "config",
+                Error::Protocol { .. } => "protocol",
+                Error::Backend {
+                    transient: true, ..
+                } => "transient",
+                Error::Backend { .. } => "permanent",
+                _ => "other",
+            };
+            assert_eq!(got, want, "{e:?}");
+        };
+        is(
+            script::map_error(
+                RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+                &[],
+            ),
+            "timeout",
+        );
+        is(parsed("NOAUTH Authentication required."), "config");
+        is(
+            parsed("WRONGPASS invalid username-password pair or user is disabled."),
+            "config",
+        );
+        is(
+            parsed("NOPERM this user has no permissions to run the 'evalsha' command"),
+            "config",
+        );
+        is(
+            parsed("ERR unknown command 'EVALSHA', with args beginning with: "),
+            "config",
+        );
+        is(parsed("ERR something else"), "permanent");
+        is(
+            parsed("WRONGTYPE Operation against a key holding the wrong kind of value"),
+            "protocol",
+        );
+        for transient in [
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down",
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            is(parsed(transient), "unavailable");
+        }
+        is(
+            script::map_error(
+                RedisError::from((ErrorKind::MasterNameNotFoundBySentinel, "no master")),
+                &[],
+            ),
+            "unavailable",
+        );
+        is(
+            script::map_error(
+                RedisError::from((ErrorKind::InvalidClientConfig, "bad")),
+                &[],
+            ),
+            "config",
+        );
+    }
+
+    #[test]
+    fn invalid_urls_are_config_errors() {
+        for url in [
+            "redis://",
+            "redis://host:notaport",
+            "nonsense",
+            "redis://[::1",
+        ] {
+            assert!(
+                matches!(
+                    connection_info(url, &NodeAuth::default()),
+                    Err(Error::Config { .. })
+                ),
+                "{url}"
+            );
+        }
+        let e = connection_info("redis://user:hunter2@:x", &NodeAuth::default());
+        assert!(!format!("{e:?}").contains("hunter2"), "{e:?}");
+    }
+}

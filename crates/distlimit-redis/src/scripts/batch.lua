@@ -1,0 +1,49 @@
+-- All-or-nothing decisions on KEYS[1..n]: every request is evaluated first (no writes), and only
+-- if every one is allowed (and ARGV[2] is '1') are the admitted states written.
+-- ARGV: time ('' = the server's TIME), commit ('1' or '0'), then six values per key: algorithm
+-- (1 token bucket, 2 gcra, 3 fixed window, 4 sliding log, 5 sliding window), cost, and four
+-- parameter slots (unused ones '0').
+-- Reply: the five decision fields of each key in turn, as big-endian doubles (40 bytes a key).
+local now, slack = ARGV[1], 0
+if now == '' then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now, slack = tonumber(now), CLIENT_SLACK_MS
+end
+local commit = ARGV[2] == '1'
+local out, states, resets = {}, {}, {}
+for j = 1, #KEYS do
+  local key, i = KEYS[j], 3 + (j - 1) * 6
+  local algorithm, cost = ARGV[i], tonumber(ARGV[i + 1])
+  local a, l, r, rs, rt, state
+  if algorithm == '1' then
+    a, l, r, rs, rt, state = decide_token_bucket(key, ARGV, i + 2, now, cost)
+  elseif algorithm == '2' then
+    a, l, r, rs, rt, state = decide_gcra(key, ARGV, i + 2, now, cost)
+  elseif algorithm == '3' then
+    a, l, r, rs, rt, state = decide_fixed_window(key, ARGV, i + 2, now, cost)
+  elseif algorithm == '4' then
+    a, l, r, rs, rt, state = decide_sliding_log(key, ARGV, i + 2, now, cost)
+  elseif algorithm == '5' then
+    a, l, r, rs, rt, state = decide_sliding_window(key, ARGV, i + 2, now, cost)
+  else
+    return redis.error_reply('DISTLIMIT_ARGS unknown algorithm ' .. tostring(algorithm))
+  end
+  if not a then
+    return redis.error_reply(l)
+  end
+  if a == 0 then
+    commit = false
+  end
+  out[j] = struct.pack('>ddddd', a, l, r, rs, rt)
+  states[j], resets[j] = state, rs
+end
+if commit then
+  for j = 1, #KEYS do
+    if states[j] then
+      redis.call('SET', KEYS[j], states[j], 'PX', string.format('%d', math.ceil(resets[j] / 1000) + slack))
+    end
+  end
+end
+return table.concat(out)

@@ -1,0 +1,44 @@
+-- distlimit prelude, shared by every script (see script.rs for the argument layout, the reply and
+-- the state encodings).
+--
+-- Exactness: Lua numbers are IEEE doubles. Every integer below 2^53 is exact, and so are +, -
+-- and * of such integers while the result stays below 2^53, and math.floor(a / b) and
+-- math.ceil(a / b) for 0 <= a < 2^53 and b >= 1: the correctly rounded quotient of a
+-- non-multiple is at least 1/b away from an integer, more than its rounding error. (Never
+-- (a + b - 1) / b: the sum may leave the exact range.) distlimit_core::Quota's bounds keep every
+-- intermediate value below 2^53, so these scripts compute exactly what the Rust reference model
+-- (Limit::decide) computes.
+--
+-- Cost: Redis runs the whole script body on every call, so each `local function` is a new closure
+-- per call, dearer the more outer locals it captures. The hot path therefore uses the globals
+-- (redis.call, math.ceil, struct.pack, ...) directly, and the prelude defines a single helper, for
+-- the rare path.
+--
+-- Every algorithm is `decide_<name>(key, A, i, now, cost)`: its quota parameters are A[i],
+-- A[i + 1], ... (integer strings precomputed in Rust), `cost` is at most the capacity (Rust
+-- answers costs above it). It reads the key's state (GET) and returns
+--   allowed (1 or 0), limit, remaining, reset_after_us, retry_after_us[, new state]
+-- exactly as Limit::evaluate; the new state (a string) only when allowed with cost > 0, for the
+-- caller to write with a TTL of ceil(reset_after_us / 1000) ms (the reset_after of an admitted
+-- request is State::expires_at - now, at least 1 µs). A value it cannot read makes it return
+-- nil, message.
+--
+-- State values: a tag byte, then big-endian doubles holding integers in [0, 2^53):
+-- 1 token bucket (17 bytes), 2 gcra (9), 3 fixed window (17), 4 sliding log (1 + 16 n),
+-- 5 sliding window (25).
+
+-- A key written in client-time mode lives this much longer than its state needs (see
+-- CLIENT_TTL_SLACK in script.rs): Redis expires keys on its own clock, not the client's.
+local CLIENT_SLACK_MS = 60000
+
+-- For a value `v` at `key` that is not a readable state of algorithm `own` (tag byte): true when
+-- it is a well-formed state of another algorithm (the key then counts as fresh, as in the Rust
+-- model), else nil and the DISTLIMIT_CORRUPT error.
+local function other(v, own, name, key)
+  local tag, len = string.byte(v), #v
+  if tag ~= own and ((tag == 1 or tag == 3) and len == 17 or tag == 2 and len == 9
+      or tag == 5 and len == 25 or tag == 4 and len % 16 == 1) then
+    return true
+  end
+  return nil, 'DISTLIMIT_CORRUPT unreadable ' .. name .. ' state at key ' .. key
+end

@@ -1,0 +1,120 @@
+-- Sliding window counter (distlimit_core::algorithm::SlidingWindow). Parameters: limit,
+-- period (µs), granule gr and steps, from Quota::window_granule. State: tag 5, then the current
+-- window's start (µs), the previous window's count and the current one's.
+local function decide_sliding_window(key, A, i, now, cost)
+  local limit, period = tonumber(A[i]), tonumber(A[i + 1])
+  local gr, steps = tonumber(A[i + 2]), tonumber(A[i + 3])
+  local start, prev, cur = 0, 0, 0
+  local v = redis.call('GET', key)
+  if v then
+    local ok = string.byte(v) == 5 and #v == 25
+    if ok then
+      start, prev, cur = struct.unpack('>ddd', v, 2)
+      ok = start >= 0 and start < 9007199254740992 and start % 1 == 0
+        and prev >= 0 and prev < 9007199254740992 and prev % 1 == 0
+        and cur >= 0 and cur < 9007199254740992 and cur % 1 == 0
+    end
+    if not ok then
+      local fresh, err = other(v, 5, 'sliding_window', key)
+      if not fresh then
+        return nil, err
+      end
+      start, prev, cur = 0, 0, 0
+    end
+  end
+  local s = now - now % period
+  if s > start then
+    if s - start == period then
+      prev, cur = cur, 0
+    else
+      prev, cur = 0, 0
+    end
+    start = s
+  end
+  -- Before the start (the clock went back) the weight is that of the window start.
+  local elapsed = now - start
+  if elapsed < 0 then
+    elapsed = 0
+  elseif elapsed > period then
+    elapsed = period
+  end
+  local budget = limit * steps - prev * math.ceil((period - elapsed) / gr)
+  if budget < 0 then
+    budget = 0
+  else
+    budget = math.floor(budget / steps)
+  end
+  local avail = budget - cur
+  if avail < 0 then
+    avail = 0
+  end
+  local want = cost
+  if want < 1 then
+    want = 1
+  end
+  local extra = 0
+  if want <= avail then
+    extra = cost
+  end
+  local reset = 0
+  if cur + extra > 0 then
+    reset = start + 2 * period - now
+  elseif prev > 0 then
+    reset = start + period - now
+  end
+  if reset < 0 then
+    reset = 0
+  end
+  if want <= avail then
+    if cost > 0 then
+      return 1, limit, avail - cost, reset, 0, struct.pack('>Bddd', 5, start, prev, cur + cost)
+    end
+    return 1, limit, avail, reset, 0
+  end
+  -- Later in this window, as the previous window's weight shrinks: it passes once
+  -- prev * w <= (limit - cur - want) * steps, i.e. w <= x.
+  if prev > 0 and cur + want <= limit then
+    local x = math.floor((limit - cur - want) * steps / prev)
+    if x > steps then
+      x = steps
+    end
+    if x >= 1 then
+      local at = period - x * gr
+      if at < 0 then
+        at = 0
+      end
+      local retry = start + at - now
+      if retry < 1 then
+        retry = 1
+      end
+      return 0, limit, avail, reset, retry
+    end
+  end
+  -- In the next window, where cur becomes the weighted previous count.
+  local retry = start + period - now
+  if retry < 0 then
+    retry = 0
+  end
+  if cur > 0 then
+    local room = limit - want
+    if room < 0 then
+      room = 0
+    end
+    local x = math.floor(room * steps / cur)
+    if x > steps then
+      x = steps
+    end
+    if x >= 1 then
+      local at = period - x * gr
+      if at > 0 then
+        retry = retry + at
+      end
+    else
+      retry = retry + period
+    end
+  end
+  if retry < 1 then
+    retry = 1
+  end
+  return 0, limit, avail, reset, retry
+end

@@ -1,0 +1,247 @@
+//! [`RedisStore`]: the [`Store`] contract on Redis, one Lua script per decision.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use distlimit_core::{Clock, Decision, Error, Key, MAX_BATCH, Request, Store, validate_batch};
+
+use crate::config::{RedisStoreBuilder, Topology};
+use crate::connection::{Backend, Batch, Single, Timeouts};
+use crate::layout::{KeyBuf, KeyLayout};
+use crate::script::{ScriptRequest, TimeSource};
+
+/// How a [`RedisStore`] reaches Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// One server over one multiplexed `ConnectionManager` connection that reconnects by itself.
+    Standalone,
+    /// One server over a `deadpool-redis` pool ([`RedisStoreBuilder::pool`]).
+    Pool,
+    /// The primary that a set of sentinels names, followed across failovers.
+    Sentinel,
+    /// A Redis Cluster.
+    Cluster,
+}
+
+/// The [`Store`] contract on Redis: every decision is one Lua script, atomic inside Redis,
+/// shared by every instance of a service that uses the same server and prefix.
+///
+/// Made by [`RedisStore::connect`] from a URL, or configured through [`RedisStore::builder`],
+/// [`RedisStore::sentinel`] and [`RedisStore::cluster`]. Cloning is cheap: clones share the
+/// connections. See the [crate documentation](crate) for the key layout, time source, failure
+/// classification and connection modes.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    layout: KeyLayout,
+    clock: Option<Arc<dyn Clock>>,
+    timeouts: Timeouts,
+    mode: Mode,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("mode", &self.inner.mode)
+            .field("layout", &self.inner.layout)
+            .field("client_clock", &self.inner.clock.is_some())
+            .field("connect_timeout", &self.inner.timeouts.connect)
+            .field("response_timeout", &self.inner.timeouts.response)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects with the default options to the Redis the URL names:
+    ///
+    /// * `redis://[[user]:password@]host[:port][/db]`: one server (`rediss://` for TLS, see
+    ///   [`RedisStoreBuilder::tls_root_certificate`] for a private CA;
+    ///   `unix:///path/to/redis.sock` for a Unix socket);
+    /// * `redis+sentinel://[[user]:password@]host:port[,host:port…]/service[/db]`: the primary
+    ///   the sentinels at these addresses name for `service`; the credentials and database are
+    ///   the primary's (`rediss+sentinel://` for TLS to the sentinels and the primary);
+    /// * `redis+cluster://[[user]:password@]host:port[,host:port…]`: a Cluster, through any of
+    ///   its nodes (`rediss+cluster://` for TLS).
+    ///
+    /// Errors as [`RedisStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::builder(url).connect().await
+    }
+
+    /// A builder for a store at `url` (any URL [`connect`](Self::connect) takes).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Topology::Url(url.into()))
+    }
+
+    /// A builder for the primary that the sentinels at `sentinel_urls` (`redis://host:port`,
+    /// with the sentinels' own credentials if they need any) name for `service_name`. Give the
+    /// primary's credentials with [`RedisStoreBuilder::node_auth`]. The primary speaks TLS when
+    /// the sentinel URLs are `rediss://`.
+    pub fn sentinel<I, S>(sentinel_urls: I, service_name: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::new(Topology::Sentinel {
+            sentinels: sentinel_urls.into_iter().map(Into::into).collect(),
+            service: service_name.into(),
+            auth: Default::default(),
+        })
+    }
+
+    /// A builder for the Redis Cluster that `node_urls` (`redis://host:port`, some or all of
+    /// its nodes, with one set of credentials) belong to.
+    pub fn cluster<I, S>(node_urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::new(Topology::Cluster(
+            node_urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    pub(crate) async fn open(
+        builder: RedisStoreBuilder,
+        topology: Topology,
+        layout: KeyLayout,
+    ) -> Result<Self, Error> {
+        let timeouts = Timeouts {
+            connect: builder.connect_timeout,
+            response: builder.response_timeout,
+        };
+        let mut auth = builder.auth.clone();
+        let (backend, mode) = match &topology {
+            Topology::Standalone(url) | Topology::Url(url) => (
+                Backend::standalone(url, &auth, builder.pool_size, timeouts).await?,
+                if builder.pool_size.is_some() {
+                    Mode::Pool
+                } else {
+                    Mode::Standalone
+                },
+            ),
+            Topology::Sentinel {
+                sentinels,
+                service,
+                auth: from_url,
+            } => {
+                // The builder's settings win over the URL's.
+                auth.username = auth.username.or_else(|| from_url.username.clone());
+                auth.password = auth.password.or_else(|| from_url.password.clone());
+                auth.db = auth.db.or(from_url.db);
+                (
+                    Backend::sentinel(sentinels, service, &auth, timeouts).await?,
+                    Mode::Sentinel,
+                )
+            }
+            Topology::Cluster(nodes) => (
+                Backend::cluster(nodes, &auth, timeouts).await?,
+                Mode::Cluster,
+            ),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                backend,
+                layout,
+                clock: builder.clock,
+                timeouts,
+                mode,
+            }),
+        })
+    }
+
+    /// How this store reaches Redis.
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+
+    /// How this store names its keys.
+    pub fn layout(&self) -> &KeyLayout {
+        &self.inner.layout
+    }
+
+    /// The Redis key holding the state of `key` under `policy` (see [`KeyLayout`]).
+    pub fn redis_key(&self, policy: &str, key: Key<'_>) -> Vec<u8> {
+        self.inner.layout.redis_key(policy, key)
+    }
+
+    /// Where the scripts read the time: Redis' `TIME`, or the configured client clock now.
+    fn time(&self) -> TimeSource {
+        match &self.inner.clock {
+            Some(clock) => TimeSource::Client(clock.now_us()),
+            None => TimeSource::Server,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        let mut key = KeyBuf::new();
+        self.inner.layout.write_key(
+            request.policy().as_bytes(),
+            request.key().as_bytes(),
+            &mut key,
+        );
+        let op = Single {
+            key: key.as_bytes(),
+            limit: request.limit(),
+            cost: request.cost(),
+        };
+        self.inner
+            .backend
+            .call(&op, self.time(), self.inner.timeouts)
+            .await
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_batch(requests)?;
+        if self.inner.mode == Mode::Cluster {
+            // One script runs on one node: only one identity's keys share a slot. Checked here
+            // so Redis never answers CROSSSLOT.
+            let first = requests[0].key();
+            if requests.iter().any(|r| r.key() != first) {
+                return Err(Error::InvalidRequest(
+                    "in a Cluster, a batch must be one key's policies",
+                ));
+            }
+        }
+        // Every Redis key of the batch in one buffer.
+        let mut buf = Vec::with_capacity(
+            requests
+                .iter()
+                .map(|r| self.inner.layout.prefix().len() + r.key().len() + r.policy().len() + 8)
+                .sum(),
+        );
+        let mut ends = [0usize; MAX_BATCH];
+        for (end, r) in ends.iter_mut().zip(requests) {
+            self.inner
+                .layout
+                .write(r.policy().as_bytes(), r.key().as_bytes(), &mut buf);
+            *end = buf.len();
+        }
+        let mut start = 0;
+        let script_requests: Vec<ScriptRequest<'_>> = ends
+            .iter()
+            .zip(requests)
+            .map(|(&end, r)| {
+                let key = &buf[start..end];
+                start = end;
+                ScriptRequest::new(key, *r.limit(), r.cost())
+            })
+            .collect();
+        let op = Batch {
+            requests: &script_requests,
+        };
+        self.inner
+            .backend
+            .call(&op, self.time(), self.inner.timeouts)
+            .await
+    }
+}
