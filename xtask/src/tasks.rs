@@ -32,7 +32,10 @@ pub(crate) const CLUSTER_TEST_PACKAGES: &[&str] = &["distlimit-redis"];
 pub(crate) const LOOM_PACKAGES: &[&str] = &["distlimit-memory"];
 
 /// Criterion bench targets as `(package, bench)`, run by `cargo xtask bench`.
-pub(crate) const BENCH_TARGETS: &[(&str, &str)] = &[("distlimit-memory", "compare")];
+pub(crate) const BENCH_TARGETS: &[(&str, &str)] = &[
+    ("distlimit-memory", "compare"),
+    ("distlimit-redis", "redis"),
+];
 
 /// Preemption bound for loom unless `LOOM_MAX_PREEMPTIONS` is already set: 3 finds the bugs our
 /// small models can have and keeps the run to minutes.

@@ -1,0 +1,854 @@
+//! `RedisStore` throughput and latency next to the Redis ceiling (`redis-benchmark` on the same
+//! script), a raw `EVALSHA` round trip and the scripts' own cost inside Redis, in one run against
+//! one private `redis-server`.
+//!
+//! Run with `cargo bench -p distlimit-redis --bench redis` (or `cargo xtask bench`). It starts
+//! `redis-server` (from `DISTLIMIT_REDIS_SERVER_BIN`, else `PATH`) on a free loopback port with
+//! `--save '' --appendonly no`, finds `redis-benchmark` next to it (else on `PATH`), and kills the
+//! server by its PID at the end, also when the bench panics. Everything runs on one
+//! current-thread tokio runtime (like `redis-benchmark`'s one event loop), so the client uses
+//! one core and the server another.
+//!
+//! * Quota: 100 per second on random keys out of [`KEY_SPACE`] (12-digit identities, as
+//!   `redis-benchmark -r` writes them), so nearly every decision is admitted and writes its state
+//!   (`SET … PX`): the expensive path.
+//! * `ours`: `RedisStore::decide` (default key layout, server time) from 1, 16 and 256 tokio tasks
+//!   each looping decisions, over the default multiplexed connection (`ConnectionManager`) and over
+//!   a `deadpool-redis` pool of as many connections as there are tasks (its rows show the `PING`s
+//!   the pool sent per decision, from `INFO commandstats`: deadpool's recycle check). Each run
+//!   stops after a fixed number of decisions or [`RUN_LIMIT`], whichever comes first.
+//! * `ceiling`: `redis-benchmark -c C -P 1 -r 100000 evalsha <sha> 1 <key> <ARGV>` with exactly
+//!   the key layout and `ARGV` the driver sends (`script.rs`, "Arguments"): C connections with
+//!   one request each. At 256 in flight also `-c 16 -P 16` (`pipelined`), closer to what one
+//!   multiplexed connection does (many requests per read and write).
+//! * `raw`: the redis crate's `ConnectionManager` (configured as the store's) sending `EVALSHA`
+//!   of `return 1` with the same key and arguments at 1 in flight; and the same with the real
+//!   GCRA script, which separates the driver's own overhead from the script's; and `return 1`
+//!   on a plain `MultiplexedConnection`, the transport without the manager. These and the
+//!   store's 1-in-flight runs on the multiplexed connection are measured in interleaved rounds,
+//!   so that the load of a shared machine drifts over all of them alike.
+//! * `Redis main thread CPU`: `INFO cpu` (`used_cpu_*_main_thread`) over each run: near 100% means
+//!   Redis itself is the bottleneck, the true ceiling.
+//! * `inside Redis`: `CONFIG RESETSTAT`, [`STAT_DECISIONS`] decisions per algorithm, then
+//!   `INFO commandstats`' `cmdstat_evalsha` `usec_per_call`.
+
+// A benchmark binary: it prints its table, and setup that cannot fail in practice aborts loudly.
+#![allow(
+    clippy::print_stdout,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use distlimit_core::{Algorithm, Key, Limit, Quota, Request, Store};
+use distlimit_redis::{RedisStore, script};
+use redis::aio::{ConnectionLike, ConnectionManager};
+
+/// Distinct identities the decisions pick from at random.
+const KEY_SPACE: u64 = 100_000;
+/// Decisions per measured run with 1 in flight.
+const DECISIONS_SERIAL: usize = 20_000;
+/// Decisions per measured run with 16 or more in flight.
+const DECISIONS_PARALLEL: usize = 100_000;
+/// Decisions per algorithm for `INFO commandstats`.
+const STAT_DECISIONS: usize = 100_000;
+/// Decisions sent before each measured run (connections warm, pool filled).
+const WARMUP: usize = 2_000;
+/// The most one measured run may take.
+const RUN_LIMIT: Duration = Duration::from_secs(8);
+/// Requests in flight.
+const IN_FLIGHT: [usize; 3] = [1, 16, 256];
+/// The algorithms measured for throughput and latency.
+const MAIN: [Algorithm; 2] = [Algorithm::TokenBucket, Algorithm::Gcra];
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument is a filter-free no-op here.
+    let server = Server::start();
+    let bench_bin = redis_benchmark_bin(&server.bin);
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let quota = Quota::per_second(100).unwrap();
+    println!(
+        "redis-server {} on 127.0.0.1:{} (pid {}), redis-benchmark {}",
+        server_version(&server.bin),
+        server.port,
+        server.child.id(),
+        bench_bin.display()
+    );
+    println!("load before: {}", uptime());
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut rows: Vec<Row> = Vec::new();
+
+    rt.block_on(async {
+        let multiplexed = RedisStore::builder(&url)
+            .response_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        rows.extend(serial_comparison(&url, &multiplexed, quota).await);
+        for algorithm in MAIN {
+            let limit = Limit::new(algorithm, quota);
+            for &n in &IN_FLIGHT {
+                let count = if n == 1 {
+                    DECISIONS_SERIAL
+                } else {
+                    DECISIONS_PARALLEL
+                };
+                if n > 1 {
+                    let cpu = Cpu::sample(&mut admin).await;
+                    let mut row = run_store(&multiplexed, "multiplexed", limit, n, count).await;
+                    row.redis_cpu = cpu.busy(&mut admin).await;
+                    rows.push(row);
+                }
+                let pooled = RedisStore::builder(&url)
+                    .pool(n)
+                    .response_timeout(Duration::from_secs(2))
+                    .connect()
+                    .await
+                    .unwrap();
+                let pings_before = command_calls(&mut admin, "cmdstat_ping").await;
+                let cpu = Cpu::sample(&mut admin).await;
+                let mut row = run_store(&pooled, &format!("pool({n})"), limit, n, count).await;
+                row.redis_cpu = cpu.busy(&mut admin).await;
+                let pings = command_calls(&mut admin, "cmdstat_ping").await - pings_before;
+                row.conn = format!(
+                    "{}, {:.2} PING/decision",
+                    row.conn,
+                    pings / (row.decisions + row.errors + WARMUP) as f64
+                );
+                rows.push(row);
+                drop(pooled);
+                let shapes: &[(usize, usize)] = if n == 256 {
+                    &[(256, 1), (16, 16)]
+                } else {
+                    &[(n, 1)]
+                };
+                for &shape in shapes {
+                    let cpu = Cpu::sample(&mut admin).await;
+                    let mut row =
+                        redis_benchmark(&bench_bin, &multiplexed, server.port, limit, shape, count);
+                    row.redis_cpu = cpu.busy(&mut admin).await;
+                    rows.push(row);
+                }
+            }
+        }
+    });
+
+    // The scripts' cost inside Redis, every algorithm.
+    let stats: Vec<(Algorithm, f64, f64)> = rt.block_on(async {
+        let store = RedisStore::builder(&url)
+            .response_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        let mut out = Vec::new();
+        for algorithm in Algorithm::ALL {
+            let limit = Limit::new(algorithm, quota);
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let row = run_store(&store, "stats", limit, 64, STAT_DECISIONS).await;
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let (calls, usec) = usec_per_call(&info, "cmdstat_evalsha");
+            // Warm-up calls are in `calls` too: they ran the same script.
+            assert!(calls >= row.decisions as f64, "{calls} < {}", row.decisions);
+            out.push((algorithm, usec, calls));
+        }
+        out
+    });
+    println!("load after: {}", uptime());
+    print_tables(&rows, &stats, &raw_row(&rows));
+}
+
+/// One measured configuration.
+#[derive(Clone, Debug)]
+struct Row {
+    /// `ours`, `ceiling` or `raw`.
+    what: &'static str,
+    /// The script or algorithm.
+    algorithm: String,
+    /// Connection type.
+    conn: String,
+    in_flight: usize,
+    decisions: usize,
+    errors: usize,
+    per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// How busy Redis' main thread was during the run, in % of one core (NaN: not measured).
+    redis_cpu: f64,
+}
+
+/// Redis' main-thread CPU time at an instant.
+struct Cpu {
+    seconds: f64,
+    at: Instant,
+}
+
+impl Cpu {
+    async fn sample(admin: &mut redis::aio::MultiplexedConnection) -> Cpu {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(admin)
+            .await
+            .unwrap();
+        let field = |name: &str| -> f64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                .map_or(f64::NAN, |v| v.trim().parse().unwrap_or(f64::NAN))
+        };
+        Cpu {
+            seconds: field("used_cpu_user_main_thread") + field("used_cpu_sys_main_thread"),
+            at: Instant::now(),
+        }
+    }
+
+    /// The main thread's CPU use since `self`, in % of one core.
+    async fn busy(self, admin: &mut redis::aio::MultiplexedConnection) -> f64 {
+        let now = Cpu::sample(admin).await;
+        100.0 * (now.seconds - self.seconds) / (now.at - self.at).as_secs_f64()
+    }
+}
+
+fn raw_row(rows: &[Row]) -> Row {
+    rows.iter()
+        .find(|r| r.what == "raw" && r.algorithm == "return 1" && r.conn == "ConnectionManager")
+        .cloned()
+        .unwrap()
+}
+
+/// A tiny xorshift, one per task: no locking, no dependency.
+fn next(state: &Cell<u64>) -> u64 {
+    let mut x = state.get();
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    state.set(x);
+    x
+}
+
+/// Runs `count` decisions (after [`WARMUP`]) from `in_flight` tasks on random keys.
+async fn run_store(
+    store: &RedisStore,
+    conn: &str,
+    limit: Limit,
+    in_flight: usize,
+    count: usize,
+) -> Row {
+    measure_store(store, limit, in_flight, WARMUP, 0).await;
+    let (latencies, errors, elapsed) = measure_store(store, limit, in_flight, count, 1).await;
+    summarize(
+        "ours",
+        limit.algorithm().name(),
+        conn,
+        in_flight,
+        latencies,
+        errors,
+        elapsed,
+    )
+}
+
+/// `count` decisions from `in_flight` tasks on random keys (seeded by `seed`): the latencies of
+/// the successful ones in ns, the number of errors, and the wall time.
+async fn measure_store(
+    store: &RedisStore,
+    limit: Limit,
+    in_flight: usize,
+    count: usize,
+    seed: u64,
+) -> (Vec<u64>, usize, Duration) {
+    let local = tokio::task::LocalSet::new();
+    let remaining = Rc::new(Cell::new(count));
+    let deadline = Instant::now() + RUN_LIMIT;
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for task in 0..in_flight {
+        let store = store.clone();
+        let remaining = Rc::clone(&remaining);
+        handles.push(local.spawn_local(async move {
+            let rng =
+                Cell::new(0x9E37_79B9_7F4A_7C15 ^ ((task as u64 + 1) * 0x1234_5678_9ABC) ^ seed);
+            let mut latencies = Vec::with_capacity(count / in_flight + 1);
+            let mut errors = 0;
+            let mut id = String::with_capacity(12);
+            while remaining.get() > 0 && Instant::now() < deadline {
+                remaining.set(remaining.get() - 1);
+                id.clear();
+                write!(id, "{:012}", next(&rng) % KEY_SPACE).unwrap();
+                let t = Instant::now();
+                let request = Request::new(Key::new(&id).unwrap(), limit);
+                match store.decide(&request).await {
+                    Ok(_) => latencies.push(t.elapsed().as_nanos() as u64),
+                    Err(_) => errors += 1,
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut latencies = Vec::with_capacity(count);
+    let mut errors = 0;
+    local
+        .run_until(async {
+            for h in handles {
+                let (l, e) = h.await.unwrap();
+                latencies.extend(l);
+                errors += e;
+            }
+        })
+        .await;
+    (latencies, errors, start.elapsed())
+}
+
+/// One series of the 1-in-flight comparison.
+enum Serial {
+    Ours(Algorithm),
+    Raw(Option<Algorithm>, String),
+    /// `return 1` on a plain `MultiplexedConnection` (no `ConnectionManager` around it).
+    RawPlain(String),
+}
+
+/// The 1-in-flight rows: distlimit on the multiplexed connection (token bucket, GCRA) and raw
+/// `EVALSHA` (`return 1`, the GCRA script), measured in interleaved rounds so that the load of
+/// a shared machine drifts over all of them alike.
+async fn serial_comparison(url: &str, store: &RedisStore, quota: Quota) -> Vec<Row> {
+    const ROUNDS: usize = 10;
+    let client = redis::Client::open(url).unwrap();
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(None)
+        .set_number_of_retries(0);
+    let mut conn = ConnectionManager::new_with_config(client, config)
+        .await
+        .unwrap();
+    let mut plain = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let series = [
+        Serial::Raw(None, load(&mut conn, "return 1").await),
+        Serial::RawPlain(load(&mut conn, "return 1").await),
+        Serial::Ours(Algorithm::TokenBucket),
+        Serial::Ours(Algorithm::Gcra),
+        Serial::Raw(
+            Some(Algorithm::Gcra),
+            load(&mut conn, script::script_source(Algorithm::Gcra).unwrap()).await,
+        ),
+    ];
+    let mut results: Vec<(Vec<u64>, usize, Duration)> = series
+        .iter()
+        .map(|_| (Vec::new(), 0, Duration::ZERO))
+        .collect();
+    let per_round = DECISIONS_SERIAL / ROUNDS;
+    for round in 0..=ROUNDS {
+        // Round 0 is the warm-up.
+        let n = if round == 0 { WARMUP } else { per_round };
+        // Each round starts with another series, so no series always runs first or last.
+        for i in 0..series.len() {
+            let i = (i + round) % series.len();
+            let (s, result) = (&series[i], &mut results[i]);
+            let (l, e, d) = match s {
+                Serial::Ours(a) => {
+                    measure_store(store, Limit::new(*a, quota), 1, n, round as u64 + 7).await
+                }
+                Serial::Raw(a, sha) => {
+                    let limit = Limit::new(a.unwrap_or(Algorithm::Gcra), quota);
+                    measure_raw(&mut conn, sha, &limit, n, round as u64).await
+                }
+                Serial::RawPlain(sha) => {
+                    let limit = Limit::new(Algorithm::Gcra, quota);
+                    measure_raw(&mut plain, sha, &limit, n, round as u64).await
+                }
+            };
+            if round > 0 {
+                result.0.extend(l);
+                result.1 += e;
+                result.2 += d;
+            }
+        }
+    }
+    series
+        .iter()
+        .zip(results)
+        .map(|(s, (l, e, d))| match s {
+            Serial::Ours(a) => summarize("ours", a.name(), "multiplexed", 1, l, e, d),
+            Serial::Raw(a, _) => summarize(
+                "raw",
+                a.map_or("return 1", |a| a.name()),
+                "ConnectionManager",
+                1,
+                l,
+                e,
+                d,
+            ),
+            Serial::RawPlain(_) => {
+                summarize("raw", "return 1", "plain MultiplexedConnection", 1, l, e, d)
+            }
+        })
+        .collect()
+}
+
+fn summarize(
+    what: &'static str,
+    algorithm: &str,
+    conn: &str,
+    in_flight: usize,
+    mut latencies: Vec<u64>,
+    errors: usize,
+    elapsed: Duration,
+) -> Row {
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        if latencies.is_empty() {
+            f64::NAN
+        } else {
+            let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+            latencies[i] as f64 / 1000.0
+        }
+    };
+    Row {
+        what,
+        algorithm: algorithm.to_owned(),
+        conn: conn.to_owned(),
+        in_flight,
+        decisions: latencies.len(),
+        errors,
+        per_sec: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        redis_cpu: f64::NAN,
+    }
+}
+
+/// The `ARGV` the driver sends for one request of cost 1 under `limit` with server time
+/// (`script.rs`, "Arguments"): `""`, cost, then the algorithm's parameters.
+fn driver_argv(limit: &Limit) -> Vec<String> {
+    let q = limit.quota();
+    let params: Vec<u64> = match limit.algorithm() {
+        Algorithm::TokenBucket => {
+            let (rate, unit) = q.refill_units();
+            vec![q.burst(), rate, unit]
+        }
+        Algorithm::Gcra => vec![q.burst(), q.emission_interval_us()],
+        Algorithm::SlidingWindow => {
+            let (gr, steps) = q.window_granule();
+            vec![q.limit(), q.period_us(), gr, steps]
+        }
+        _ => vec![q.limit(), q.period_us()],
+    };
+    let mut argv = vec![String::new(), "1".to_owned()];
+    argv.extend(params.iter().map(u64::to_string));
+    argv
+}
+
+/// The driver's Redis key for a 12-digit identity, as a `redis-benchmark -r` pattern.
+fn key_pattern(store: &RedisStore) -> String {
+    let probe = "000000000000";
+    let key = store.redis_key("", Key::new(probe).unwrap());
+    let key = String::from_utf8(key).unwrap();
+    assert_eq!(key.matches(probe).count(), 1, "{key}");
+    key.replace(probe, "__rand_int__")
+}
+
+/// `SCRIPT LOAD`s `source`, returning its SHA-1.
+async fn load<C: ConnectionLike + Send>(conn: &mut C, source: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// `count` `EVALSHA`s of `sha` at 1 in flight with the driver's key layout and `limit`'s
+/// arguments, on random keys: the latencies in ns, no errors (any is a panic), the wall time.
+async fn measure_raw<C: ConnectionLike + Send>(
+    conn: &mut C,
+    sha: &str,
+    limit: &Limit,
+    count: usize,
+    seed: u64,
+) -> (Vec<u64>, usize, Duration) {
+    let argv = driver_argv(limit);
+    let mut latencies = Vec::with_capacity(count);
+    let start = Instant::now();
+    let rng = Cell::new(0xDEAD_BEEF_CAFE_F00D ^ seed);
+    let mut key = String::with_capacity(32);
+    for _ in 0..count {
+        if start.elapsed() > RUN_LIMIT {
+            break;
+        }
+        key.clear();
+        write!(key, "distlimit:{{{:012}}}:", next(&rng) % KEY_SPACE).unwrap();
+        let t = Instant::now();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha).arg(1).arg(key.as_bytes());
+        for a in &argv {
+            cmd.arg(a.as_str());
+        }
+        let _: redis::Value = cmd.query_async(conn).await.unwrap();
+        latencies.push(t.elapsed().as_nanos() as u64);
+    }
+    (latencies, 0, start.elapsed())
+}
+
+/// The `calls` of `stat` in `INFO commandstats` (0 if it never ran).
+async fn command_calls(admin: &mut redis::aio::MultiplexedConnection, stat: &str) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .unwrap();
+    if info.lines().any(|l| l.starts_with(&format!("{stat}:"))) {
+        usec_per_call(&info, stat).0
+    } else {
+        0.0
+    }
+}
+
+/// Runs `redis-benchmark` with `clients` connections on `limit`'s script, as the driver sends it.
+fn redis_benchmark(
+    bin: &Path,
+    store: &RedisStore,
+    port: u16,
+    limit: Limit,
+    (clients, pipeline): (usize, usize),
+    count: usize,
+) -> Row {
+    let sha = script::script_sha1(limit.algorithm()).unwrap();
+    let mut cmd = Command::new(bin);
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-n", &count.to_string()])
+        .args(["-r", &KEY_SPACE.to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-P",
+            "1",
+            "--precision",
+            "3",
+            "--csv",
+        ])
+        .args(["evalsha", sha, "1", &key_pattern(store)])
+        .args(driver_argv(&limit))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("could not start redis-benchmark");
+    let deadline = Instant::now() + RUN_LIMIT * 4;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("redis-benchmark did not finish within {:?}", RUN_LIMIT * 4);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",
+    // "p99_latency_ms","max_latency_ms"
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("\"EVALSHA") || l.starts_with("\"evalsha"))
+        .unwrap_or_else(|| panic!("no result from redis-benchmark:\n{out}\n{err}"));
+    let fields: Vec<f64> = line
+        .split(',')
+        .skip(1)
+        .map(|f| f.trim_matches('"').parse().unwrap())
+        .collect();
+    Row {
+        what: if pipeline == 1 {
+            "ceiling"
+        } else {
+            "pipelined"
+        },
+        algorithm: limit.algorithm().name().to_owned(),
+        conn: format!("redis-benchmark -c {clients} -P {pipeline}"),
+        in_flight: clients * pipeline,
+        decisions: count,
+        errors: 0,
+        per_sec: fields[0],
+        p50_us: fields[3] * 1000.0,
+        p99_us: fields[5] * 1000.0,
+        redis_cpu: f64::NAN,
+    }
+}
+
+/// `(calls, usec_per_call)` of `stat` in an `INFO commandstats` reply.
+fn usec_per_call(info: &str, stat: &str) -> (f64, f64) {
+    let line = info
+        .lines()
+        .find(|l| l.starts_with(&format!("{stat}:")))
+        .unwrap_or_else(|| panic!("no {stat} in INFO commandstats:\n{info}"));
+    let field = |name: &str| -> f64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (field("calls"), field("usec_per_call"))
+}
+
+fn print_tables(rows: &[Row], stats: &[(Algorithm, f64, f64)], raw: &Row) {
+    println!();
+    println!(
+        "| algorithm | in flight | client | decisions/s | p50 µs | p99 µs | Redis main thread CPU | vs ceiling (same in flight) | p50 vs raw `return 1` |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let ceiling = rows.iter().find(|c| {
+            c.what == "ceiling" && c.algorithm == r.algorithm && c.in_flight == r.in_flight
+        });
+        let vs_ceiling = match ceiling {
+            Some(c) if r.what != "ceiling" => format!("{:.0}%", 100.0 * r.per_sec / c.per_sec),
+            _ => "—".to_owned(),
+        };
+        let vs_raw = if r.in_flight == 1 {
+            format!("{:.3}", r.p50_us / raw.p50_us)
+        } else {
+            "—".to_owned()
+        };
+        let errors = if r.errors > 0 {
+            format!(" ({} errors)", r.errors)
+        } else {
+            String::new()
+        };
+        let who = match r.what {
+            "ours" => format!("distlimit, {}", r.conn),
+            "raw" => format!("raw EVALSHA `{}`, {}", r.algorithm, r.conn),
+            _ => r.conn.clone(),
+        };
+        println!(
+            "| {} | {} | {}{} | {:.0} | {:.1} | {:.1} | {} | {} | {} |",
+            r.algorithm,
+            r.in_flight,
+            who,
+            errors,
+            r.per_sec,
+            r.p50_us,
+            r.p99_us,
+            if r.redis_cpu.is_nan() {
+                "—".to_owned()
+            } else {
+                format!("{:.0}%", r.redis_cpu)
+            },
+            vs_ceiling,
+            vs_raw
+        );
+    }
+    println!();
+    println!(
+        "| algorithm | usec_per_call inside Redis | calls | single-core cap (10^6 / usec) | target ≤ 5 µs |"
+    );
+    println!("|---|---:|---:|---:|---|");
+    for (algorithm, usec, calls) in stats {
+        let target = match algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                if *usec <= 5.0 {
+                    "met"
+                } else {
+                    "MISSED"
+                }
+            }
+            _ => "(reported)",
+        };
+        println!(
+            "| {} | {usec:.2} | {calls:.0} | {:.0}/s | {target} |",
+            algorithm.name(),
+            1e6 / usec
+        );
+    }
+    println!();
+    println!("Targets:");
+    for algorithm in MAIN {
+        let find = |what: &str, conn: &str| {
+            rows.iter().find(|r| {
+                r.what == what
+                    && r.algorithm == algorithm.name()
+                    && r.in_flight == 256
+                    && r.conn.starts_with(conn)
+            })
+        };
+        let ceiling = find("ceiling", "redis-benchmark").unwrap();
+        for conn in ["multiplexed", "pool"] {
+            let ours = find("ours", conn).unwrap();
+            let ratio = ours.per_sec / ceiling.per_sec;
+            println!(
+                "- {} 256 in flight, {conn}: {:.0}% of the ceiling ({:.0} / {:.0}/s), target ≥ 90%: {}",
+                algorithm.name(),
+                100.0 * ratio,
+                ours.per_sec,
+                ceiling.per_sec,
+                if ratio >= 0.9 { "met" } else { "MISSED" }
+            );
+        }
+        let ours = rows
+            .iter()
+            .find(|r| {
+                r.what == "ours"
+                    && r.algorithm == algorithm.name()
+                    && r.in_flight == 1
+                    && r.conn == "multiplexed"
+            })
+            .unwrap();
+        let ratio = ours.p50_us / raw.p50_us;
+        println!(
+            "- {} 1 in flight, multiplexed: p50 {:.1} µs = {ratio:.3} × raw `return 1` EVALSHA ({:.1} µs), target ≤ 1.10: {}",
+            algorithm.name(),
+            ours.p50_us,
+            raw.p50_us,
+            if ratio <= 1.10 { "met" } else { "MISSED" }
+        );
+    }
+    let same = |what: &str, conn: &str| {
+        rows.iter()
+            .find(|r| r.what == what && r.algorithm == "gcra" && r.in_flight == 1 && r.conn == conn)
+            .map_or(f64::NAN, |r| r.p50_us)
+    };
+    println!(
+        "- the driver's own overhead at 1 in flight: distlimit gcra p50 / raw EVALSHA of the same \
+         script p50 = {:.3}",
+        same("ours", "multiplexed") / same("raw", "ConnectionManager")
+    );
+}
+
+/// A private `redis-server` on a free loopback port, killed by its PID on drop.
+struct Server {
+    bin: PathBuf,
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let bin = std::env::var_os("DISTLIMIT_REDIS_SERVER_BIN")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| find_on_path("redis-server"))
+            .expect("no redis-server: set DISTLIMIT_REDIS_SERVER_BIN or put it on PATH");
+        for _ in 0..5 {
+            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = Command::new(&bin)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("could not start redis-server");
+            let mut server = Server {
+                bin: bin.clone(),
+                child,
+                port,
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if server.child.try_wait().unwrap().is_some() {
+                    break; // most likely the port was taken meanwhile: try another
+                }
+                if ping(port) {
+                    return server;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            server.kill();
+        }
+        panic!("could not start redis-server on a free loopback port");
+    }
+
+    fn kill(&mut self) {
+        // Exactly the PID we spawned, never a process found by name.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(
+        &(Ipv4Addr::LOCALHOST, port).into(),
+        Duration::from_millis(200),
+    ) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+fn redis_benchmark_bin(server: &Path) -> PathBuf {
+    let sibling = server.with_file_name("redis-benchmark");
+    if sibling.is_file() {
+        return sibling;
+    }
+    find_on_path("redis-benchmark").expect("no redis-benchmark next to redis-server or on PATH")
+}
+
+fn server_version(bin: &Path) -> String {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn uptime() -> String {
+    Command::new("uptime")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|_| "(uptime unavailable)".to_owned())
+}
