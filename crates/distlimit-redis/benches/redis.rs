@@ -14,8 +14,8 @@
 //!   (`SET … PX`): the expensive path.
 //! * `ours`: `RedisStore::decide` (default key layout, server time) from 1, 16 and 256 tokio tasks
 //!   each looping decisions, over the default multiplexed connection (`ConnectionManager`) and over
-//!   a `deadpool-redis` pool of as many connections as there are tasks (its rows show the `PING`s
-//!   the pool sent per decision, from `INFO commandstats`: deadpool's recycle check). Each run
+//!   the pool mode with as many connections as there are tasks (its rows show the `PING`s the pool
+//!   sent per decision, from `INFO commandstats`: 0 since the pool's manager does not ping). Each run
 //!   stops after a fixed number of decisions or [`RUN_LIMIT`], whichever comes first.
 //! * `ceiling`: `redis-benchmark -c C -P 1 -r 100000 evalsha <sha> 1 <key> <ARGV>` with exactly
 //!   the key layout and `ARGV` the driver sends (`script.rs`, "Arguments"): C connections with

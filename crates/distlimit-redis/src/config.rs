@@ -179,8 +179,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Standalone only: send decisions over a `deadpool-redis` pool of at most `max_size`
-    /// connections instead of one multiplexed, auto-reconnecting `ConnectionManager`. See the
+    /// Standalone only: send decisions over a `deadpool` pool of at most `max_size`
+    /// connections, one call in flight on each, instead of one multiplexed, auto-reconnecting `ConnectionManager`. See the
     /// [crate documentation](crate#connection-modes) for when that helps. A size of 0, or a pool
     /// with Sentinel or Cluster, is an [`Error::Config`].
     pub fn pool(mut self, max_size: usize) -> Self {

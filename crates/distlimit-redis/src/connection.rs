@@ -47,6 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use deadpool::managed::{PoolError, RecycleError};
 use distlimit_core::{Decision, Error, Limit};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -121,8 +122,8 @@ impl Op for Batch<'_, '_> {
 pub(crate) enum Backend {
     /// One multiplexed connection that reconnects by itself.
     Manager(ConnectionManager),
-    /// A `deadpool-redis` pool of multiplexed connections.
-    Pool(deadpool_redis::Pool),
+    /// A `deadpool` pool of multiplexed connections, each with one call in flight.
+    Pool(Pool),
     /// The primary a set of sentinels names, re-resolved after a failure.
     Sentinel(Arc<SentinelBackend>),
     /// A Redis Cluster.
@@ -152,8 +153,13 @@ impl Backend {
             }
             Backend::Pool(pool) => {
                 within(after, async {
-                    let mut conn = pool.get().await.map_err(|e| pool_error(e, after))?;
-                    op.run(&mut conn, time).await
+                    let mut pooled = pool.get().await.map_err(|e| pool_error(e, after))?;
+                    // Broken until the call completes: a call the deadline cuts short leaves it
+                    // so, and the pool replaces the connection at its next checkout.
+                    pooled.broken = true;
+                    let result = op.run(&mut pooled.conn, time).await;
+                    pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
+                    result
                 })
                 .await
             }
@@ -187,11 +193,13 @@ impl Backend {
                 Backend::Manager(manager)
             }
             Some(max_size) => {
-                let manager = deadpool_redis::Manager::new_with_config(info, node_config(timeouts))
-                    .map_err(|e| classify(e, after))?;
-                let pool = deadpool_redis::Pool::builder(manager)
+                let manager = PoolManager {
+                    client: redis::Client::open(info).map_err(|e| classify(e, after))?,
+                    config: node_config(timeouts),
+                };
+                let pool = Pool::builder(manager)
                     .max_size(max_size)
-                    .runtime(deadpool_redis::Runtime::Tokio1)
+                    .runtime(deadpool::Runtime::Tokio1)
                     .create_timeout(Some(timeouts.connect))
                     .build()
                     .map_err(|e| config_error(format!("cannot build the connection pool: {e}")))?;
@@ -335,8 +343,11 @@ impl Backend {
             }
             Backend::Pool(pool) => {
                 within(after, async {
-                    let mut conn = pool.get().await.map_err(|e| pool_error(e, after))?;
-                    script::load_scripts(&mut conn).await
+                    let mut pooled = pool.get().await.map_err(|e| pool_error(e, after))?;
+                    pooled.broken = true;
+                    let result = script::load_scripts(&mut pooled.conn).await;
+                    pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
+                    result
                 })
                 .await
             }
@@ -480,11 +491,11 @@ fn timeout(after: Duration) -> Error {
     }
 }
 
-fn pool_error(err: deadpool_redis::PoolError, after: Duration) -> Error {
+fn pool_error(err: PoolError<RedisError>, after: Duration) -> Error {
     match err {
-        deadpool_redis::PoolError::Backend(e) => classify(e, after),
-        deadpool_redis::PoolError::Timeout(_) => timeout(after),
-        deadpool_redis::PoolError::Closed => Error::Unavailable {
+        PoolError::Backend(e) => classify(e, after),
+        PoolError::Timeout(_) => timeout(after),
+        PoolError::Closed => Error::Unavailable {
             store: STORE,
             source: "the connection pool is closed".into(),
         },
@@ -493,6 +504,76 @@ fn pool_error(err: deadpool_redis::PoolError, after: Duration) -> Error {
             transient: false,
             source: other.to_string().into(),
         },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pool
+
+pub(crate) type Pool = deadpool::managed::Pool<PoolManager>;
+
+/// Opens the pool's connections, and takes them back without asking the server.
+///
+/// `deadpool-redis`' manager sends `UNWATCH` + `PING` on every checkout, one extra round trip
+/// per decision. Here a connection is handed out again unless a call on it ended in a way that
+/// leaves it in doubt ([`breaks_connection`], or cut short by the deadline): only those are
+/// replaced. A connection the server closed while it sat idle is found out by the next call on
+/// it, which fails with a transient error, like a call on the multiplexed connection would.
+pub(crate) struct PoolManager {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+}
+
+/// One pooled connection.
+pub(crate) struct Pooled {
+    conn: MultiplexedConnection,
+    /// A call on it failed with a connection error or did not complete: replace it.
+    broken: bool,
+}
+
+impl deadpool::managed::Manager for PoolManager {
+    type Type = Pooled;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<Pooled, RedisError> {
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        Ok(Pooled {
+            conn,
+            broken: false,
+        })
+    }
+
+    async fn recycle(
+        &self,
+        pooled: &mut Pooled,
+        _: &deadpool::managed::Metrics,
+    ) -> deadpool::managed::RecycleResult<RedisError> {
+        if pooled.broken {
+            Err(RecycleError::message("the connection broke during a call"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Whether a call that failed with `err` leaves its connection in doubt: no answer in time, or
+/// an I/O error (the connection dropped, or the client cannot tell what the server got). A
+/// server's error reply (`BUSY`, `LOADING`, `NOSCRIPT`, …) came over a working connection.
+fn breaks_connection(err: &Error) -> bool {
+    match err {
+        Error::Timeout { .. } => true,
+        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
+            source.downcast_ref::<RedisError>().is_some_and(|e| {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_unrecoverable_error()
+            })
+        }
+        _ => false,
     }
 }
 

@@ -76,15 +76,18 @@
 //! | mode | made by | connections | failover |
 //! |---|---|---|---|
 //! | [`Mode::Standalone`] (default) | `redis://`, `rediss://`, `unix://` URL | one multiplexed connection (`ConnectionManager`), any number of calls in flight, pipelined | reconnects in the background after a lost connection; the failed call is not resent |
-//! | [`Mode::Pool`] | [`RedisStoreBuilder::pool`]`(max_size)` | a `deadpool-redis` pool: one call in flight per connection, at most `max_size` connections | a broken connection is replaced on checkout |
+//! | [`Mode::Pool`] | [`RedisStoreBuilder::pool`]`(max_size)` | a `deadpool` pool: one call in flight per connection, at most `max_size` connections | a connection whose call failed with a connection error or timed out is replaced at its next checkout; the failed call is not resent |
 //! | [`Mode::Sentinel`] | [`RedisStore::sentinel`], `redis+sentinel://` URL | one multiplexed connection to the primary the sentinels name | the primary is looked up again through the sentinels after any transient error, and whenever the sentinels (asked every second) name another one |
 //! | [`Mode::Cluster`] | [`RedisStore::cluster`], `redis+cluster://` URL | redis-rs' `cluster_async`: one multiplexed connection per node | `MOVED`/`ASK` followed, slot map refreshed; batches must be one identity's policies |
 //!
 //! The multiplexed default suits most services: one TCP connection carries every concurrent
 //! call, and Redis runs one script at a time anyway. The pool spreads calls over several TCP
-//! connections (useful with Redis I/O threads, or to bound the calls in flight), but
-//! `deadpool-redis` checks each connection on checkout with `UNWATCH` + `PING`, one extra round
-//! trip per decision.
+//! connections (useful with Redis I/O threads, or to bound the calls in flight). A checkout
+//! sends nothing to the server (no `PING`: one round trip per decision, as in the multiplexed
+//! mode); instead a connection whose call lost its connection or timed out is dropped and
+//! replaced by a new one. A connection the server closed while it sat idle (a restart,
+//! `timeout`, `CLIENT KILL`) is found out by the next call on it, which fails with a transient
+//! error.
 //!
 //! Every mode supports TLS (`rediss://`; a private CA and client certificates through
 //! [`RedisStoreBuilder::tls_root_certificate`] and [`RedisStoreBuilder::tls_client_certificate`],

@@ -17,7 +17,7 @@ use crate::script::{ScriptRequest, TimeSource};
 pub enum Mode {
     /// One server over one multiplexed `ConnectionManager` connection that reconnects by itself.
     Standalone,
-    /// One server over a `deadpool-redis` pool ([`RedisStoreBuilder::pool`]).
+    /// One server over a `deadpool` pool of multiplexed connections ([`RedisStoreBuilder::pool`]).
     Pool,
     /// The primary that a set of sentinels names, followed across failovers.
     Sentinel,
