@@ -212,7 +212,21 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         if request.cost() == 0 {
             return shard.read().evaluate(hash, id, request.limit(), now_us, 0);
         }
-        let (decision, effects) = shard.write().decide(
+        self.charge(&mut shard.write(), id, hash, request, now_us)
+    }
+
+    /// Decides and charges `request` in its shard's table, which the caller has locked, and
+    /// counts an eviction the insert needed.
+    #[inline]
+    fn charge(
+        &self,
+        table: &mut Table,
+        id: Id<'_>,
+        hash: u64,
+        request: &Request<'_>,
+        now_us: u64,
+    ) -> Decision {
+        let (decision, effects) = table.decide(
             hash,
             id,
             request.limit(),
@@ -257,18 +271,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
                 if r.cost() == 0 {
                     continue;
                 }
-                let effects = guards[guard_of(shard)].1.commit(
-                    hash,
-                    id,
-                    r.limit(),
-                    now,
-                    r.cost(),
-                    self.max_keys_per_shard,
-                    &self.hasher,
-                );
-                if effects.evicted {
-                    self.evictions.fetch_add(1, Ordering::Relaxed);
-                }
+                self.charge(&mut guards[guard_of(shard)].1, id, hash, r, now);
             }
         }
         Ok(decisions)

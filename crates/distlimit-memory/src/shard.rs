@@ -211,21 +211,6 @@ impl Table {
         (decision, effects)
     }
 
-    /// Charges a request already evaluated as admitted (the commit phase of a batch).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn commit<S: BuildHasher>(
-        &mut self,
-        hash: u64,
-        id: Id<'_>,
-        limit: &Limit,
-        now: u64,
-        cost: u64,
-        max_len: usize,
-        hasher: &S,
-    ) -> Effects {
-        self.decide(hash, id, limit, now, cost, max_len, hasher).1
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn insert<S: BuildHasher>(
         &mut self,
