@@ -19,6 +19,7 @@ pub const NEVER: Duration = Duration::from_micros(u64::MAX);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Decision {
     allowed: bool,
+    source: Source,
     limit: u64,
     remaining: u64,
     reset_after_us: u64,
@@ -32,6 +33,7 @@ impl Decision {
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
             allowed: true,
+            source: Source::Primary,
             limit,
             remaining: remaining.min(limit),
             reset_after_us: micros(reset_after),
@@ -50,6 +52,7 @@ impl Decision {
     ) -> Self {
         Self {
             allowed: false,
+            source: Source::Primary,
             limit,
             remaining: remaining.min(limit),
             reset_after_us: micros(reset_after),
@@ -67,11 +70,28 @@ impl Decision {
     ) -> Self {
         Self {
             allowed,
+            source: Source::Primary,
             limit,
             remaining,
             reset_after_us,
             retry_after_us: if allowed { 0 } else { retry_after_us },
         }
+    }
+
+    /// Who answered: [`Source::Primary`] for a decision made by the store that was asked. A
+    /// store that delegates (the hybrid store's fallback, its blocked-key cache) re-tags it
+    /// with [`with_source`](Self::with_source).
+    #[inline]
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// The same decision, attributed to `source`.
+    #[inline]
+    #[must_use]
+    pub fn with_source(mut self, source: Source) -> Self {
+        self.source = source;
+        self
     }
 
     /// Whether the request was admitted (and charged).
@@ -149,6 +169,40 @@ impl Decision {
             acc.retry_after_us = acc.retry_after_us.max(d.retry_after_us);
         }
         Some(acc)
+    }
+}
+
+/// Where a [`Decision`] came from, for metrics and logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Source {
+    /// The store that was asked decided itself (every plain store; the hybrid store's primary).
+    #[default]
+    Primary,
+    /// A fallback store decided because the primary failed or its circuit breaker was open.
+    Fallback,
+    /// A local cache of denied keys answered without asking any store.
+    BlockedCache,
+    /// No store could decide and the policy's failure mode admitted the request unchecked.
+    FailOpen,
+}
+
+impl Source {
+    /// A stable lowercase name, for metric labels: `primary`, `fallback`, `blocked_cache`,
+    /// `fail_open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Primary => "primary",
+            Source::Fallback => "fallback",
+            Source::BlockedCache => "blocked_cache",
+            Source::FailOpen => "fail_open",
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

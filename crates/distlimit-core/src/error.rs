@@ -91,4 +91,20 @@ impl Error {
             Error::InvalidKey(_) | Error::InvalidQuota(_) | Error::InvalidRequest(_)
         )
     }
+
+    /// A stable lowercase name of the variant, for metric labels and logs: `invalid_key`,
+    /// `invalid_quota`, `invalid_request`, `timeout`, `unavailable`, `protocol`, `config`,
+    /// `backend`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidKey(_) => "invalid_key",
+            Error::InvalidQuota(_) => "invalid_quota",
+            Error::InvalidRequest(_) => "invalid_request",
+            Error::Timeout { .. } => "timeout",
+            Error::Unavailable { .. } => "unavailable",
+            Error::Protocol { .. } => "protocol",
+            Error::Config { .. } => "config",
+            Error::Backend { .. } => "backend",
+        }
+    }
 }

@@ -13,6 +13,8 @@
 //!   is a value; [`Error`] means the store failed.
 //! * [`Store`] and [`StoreExt`]: the object-safe contract and its conveniences.
 //! * [`Clock`]: [`SystemClock`] and a [`ManualClock`] for tests.
+//! * [`Observer`]: the events the limiter and stores report ([`Outcome`], [`BreakerState`],
+//!   [`Source`]), which `distlimit-metrics` exports.
 //!
 //! # Example
 //!
@@ -48,13 +50,15 @@ mod clock;
 mod decision;
 mod error;
 mod key;
+pub mod observe;
 mod quota;
 mod store;
 
 pub use algorithm::{Algorithm, Limit, State, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, NEVER};
+pub use decision::{Decision, NEVER, Source};
 pub use error::{BoxError, Error};
 pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
+pub use observe::{BreakerState, NoopObserver, Observer, Outcome};
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
 pub use store::{MAX_BATCH, Request, Store, StoreExt, validate_batch};

@@ -1,0 +1,133 @@
+//! [`Observer`]: what the limiter and the stores report as they work, for metrics and logs.
+//!
+//! The core crate defines the events; `distlimit-metrics` turns them into Prometheus series, and
+//! anything else (a `tracing` bridge, a test recorder) can implement the trait too. Every method
+//! has an empty default, so an observer implements only what it needs, and new events can be
+//! added without breaking it. Observers are called on the decision path: they must be cheap and
+//! must never block.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{Decision, Error};
+
+/// What a request's decision meant for the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Admitted (and charged).
+    Allowed,
+    /// Denied and blocked.
+    Denied,
+    /// Denied by a policy in shadow mode: reported, but the request went through.
+    ShadowDenied,
+}
+
+impl Outcome {
+    /// A stable lowercase name, for metric labels: `allowed`, `denied`, `shadow_denied`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::ShadowDenied => "shadow_denied",
+        }
+    }
+}
+
+/// The state of a circuit breaker in front of a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// Decisions go to the primary store.
+    Closed,
+    /// Decisions go to the fallback without touching the primary.
+    Open,
+    /// One probe is on its way to the primary; everyone else still uses the fallback.
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// A stable lowercase name, for metric labels: `closed`, `open`, `half_open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// Receives what the limiter and the stores report. Every method defaults to doing nothing.
+///
+/// Labels derived from these events must stay bounded: `policy` names come from configuration,
+/// `store` names from code; keys are never passed.
+pub trait Observer: Send + Sync {
+    /// A request was decided. `decision` is the most restrictive of its tiers (its
+    /// [`source`](Decision::source) says who answered); `latency` is the time the decision took.
+    fn on_decision(&self, policy: &str, outcome: Outcome, decision: &Decision, latency: Duration) {
+        let _ = (policy, outcome, decision, latency);
+    }
+
+    /// The store named `store` failed while deciding for `policy`. Reported even when a fallback
+    /// then answered, so errors absorbed by a circuit breaker stay visible.
+    fn on_store_error(&self, store: &'static str, policy: &str, error: &Error) {
+        let _ = (store, policy, error);
+    }
+
+    /// The circuit breaker in front of the store named `store` went from `from` to `to`.
+    fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
+        let _ = (store, from, to);
+    }
+}
+
+/// An [`Observer`] that ignores everything: the default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoopObserver;
+
+impl Observer for NoopObserver {}
+
+impl<O: Observer + ?Sized> Observer for Arc<O> {
+    fn on_decision(&self, policy: &str, outcome: Outcome, decision: &Decision, latency: Duration) {
+        (**self).on_decision(policy, outcome, decision, latency);
+    }
+
+    fn on_store_error(&self, store: &'static str, policy: &str, error: &Error) {
+        (**self).on_store_error(store, policy, error);
+    }
+
+    fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
+        (**self).on_breaker(store, from, to);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl Observer for Recorder {
+        fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
+            let line = format!("{store}:{}->{}", from.as_str(), to.as_str());
+            self.0.lock().unwrap().push(line);
+        }
+    }
+
+    #[test]
+    fn arc_forwards_and_defaults_do_nothing() {
+        let recorder = Arc::new(Recorder::default());
+        let observer: Arc<dyn Observer> = recorder.clone();
+        observer.on_breaker("redis", BreakerState::Closed, BreakerState::Open);
+        observer.on_decision(
+            "api",
+            Outcome::Allowed,
+            &Decision::allowed(1, 0, Duration::ZERO),
+            Duration::ZERO,
+        );
+        NoopObserver.on_breaker("redis", BreakerState::Open, BreakerState::HalfOpen);
+        assert_eq!(*recorder.0.lock().unwrap(), vec!["redis:closed->open"]);
+    }
+}
