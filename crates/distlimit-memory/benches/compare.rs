@@ -13,7 +13,7 @@
 //! * Quota, the same for all: 1 unit per second sustained with a burst of 10^9. Nothing is ever
 //!   denied during a run (checked), so the bookkeeping is measured and not the denial path, and
 //!   every key's state stays live for the whole run: with 10^9 units per second instead,
-//!   distlimit's incremental sweep would drop each entry a microsecond after its last use and
+//!   distlimit's expiry would drop each entry a microsecond after its last use and
 //!   `new_keys` would compare its near-empty tables with governor's ever-growing map.
 //! * Groups: `hot_key` (one key); `keys_10k`, `keys_100k`, `keys_1m` (N keys, inserted in one
 //!   shuffled order and then visited in another, fixed one); `new_keys` (keys never seen, into a

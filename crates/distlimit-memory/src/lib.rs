@@ -9,11 +9,19 @@
 //! * **Sharding.** One keyed hash per key (foldhash, seeded at random per store) picks the
 //!   shard and the slot inside it. Keys come from clients, so nobody outside the process can
 //!   aim many keys at one shard or one probe sequence.
+//! * **Compact entries.** A GCRA state is one instant (the theoretical arrival time, which is
+//!   also when the key may be forgotten), stored with the id packed inline: 16 bytes for an
+//!   8-byte key (a `u64` id in binary), 32 bytes for ids up to 22 bytes, 64 up to 54 bytes.
+//!   Other algorithms' states take a 64-byte entry. Measured by `tests/alloc.rs` at 20 000 keys:
+//!   28 bytes per key for GCRA on 8-byte keys, 107 for GCRA on 40-byte keys or a token bucket on
+//!   8-byte keys, 148 for a token bucket on 40-byte keys (table slack included).
 //! * **Bounded memory.** Every entry knows when its state becomes equivalent to a fresh key
-//!   ([`State::expires_at`](distlimit_core::State::expires_at)); each insert sweeps a couple of
-//!   buckets and drops expired entries (no stop-the-world pass), and a cap on the number of keys
-//!   ([`Builder::max_keys`]) evicts a live entry the client cannot choose when a flood of unique
-//!   keys fills a shard.
+//!   ([`State::expires_at`](distlimit_core::State::expires_at)). An insert that finds its table
+//!   full first drops the expired entries in one sequential pass, then keeps an eighth of the
+//!   table free (rehashing in place, or growing it if live entries fill more than 3/8 of it):
+//!   memory follows the live keys, not the history, at an amortized cost of at most eight
+//!   entries examined per insert. A cap on the number of keys ([`Builder::max_keys`]) evicts a
+//!   live entry the client cannot choose when a flood of unique keys fills a shard.
 //! * **Time.** [`FastClock`] by default (the CPU's time-stamp counter, anchored to the wall
 //!   clock); any [`Clock`], such as a [`ManualClock`](distlimit_core::ManualClock) in tests.
 //!
@@ -65,7 +73,8 @@ use sync::RwLock;
 /// The number of shards.
 pub const SHARDS: usize = 64;
 
-/// The default cap on the number of keys a store holds: 1 048 576 (about 80 MiB).
+/// The default cap on the number of keys a store holds: 1 048 576 (from about 30 MiB for GCRA
+/// states of 8-byte keys to about 150 MiB for token buckets of long keys).
 pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
 
 /// The hasher a store uses by default: foldhash, seeded at random per store.
@@ -278,7 +287,8 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
     }
 
     /// Drops every expired entry now and returns memory left behind by a flood. Never needed for
-    /// correctness or to bound memory (inserts sweep incrementally); it locks each shard in turn.
+    /// correctness or to bound memory (a full table drops its expired entries before it grows); it
+    /// locks each shard in turn.
     pub fn purge_expired(&self) {
         let now = self.clock.now_us();
         for shard in self.shards.iter() {

@@ -19,18 +19,41 @@ fn store(seed: u64) -> Arc<Store> {
     )
 }
 
-/// Of N concurrent requests on one fresh key, exactly `burst` pass: none lost, none doubled.
+/// Of N concurrent requests on one fresh key, exactly `burst` pass: none lost, none doubled. Run
+/// for a token-bucket state (the wide map) and for GCRA states of an 8-byte key, a short id and
+/// a long one (the three compact maps).
 #[test]
 fn loom_exactly_burst_of_concurrent_requests_on_a_fresh_key_pass() {
-    loom::model(|| {
+    let long = "a key of forty bytes, a long compact id.";
+    let cases = [
+        (Limit::token_bucket(Quota::per_hour(2).unwrap()), "k"),
+        (
+            Limit::gcra(Quota::per_hour(2).unwrap().with_burst(2).unwrap()),
+            "8 bytes!",
+        ),
+        (
+            Limit::gcra(Quota::per_hour(2).unwrap().with_burst(2).unwrap()),
+            "k",
+        ),
+        (
+            Limit::gcra(Quota::per_hour(2).unwrap().with_burst(2).unwrap()),
+            long,
+        ),
+    ];
+    for (limit, key) in cases {
+        burst_race(limit, key);
+    }
+}
+
+fn burst_race(limit: Limit, key: &'static str) {
+    loom::model(move || {
         let store = store(1);
-        let limit = Limit::token_bucket(Quota::per_hour(2).unwrap());
         let handles: Vec<_> = (0..3)
             .map(|_| {
                 let store = store.clone();
                 thread::spawn(move || {
                     store
-                        .decide_sync(&Request::new(Key::new("k").unwrap(), limit))
+                        .decide_sync(&Request::new(Key::new(key).unwrap(), limit))
                         .is_allowed()
                 })
             })
@@ -40,10 +63,10 @@ fn loom_exactly_burst_of_concurrent_requests_on_a_fresh_key_pass() {
             .map(|h| h.join().unwrap())
             .filter(|&a| a)
             .count();
-        assert_eq!(allowed, 2);
-        let after = store.decide_sync(&Request::peek(Key::new("k").unwrap(), limit));
-        assert_eq!(after.remaining(), 0);
-        assert_eq!(store.len(), 1);
+        assert_eq!(allowed, 2, "{key}");
+        let after = store.decide_sync(&Request::peek(Key::new(key).unwrap(), limit));
+        assert_eq!(after.remaining(), 0, "{key}");
+        assert_eq!(store.len(), 1, "{key}");
     });
 }
 
