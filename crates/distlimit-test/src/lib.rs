@@ -135,6 +135,10 @@
 //! through, delay, fail with a transient or permanent [`FaultKind`], lose the reply after the
 //! inner store applied the request, or hang. It passes the whole suite when it passes through.
 //!
+//! [`server::RedisServer`] is a real `redis-server` process a test owns (free loopback port, no
+//! persistence): kill it (SIGKILL), pause and resume it (SIGSTOP/SIGCONT), restart it on the same
+//! port, send it raw commands (`CLIENT PAUSE`, `INFO commandstats`). Dropping it kills it.
+//!
 //! # Feature flags
 //!
 //! None. The suite needs Tokio (the concurrency checks spawn tasks; the macro runs each check on
@@ -143,6 +147,7 @@
 mod checks;
 mod faulty;
 mod macros;
+pub mod server;
 mod support;
 
 use std::future::Future;

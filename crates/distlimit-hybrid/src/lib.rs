@@ -1,0 +1,572 @@
+//! A distlimit [`Store`] that keeps answering, fast, when its primary store (Redis) fails: a
+//! half-open circuit breaker in front of the primary, a local fallback store enforcing this
+//! instance's share of the limit, a time budget per primary call, a failure mode per policy and
+//! a bounded cache of denied keys.
+//!
+//! [`Hybrid`] implements [`Store`] itself, so it goes wherever a store goes (the limiter, the
+//! tower layer). The usual pair is a `distlimit_redis::RedisStore` primary and a
+//! `distlimit_memory::MemoryStore` fallback, but any two stores work.
+//!
+//! # The circuit breaker
+//!
+//! 1. **Closed**: every decision goes to the primary, within the time budget
+//!    ([`Builder::budget`], 50 ms by default). A call that fails or runs out of budget is
+//!    answered by the policy's [`FailureMode`] (the fallback by default), so no caller sees the
+//!    error, and counts toward the [`OpenRule`] (by default the first failure opens).
+//! 2. **Open**: decisions go straight to the fallback without touching the primary.
+//! 3. **Cool-off**: it stays open for [`Builder::cool_off`] (5 s by default).
+//! 4. **Half-open**: after the cool-off, exactly one caller (the winner of one atomic
+//!    compare-and-swap) probes the primary; everyone else keeps using the fallback meanwhile. A
+//!    successful probe closes the breaker; a failed one restarts the cool-off. A probe that tells
+//!    nothing (an invalid request, or a caller that gave up on it) lets the next caller probe.
+//!
+//! So a hung primary costs one time budget per cool-off, never one per request, and a recovering
+//! Redis sees one request, not a thundering herd. The closed path adds one atomic load, the
+//! budget's timer and, with the blocked-key cache on, a clock read and one lookup.
+//!
+//! **Which errors fail over.** Every primary error except invalid input: timeouts and lost
+//! connections, but also invalid replies and configuration errors (a Redis that answers garbage,
+//! or a rotated password, is an outage for the service all the same; the error is still
+//! reported to the [`Observer`]). Invalid input ([`Error::is_invalid_input`]: a bad batch) is the
+//! caller's fault: it is returned as is and does not count toward opening. Batches are validated
+//! before anything else, so every route rejects the same batches.
+//!
+//! A consuming request that timed out may still have been applied by the primary; the fallback
+//! then charges it once more, locally. Erring that way keeps the limit.
+//!
+//! # Failure modes and the instance share
+//!
+//! Per policy ([`Request::policy`]): [`FailureMode::Fallback`] (the default) asks the fallback
+//! store with the limit divided by [`Builder::instances`]: with 4 instances, a global 100 per
+//! minute, burst 20 becomes 25 per minute, burst 5 on each instance, so the instances together
+//! admit at most the global limit while they cannot coordinate. The trade-off: a client whose
+//! requests all land on one instance gets only a quarter of its limit during an outage, and with
+//! more instances than the limit each still admits 1, together more than the limit.
+//! [`FailureMode::FailOpen`] admits unchecked ([`Source::FailOpen`]); [`FailureMode::FailClosed`]
+//! returns the error.
+//!
+//! # The blocked-key cache
+//!
+//! When the primary denies a request with `retry_after = T`, the same request (same policy, key,
+//! limit and cost) is denied locally until `T` without a round trip ([`Source::BlockedCache`]),
+//! which keeps a flood from one abuser off Redis. It only ever denies, and never for longer than
+//! the store said (the deadline counts from when the request was sent). The denial repeats the
+//! store's `remaining` as it was and counts `retry_after` and `reset_after` down. Bounded by
+//! [`Builder::blocked_cache`] entries (10 000 by default); `None` turns it off.
+//!
+//! # Observing it
+//!
+//! Every decision carries its [`Source`] (primary, fallback, blocked cache, fail open); breaker
+//! transitions go to [`Observer::on_breaker`] and every primary error, absorbed or not, to
+//! [`Observer::on_store_error`]. [`Hybrid::stats`] counts calls and routes.
+//!
+//! # Example
+//!
+//! A primary that fails: the fallback answers, the breaker opens, the primary is left alone.
+//!
+//! ```
+//! use std::time::Duration;
+//! use distlimit_core::{BreakerState, Limit, Quota, Source, StoreExt};
+//! use distlimit_hybrid::Hybrid;
+//! use distlimit_memory::MemoryStore;
+//! use distlimit_test::{Fault, FaultKind, FaultyStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Stands in for Redis: a store whose calls fail.
+//! let primary = FaultyStore::new(MemoryStore::new()).with_default(Fault::Fail(FaultKind::Unavailable));
+//! let store = Hybrid::builder(primary, MemoryStore::new())
+//!     .name("redis")
+//!     .budget(Duration::from_millis(50))
+//!     .cool_off(Duration::from_secs(5))
+//!     .instances(4)
+//!     .build()?;
+//!
+//! let limit = Limit::token_bucket(Quota::per_minute(100)?.with_burst(20)?);
+//! let first = store.check("alice", limit).await?; // the primary fails: the fallback answers
+//! assert_eq!(first.source(), Source::Fallback);
+//! assert_eq!(first.limit(), 5); // this instance's share of the burst of 20
+//! assert_eq!(store.breaker_state(), BreakerState::Open);
+//! for _ in 0..10 {
+//!     store.check("alice", limit).await?;
+//! }
+//! assert_eq!(store.primary().calls(), 1); // open: the primary is not touched
+//! # Ok(()) }
+//! ```
+//!
+//! # Runtime
+//!
+//! The time budget uses Tokio's timer: call the store within a Tokio runtime with time enabled
+//! (as the Redis store requires anyway).
+
+mod blocked;
+mod breaker;
+mod clock;
+mod config;
+mod share;
+mod sync;
+
+#[cfg(all(test, distlimit_loom))]
+mod tests {
+    mod loom_breaker;
+}
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use distlimit_core::{
+    BreakerState, Clock, Decision, Error, Observer, Request, Source, Store, validate_batch,
+};
+
+use crate::blocked::BlockedCache;
+use crate::breaker::{Breaker, Route, Transition};
+use crate::share::Share;
+
+pub use crate::clock::FastClock;
+pub use crate::config::{
+    Builder, ConfigError, DEFAULT_BLOCKED_ENTRIES, DEFAULT_BUDGET, DEFAULT_COOL_OFF, FailureMode,
+    MAX_WINDOW_FAILURES, OpenRule,
+};
+
+/// A store that asks a primary store behind a circuit breaker and falls back to another. See the
+/// [crate documentation](crate).
+pub struct Hybrid<P, F, C = FastClock> {
+    primary: P,
+    fallback: F,
+    clock: C,
+    name: &'static str,
+    budget: Duration,
+    breaker: Breaker,
+    modes: HashMap<Box<str>, FailureMode>,
+    default_mode: FailureMode,
+    share: Share,
+    blocked: Option<BlockedCache>,
+    observer: Arc<dyn Observer>,
+    counters: Counters,
+}
+
+/// Counts of what a [`Hybrid`] did since it was built, from [`Hybrid::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Calls sent to the primary (`decide` and `decide_all`), probes included.
+    pub primary_calls: u64,
+    /// Primary calls that failed or ran out of budget.
+    pub primary_errors: u64,
+    /// Primary calls that ran out of budget.
+    pub timeouts: u64,
+    /// Half-open probes sent.
+    pub probes: u64,
+    /// Times the breaker opened from closed.
+    pub opened: u64,
+    /// Calls the fallback store answered.
+    pub fallback: u64,
+    /// Decisions the blocked-key cache answered.
+    pub blocked: u64,
+    /// Calls admitted unchecked by [`FailureMode::FailOpen`].
+    pub failed_open: u64,
+    /// Calls answered with an error by [`FailureMode::FailClosed`].
+    pub failed_closed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    primary_calls: AtomicU64,
+    primary_errors: AtomicU64,
+    timeouts: AtomicU64,
+    probes: AtomicU64,
+    opened: AtomicU64,
+    fallback: AtomicU64,
+    blocked: AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The error of a [`FailureMode::FailClosed`] decision while the breaker is open.
+#[derive(Debug, thiserror::Error)]
+#[error("circuit breaker open")]
+struct BreakerOpen;
+
+impl<P, F> Hybrid<P, F> {
+    /// Configures a store over `primary` and `fallback`; see [`Builder`] for the defaults.
+    pub fn builder(primary: P, fallback: F) -> Builder<P, F> {
+        Builder::new(primary, fallback)
+    }
+}
+
+impl<P, F, C> Hybrid<P, F, C> {
+    /// The breaker's state now.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// What this store did since it was built.
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            primary_calls: get(&c.primary_calls),
+            primary_errors: get(&c.primary_errors),
+            timeouts: get(&c.timeouts),
+            probes: get(&c.probes),
+            opened: get(&c.opened),
+            fallback: get(&c.fallback),
+            blocked: get(&c.blocked),
+            failed_open: get(&c.failed_open),
+            failed_closed: get(&c.failed_closed),
+        }
+    }
+
+    /// Entries in the blocked-key cache (0 when it is off).
+    pub fn blocked_entries(&self) -> usize {
+        self.blocked.as_ref().map_or(0, BlockedCache::len)
+    }
+
+    /// The primary store.
+    pub fn primary(&self) -> &P {
+        &self.primary
+    }
+
+    /// The fallback store.
+    pub fn fallback(&self) -> &F {
+        &self.fallback
+    }
+
+    /// The primary's name in events and errors.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The failure mode of the store policy `policy`: the mode set for exactly that name, else
+    /// the one set for the part before its first `/` (the `distlimit-policy` limiter names each
+    /// tier's store policy `<policy>/<tier>`, so a mode set for `api` covers all of `api`'s
+    /// tiers), else the default.
+    pub fn failure_mode(&self, policy: &str) -> FailureMode {
+        if self.modes.is_empty() {
+            return self.default_mode;
+        }
+        let parent = policy.split_once('/').map(|(parent, _)| parent);
+        self.modes
+            .get(policy)
+            .or_else(|| parent.and_then(|parent| self.modes.get(parent)))
+            .copied()
+            .unwrap_or(self.default_mode)
+    }
+
+    fn report(&self, transition: Option<Transition>) {
+        if let Some(t) = transition {
+            if t.from == BreakerState::Closed {
+                bump(&self.counters.opened);
+            }
+            self.observer.on_breaker(self.name, t.from, t.to);
+        }
+    }
+
+    fn open_error(&self) -> Error {
+        Error::Unavailable {
+            store: self.name,
+            source: Box::new(BreakerOpen),
+        }
+    }
+
+    fn fail_open(request: &Request<'_>) -> Decision {
+        let capacity = request.limit().capacity();
+        Decision::allowed(
+            capacity,
+            capacity.saturating_sub(request.cost()),
+            Duration::ZERO,
+        )
+        .with_source(Source::FailOpen)
+    }
+
+    /// `request` with this instance's share of its limit.
+    fn share_of<'a>(&self, request: &Request<'a>) -> Result<Request<'a>, Error> {
+        if self.share.is_whole() {
+            return Ok(*request);
+        }
+        let limit = self.share.scale(request.limit());
+        Ok(Request::new(request.key(), limit)
+            .with_cost(request.cost())
+            .with_policy(request.policy())?)
+    }
+}
+
+impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
+    /// Where a decision goes, and the time if it was read (0 on the closed path without a
+    /// blocked-key cache, which needs no time).
+    #[inline]
+    fn route(&self) -> (Route, u64) {
+        if self.breaker.is_closed() {
+            let now = if self.blocked.is_some() {
+                self.clock.now_us()
+            } else {
+                0
+            };
+            return (Route::Primary, now);
+        }
+        let now = self.clock.now_us();
+        let (route, transition) = self.breaker.route(now);
+        if matches!(route, Route::Probe { .. }) {
+            bump(&self.counters.probes);
+        }
+        self.report(transition);
+        (route, now)
+    }
+
+    /// One primary call within the time budget.
+    async fn call<T>(&self, call: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        bump(&self.counters.primary_calls);
+        match tokio::time::timeout(self.budget, call).await {
+            Ok(result) => result,
+            Err(_) => {
+                bump(&self.counters.timeouts);
+                Err(Error::Timeout {
+                    store: self.name,
+                    after: self.budget,
+                })
+            }
+        }
+    }
+
+    async fn degraded_one(
+        &self,
+        request: &Request<'_>,
+        error: Option<Error>,
+    ) -> Result<Decision, Error> {
+        match self.failure_mode(request.policy()) {
+            FailureMode::Fallback => {
+                bump(&self.counters.fallback);
+                let share = self.share_of(request)?;
+                let decision = self.fallback.decide(&share).await?;
+                Ok(decision.with_source(Source::Fallback))
+            }
+            FailureMode::FailOpen => {
+                bump(&self.counters.failed_open);
+                Ok(Self::fail_open(request))
+            }
+            FailureMode::FailClosed => {
+                bump(&self.counters.failed_closed);
+                Err(error.unwrap_or_else(|| self.open_error()))
+            }
+        }
+    }
+
+    async fn degraded_all(
+        &self,
+        requests: &[Request<'_>],
+        error: Option<Error>,
+    ) -> Result<Vec<Decision>, Error> {
+        let mut to_fallback = Vec::with_capacity(requests.len());
+        for request in requests {
+            match self.failure_mode(request.policy()) {
+                FailureMode::FailClosed => {
+                    bump(&self.counters.failed_closed);
+                    return Err(error.unwrap_or_else(|| self.open_error()));
+                }
+                FailureMode::Fallback => to_fallback.push(self.share_of(request)?),
+                FailureMode::FailOpen => {}
+            }
+        }
+        let mut decided = if to_fallback.is_empty() {
+            Vec::new()
+        } else {
+            bump(&self.counters.fallback);
+            self.fallback.decide_all(&to_fallback).await?
+        }
+        .into_iter();
+        if to_fallback.len() < requests.len() {
+            bump(&self.counters.failed_open);
+        }
+        requests
+            .iter()
+            .map(|request| match self.failure_mode(request.policy()) {
+                FailureMode::FailOpen => Ok(Self::fail_open(request)),
+                _ => decided
+                    .next()
+                    .map(|d| d.with_source(Source::Fallback))
+                    .ok_or_else(|| Error::Protocol {
+                        store: "fallback",
+                        message: "fewer decisions than requests".to_owned(),
+                    }),
+            })
+            .collect()
+    }
+
+    /// Records a primary error (reported, counted toward opening unless it is invalid input);
+    /// whether the caller should fail over.
+    fn primary_failed(&self, probe: &mut ProbeGuard<'_>, policy: &str, error: &Error) -> bool {
+        bump(&self.counters.primary_errors);
+        self.observer.on_store_error(self.name, policy, error);
+        probe.done = true;
+        if error.is_invalid_input() {
+            self.report(self.breaker.inconclusive(probe.route));
+            false
+        } else {
+            let now = self.clock.now_us();
+            self.report(self.breaker.failed(probe.route, now));
+            true
+        }
+    }
+}
+
+/// Settles a probe that never got an outcome (the caller dropped the future): the next caller
+/// probes.
+struct ProbeGuard<'a> {
+    breaker: &'a Breaker,
+    observer: &'a dyn Observer,
+    name: &'static str,
+    route: Route,
+    done: bool,
+}
+
+impl<'a> ProbeGuard<'a> {
+    fn new<P, F, C>(hybrid: &'a Hybrid<P, F, C>, route: Route) -> Self {
+        Self {
+            breaker: &hybrid.breaker,
+            observer: &*hybrid.observer,
+            name: hybrid.name,
+            route,
+            done: false,
+        }
+    }
+
+    fn succeeded<P, F, C>(&mut self, hybrid: &Hybrid<P, F, C>) {
+        self.done = true;
+        hybrid.report(self.breaker.succeeded(self.route));
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done
+            && let Some(t) = self.breaker.inconclusive(self.route)
+        {
+            self.observer.on_breaker(self.name, t.from, t.to);
+        }
+    }
+}
+
+impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
+    /// A decision the breaker sent to the primary (closed, or this caller's probe).
+    async fn decide_primary(
+        &self,
+        request: &Request<'_>,
+        route: Route,
+        now: u64,
+    ) -> Result<Decision, Error> {
+        let mut probe = ProbeGuard::new(self, route);
+        match self.call(self.primary.decide(request)).await {
+            Ok(decision) => {
+                probe.succeeded(self);
+                if let Some(cache) = &self.blocked {
+                    cache.remember(request, &decision, now);
+                }
+                Ok(decision)
+            }
+            Err(error) => {
+                if self.primary_failed(&mut probe, request.policy(), &error) {
+                    self.degraded_one(request, Some(error)).await
+                } else {
+                    Err(error)
+                }
+            }
+        }
+    }
+
+    /// A batch the breaker sent to the primary.
+    async fn decide_all_primary(
+        &self,
+        requests: &[Request<'_>],
+        route: Route,
+        now: u64,
+    ) -> Result<Vec<Decision>, Error> {
+        let mut probe = ProbeGuard::new(self, route);
+        match self.call(self.primary.decide_all(requests)).await {
+            Ok(decisions) => {
+                probe.succeeded(self);
+                if let Some(cache) = &self.blocked {
+                    for (request, decision) in requests.iter().zip(&decisions) {
+                        cache.remember(request, decision, now);
+                    }
+                }
+                Ok(decisions)
+            }
+            Err(error) => {
+                let policy = requests.first().map_or("", Request::policy);
+                if self.primary_failed(&mut probe, policy, &error) {
+                    self.degraded_all(requests, Some(error)).await
+                } else {
+                    Err(error)
+                }
+            }
+        }
+    }
+}
+
+/// The future [`Store`]'s methods return (what `#[async_trait]` generates).
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
+
+// Written out instead of `#[async_trait]`: the route is chosen before any future exists, so an
+// open breaker boxes only the small fallback future, not the primary path's (timer included).
+impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
+    fn decide<'s, 'r, 'k, 'f>(&'s self, request: &'r Request<'k>) -> BoxFuture<'f, Decision>
+    where
+        's: 'f,
+        'r: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        let (route, now) = self.route();
+        if route == Route::Fallback {
+            return Box::pin(self.degraded_one(request, None));
+        }
+        if route == Route::Primary
+            && let Some(cache) = &self.blocked
+            && let Some(decision) = cache.lookup(request, now)
+        {
+            bump(&self.counters.blocked);
+            return Box::pin(std::future::ready(Ok(decision)));
+        }
+        Box::pin(self.decide_primary(request, route, now))
+    }
+
+    fn decide_all<'s, 'r, 'k, 'f>(
+        &'s self,
+        requests: &'r [Request<'k>],
+    ) -> BoxFuture<'f, Vec<Decision>>
+    where
+        's: 'f,
+        'r: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        if let Err(e) = validate_batch(requests) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let (route, now) = self.route();
+        if route == Route::Fallback {
+            return Box::pin(self.degraded_all(requests, None));
+        }
+        Box::pin(self.decide_all_primary(requests, route, now))
+    }
+}
+
+impl<P, F, C> fmt::Debug for Hybrid<P, F, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hybrid")
+            .field("name", &self.name)
+            .field("breaker", &self.breaker_state())
+            .field("budget", &self.budget)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,96 @@
+//! [`Share`]: this instance's share of a global limit, enforced on the fallback.
+
+use std::cell::RefCell;
+
+use distlimit_core::{Algorithm, Limit, Quota};
+
+/// Scales limits by `1 / instances` for the fallback.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Share {
+    instances: u64,
+}
+
+/// What a cached share was computed from: the instance count and the global limit's defining
+/// parts (a quota is determined by its limit, period and burst).
+type Source = (u64, Algorithm, u64, u64, u64);
+
+thread_local! {
+    /// The last limit scaled on this thread: a service applies a few limits over and over, so
+    /// the open path rarely rebuilds a quota (which divides for a gcd).
+    static LAST: RefCell<Option<(Source, Limit)>> = const { RefCell::new(None) };
+}
+
+impl Share {
+    pub(crate) fn new(instances: u64) -> Self {
+        Self {
+            instances: instances.max(1),
+        }
+    }
+
+    /// Whether limits stay as they are (one instance).
+    #[inline]
+    pub(crate) fn is_whole(self) -> bool {
+        self.instances == 1
+    }
+
+    /// `limit` with its limit and burst divided by the instance count, rounded down, at least 1;
+    /// the period and the algorithm unchanged.
+    #[inline]
+    pub(crate) fn scale(self, limit: &Limit) -> Limit {
+        if self.is_whole() {
+            return *limit;
+        }
+        let q = limit.quota();
+        let source = (
+            self.instances,
+            limit.algorithm(),
+            q.limit(),
+            q.period_us(),
+            q.burst(),
+        );
+        LAST.with(|last| {
+            if let Ok(last) = last.try_borrow()
+                && let Some((cached, share)) = last.as_ref()
+                && *cached == source
+            {
+                return *share;
+            }
+            let share = self.compute(limit);
+            if let Ok(mut last) = last.try_borrow_mut() {
+                *last = Some((source, share));
+            }
+            share
+        })
+    }
+
+    fn compute(self, limit: &Limit) -> Limit {
+        let q = limit.quota();
+        let part = |v: u64| (v / self.instances).max(1);
+        // A smaller limit and burst over the same period always make a valid quota; keep the
+        // global limit should that ever change.
+        Quota::from_parts(part(q.limit()), q.period_us(), part(q.burst()))
+            .map_or(*limit, |quota| Limit::new(limit.algorithm(), quota))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divides_limit_and_burst_rounding_down_to_at_least_one() {
+        let global = Limit::token_bucket(Quota::per_minute(100).unwrap().with_burst(10).unwrap());
+        let share = Share::new(4).scale(&global);
+        assert_eq!(share.quota().limit(), 25);
+        assert_eq!(share.quota().burst(), 2);
+        assert_eq!(share.quota().period_us(), 60_000_000);
+        assert_eq!(share.algorithm(), global.algorithm());
+        // Cached, and keyed by the instance count too.
+        assert_eq!(Share::new(4).scale(&global), share);
+        let tiny = Share::new(1000).scale(&global);
+        assert_eq!((tiny.quota().limit(), tiny.quota().burst()), (1, 1));
+        assert_eq!(Share::new(1).scale(&global), global);
+        let window = Limit::fixed_window(Quota::per_second(9).unwrap());
+        assert_eq!(Share::new(3).scale(&window).capacity(), 3);
+    }
+}

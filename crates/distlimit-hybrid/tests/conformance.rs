@@ -1,0 +1,62 @@
+//! The conformance suite against the hybrid store closed (a memory primary), permanently open
+//! (a primary that always fails, a memory fallback).
+//!
+//! The blocked-key cache is off in the closed run: its answers carry `Source::BlockedCache` and
+//! repeat the store's `remaining` as it was, which the suite's exact comparison rejects by design
+//! (its own tests are in `state_machine.rs`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use async_trait::async_trait;
+use distlimit_core::{Decision, Error, ManualClock, Request, Source, Store};
+use distlimit_hybrid::Hybrid;
+use distlimit_memory::MemoryStore;
+use distlimit_test::{Fault, FaultKind, FaultyStore};
+
+type Memory = MemoryStore<ManualClock>;
+
+fn closed(clock: ManualClock) -> Hybrid<Memory, Memory, ManualClock> {
+    Hybrid::builder(
+        MemoryStore::with_clock(clock.clone()),
+        MemoryStore::with_clock(clock.clone()),
+    )
+    .clock(clock)
+    .blocked_cache(None)
+    .build()
+    .unwrap()
+}
+
+/// The hybrid store with a primary that always fails. The suite compares whole decisions with
+/// the model's, whose source is `Primary`: this adapter checks that every decision came from the
+/// fallback, then attributes it to `Primary` for the comparison.
+struct Open(Hybrid<FaultyStore<Memory>, Memory, ManualClock>);
+
+fn open(clock: ManualClock) -> Open {
+    let failing = FaultyStore::new(MemoryStore::with_clock(clock.clone()))
+        .with_default(Fault::Fail(FaultKind::Unavailable));
+    Open(
+        Hybrid::builder(failing, MemoryStore::with_clock(clock.clone()))
+            .clock(clock)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn from_fallback(decision: Decision) -> Decision {
+    assert_eq!(decision.source(), Source::Fallback, "{decision:?}");
+    decision.with_source(Source::Primary)
+}
+
+#[async_trait]
+impl Store for Open {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        self.0.decide(request).await.map(from_fallback)
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        let decisions = self.0.decide_all(requests).await?;
+        Ok(decisions.into_iter().map(from_fallback).collect())
+    }
+}
+
+distlimit_test::conformance_tests!(closed, |clock| async move { closed(clock) });
+distlimit_test::conformance_tests!(open, |clock| async move { open(clock) });
