@@ -1,0 +1,2 @@
+//! Test helpers.
+pub(crate) mod openmetrics;
