@@ -216,6 +216,16 @@ pub trait Store: Send + Sync {
     /// been answered. The batch was admitted (and charged) if and only if every decision is
     /// allowed; [`Decision::most_restrictive`] folds them into one.
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error>;
+
+    /// Decides one request without waiting, when the store can: `Some` holds exactly what
+    /// [`decide`](Self::decide) would answer (and has charged it); `None`, the default, means
+    /// "await `decide`". Stores that never do I/O (the memory store) answer here, so wrappers
+    /// (the hybrid store's fallback path, the policy limiter) skip a boxed future. A store that
+    /// answers `Some` once may still answer `None` later; callers must handle both.
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        let _ = request;
+        None
+    }
 }
 
 #[async_trait]
@@ -227,6 +237,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         (**self).decide_all(requests).await
     }
+
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        (**self).decide_now(request)
+    }
 }
 
 #[async_trait]
@@ -237,6 +251,10 @@ impl<S: Store + ?Sized> Store for Box<S> {
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         (**self).decide_all(requests).await
+    }
+
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        (**self).decide_now(request)
     }
 }
 

@@ -1,12 +1,16 @@
 //! What the hybrid store costs and saves, side by side in one run against one private
 //! `redis-server`:
 //!
-//! * `closed`: `Hybrid` (closed breaker, blocked-key cache on) over a `RedisStore` against the
-//!   bare `RedisStore`, one decision in flight, random keys out of 100 000 (nearly all admitted:
-//!   the expensive path), in interleaved rounds so the machine's load drifts over both alike.
+//! * `closed`: `Hybrid` (closed breaker, blocked-key cache on) over a `RedisStore` against that
+//!   same `RedisStore` called bare (`Hybrid::primary`: one connection, the same keys), one
+//!   decision in flight, random keys out of 100 000 (nearly all admitted: the expensive path).
 //! * `open`: `Hybrid` with its breaker open (a primary that always fails, a one-hour cool-off)
-//!   over a `MemoryStore` fallback with a 4-instance share, against the bare `MemoryStore`, both
-//!   called through `Store::decide`, on one hot key and on 10 000 keys, interleaved rounds.
+//!   over a `MemoryStore` fallback (1 or 4 instances; answered through `Store::decide_now`, or
+//!   awaited behind a fault-free `FaultyStore`), against the bare `MemoryStore`, both
+//!   called through `Store::decide` on one runtime, on one hot key and on 10 000 keys.
+//!
+//! Every comparison alternates the two contenders in rounds, each going first in every other
+//! round, so the machine's drifting load and any order effect fall on both alike.
 //! * `flood`: 100 000 requests on one denied key with and without the blocked-key cache, counting
 //!   the scripts Redis ran (`INFO commandstats`).
 //! * `outage`: 8 paced tasks deciding while the server is stopped with SIGSTOP (a hung server):
@@ -29,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use distlimit_core::{Key, Limit, Quota, Request, Store, StoreExt};
+use distlimit_core::{Decision, Error, Key, Limit, Quota, Request, Store, StoreExt};
 use distlimit_hybrid::Hybrid;
 use distlimit_memory::MemoryStore;
 use distlimit_redis::RedisStore;
@@ -38,7 +42,7 @@ use distlimit_test::{Fault, FaultKind, FaultyStore};
 
 /// Rounds per comparison: each round runs both contenders back to back, and the ratio reported is
 /// the median of the rounds' ratios, which a shared machine's drifting load affects least.
-const ROUNDS: usize = 41;
+const ROUNDS: usize = 61;
 const REDIS_PER_ROUND: usize = 500;
 const MEMORY_PER_ROUND: usize = 50_000;
 const FLOOD: usize = 100_000;
@@ -110,11 +114,15 @@ impl Keys {
     }
 }
 
-async fn run_round<S: Store + ?Sized>(store: &S, limit: Limit, n: usize, space: u64) -> f64 {
-    let mut keys = Keys(0x9E37_79B9_7F4A_7C15);
-    let names: Vec<String> = (0..space.min(100_000))
+/// `space` key names (at most 100 000).
+fn names(space: u64) -> Vec<String> {
+    (0..space.min(100_000))
         .map(|i| format!("{i:012}"))
-        .collect();
+        .collect()
+}
+
+async fn run_round<S: Store + ?Sized>(store: &S, limit: Limit, n: usize, names: &[String]) -> f64 {
+    let mut keys = Keys(0x9E37_79B9_7F4A_7C15);
     let start = Instant::now();
     for _ in 0..n {
         let name = &names[keys.next(names.len() as u64) as usize];
@@ -124,20 +132,39 @@ async fn run_round<S: Store + ?Sized>(store: &S, limit: Limit, n: usize, space: 
     start.elapsed().as_nanos() as f64 / n as f64
 }
 
+/// `ROUNDS` rounds of `n` decisions on `bare` (under `limits.0`) and on `hybrid` (under
+/// `limits.1`), alternating which goes first; their per-round times (ns per decision).
+async fn rounds<A: Store, B: Store>(
+    bare: &A,
+    hybrid: &B,
+    (bare_limit, limit): (Limit, Limit),
+    n: usize,
+    names: &[String],
+) -> (Vec<f64>, Vec<f64>) {
+    run_round(bare, bare_limit, n, names).await;
+    run_round(hybrid, limit, n, names).await;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        if round % 2 == 0 {
+            a.push(run_round(bare, bare_limit, n, names).await);
+            b.push(run_round(hybrid, limit, n, names).await);
+        } else {
+            b.push(run_round(hybrid, limit, n, names).await);
+            a.push(run_round(bare, bare_limit, n, names).await);
+        }
+    }
+    (a, b)
+}
+
 async fn closed(server: &RedisServer) {
-    let bare = redis(server).await;
     let hybrid = Hybrid::builder(redis(server).await, MemoryStore::new())
         .budget(BUDGET)
         .build()
         .unwrap();
+    let bare = hybrid.primary();
     let limit = Limit::gcra(Quota::per_second(100).unwrap());
-    run_round(&bare, limit, 2_000, 100_000).await;
-    run_round(&hybrid, limit, 2_000, 100_000).await;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        a.push(run_round(&bare, limit, REDIS_PER_ROUND, 100_000).await);
-        b.push(run_round(&hybrid, limit, REDIS_PER_ROUND, 100_000).await);
-    }
+    let names = names(100_000);
+    let (a, b) = rounds(bare, &hybrid, (limit, limit), REDIS_PER_ROUND, &names).await;
     let (a, b, ratio) = compare(a, b);
     println!(
         "closed, 1 in flight: bare RedisStore {:.1} µs, Hybrid {:.1} µs: {ratio:.3}x (target <= \
@@ -146,36 +173,75 @@ async fn closed(server: &RedisServer) {
         b / 1e3,
     );
     assert_eq!(hybrid.stats().fallback, 0);
+    // What any time budget costs: the same store under a bare `tokio::time::timeout`.
+    let timed = Budgeted(bare);
+    let (a, b) = rounds(bare, &timed, (limit, limit), REDIS_PER_ROUND, &names).await;
+    let (a, b, ratio) = compare(a, b);
+    println!(
+        "closed, reference: bare RedisStore {:.1} µs, under tokio::time::timeout alone {:.1} µs: \
+         {ratio:.3}x",
+        a / 1e3,
+        b / 1e3,
+    );
+}
+
+/// A store under a bare `tokio::time::timeout` of the hybrid's budget, nothing else.
+struct Budgeted<'a>(&'a RedisStore);
+
+#[async_trait::async_trait]
+impl Store for Budgeted<'_> {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        tokio::time::timeout(BUDGET, self.0.decide(request))
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                store: "redis",
+                after: BUDGET,
+            }))
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        tokio::time::timeout(BUDGET, self.0.decide_all(requests))
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                store: "redis",
+                after: BUDGET,
+            }))
+    }
 }
 
 async fn open() {
-    let limit = Limit::gcra(Quota::per_second(1_000_000_000).unwrap());
     for (label, space) in [("one hot key", 1u64), ("10 000 keys", 10_000)] {
         for instances in [1, 4] {
-            let bare = MemoryStore::new();
-            let failing = FaultyStore::new(MemoryStore::new())
-                .with_default(Fault::Fail(FaultKind::Unavailable));
-            let hybrid = Hybrid::builder(failing, MemoryStore::new())
-                .cool_off(Duration::from_secs(3600))
-                .instances(instances)
-                .build()
-                .unwrap();
-            hybrid.check("open it", limit).await.unwrap();
-            run_round(&bare, limit, 50_000, space).await;
-            run_round(&hybrid, limit, 50_000, space).await;
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            for _ in 0..ROUNDS {
-                a.push(run_round(&bare, limit, MEMORY_PER_ROUND, space).await);
-                b.push(run_round(&hybrid, limit, MEMORY_PER_ROUND, space).await);
-            }
-            let (a, b, ratio) = compare(a, b);
-            println!(
-                "open, {label}, {instances} instance(s): bare MemoryStore {a:.1} ns, Hybrid on \
-                 its fallback {b:.1} ns: {ratio:.2}x (target <= 2)"
-            );
-            assert_eq!(hybrid.primary().calls(), 1);
+            open_case(label, space, instances, MemoryStore::new(), "").await;
+            // A fault-free `FaultyStore` does not answer `decide_now`: the awaited path.
+            let awaited = FaultyStore::new(MemoryStore::new());
+            open_case(label, space, instances, awaited, ", awaited fallback").await;
         }
     }
+}
+
+async fn open_case<F: Store>(label: &str, space: u64, instances: u64, fallback: F, how: &str) {
+    const RATE: u64 = 1_000_000_000;
+    let limit = Limit::gcra(Quota::per_second(RATE).unwrap());
+    let bare = MemoryStore::new();
+    let failing =
+        FaultyStore::new(MemoryStore::new()).with_default(Fault::Fail(FaultKind::Unavailable));
+    let hybrid = Hybrid::builder(failing, fallback)
+        .cool_off(Duration::from_secs(3600))
+        .instances(instances)
+        .build()
+        .unwrap();
+    hybrid.check("open it", limit).await.unwrap();
+    let names = names(space);
+    // The bare store decides the limit the fallback does: this instance's share.
+    let share = Limit::gcra(Quota::per_second(RATE / instances).unwrap());
+    let (a, b) = rounds(&bare, &hybrid, (share, limit), MEMORY_PER_ROUND, &names).await;
+    let (a, b, ratio) = compare(a, b);
+    println!(
+        "open, {label}, {instances} instance(s){how}: bare MemoryStore {a:.1} ns, Hybrid on its \
+         fallback {b:.1} ns: {ratio:.2}x (target <= 2)"
+    );
+    assert_eq!(hybrid.primary().calls(), 1);
 }
 
 async fn flood(server: &RedisServer) {

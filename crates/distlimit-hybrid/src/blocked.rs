@@ -12,9 +12,11 @@
 //!
 //! Bounded: a few mutex-guarded shards of `max_entries / shards` entries each. A full shard first
 //! drops its expired entries, then refuses new ones until some expire; the cache is an
-//! optimisation, a refused entry only costs a round trip.
+//! optimisation, a refused entry only costs a round trip. An atomic count of the entries lets a
+//! lookup in an empty cache (the normal state: nobody is being denied) return before hashing.
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use distlimit_core::{Decision, Limit, Request, Source};
 use foldhash::fast::RandomState;
@@ -52,6 +54,9 @@ pub(crate) struct BlockedCache {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
     hasher: RandomState,
+    /// Entries in all shards, changed under the shard's lock; read without one by a lookup (a
+    /// stale count only costs a miss or a lock).
+    entries: AtomicUsize,
 }
 
 impl BlockedCache {
@@ -71,12 +76,13 @@ impl BlockedCache {
             shards,
             per_shard: max_entries / count,
             hasher: RandomState::default(),
+            entries: AtomicUsize::new(0),
         }
     }
 
     /// Entries held now (expired ones included until they are swept).
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().table.len()).sum()
+        self.entries.load(Ordering::Relaxed)
     }
 
     fn locate(&self, policy: &str, key: &[u8]) -> (u64, &Mutex<Shard>) {
@@ -88,7 +94,7 @@ impl BlockedCache {
 
     /// The cached denial of `request` at `now_us`, if the same limit and cost is still blocked.
     pub(crate) fn lookup(&self, request: &Request<'_>, now_us: u64) -> Option<Decision> {
-        if request.cost() == 0 {
+        if request.cost() == 0 || self.entries.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let (policy, key) = (request.policy(), request.key().as_bytes());
@@ -103,6 +109,7 @@ impl BlockedCache {
         let e = entry.get();
         if now_us >= e.until_us {
             entry.remove();
+            self.entries.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
         if e.limit != *request.limit() || e.cost != request.cost() {
@@ -145,7 +152,10 @@ impl BlockedCache {
             if sent_us < shard.earliest_until_us {
                 return; // full of live entries
             }
+            let before = shard.table.len();
             shard.table.retain(|e| e.until_us > sent_us);
+            self.entries
+                .fetch_sub(before - shard.table.len(), Ordering::Relaxed);
             shard.earliest_until_us = shard
                 .table
                 .iter()
@@ -170,6 +180,7 @@ impl BlockedCache {
         fill(&mut entry);
         shard.earliest_until_us = shard.earliest_until_us.min(until_us);
         shard.table.insert_unique(hash, entry, |e| e.hash);
+        self.entries.fetch_add(1, Ordering::Relaxed);
     }
 }
 

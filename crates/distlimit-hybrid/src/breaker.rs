@@ -120,19 +120,30 @@ impl Breaker {
         state_of(self.word.load(Ordering::Acquire))
     }
 
-    /// Whether the breaker is closed: one load, the fast path.
-    #[inline]
+    /// Whether the breaker is closed.
+    #[cfg(test)]
     pub(crate) fn is_closed(&self) -> bool {
         tag(self.word.load(Ordering::Acquire)) == CLOSED
     }
 
-    /// Where a decision at `now_us` goes. After the cool-off, the first caller to swap the
-    /// open state for half-open becomes the prober; everyone else, meanwhile, uses the fallback.
+    /// Where a decision at `now_us` goes: [`Breaker::route_with`] with the time known.
+    #[cfg(test)]
     pub(crate) fn route(&self, now_us: u64) -> (Route, Option<Transition>) {
+        self.route_with(|| now_us)
+    }
+
+    /// Where a decision goes. After the cool-off, the first caller to swap the open state for
+    /// half-open becomes the prober; everyone else, meanwhile, uses the fallback.
+    ///
+    /// One atomic load; `now_us` is called for the time only while the breaker is open (closed
+    /// and half-open route without it).
+    #[inline]
+    pub(crate) fn route_with(&self, now_us: impl FnOnce() -> u64) -> (Route, Option<Transition>) {
         let word = self.word.load(Ordering::Acquire);
         match tag(word) {
             CLOSED => (Route::Primary, None),
             OPEN => {
+                let now_us = now_us();
                 let opened_at = at(word);
                 // A clock that went back before the opening counts as a finished cool-off, so
                 // that a stepped clock never keeps the breaker open for longer.

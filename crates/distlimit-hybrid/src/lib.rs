@@ -22,7 +22,12 @@
 //!
 //! So a hung primary costs one time budget per cool-off, never one per request, and a recovering
 //! Redis sees one request, not a thundering herd. The closed path adds one atomic load, the
-//! budget's timer and, with the blocked-key cache on, a clock read and one lookup.
+//! budget's timer and, with the blocked-key cache on, a clock read (the send time its deadlines
+//! count from) and, only while the cache holds entries, one lookup. The open path adds one
+//! atomic load, one clock read (for the cool-off) and one boxed future around the fallback's
+//! decision; a fallback that answers without waiting
+//! ([`Store::decide_now`], as the memory store does) is called directly and its own future is
+//! saved.
 //!
 //! **Which errors fail over.** Every primary error except invalid input: timeouts and lost
 //! connections, but also invalid replies and configuration errors (a Redis that answers garbage,
@@ -117,6 +122,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use distlimit_core::{
@@ -174,7 +180,10 @@ pub struct Stats {
     pub failed_closed: u64,
 }
 
+/// On cache lines of their own: every decision bumps one, and the breaker's word next to them is
+/// read by every decision on every thread.
 #[derive(Debug, Default)]
+#[repr(align(64))]
 struct Counters {
     primary_calls: AtomicU64,
     primary_errors: AtomicU64,
@@ -301,25 +310,28 @@ impl<P, F, C> Hybrid<P, F, C> {
 }
 
 impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
-    /// Where a decision goes, and the time if it was read (0 on the closed path without a
-    /// blocked-key cache, which needs no time).
+    /// Where a decision goes: one atomic load while closed; the clock is read only while open.
     #[inline]
-    fn route(&self) -> (Route, u64) {
-        if self.breaker.is_closed() {
-            let now = if self.blocked.is_some() {
-                self.clock.now_us()
-            } else {
-                0
-            };
-            return (Route::Primary, now);
+    fn route(&self) -> Route {
+        let (route, transition) = self.breaker.route_with(|| self.clock.now_us());
+        if transition.is_some() {
+            if matches!(route, Route::Probe { .. }) {
+                bump(&self.counters.probes);
+            }
+            self.report(transition);
         }
-        let now = self.clock.now_us();
-        let (route, transition) = self.breaker.route(now);
-        if matches!(route, Route::Probe { .. }) {
-            bump(&self.counters.probes);
+        route
+    }
+
+    /// The time a primary call is sent, for the blocked-key cache's deadlines (0 without the
+    /// cache, which is the only reader).
+    #[inline]
+    fn sent_at(&self) -> u64 {
+        if self.blocked.is_some() {
+            self.clock.now_us()
+        } else {
+            0
         }
-        self.report(transition);
-        (route, now)
     }
 
     /// One primary call within the time budget.
@@ -346,7 +358,10 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             FailureMode::Fallback => {
                 bump(&self.counters.fallback);
                 let share = self.share_of(request)?;
-                let decision = self.fallback.decide(&share).await?;
+                let decision = match self.fallback.decide_now(&share) {
+                    Some(answer) => answer?,
+                    None => self.fallback.decide(&share).await?,
+                };
                 Ok(decision.with_source(Source::Fallback))
             }
             FailureMode::FailOpen => {
@@ -512,6 +527,64 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
     }
 }
 
+impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
+    /// A decision while the breaker is open, in one boxed future of ours: a ready one with the
+    /// fallback's synchronous answer ([`Store::decide_now`]); else the fallback's own
+    /// future re-tagged when the limit is whole (one instance), or a small one holding the
+    /// scaled request the fallback's future borrows.
+    fn decide_open<'s, 'r, 'k, 'f>(&'s self, request: &'r Request<'k>) -> BoxFuture<'f, Decision>
+    where
+        's: 'f,
+        'r: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        match self.failure_mode(request.policy()) {
+            FailureMode::Fallback => {
+                bump(&self.counters.fallback);
+                let share = match self.share_of(request) {
+                    Ok(share) => share,
+                    Err(e) => return Box::pin(std::future::ready(Err(e))),
+                };
+                if let Some(answer) = self.fallback.decide_now(&share) {
+                    let answer = answer.map(|decision| decision.with_source(Source::Fallback));
+                    return Box::pin(std::future::ready(answer));
+                }
+                if self.share.is_whole() {
+                    return Box::pin(FromFallback(self.fallback.decide(request)));
+                }
+                Box::pin(async move {
+                    let decision = self.fallback.decide(&share).await?;
+                    Ok(decision.with_source(Source::Fallback))
+                })
+            }
+            FailureMode::FailOpen => {
+                bump(&self.counters.failed_open);
+                Box::pin(std::future::ready(Ok(Self::fail_open(request))))
+            }
+            FailureMode::FailClosed => {
+                bump(&self.counters.failed_closed);
+                Box::pin(std::future::ready(Err(self.open_error())))
+            }
+        }
+    }
+}
+
+/// The fallback's future, its decisions tagged [`Source::Fallback`].
+struct FromFallback<'f>(BoxFuture<'f, Decision>);
+
+impl Future for FromFallback<'_> {
+    type Output = Result<Decision, Error>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0
+            .as_mut()
+            .poll(cx)
+            .map_ok(|decision| decision.with_source(Source::Fallback))
+    }
+}
+
 /// The future [`Store`]'s methods return (what `#[async_trait]` generates).
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
 
@@ -525,10 +598,11 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         'k: 'f,
         Self: 'f,
     {
-        let (route, now) = self.route();
+        let route = self.route();
         if route == Route::Fallback {
-            return Box::pin(self.degraded_one(request, None));
+            return self.decide_open(request);
         }
+        let now = self.sent_at();
         if route == Route::Primary
             && let Some(cache) = &self.blocked
             && let Some(decision) = cache.lookup(request, now)
@@ -552,11 +626,11 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         if let Err(e) = validate_batch(requests) {
             return Box::pin(std::future::ready(Err(e)));
         }
-        let (route, now) = self.route();
+        let route = self.route();
         if route == Route::Fallback {
             return Box::pin(self.degraded_all(requests, None));
         }
-        Box::pin(self.decide_all_primary(requests, route, now))
+        Box::pin(self.decide_all_primary(requests, route, self.sent_at()))
     }
 }
 

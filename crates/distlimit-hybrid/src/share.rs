@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 
-use distlimit_core::{Algorithm, Limit, Quota};
+use distlimit_core::{Limit, Quota};
 
 /// Scales limits by `1 / instances` for the fallback.
 #[derive(Clone, Copy, Debug)]
@@ -10,14 +10,18 @@ pub(crate) struct Share {
     instances: u64,
 }
 
-/// What a cached share was computed from: the instance count and the global limit's defining
-/// parts (a quota is determined by its limit, period and burst).
-type Source = (u64, Algorithm, u64, u64, u64);
+/// The last share scaled on a thread: the instance count, the global limit, its share.
+struct Scaled {
+    instances: u64,
+    global: Limit,
+    share: Limit,
+}
 
 thread_local! {
     /// The last limit scaled on this thread: a service applies a few limits over and over, so
-    /// the open path rarely rebuilds a quota (which divides for a gcd).
-    static LAST: RefCell<Option<(Source, Limit)>> = const { RefCell::new(None) };
+    /// the open path rarely rebuilds a quota (which divides for a gcd). Compared in place: a
+    /// hit copies out only the share.
+    static LAST: RefCell<Option<Scaled>> = const { RefCell::new(None) };
 }
 
 impl Share {
@@ -40,27 +44,22 @@ impl Share {
         if self.is_whole() {
             return *limit;
         }
-        let q = limit.quota();
-        let source = (
-            self.instances,
-            limit.algorithm(),
-            q.limit(),
-            q.period_us(),
-            q.burst(),
-        );
-        LAST.with(|last| {
-            if let Ok(last) = last.try_borrow()
-                && let Some((cached, share)) = last.as_ref()
-                && *cached == source
-            {
-                return *share;
+        let hit = LAST.with_borrow(|last| match last {
+            Some(last) if last.instances == self.instances && last.global == *limit => {
+                Some(last.share)
             }
-            let share = self.compute(limit);
-            if let Ok(mut last) = last.try_borrow_mut() {
-                *last = Some((source, share));
-            }
-            share
-        })
+            _ => None,
+        });
+        if let Some(share) = hit {
+            return share;
+        }
+        let share = self.compute(limit);
+        LAST.set(Some(Scaled {
+            instances: self.instances,
+            global: *limit,
+            share,
+        }));
+        share
     }
 
     fn compute(self, limit: &Limit) -> Limit {

@@ -1,5 +1,7 @@
 //! The conformance suite against the hybrid store closed (a memory primary), permanently open
-//! (a primary that always fails, a memory fallback).
+//! (a primary that always fails, a memory fallback, which answers through `Store::decide_now`),
+//! and permanently open with a fallback that must be awaited (the memory store behind a
+//! fault-free `FaultyStore`, which does not answer `decide_now`).
 //!
 //! The blocked-key cache is off in the closed run: its answers carry `Source::BlockedCache` and
 //! repeat the store's `remaining` as it was, which the suite's exact comparison rejects by design
@@ -28,13 +30,13 @@ fn closed(clock: ManualClock) -> Hybrid<Memory, Memory, ManualClock> {
 /// The hybrid store with a primary that always fails. The suite compares whole decisions with
 /// the model's, whose source is `Primary`: this adapter checks that every decision came from the
 /// fallback, then attributes it to `Primary` for the comparison.
-struct Open(Hybrid<FaultyStore<Memory>, Memory, ManualClock>);
+struct Open<F>(Hybrid<FaultyStore<Memory>, F, ManualClock>);
 
-fn open(clock: ManualClock) -> Open {
+fn open<F: Store>(clock: ManualClock, fallback: F) -> Open<F> {
     let failing = FaultyStore::new(MemoryStore::with_clock(clock.clone()))
         .with_default(Fault::Fail(FaultKind::Unavailable));
     Open(
-        Hybrid::builder(failing, MemoryStore::with_clock(clock.clone()))
+        Hybrid::builder(failing, fallback)
             .clock(clock)
             .build()
             .unwrap(),
@@ -47,7 +49,7 @@ fn from_fallback(decision: Decision) -> Decision {
 }
 
 #[async_trait]
-impl Store for Open {
+impl<F: Store> Store for Open<F> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
         self.0.decide(request).await.map(from_fallback)
     }
@@ -59,4 +61,12 @@ impl Store for Open {
 }
 
 distlimit_test::conformance_tests!(closed, |clock| async move { closed(clock) });
-distlimit_test::conformance_tests!(open, |clock| async move { open(clock) });
+distlimit_test::conformance_tests!(open, |clock| async move {
+    open(clock.clone(), MemoryStore::with_clock(clock))
+});
+distlimit_test::conformance_tests!(open_awaited, |clock| async move {
+    open(
+        clock.clone(),
+        FaultyStore::new(MemoryStore::with_clock(clock)),
+    )
+});

@@ -321,7 +321,10 @@ async fn failure_modes_per_policy() {
     assert_eq!(r.store.failure_mode("other"), FailureMode::Fallback);
     // The limiter's tier policies `<policy>/<tier>` inherit their policy's mode.
     assert_eq!(r.store.failure_mode("open/daily"), FailureMode::FailOpen);
-    assert_eq!(r.store.failure_mode("closed/second"), FailureMode::FailClosed);
+    assert_eq!(
+        r.store.failure_mode("closed/second"),
+        FailureMode::FailClosed
+    );
     assert_eq!(r.store.failure_mode("other/open"), FailureMode::Fallback);
     let key = Key::new("k").unwrap();
     let closed = Request::new(key, limit()).with_policy("closed").unwrap();
@@ -373,7 +376,10 @@ async fn failure_modes_per_policy() {
 
 #[tokio::test(start_paused = true)]
 async fn the_fallback_enforces_this_instances_share() {
-    let r = rig(|b| b.instances(4));
+    enforces_the_share(rig(|b| b.instances(4))).await;
+}
+
+async fn enforces_the_share(r: Rig) {
     r.primary().set_default(Fault::Fail(FaultKind::Unavailable));
     // Burst 8 over 4 instances: 2 here.
     let mut allowed = 0;
@@ -390,6 +396,8 @@ async fn the_fallback_enforces_this_instances_share() {
     // Batches too.
     let batch = [Request::new(Key::new("j").unwrap(), limit()).with_cost(3)];
     assert!(r.store.decide_all(&batch).await.unwrap()[0].is_never());
+    assert_eq!(r.store.stats().fallback, 8);
+    assert_eq!(r.primary().calls(), 1);
 }
 
 #[tokio::test(start_paused = true)]

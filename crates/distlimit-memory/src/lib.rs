@@ -348,4 +348,9 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         self.decide_all_sync(requests)
     }
+
+    /// Always `Some`: the memory store never waits.
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        Some(Ok(self.decide_sync(request)))
+    }
 }
