@@ -1,0 +1,256 @@
+//! What the limiter adds to a decision: `Limiter::check` next to calling the memory store
+//! directly with the same request, in one criterion run, idle and while another thread
+//! publishes policy sets.
+//!
+//! Run with `cargo bench -p distlimit-policy --bench limiter` (or `cargo xtask bench`).
+//! Benchmark ids read `<group>/<contender>`; each group holds both contenders, run one after
+//! the other on the same store, policy and keys.
+//!
+//! * `store`: the memory store called directly, the fastest way it can be: single-tier groups
+//!   call `MemoryStore::decide_sync` (no future at all; what `Store::decide_now`, which the
+//!   limiter uses, calls), `three_tiers` calls `Store::decide_all` (the same async call, future
+//!   box included, that the limiter makes), with `Key::new` and
+//!   `Request::new(..).with_policy("api/t")` built per decision like a caller does.
+//! * `limiter`: `Limiter::check("api", key)` on the same store, policy and keys: snapshot load,
+//!   policy lookup, request building, the store call, the verdict (built and dropped), the
+//!   check's future polled once.
+//! * Groups: `hot_key` (one key), `keys_10k` (10 000 keys in turn); `hot_key_swapping_paced`
+//!   and `keys_10k_swapping_paced`: the same while a second thread publishes one of two
+//!   prepared sets, then sleeps 100 µs (a few thousand publications per second, printed after
+//!   the groups: far above any real reload rate, and the publisher does not take one of the
+//!   machine's cores); `hot_key_swapping_spin`: the worst case, the publisher in a tight loop
+//!   on its own core; `three_tiers`
+//!   (`decide_all` of three requests against a three-tier policy).
+//! * `snapshot/load_and_release`: an `ArcSwap` load of a policy set and the guard's release
+//!   alone, the two atomic operations every check makes to see one consistent set (a floor
+//!   of the difference between the contenders).
+//! * Each contender is measured interleaved with the other: chunks of 64 timed calls of its
+//!   own alternate with 64 untimed calls of the other, so load from other processes on a
+//!   shared machine hits both alike.
+//! * The quota admits everything during a run (1 unit per second, burst 10^9), so bookkeeping is
+//!   measured and not the denial path. Futures are polled once with a no-op waker: the memory
+//!   store never waits, and no runtime's cost is added to either side.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use distlimit_core::{Key, Limit, Quota, Request, Store};
+use distlimit_memory::MemoryStore;
+use distlimit_policy::{Limiter, Policy, PolicySet, Tier};
+
+const KEYS: usize = 10_000;
+
+fn now<F: Future>(future: F) -> F::Output {
+    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("the memory store never waits"),
+    }
+}
+
+/// The limits of the tiers (built once: building a `Quota` costs more than a decision).
+static LIMITS: LazyLock<[Limit; 3]> = LazyLock::new(|| {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_burst(1_000_000_000)
+        .unwrap();
+    [
+        Limit::token_bucket(quota),
+        Limit::gcra(quota),
+        Limit::token_bucket(quota),
+    ]
+});
+
+fn limit(index: usize) -> Limit {
+    LIMITS[index]
+}
+
+fn set(tiers: usize) -> PolicySet {
+    let mut api = Policy::new("api").tier(Tier::new("t", limit(0)));
+    for i in 1..tiers {
+        api = api.tier(Tier::new(format!("t{i}"), limit(i)));
+    }
+    PolicySet::builder()
+        .policy(api)
+        .policy(Policy::new("other").tier(Tier::new("t", limit(1))))
+        .build()
+        .unwrap()
+}
+
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|i| format!("user-{i:019}")).collect()
+}
+
+/// Calls per timed chunk. Each contender's measurement alternates a chunk of the other
+/// contender's calls (not timed) with a chunk of its own (timed): both are measured under the
+/// same machine load, which on a shared machine moves more than the difference measured.
+const CHUNK: u64 = 64;
+
+/// The time `iters` calls of `timed` take, interleaved chunk by chunk with calls of `other`.
+fn interleaved(iters: u64, timed: &mut impl FnMut(), other: &mut impl FnMut()) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let n = CHUNK.min(iters - done);
+        for _ in 0..n {
+            other();
+        }
+        let started = Instant::now();
+        for _ in 0..n {
+            timed();
+        }
+        total += started.elapsed();
+        done += n;
+    }
+    total
+}
+
+/// Group `name`: the `store` and `limiter` contenders, each measured interleaved with the
+/// other. `store` and `limiter` make one contender's call each (the key index cycles).
+fn pair<A: FnMut(), B: FnMut()>(
+    c: &mut Criterion,
+    name: &str,
+    mut store: impl FnMut() -> A,
+    mut limiter: impl FnMut() -> B,
+) {
+    let mut group = c.benchmark_group(name);
+    group.bench_function("store", |b| {
+        let (mut timed, mut other) = (store(), limiter());
+        b.iter_custom(|iters| interleaved(iters, &mut timed, &mut other));
+    });
+    group.bench_function("limiter", |b| {
+        let (mut timed, mut other) = (limiter(), store());
+        b.iter_custom(|iters| interleaved(iters, &mut timed, &mut other));
+    });
+    group.finish();
+}
+
+/// Both contenders on `keys` (cycled), in group `name`.
+fn single_tier(
+    c: &mut Criterion,
+    name: &str,
+    store: &MemoryStore,
+    limiter: &Limiter<MemoryStore>,
+    keys: &[String],
+) {
+    let first = limit(0);
+    let direct = || {
+        let mut i = 0;
+        move || {
+            i = (i + 1) % keys.len();
+            let request = Request::new(Key::new(&keys[i]).unwrap(), first)
+                .with_policy("api/t")
+                .unwrap();
+            let decision = store.decide_sync(black_box(&request));
+            assert!(decision.is_allowed());
+        }
+    };
+    pair(c, name, direct, || checks(limiter, keys));
+}
+
+/// `Limiter::check("api", key)` on `keys` (cycled).
+fn checks<'a>(limiter: &'a Limiter<MemoryStore>, keys: &'a [String]) -> impl FnMut() + 'a {
+    let mut i = 0;
+    move || {
+        i = (i + 1) % keys.len();
+        let verdict = now(limiter.check(black_box("api"), keys[i].as_bytes())).unwrap();
+        assert!(verdict.is_allowed());
+    }
+}
+
+/// How the publishing thread paces itself.
+#[derive(Clone, Copy)]
+enum Publisher {
+    /// One publication, then a sleep of this long.
+    Paced(Duration),
+    /// Publications back to back: the worst case, one core taken by the publisher.
+    Spin,
+}
+
+/// Runs `f` while another thread publishes the limiter's set, alternating two prepared ones.
+fn swapping(limiter: &Arc<Limiter<MemoryStore>>, publisher: Publisher, f: impl FnOnce()) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let sets = [Arc::new(set(1)), Arc::new(set(1))];
+    let swapper = {
+        let (limiter, stop) = (limiter.clone(), stop.clone());
+        thread::spawn(move || {
+            let started = Instant::now();
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                limiter.replace_shared(sets[(swaps % 2) as usize].clone());
+                swaps += 1;
+                if let Publisher::Paced(pause) = publisher {
+                    thread::sleep(pause);
+                }
+            }
+            (swaps, started.elapsed())
+        })
+    };
+    f();
+    stop.store(true, Ordering::Relaxed);
+    let (swaps, took) = swapper.join().unwrap();
+    eprintln!(
+        "{swaps} policy sets published meanwhile ({:.0} per second)",
+        swaps as f64 / took.as_secs_f64()
+    );
+}
+
+fn bench(c: &mut Criterion) {
+    let store = Arc::new(MemoryStore::new());
+    let limiter = Arc::new(Limiter::new(store.clone(), set(1)));
+    let keys = keys();
+    let hot = &keys[..1];
+
+    single_tier(c, "hot_key", &store, &limiter, hot);
+    single_tier(c, "keys_10k", &store, &limiter, &keys);
+    swapping(
+        &limiter,
+        Publisher::Paced(Duration::from_micros(100)),
+        || {
+            single_tier(c, "hot_key_swapping_paced", &store, &limiter, hot);
+            single_tier(c, "keys_10k_swapping_paced", &store, &limiter, &keys);
+        },
+    );
+    swapping(&limiter, Publisher::Spin, || {
+        single_tier(c, "hot_key_swapping_spin", &store, &limiter, hot);
+    });
+
+    let limiter = Limiter::new(store.clone(), set(3));
+    let limits = *LIMITS;
+    let direct = || {
+        let mut i = 0;
+        let keys = &keys;
+        let store = &store;
+        move || {
+            i = (i + 1) % keys.len();
+            let key = Key::new(&keys[i]).unwrap();
+            let requests = [
+                Request::new(key, limits[0]).with_policy("api/t").unwrap(),
+                Request::new(key, limits[1]).with_policy("api/t1").unwrap(),
+                Request::new(key, limits[2]).with_policy("api/t2").unwrap(),
+            ];
+            let decisions = now(store.decide_all(black_box(&requests))).unwrap();
+            assert!(decisions.iter().all(|d| d.is_allowed()));
+        }
+    };
+    pair(c, "three_tiers", direct, || checks(&limiter, &keys));
+}
+
+/// The snapshot alone: what every check pays to decide with one consistent policy set.
+fn snapshot(c: &mut Criterion) {
+    let policies = arc_swap::ArcSwap::from_pointee(set(1));
+    c.bench_function("snapshot/load_and_release", |b| {
+        b.iter(|| black_box(policies.load()).len());
+    });
+}
+
+criterion_group!(benches, bench, snapshot);
+criterion_main!(benches);

@@ -1,0 +1,317 @@
+//! The TOML form of a [`PolicySet`]: parsing with errors that name the policy and the field,
+//! and serialization back.
+//!
+//! ```toml
+//! [[policy]]
+//! name = "api"               # unique; letters, digits, anything but '/', at most 63 bytes
+//! shadow = false             # optional: decide and report, never block
+//! allow = ["10.0.0.1"]       # optional: admitted without asking the store
+//! deny = ["203.0.113.9"]     # optional: always denied, retry_after = never
+//! tiers = [
+//!   # algorithm: token_bucket (default), gcra, fixed_window, sliding_log, sliding_window
+//!   # per: a whole number and a unit: us, ms, s, m, h, d
+//!   # burst: token_bucket and gcra only, defaults to limit
+//!   # scope: "key" (default, one state per client key) or "global" (one state for everyone)
+//!   { name = "burst", algorithm = "token_bucket", limit = 60, per = "1m", burst = 100 },
+//!   { name = "daily", algorithm = "fixed_window", limit = 10000, per = "1d" },
+//!   { name = "endpoint", algorithm = "gcra", limit = 1000, per = "1s", scope = "global" },
+//! ]
+//!
+//! [[policy.override]]        # a tenant's plan: replaces the per-key tiers for this key
+//! key = "tenant-42"
+//! tiers = [ { name = "burst", limit = 600, per = "1m" } ]
+//! ```
+
+use std::path::Path;
+use std::time::Duration;
+
+use distlimit_core::{Algorithm, Limit, Quota};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::quota_error;
+use crate::{ConfigError, Policy, PolicySet, Scope, Tier};
+
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default, rename = "policy")]
+    policies: Vec<RawPolicy>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    name: String,
+    #[serde(default, skip_serializing_if = "is_false")]
+    shadow: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    allow: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    deny: Vec<String>,
+    tiers: Vec<RawTier>,
+    #[serde(default, rename = "override", skip_serializing_if = "Vec::is_empty")]
+    overrides: Vec<RawOverride>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    name: String,
+    #[serde(default = "default_algorithm")]
+    algorithm: String,
+    limit: u64,
+    per: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    burst: Option<u64>,
+    #[serde(default = "default_scope", skip_serializing_if = "is_key_scope")]
+    scope: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverride {
+    key: String,
+    tiers: Vec<RawTier>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn default_algorithm() -> String {
+    Algorithm::TokenBucket.name().to_owned()
+}
+
+fn default_scope() -> String {
+    Scope::Key.name().to_owned()
+}
+
+fn is_key_scope(scope: &str) -> bool {
+    scope == Scope::Key.name()
+}
+
+impl PolicySet {
+    /// Parses and validates a policy set from TOML (the schema is in the crate documentation).
+    ///
+    /// Errors name the policy, the tier and the field:
+    /// `policy "api", tier "burst": algorithm: unknown algorithm "leaky"...`; a file that is not
+    /// TOML, or has unknown or missing fields, is a `toml` error with its line and column.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let file: File = toml::from_str(text).map_err(|e| malformed(text, &e))?;
+        let policies = file
+            .policies
+            .into_iter()
+            .map(RawPolicy::into_policy)
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::new(policies)
+    }
+
+    /// Reads [`from_toml_str`](Self::from_toml_str) from a file.
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| read_error(path, &e))?;
+        Self::from_toml_str(&text)
+    }
+
+    /// The set as TOML, which [`from_toml_str`](Self::from_toml_str) reads back into an equal
+    /// set. TOML strings are UTF-8: a list or override key that is not (possible when built in
+    /// code) is written lossily, with U+FFFD in place of invalid bytes.
+    pub fn to_toml_string(&self) -> String {
+        let file = File {
+            policies: self.policies().iter().map(RawPolicy::from_policy).collect(),
+        };
+        // Plain strings, integers and arrays of tables: serialization cannot fail.
+        toml::to_string(&file).unwrap_or_default()
+    }
+}
+
+/// A file that could not be read.
+pub(crate) fn read_error(path: &Path, e: &std::io::Error) -> ConfigError {
+    ConfigError::new("file", format!("{}: {e}", path.display()))
+}
+
+fn malformed(text: &str, e: &toml::de::Error) -> ConfigError {
+    let message = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            ConfigError::new("toml", format!("line {line}, column {column}: {message}"))
+        }
+        None => ConfigError::new("toml", message),
+    }
+}
+
+impl RawPolicy {
+    fn into_policy(self) -> Result<Policy, ConfigError> {
+        let name = self.name;
+        let in_policy = |e: ConfigError| e.in_policy(&name);
+        let mut policy = Policy::new(name.as_str()).shadow(self.shadow);
+        for tier in self.tiers {
+            policy = policy.tier(tier.into_tier().map_err(in_policy)?);
+        }
+        for key in &self.allow {
+            policy = policy.allow(key);
+        }
+        for key in &self.deny {
+            policy = policy.deny(key);
+        }
+        for o in self.overrides {
+            let tiers = o
+                .tiers
+                .into_iter()
+                .map(RawTier::into_tier)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.in_override(o.key.as_bytes()).in_policy(&name))?;
+            policy = policy.override_key(&o.key, tiers);
+        }
+        Ok(policy)
+    }
+
+    fn from_policy(policy: &Policy) -> Self {
+        Self {
+            name: policy.name().to_owned(),
+            shadow: policy.is_shadow(),
+            allow: policy.allowed_keys().map(lossy).collect(),
+            deny: policy.denied_keys().map(lossy).collect(),
+            tiers: policy.tiers().iter().map(RawTier::from_tier).collect(),
+            overrides: policy
+                .overrides()
+                .iter()
+                .map(|o| RawOverride {
+                    key: lossy(o.key()),
+                    tiers: o.tiers().iter().map(RawTier::from_tier).collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn lossy(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+impl RawTier {
+    fn into_tier(self) -> Result<Tier, ConfigError> {
+        let in_tier = |e: ConfigError| e.in_tier(&self.name);
+        let algorithm: Algorithm =
+            self.algorithm
+                .parse()
+                .map_err(|e: distlimit_core::UnknownAlgorithm| {
+                    in_tier(ConfigError::new("algorithm", e.to_string()))
+                })?;
+        let scope = match self.scope.as_str() {
+            "key" => Scope::Key,
+            "global" => Scope::Global,
+            other => {
+                return Err(in_tier(ConfigError::new(
+                    "scope",
+                    format!("unknown scope {other:?}: expected key or global"),
+                )));
+            }
+        };
+        let period = parse_duration(&self.per).map_err(in_tier)?;
+        let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
+        let quota = Quota::from_parts(self.limit, period_us, self.burst.unwrap_or(self.limit))
+            .map_err(|e| in_tier(quota_error(e)))?;
+        Ok(Tier::new(self.name.as_str(), Limit::new(algorithm, quota)).with_scope(scope))
+    }
+
+    fn from_tier(tier: &Tier) -> Self {
+        let quota = tier.quota();
+        Self {
+            name: tier.name().to_owned(),
+            algorithm: tier.algorithm().name().to_owned(),
+            limit: quota.limit(),
+            per: format_duration(quota.period_us()),
+            burst: (quota.burst() != quota.limit()).then_some(quota.burst()),
+            scope: tier.scope().name().to_owned(),
+        }
+    }
+}
+
+/// Units of `per`, largest first: the serializer picks the largest that divides the period.
+const UNITS: [(&str, u64); 6] = [
+    ("d", 86_400_000_000),
+    ("h", 3_600_000_000),
+    ("m", 60_000_000),
+    ("s", 1_000_000),
+    ("ms", 1_000),
+    ("us", 1),
+];
+
+/// Parses `"<whole number><unit>"` with unit `us` (or `µs`), `ms`, `s`, `m`, `h` or `d`.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
+    let bad = || {
+        ConfigError::new(
+            "per",
+            format!(
+                "{text:?} is not a duration: expected a whole number and a unit \
+                 (us, ms, s, m, h, d), such as \"1s\" or \"15m\""
+            ),
+        )
+    };
+    let digits = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let unit = if unit == "µs" { "us" } else { unit };
+    let (_, scale) = UNITS.iter().find(|(u, _)| *u == unit).ok_or_else(bad)?;
+    let us = number.checked_mul(*scale).ok_or_else(bad)?;
+    Ok(Duration::from_micros(us))
+}
+
+/// The shortest `parse_duration` text for `us` microseconds.
+fn format_duration(us: u64) -> String {
+    let (unit, scale) = UNITS
+        .iter()
+        .find(|(_, scale)| us.is_multiple_of(*scale))
+        .copied()
+        .unwrap_or(("us", 1));
+    format!("{}{unit}", us / scale)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_format_in_every_unit() {
+        for (text, us) in [
+            ("1d", 86_400_000_000),
+            ("2h", 7_200_000_000),
+            ("15m", 900_000_000),
+            ("1s", 1_000_000),
+            ("250ms", 250_000),
+            ("10us", 10),
+        ] {
+            assert_eq!(parse_duration(text).unwrap(), Duration::from_micros(us));
+            assert_eq!(format_duration(us), text);
+        }
+        assert_eq!(parse_duration("7µs").unwrap(), Duration::from_micros(7));
+        assert_eq!(format_duration(90_000_000), "90s");
+        for bad in [
+            "",
+            "s",
+            "1",
+            "1.5s",
+            "1 s",
+            "-1s",
+            "1w",
+            "99999999999999999999d",
+        ] {
+            let e = parse_duration(bad).unwrap_err();
+            assert_eq!(e.field(), "per", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_files_say_where() {
+        let e = PolicySet::from_toml_str("[[policy]]\nname = \"api\"\ntiers = [\n  { name = ")
+            .unwrap_err();
+        assert_eq!(e.field(), "toml");
+        assert!(e.message().starts_with("line 4, column"), "{e}");
+    }
+}

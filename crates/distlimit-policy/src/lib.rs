@@ -1,0 +1,130 @@
+//! The distlimit [`Limiter`]: named policies checked on any [`Store`](distlimit_core::Store),
+//! changed at runtime without locks: multi-tier limits, global and per-key tiers, per-key
+//! overrides, allow and deny lists, shadow mode, and a hot-reloaded TOML file.
+//!
+//! * [`PolicySet`]: the policies by name, validated when built (in code or from TOML, see
+//!   [`PolicySet::from_toml_str`] for the schema); errors are [`ConfigError`]s that name the
+//!   policy, the tier and the field.
+//! * [`Limiter`]: holds a store and the active set behind an `arc_swap::ArcSwap`.
+//!   [`check`](Limiter::check) / [`check_cost`](Limiter::check_cost) / [`peek`](Limiter::peek)
+//!   answer a [`Verdict`] (the outcome, the most restrictive decision, one [`TierVerdict`] per
+//!   tier); [`replace`](Limiter::replace) and [`update_policy`](Limiter::update_policy) publish a
+//!   new set atomically.
+//! * [`watch`]: reloads a TOML file when it changes; a bad version keeps the running set.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use distlimit_core::ManualClock;
+//! use distlimit_memory::MemoryStore;
+//! use distlimit_policy::{Limiter, PolicySet};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let policies = PolicySet::from_toml_str(
+//!     r#"
+//!     [[policy]]
+//!     name = "api"
+//!     tiers = [
+//!         { name = "second", algorithm = "token_bucket", limit = 2, per = "1s" },
+//!         { name = "day", algorithm = "fixed_window", limit = 1000, per = "1d" },
+//!     ]
+//!     "#,
+//! )?;
+//! let clock = ManualClock::new(1_700_000_000_000_000);
+//! let store = MemoryStore::builder().clock(clock.clone()).build();
+//! let limiter = Limiter::new(Arc::new(store), policies);
+//!
+//! assert!(limiter.check("api", b"alice").await?.is_allowed());
+//! assert!(limiter.check("api", b"alice").await?.is_allowed());
+//! let verdict = limiter.check("api", b"alice").await?;
+//! assert!(!verdict.is_allowed());
+//! assert_eq!(verdict.decision().retry_after(), Duration::from_millis(500));
+//! let tiers: Vec<_> = verdict.tiers().map(|t| (t.name(), t.decision().is_allowed())).collect();
+//! assert_eq!(tiers, [("second", false), ("day", true)]);
+//!
+//! // alice's plan goes to 10 per second. Her bucket is still empty (no fresh bucket because
+//! // the limit changed); it now refills at the new rate.
+//! limiter.update_policy("api/second", 10, Duration::from_secs(1))?;
+//! let verdict = limiter.check("api", b"alice").await?;
+//! assert!(!verdict.is_allowed());
+//! assert_eq!(verdict.decision().retry_after(), Duration::from_millis(100));
+//! # Ok(()) }
+//! ```
+//!
+//! # How a request is decided
+//!
+//! A policy's tiers all apply to each request, all-or-nothing: each tier is one
+//! [`Request`](distlimit_core::Request) with the policy name `"<policy>/<tier>"` in the store,
+//! sent together in one [`Store::decide_all`](distlimit_core::Store::decide_all) (one tier:
+//! [`Store::decide`](distlimit_core::Store::decide)). A tier of scope [`Scope::Global`] counts
+//! one key shared by every client; a [`Scope::Key`] tier counts the client's key. For a key with
+//! a per-key override, the override's tiers replace the policy's per-key tiers; the global tiers
+//! still apply. A key on the allow list is admitted without asking the store; a key on the deny
+//! list is denied with `retry_after` = [`NEVER`](distlimit_core::NEVER). In shadow mode the
+//! store decides and charges as usual, but a denial is
+//! [`Outcome::ShadowDenied`](distlimit_core::Outcome::ShadowDenied) and
+//! [`Verdict::is_allowed`] is true.
+//!
+//! # What a policy change does to existing state
+//!
+//! A tier's state is stored under `"<policy>/<tier>"`, which does not change with its quota:
+//! after a change, the next request of a key is decided on the state the key already has,
+//! read under the new quota. No key gets a fresh full bucket because a limit changed, except
+//! when the algorithm itself changes. Per algorithm (tested in `tests/policy_change.rs`):
+//!
+//! | change | token bucket, GCRA | fixed window, sliding window | sliding log |
+//! |---|---|---|---|
+//! | limit raised | the time until the key is full again is kept: a key with an empty bucket still has one, refilled at the new rate; half used, half of the new capacity is left | the units counted in the current window are kept: `new − used` more pass | the logged units count: `new − used` more pass |
+//! | limit lowered | as raised: half used stays half used (of the new, smaller capacity) | used above the new limit: denied until the window moves on | used above the new limit: denied until entries leave the window |
+//! | window lengthened | as raised: a key full again in 1 s still is (under `10/s` → `10/min`, 1 s of refill is 1/6 unit, so 9 pass at once) | the count is kept and its window extended from the old start | the logged units within the new window count |
+//! | window shortened | as raised | the count belongs to the old aligned window: a new aligned window that starts after it begins empty, as it would at its own next boundary | the logged units within the new window count |
+//! | algorithm changed | fresh: another algorithm's state counts as a key never seen | fresh | fresh |
+//!
+//! "The time until full is kept" is exact for GCRA (it stores that time). The token bucket
+//! stores its deficit in units of `1 / P'` token (`P'` = period / gcd(limit, period) µs) and
+//! refills `L'` = limit / gcd(limit, period) of them per µs, so the time is kept exactly when
+//! `L'` is the same before and after, as for every limit that divides its period in µs (`10/s`,
+//! `60/min`, `1000/day`); otherwise it scales by `L'old / L'new`.
+//! The burst follows the limit in [`Limiter::update_policy`] when it equalled the old limit.
+//!
+//! # Consistency
+//!
+//! A check loads the active set once (an `ArcSwap` guard: no lock, no reference count) and
+//! uses only that snapshot; publishing is one atomic pointer store of a fully built set. A
+//! decision therefore never mixes two versions. `update_policy` is a read-copy-update loop, so
+//! concurrent updates of different tiers all take effect. `src/tests/loom_publish.rs` models
+//! this protocol under loom; `tests/stress.rs` checks it on real threads.
+//!
+//! # Cost
+//!
+//! `cargo bench -p distlimit-policy --bench limiter` runs [`Limiter::check`] next to the
+//! memory store called directly (`decide_sync`, no future at all), interleaved, on the same
+//! store, policy and keys. A single-tier check on the memory store answers through
+//! [`Store::decide_now`](distlimit_core::Store::decide_now), so it allocates nothing and awaits
+//! no store future: on a loaded 2-core machine it costs about 95 ns against the direct call's
+//! 33 to 46 ns (+55 to +60 ns; the issue's target is +10 ns), about what the store alone costs
+//! through its async `Store::decide`. Three tiers cost about 190 ns more than the store's
+//! `decide_all`. A few thousand policy publications per second change nothing measurable; the
+//! snapshot itself (an `ArcSwap` load and release) is 5 to 7 ns. A multi-tier check allocates
+//! what the store's `decide_all` does plus one `Vec` (its batch of requests). The crate's
+//! README has the full table.
+
+mod config;
+mod error;
+mod limiter;
+mod policy;
+mod watch;
+
+#[cfg(all(test, distlimit_loom))]
+mod tests;
+
+pub use error::{CheckError, ConfigError};
+pub use limiter::{Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
+pub use policy::{
+    MAX_NAME_LEN, MAX_TIERS, Override, Policy, PolicySet, PolicySetBuilder, Scope, Tier,
+};
+pub use watch::{ConfigWatcher, Reload, watch};

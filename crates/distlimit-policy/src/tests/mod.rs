@@ -1,0 +1,3 @@
+//! loom models of the snapshot publication protocol (run with `cargo xtask loom`).
+
+mod loom_publish;

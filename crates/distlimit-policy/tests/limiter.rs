@@ -1,0 +1,349 @@
+//! The limiter on the memory store with a manual clock: tiers, global tiers, overrides, lists,
+//! shadow mode, peeks, costs, errors and the observer.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlimit_core::{Decision, Limit, ManualClock, NEVER, Observer, Outcome, Quota};
+use distlimit_memory::MemoryStore;
+use distlimit_policy::{CheckError, Limiter, Listed, Policy, PolicySet, Tier};
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn limiter(set: PolicySet) -> (Limiter<MemoryStore<ManualClock>>, ManualClock) {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    (Limiter::new(Arc::new(store), set), clock)
+}
+
+fn toml(text: &str) -> PolicySet {
+    PolicySet::from_toml_str(text).unwrap()
+}
+
+async fn allowed(l: &Limiter<MemoryStore<ManualClock>>, policy: &str, key: &str) -> bool {
+    l.check(policy, key.as_bytes()).await.unwrap().is_allowed()
+}
+
+#[tokio::test]
+async fn tiers_are_all_or_nothing_and_the_decision_is_the_most_restrictive() {
+    let (l, clock) = limiter(toml(
+        r#"
+        [[policy]]
+        name = "api"
+        tiers = [
+            { name = "second", limit = 3, per = "1s" },
+            { name = "minute", algorithm = "fixed_window", limit = 5, per = "1m" },
+        ]
+        "#,
+    ));
+    clock.set_us(T0 - T0 % 60_000_000); // the start of a minute
+    for _ in 0..3 {
+        assert!(allowed(&l, "api", "u").await);
+    }
+    let v = l.check("api", b"u").await.unwrap();
+    assert_eq!(v.outcome(), Outcome::Denied);
+    assert!(!v.is_allowed());
+    assert_eq!(v.policy(), "api");
+    let tiers: Vec<_> = v
+        .tiers()
+        .map(|t| (t.name(), t.decision().is_allowed()))
+        .collect();
+    assert_eq!(tiers, [("second", false), ("minute", true)]);
+    assert_eq!(v.tiers().get(1).unwrap().quota().limit(), 5);
+    // What the minute tier alone would have answered: 1 left after this request...
+    assert_eq!(v.tiers().get(1).unwrap().decision().remaining(), 1);
+    assert_eq!(v.decision().retry_after(), Duration::from_micros(333_334));
+    // ...but the batch was denied, so it was not charged: 2 are left.
+    let peek = l.peek("api", b"u").await.unwrap();
+    assert_eq!(peek.tiers().get(1).unwrap().decision().remaining(), 2);
+
+    // One second later: 2 more pass, then the minute tier (5) denies, for the rest of the minute.
+    clock.advance(Duration::from_secs(1));
+    assert!(allowed(&l, "api", "u").await);
+    assert!(allowed(&l, "api", "u").await);
+    let v = l.check("api", b"u").await.unwrap();
+    let tiers: Vec<_> = v.tiers().map(|t| t.decision().is_allowed()).collect();
+    assert_eq!(tiers, [true, false]);
+    assert_eq!(v.decision().retry_after(), Duration::from_secs(59));
+    // Other keys are independent.
+    assert!(allowed(&l, "api", "other").await);
+}
+
+#[tokio::test]
+async fn a_global_tier_is_shared_by_every_key_and_only_charged_with_the_others() {
+    let (l, _clock) = limiter(toml(
+        r#"
+        [[policy]]
+        name = "search"
+        tiers = [
+            { name = "endpoint", algorithm = "gcra", limit = 4, per = "1h", scope = "global" },
+            { name = "user", limit = 2, per = "1h" },
+        ]
+        "#,
+    ));
+    assert!(allowed(&l, "search", "a").await);
+    assert!(allowed(&l, "search", "a").await);
+    // a's own tier denies: the global tier is not charged.
+    assert!(!allowed(&l, "search", "a").await);
+    assert!(allowed(&l, "search", "b").await);
+    assert!(allowed(&l, "search", "b").await);
+    // 4 admitted in all: the endpoint is full for everyone.
+    let v = l.check("search", b"c").await.unwrap();
+    assert!(!v.is_allowed());
+    let first = v.tiers().first().unwrap();
+    assert_eq!(
+        (first.name(), first.decision().is_allowed()),
+        ("endpoint", false)
+    );
+    assert!(v.tiers().get(1).unwrap().decision().is_allowed());
+}
+
+#[tokio::test]
+async fn an_override_replaces_the_per_key_tiers_and_keeps_the_global_ones() {
+    let set = PolicySet::builder()
+        .policy(
+            Policy::new("api")
+                .tier(Tier::new("all", Limit::gcra(Quota::per_hour(100).unwrap())).global())
+                .tier(Tier::new(
+                    "user",
+                    Limit::token_bucket(Quota::per_hour(1).unwrap()),
+                ))
+                .override_key(
+                    "tenant-42",
+                    [Tier::new(
+                        "user",
+                        Limit::token_bucket(Quota::per_hour(3).unwrap()),
+                    )],
+                ),
+        )
+        .build()
+        .unwrap();
+    let (l, _clock) = limiter(set);
+    assert!(allowed(&l, "api", "free").await);
+    assert!(!allowed(&l, "api", "free").await);
+    for _ in 0..3 {
+        let v = l.check("api", b"tenant-42").await.unwrap();
+        assert!(v.is_allowed());
+        assert!(v.is_override());
+        let names: Vec<_> = v.tiers().map(|t| t.name()).collect();
+        assert_eq!(names, ["all", "user"]);
+    }
+    assert!(!allowed(&l, "api", "tenant-42").await);
+    // The global tier counted all 4 admissions.
+    let v = l.peek("api", b"someone").await.unwrap();
+    assert_eq!(v.tiers().first().unwrap().decision().remaining(), 96);
+}
+
+#[tokio::test]
+async fn allow_and_deny_lists_skip_the_store() {
+    let (l, _clock) = limiter(toml(
+        r#"
+        [[policy]]
+        name = "api"
+        allow = ["friend"]
+        deny = ["foe"]
+        tiers = [ { name = "t", limit = 1, per = "1h" } ]
+        "#,
+    ));
+    for _ in 0..5 {
+        let v = l.check("api", b"friend").await.unwrap();
+        assert!(v.is_allowed());
+        assert_eq!(v.listed(), Some(Listed::Allow));
+        assert_eq!(v.tiers().len(), 0);
+    }
+    let v = l.check("api", b"foe").await.unwrap();
+    assert_eq!(v.outcome(), Outcome::Denied);
+    assert_eq!(v.listed(), Some(Listed::Deny));
+    assert_eq!(v.decision().retry_after(), NEVER);
+    assert!(v.tiers().is_empty());
+    // Neither touched the tier's state of anyone: a fresh key still has its unit.
+    assert!(allowed(&l, "api", "stranger").await);
+    assert_eq!(l.check("api", b"stranger").await.unwrap().listed(), None);
+}
+
+#[tokio::test]
+async fn shadow_mode_reports_denials_but_lets_requests_through() {
+    let (l, _clock) = limiter(toml(
+        r#"
+        [[policy]]
+        name = "new-limit"
+        shadow = true
+        deny = ["foe"]
+        tiers = [ { name = "t", limit = 2, per = "1h" } ]
+        "#,
+    ));
+    assert_eq!(
+        l.check("new-limit", b"k").await.unwrap().outcome(),
+        Outcome::Allowed
+    );
+    assert_eq!(
+        l.check("new-limit", b"k").await.unwrap().outcome(),
+        Outcome::Allowed
+    );
+    let v = l.check("new-limit", b"k").await.unwrap();
+    assert_eq!(v.outcome(), Outcome::ShadowDenied);
+    assert!(v.is_allowed());
+    assert!(v.decision().is_denied());
+    assert!(v.tiers().all(|t| t.is_shadow()));
+    let v = l.check("new-limit", b"foe").await.unwrap();
+    assert_eq!(v.outcome(), Outcome::ShadowDenied);
+    assert!(v.is_allowed());
+}
+
+#[tokio::test]
+async fn peek_charges_nothing_and_cost_charges_units() {
+    let (l, _clock) = limiter(toml(
+        r#"
+        [[policy]]
+        name = "api"
+        tiers = [ { name = "t", algorithm = "sliding_log", limit = 10, per = "1m" } ]
+        "#,
+    ));
+    for _ in 0..3 {
+        let v = l.peek("api", b"k").await.unwrap();
+        assert!(v.is_allowed());
+        assert_eq!(v.decision().remaining(), 10);
+    }
+    let v = l.check_cost("api", b"k", 7).await.unwrap();
+    assert_eq!(v.decision().remaining(), 3);
+    assert!(!l.check_cost("api", b"k", 4).await.unwrap().is_allowed());
+    assert!(l.check_cost("api", b"k", 3).await.unwrap().is_allowed());
+    let v = l.check_cost("api", b"other", 11).await.unwrap();
+    assert!(v.decision().is_never());
+}
+
+#[tokio::test]
+async fn unknown_policies_and_bad_keys_are_errors() {
+    let (l, _clock) = limiter(toml(
+        "[[policy]]\nname = \"api\"\ntiers = [ { name = \"t\", limit = 1, per = \"1s\" } ]",
+    ));
+    let e = l.check("nope", b"k").await.unwrap_err();
+    assert!(matches!(&e, CheckError::UnknownPolicy(p) if p == "nope"));
+    assert_eq!(e.to_string(), "unknown policy \"nope\"");
+    assert!(!e.is_transient());
+    let e = l.check("api", b"").await.unwrap_err();
+    assert!(
+        matches!(&e, CheckError::Store(s) if s.kind() == "invalid_key"),
+        "{e}"
+    );
+    let long = vec![b'x'; 2000];
+    assert!(l.check("api", &long).await.is_err());
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(String, Outcome, Decision)>>);
+
+impl Observer for Recorder {
+    fn on_decision(&self, policy: &str, outcome: Outcome, decision: &Decision, _: Duration) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((policy.to_owned(), outcome, *decision));
+    }
+}
+
+#[tokio::test]
+async fn the_observer_sees_every_check() {
+    let (l, _clock) = limiter(toml(
+        "[[policy]]\nname = \"api\"\ntiers = [ { name = \"t\", limit = 1, per = \"1h\" } ]",
+    ));
+    let recorder = Arc::new(Recorder::default());
+    let l = l.with_observer(recorder.clone());
+    let a = *l.check("api", b"k").await.unwrap().decision();
+    let d = *l.check("api", b"k").await.unwrap().decision();
+    let _ = l.check("nope", b"k").await;
+    let seen = recorder.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            ("api".to_owned(), Outcome::Allowed, a),
+            ("api".to_owned(), Outcome::Denied, d),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_verdict_keeps_the_snapshot_it_was_decided_with() {
+    let (l, _clock) = limiter(toml(
+        "[[policy]]\nname = \"api\"\ntiers = [ { name = \"t\", limit = 5, per = \"1h\" } ]",
+    ));
+    let v = l.check("api", b"k").await.unwrap();
+    l.replace(toml(
+        "[[policy]]\nname = \"api\"\ntiers = [ { name = \"u\", limit = 9, per = \"1m\" } ]",
+    ));
+    let t = v.tiers().first().unwrap();
+    assert_eq!((t.name(), t.quota().limit()), ("t", 5));
+    assert_eq!(l.policies().get("api").unwrap().tiers()[0].name(), "u");
+    let t = l.check("api", b"k").await.unwrap();
+    assert_eq!(t.tiers().first().unwrap().name(), "u");
+}
+
+#[tokio::test]
+async fn works_behind_dyn_store() {
+    let store: Arc<dyn distlimit_core::Store> = Arc::new(MemoryStore::new());
+    let l: Limiter = Limiter::new(
+        store,
+        toml("[[policy]]\nname = \"api\"\ntiers = [ { name = \"t\", limit = 1, per = \"1h\" } ]"),
+    );
+    assert!(l.check("api", b"k").await.unwrap().is_allowed());
+    assert!(!l.check("api", b"k").await.unwrap().is_allowed());
+}
+
+/// The futures are `Send` (a tower service needs that), for a concrete store and `dyn Store`.
+#[test]
+fn check_futures_are_send() {
+    fn send<T: Send>(_: T) {}
+    let (l, _clock) = limiter(PolicySet::default());
+    send(l.check("api", b"k"));
+    send(l.check_cost("api", b"k", 2));
+    send(l.peek("api", b"k"));
+    let l: Limiter = Limiter::new(Arc::new(MemoryStore::new()), PolicySet::default());
+    send(l.check("api", b"k"));
+}
+
+#[tokio::test]
+async fn every_policy_is_found_by_name_in_small_and_large_sets() {
+    // Small sets are scanned, large ones looked up in a hash index: both must find each name
+    // (names of equal length and shared prefixes included) and nothing else.
+    for count in [1, 2, 8, 9, 40] {
+        let names: Vec<String> = (0..count).map(|i| format!("p{i:02}")).collect();
+        let set = PolicySet::new(names.iter().enumerate().map(|(i, name)| {
+            let quota = Quota::per_second(i as u64 + 1).unwrap();
+            Policy::new(name.as_str()).tier(Tier::new("t", Limit::token_bucket(quota)))
+        }))
+        .unwrap();
+        let (l, _) = limiter(set);
+        for (i, name) in names.iter().enumerate() {
+            let v = l.check(name, b"k").await.unwrap();
+            assert_eq!(v.policy(), name);
+            assert_eq!(v.tiers().first().unwrap().quota().limit(), i as u64 + 1);
+        }
+        for unknown in ["p", "p0", "p000", "q00", ""] {
+            let e = l.check(unknown, b"k").await.unwrap_err();
+            assert!(
+                matches!(e, CheckError::UnknownPolicy(ref n) if n == unknown),
+                "{e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_single_tier_check_is_a_small_future() {
+    // Moving the check's future (into a runtime task, a tower response future) copies all of
+    // it: the batch requests of multi-tier checks live in a `Vec`, not inline, so that the
+    // common case stays small.
+    let (l, _) = limiter(toml(
+        r#"
+        [[policy]]
+        name = "api"
+        tiers = [ { name = "t", limit = 3, per = "1s" } ]
+        "#,
+    ));
+    let future = l.check("api", b"k");
+    let size = std::mem::size_of_val(&future);
+    eprintln!("the check future takes {size} bytes");
+    assert!(size <= 352, "the check future takes {size} bytes");
+}
