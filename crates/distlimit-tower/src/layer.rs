@@ -1,0 +1,438 @@
+//! [`RateLimitLayer`] and the [`RateLimit`] service it wraps around an HTTP or gRPC service.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use distlimit_core::Store;
+use distlimit_policy::{CheckError, Limiter, Verdict};
+use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::client_ip::IpKey;
+use crate::future::ResponseFuture;
+use crate::headers::Computed;
+use crate::key::{Kind as KeyKind, header_key};
+use crate::request::peer_addr;
+use crate::response::Rejection;
+use crate::{ClientIpResolver, KeyExtractor, PolicySelector, RateLimitHeaders, RequestInfo};
+
+/// What the layer does when the limiter's store fails, or does not answer within the
+/// [timeout](RateLimitLayerBuilder::timeout).
+///
+/// The store may itself be a `distlimit_hybrid::Hybrid`, whose per-policy failure mode already
+/// answers outages with fallback or fail-open decisions; this is what happens to the errors it
+/// still returns (fail-closed policies), and to timeouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OnError {
+    /// Answer 503 (gRPC `UNAVAILABLE`) with `Retry-After` of `retry_after`, rounded up to whole
+    /// seconds. The default, with one second.
+    FailClosed {
+        /// The wait suggested to the client.
+        retry_after: Duration,
+    },
+    /// Let the request through unchecked.
+    FailOpen,
+}
+
+impl Default for OnError {
+    fn default() -> Self {
+        OnError::FailClosed {
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The default [timeout](RateLimitLayerBuilder::timeout) of one check.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+struct Config<S: ?Sized> {
+    limiter: Arc<Limiter<S>>,
+    policy: PolicySelector,
+    key: KeyExtractor,
+    client_ip: ClientIpResolver,
+    headers: RateLimitHeaders,
+    legacy_headers: bool,
+    on_error: OnError,
+    timeout: Option<Duration>,
+}
+
+/// The one boxed future of a request: the limiter's check of its policy and key.
+pub(crate) type CheckFuture = Pin<Box<dyn Future<Output = Step> + Send + 'static>>;
+
+/// How a request starts, decided in `call` from its head, before anything is boxed.
+pub(crate) enum Start {
+    /// No policy applies: call the inner service right away.
+    Unchecked,
+    /// Answer without checking (the client cannot be identified).
+    Reject(Rejection),
+    /// Check with the limiter first.
+    Check(CheckFuture),
+}
+
+/// A [`Config`] with its store type erased, so the service is not generic over the store.
+///
+/// (A `'static` bound on the store type in the `Service` impl would make futures holding the
+/// service unprovably `Send` for `dyn Store`, a known compiler limitation.)
+trait Decide: fmt::Debug + Send + Sync + 'static {
+    fn start(self: Arc<Self>, head: Head<'_>) -> Start;
+}
+
+/// The parts of a request the layer reads (borrowed; the request stays whole).
+struct Head<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    extensions: &'a Extensions,
+}
+
+impl<S: Store + ?Sized + 'static> Decide for Config<S> {
+    fn start(self: Arc<Self>, head: Head<'_>) -> Start {
+        let client_ip =
+            peer_addr(head.extensions).map(|peer| self.client_ip.resolve(peer.ip(), head.headers));
+        let info = RequestInfo::new(
+            head.method,
+            head.uri,
+            head.headers,
+            head.extensions,
+            client_ip,
+        );
+        let Some(policy) = self.policy.select(&info) else {
+            return Start::Unchecked;
+        };
+        let key = match &self.key.0 {
+            KeyKind::ClientIp => None,
+            KeyKind::Header { name, max_len } => {
+                header_key(&info, name, *max_len).map(|v| OwnedKey::Header(v.clone()))
+            }
+            KeyKind::Custom(f) => f(&info).map(OwnedKey::Custom),
+        };
+        let key = match (key, client_ip) {
+            (Some(key), _) => key,
+            (None, Some(ip)) => OwnedKey::Ip(ip.key()),
+            (None, None) => {
+                tracing::error!(
+                    "distlimit-tower: no peer address on the request; serve with ConnectInfo \
+                     (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
+                );
+                let detail = "The rate limiter cannot identify the client.";
+                return Start::Reject(Rejection::Misconfigured { detail });
+            }
+        };
+        Start::Check(Box::pin(async move {
+            self.check(&policy, key.as_bytes()).await
+        }))
+    }
+}
+
+/// A request's key, owned by its check: a header value (a cheap clone: the values hyper parses
+/// share the request's buffer), an IP key on the stack, or a custom extractor's bytes.
+enum OwnedKey {
+    Header(HeaderValue),
+    Ip(IpKey),
+    Custom(Bytes),
+}
+
+impl OwnedKey {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            OwnedKey::Header(value) => value.as_bytes(),
+            OwnedKey::Ip(key) => key.as_bytes(),
+            OwnedKey::Custom(bytes) => bytes,
+        }
+    }
+}
+
+/// A tower [`Layer`] that checks every request against a [`Limiter`] before the inner service
+/// sees it.
+///
+/// Build it with [`builder`](Self::builder) (or [`new`](Self::new) for the defaults) and add it
+/// to an axum `Router` with `.layer(..)`, to a tonic server with
+/// `Server::builder().layer(..)`, or to any tower stack (`ServiceBuilder`, then hyper-util's
+/// `TowerToHyperService` for plain hyper).
+///
+/// # Per request
+///
+/// 1. The client is resolved from the socket peer (a [`PeerAddr`](crate::PeerAddr) extension,
+///    axum's `ConnectInfo<SocketAddr>` with feature `axum`, tonic's `TcpConnectInfo` with
+///    feature `tonic`) and, through trusted proxies only, the forwarding header
+///    ([`ClientIpResolver`]).
+/// 2. The [`PolicySelector`] names the policy; none lets the request through unchecked.
+/// 3. The [`KeyExtractor`] names the key. When the key needs the client IP and no peer address
+///    is known (the server was not set up to record it), the request is answered 500 (gRPC
+///    `INTERNAL`): a limiter that cannot tell clients apart must not quietly share one bucket.
+/// 4. The limiter decides, within the timeout. Allowed: the inner service is called (with
+///    rate-limit headers added to its response under [`RateLimitHeaders::Always`]). Denied:
+///    429 with a problem document and `Retry-After`, or gRPC `RESOURCE_EXHAUSTED`. A store error
+///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
+///    `tracing`.
+///
+/// The policy and key are found in `call`, from the request's head; a checked request then
+/// allocates one boxed future (the limiter's check, which borrows the limiter, the policy and
+/// the key). Keys are on the stack (IP) or share the header's bytes; no lock is taken. A request
+/// no policy applies to goes straight to the inner service, without a box or a clone of it.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    config: Arc<dyn Decide>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl<S: ?Sized> fmt::Debug for Config<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("policy", &self.policy)
+            .field("key", &self.key)
+            .field("client_ip", &self.client_ip)
+            .field("headers", &self.headers)
+            .field("legacy_headers", &self.legacy_headers)
+            .field("on_error", &self.on_error)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// A layer with the defaults: key by client IP, no trusted proxy, headers on denials only,
+    /// fail closed, a one-second timeout.
+    pub fn new<S: Store + ?Sized + 'static>(
+        limiter: Arc<Limiter<S>>,
+        policy: impl Into<PolicySelector>,
+    ) -> Self {
+        Self::builder(limiter, policy).build()
+    }
+
+    /// Configures a layer checking requests against `limiter` under the policy `policy` picks.
+    pub fn builder<S: Store + ?Sized + 'static>(
+        limiter: Arc<Limiter<S>>,
+        policy: impl Into<PolicySelector>,
+    ) -> RateLimitLayerBuilder<S> {
+        RateLimitLayerBuilder {
+            config: Config {
+                limiter,
+                policy: policy.into(),
+                key: KeyExtractor::default(),
+                client_ip: ClientIpResolver::default(),
+                headers: RateLimitHeaders::default(),
+                legacy_headers: false,
+                on_error: OnError::default(),
+                timeout: Some(DEFAULT_TIMEOUT),
+            },
+        }
+    }
+}
+
+/// Configures a [`RateLimitLayer`].
+pub struct RateLimitLayerBuilder<S: ?Sized = dyn Store> {
+    config: Config<S>,
+}
+
+impl<S: ?Sized> fmt::Debug for RateLimitLayerBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
+    /// How requests are keyed (default: [`KeyExtractor::client_ip`]).
+    #[must_use]
+    pub fn key(mut self, key: KeyExtractor) -> Self {
+        self.config.key = key;
+        self
+    }
+
+    /// How the client IP is found: trusted proxies, forwarding header, IPv4/IPv6 grouping
+    /// (default: no trusted proxy, so the socket peer; IPv6 by /64).
+    #[must_use]
+    pub fn client_ip(mut self, resolver: ClientIpResolver) -> Self {
+        self.config.client_ip = resolver;
+        self
+    }
+
+    /// Which responses carry `RateLimit` and `RateLimit-Policy` (default: denials only).
+    #[must_use]
+    pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
+        self.config.headers = headers;
+        self
+    }
+
+    /// Whether responses that carry rate-limit headers also carry the legacy
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds) of the
+    /// most restrictive tier (default: no).
+    #[must_use]
+    pub fn legacy_headers(mut self, legacy: bool) -> Self {
+        self.config.legacy_headers = legacy;
+        self
+    }
+
+    /// What a store failure or timeout does (default: 503 with `Retry-After: 1`).
+    #[must_use]
+    pub fn on_error(mut self, on_error: OnError) -> Self {
+        self.config.on_error = on_error;
+        self
+    }
+
+    /// The most one check may take before it counts as a store failure ([`OnError`]); `None`
+    /// waits for the store (default: one second). Uses the Tokio timer.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.timeout = timeout;
+        self
+    }
+
+    /// The layer.
+    pub fn build(self) -> RateLimitLayer {
+        RateLimitLayer {
+            config: Arc::new(self.config),
+        }
+    }
+}
+
+impl<Inner> Layer<Inner> for RateLimitLayer {
+    type Service = RateLimit<Inner>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        RateLimit {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] wraps around `Inner`: checks each request, then calls
+/// `Inner` or answers itself.
+#[derive(Clone)]
+pub struct RateLimit<Inner> {
+    inner: Inner,
+    config: Arc<dyn Decide>,
+}
+
+impl<Inner: fmt::Debug> fmt::Debug for RateLimit<Inner> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<Inner, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<Inner>
+where
+    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<crate::RateLimitBody<ResBody>>;
+    type Error = Inner::Error;
+    type Future = ResponseFuture<Inner, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let head = Head {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            extensions: req.extensions(),
+        };
+        match self.config.clone().start(head) {
+            // The service polled ready serves the request now.
+            Start::Unchecked => ResponseFuture::calling(self.inner.call(req), None),
+            Start::Reject(rejection) => ResponseFuture::rejected(rejection, is_grpc(req.headers())),
+            Start::Check(check) => {
+                // The service that was polled ready goes into the future; a fresh clone stays.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::checking(check, inner, req)
+            }
+        }
+    }
+}
+
+/// Whether a request is gRPC (`content-type: application/grpc...`): its rejections are gRPC
+/// statuses.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// What the layer does with one checked request.
+pub(crate) enum Step {
+    /// Call the inner service, adding these headers to its response.
+    Pass(Option<Box<Computed>>),
+    /// Answer without calling it.
+    Reject(Rejection),
+}
+
+impl<S: Store + ?Sized> Config<S> {
+    async fn check(&self, policy: &str, key: &[u8]) -> Step {
+        let check = self.limiter.check(policy, key);
+        let Some(limit) = self.timeout else {
+            return self.step(policy, check.await);
+        };
+        let mut check = std::pin::pin!(check);
+        // A check answered at its first poll (the memory store never waits) needs no timer.
+        let first = std::future::poll_fn(|cx| Poll::Ready(check.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => match tokio::time::timeout(limit, check).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!(
+                        policy,
+                        ?limit,
+                        "distlimit-tower: rate-limit check timed out"
+                    );
+                    return self.on_error();
+                }
+            },
+        };
+        self.step(policy, result)
+    }
+
+    /// What a check's result means for the request.
+    fn step(&self, policy: &str, result: Result<Verdict, CheckError>) -> Step {
+        match result {
+            Ok(verdict) if verdict.is_allowed() => {
+                let full = self.headers == RateLimitHeaders::Always;
+                let headers = (full || self.legacy_headers)
+                    .then(|| Box::new(Computed::new(&verdict, full, self.legacy_headers)));
+                Step::Pass(headers)
+            }
+            Ok(verdict) => {
+                let full = self.headers != RateLimitHeaders::Never;
+                let computed = Computed::new(&verdict, full, self.legacy_headers);
+                Step::Reject(Rejection::Denied(Box::new(computed)))
+            }
+            Err(CheckError::UnknownPolicy(name)) => {
+                tracing::error!(policy = %name, "distlimit-tower: unknown rate-limit policy");
+                let detail = "The rate limiter is misconfigured.";
+                Step::Reject(Rejection::Misconfigured { detail })
+            }
+            Err(error) => {
+                tracing::warn!(policy, %error, "distlimit-tower: rate-limit check failed");
+                self.on_error()
+            }
+        }
+    }
+
+    fn on_error(&self) -> Step {
+        match self.on_error {
+            OnError::FailClosed { retry_after } => {
+                Step::Reject(Rejection::Unavailable { retry_after })
+            }
+            OnError::FailOpen => Step::Pass(None),
+        }
+    }
+}
