@@ -29,12 +29,16 @@ pub(crate) const CLUSTER_TEST_PACKAGES: &[&str] = &["distlimit-redis"];
 
 /// Packages with loom models: tests under `src/tests/loom_*.rs`, compiled only with
 /// `--cfg distlimit_loom`, whose names contain `loom`.
-pub(crate) const LOOM_PACKAGES: &[&str] = &["distlimit-memory"];
+pub(crate) const LOOM_PACKAGES: &[&str] =
+    &["distlimit-memory", "distlimit-hybrid", "distlimit-policy"];
 
 /// Criterion bench targets as `(package, bench)`, run by `cargo xtask bench`.
 pub(crate) const BENCH_TARGETS: &[(&str, &str)] = &[
     ("distlimit-memory", "compare"),
     ("distlimit-redis", "redis"),
+    ("distlimit-policy", "limiter"),
+    ("distlimit-hybrid", "hybrid"),
+    ("distlimit-demo", "http"),
 ];
 
 /// Preemption bound for loom unless `LOOM_MAX_PREEMPTIONS` is already set: 3 finds the bugs our

@@ -1,0 +1,228 @@
+//! The distlimit demo service: `GET /api/data` answering `{"message":"Success"}`, limited per
+//! user (`X-User-ID`, else the client IP) to a token bucket of 100 refilled at 60 per minute,
+//! plus `GET /metrics` (Prometheus) and `GET /healthz`.
+//!
+//! By default it runs on the embedded memory store; with `--redis URL` (standalone, Sentinel or
+//! Cluster) several instances share one limit through a `distlimit_hybrid::Hybrid` store, which
+//! keeps answering from a local fallback while Redis is down. `--policy FILE` replaces the
+//! default policy with a TOML file that is reloaded when it changes.
+//!
+//! The binary is `src/main.rs`; this library is the same service for tests and benchmarks.
+//!
+//! # Example
+//!
+//! ```
+//! use clap::Parser;
+//! use distlimit_demo::{Args, Demo};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let args = Args::parse_from(["distlimit-demo", "--listen", "127.0.0.1:0"]);
+//! let demo = Demo::build(&args).await?;
+//! let listener = tokio::net::TcpListener::bind(args.listen).await?;
+//! let addr = listener.local_addr()?;
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let server = tokio::spawn(demo.serve(listener, async move {
+//!     let _ = stopped.await;
+//! }));
+//!
+//! let mut conn = tokio::net::TcpStream::connect(addr).await?;
+//! conn.write_all(b"GET /api/data HTTP/1.1\r\nHost: demo\r\nX-User-ID: alice\r\nConnection: close\r\n\r\n")
+//!     .await?;
+//! let mut response = String::new();
+//! conn.read_to_string(&mut response).await?;
+//! assert!(response.starts_with("HTTP/1.1 200 OK"));
+//! assert!(response.ends_with(r#"{"message":"Success"}"#));
+//!
+//! let _ = stop.send(());
+//! server.await??;
+//! # Ok(()) }
+//! ```
+
+mod app;
+mod args;
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::HeaderName;
+use distlimit_core::Store;
+use distlimit_hybrid::Hybrid;
+use distlimit_memory::MemoryStore;
+use distlimit_metrics::Metrics;
+use distlimit_policy::{ConfigError, ConfigWatcher, Limiter, PolicySet, Reload};
+use distlimit_redis::RedisStore;
+use distlimit_tower::TrustedProxies;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+pub use crate::app::{DATA_BODY, rate_limit_layer, router, serve, shutdown_signal};
+pub use crate::args::Args;
+
+/// The policy `/api/data` is limited by; a `--policy` file must define it.
+pub const POLICY: &str = "api";
+
+/// The header naming the user; requests without it are limited by client IP.
+pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
+
+/// The policy without `--policy`: a token bucket of 100 tokens refilled at 60 per minute.
+pub const DEFAULT_POLICIES: &str = r#"
+[[policy]]
+name = "api"
+tiers = [{ name = "burst", algorithm = "token_bucket", limit = 60, per = "1m", burst = 100 }]
+"#;
+
+/// The name of the Redis store in metrics and logs.
+pub const REDIS_STORE: &str = "redis";
+
+/// How often a `--policy` file is checked for changes.
+pub const RELOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The policy file is invalid.
+    #[error("policy: {0}")]
+    Policy(#[from] ConfigError),
+    /// The policy file does not define [`POLICY`].
+    #[error("policy: the file must define the policy \"{POLICY}\" that /api/data uses")]
+    MissingPolicy,
+    /// Redis could not be reached or the URL is invalid.
+    #[error("redis: {0}")]
+    Redis(#[from] distlimit_core::Error),
+    /// The hybrid store's configuration was refused.
+    #[error("hybrid store: {0}")]
+    Hybrid(#[from] distlimit_hybrid::ConfigError),
+}
+
+/// The service, built from [`Args`] and ready to [`serve`](Demo::serve).
+#[derive(Debug)]
+pub struct Demo {
+    router: Router,
+    metrics: Metrics,
+    limiter: Arc<Limiter>,
+    watcher: Option<ConfigWatcher>,
+}
+
+impl Demo {
+    /// Builds the store (memory, or Redis behind a circuit breaker with a memory fallback), the
+    /// limiter with its policies (starting the hot reload of `--policy`), the metrics and the
+    /// routes. Needs a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// An invalid policy file, or an unreachable Redis.
+    pub async fn build(args: &Args) -> Result<Self, StartError> {
+        let policies = match &args.policy {
+            Some(path) => PolicySet::from_toml_file(path)?,
+            None => PolicySet::from_toml_str(DEFAULT_POLICIES)?,
+        };
+        if policies.get(POLICY).is_none() {
+            return Err(StartError::MissingPolicy);
+        }
+        let metrics = Metrics::new();
+        let store = store(args, &metrics).await?;
+        let limiter = limiter(store, policies, &metrics);
+        let watcher = match &args.policy {
+            Some(path) => Some(distlimit_policy::watch(&limiter, path, RELOAD_INTERVAL)?),
+            None => None,
+        };
+        let layer = rate_limit_layer(
+            limiter.clone(),
+            TrustedProxies::new(args.trusted_proxies.iter().copied()),
+        );
+        Ok(Self {
+            router: router(Some(layer), metrics.clone()),
+            metrics,
+            limiter,
+            watcher,
+        })
+    }
+
+    /// The routes.
+    pub fn router(&self) -> Router {
+        self.router.clone()
+    }
+
+    /// The metrics `/metrics` serves.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The policy file's reload events (`None` without `--policy`): await `changed()` on the
+    /// receiver to learn that a version was applied or rejected.
+    pub fn policy_reloads(&self) -> Option<tokio::sync::watch::Receiver<Reload>> {
+        self.watcher.as_ref().map(ConfigWatcher::subscribe)
+    }
+
+    /// The limiter behind `/api/data`.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// Serves on `listener` until `shutdown` completes (see [`serve`]), logging policy
+    /// reloads.
+    ///
+    /// # Errors
+    ///
+    /// Those of the listener.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> io::Result<()> {
+        let reload_log = self.watcher.as_ref().map(log_reloads);
+        let served = serve(listener, self.router, shutdown).await;
+        if let Some(task) = reload_log {
+            task.abort();
+        }
+        served
+    }
+}
+
+/// A limiter on `store` reporting to `metrics`.
+pub fn limiter(store: Arc<dyn Store>, policies: PolicySet, metrics: &Metrics) -> Arc<Limiter> {
+    Arc::new(Limiter::new(store, policies).with_observer(Arc::new(metrics.clone())))
+}
+
+async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartError> {
+    let Some(url) = &args.redis else {
+        tracing::info!("store: memory (this process only)");
+        return Ok(Arc::new(MemoryStore::new()));
+    };
+    let redis = RedisStore::connect(url).await?;
+    tracing::info!(
+        "store: redis ({:?}), memory fallback with 1/{} of each limit",
+        redis.mode(),
+        args.instances
+    );
+    let hybrid = Hybrid::builder(redis, MemoryStore::new())
+        .name(REDIS_STORE)
+        .budget(args.redis_budget())
+        .instances(args.instances)
+        .observer(Arc::new(metrics.clone()))
+        .build()?;
+    metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
+    Ok(Arc::new(hybrid))
+}
+
+fn log_reloads(watcher: &ConfigWatcher) -> JoinHandle<()> {
+    let mut events = watcher.subscribe();
+    tokio::spawn(async move {
+        while events.changed().await.is_ok() {
+            match &*events.borrow_and_update() {
+                Reload::Applied { generation } => {
+                    tracing::info!("policy file applied (version {generation})");
+                }
+                Reload::Rejected { error } => {
+                    tracing::warn!("policy file rejected, keeping the running policies: {error}");
+                }
+                Reload::Waiting | _ => {}
+            }
+        }
+    })
+}

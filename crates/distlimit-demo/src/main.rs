@@ -1,0 +1,34 @@
+//! `distlimit-demo`: the demo service. `distlimit-demo --help` lists the flags.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use distlimit_demo::{Args, Demo, shutdown_signal};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let demo = Demo::build(&args).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    // Tests and scripts read the bound address (with --listen 127.0.0.1:0) from this line.
+    tracing::info!("listening on http://{}", listener.local_addr()?);
+    demo.serve(listener, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

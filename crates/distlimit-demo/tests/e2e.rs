@@ -1,0 +1,200 @@
+//! The built `distlimit-demo` binary, as separate processes: graceful shutdown, and two
+//! instances sharing one `redis-server` enforcing one limit together.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use http::StatusCode;
+use support::openmetrics::parse;
+use support::{
+    DemoProcess, ENV_CLUSTER_URLS, ENV_SENTINEL_SERVICE, ENV_SENTINEL_URLS, Http, RedisServer,
+    redis_list, redis_url, unique, write_atomically,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_on_the_memory_store_and_stops_on_sigterm() {
+    let mut demo = DemoProcess::start(&[]);
+    let http = Http::new();
+    let reply = http.get(demo.addr, "/api/data", Some("alice")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, r#"{"message":"Success"}"#);
+    assert_eq!(
+        http.get(demo.addr, "/healthz", None).await.status,
+        StatusCode::OK
+    );
+
+    let status = demo.terminate();
+    assert!(status.success(), "{status:?}\n{}", demo.log().join("\n"));
+    assert!(demo.log().iter().any(|line| line.contains("stopped")));
+}
+
+/// A burst of 100 refilled at one token per hour: no refill while a test runs, however slow the
+/// machine.
+const SLOW_POLICY: &str = "[[policy]]\nname = \"api\"\ntiers = [{ name = \"burst\", limit = 1, per = \"1h\", burst = 100 }]\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_redis_enforce_one_limit() {
+    let Some(url) = redis_url() else { return };
+    two_instances_enforce_one_limit(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_a_cluster_enforce_one_limit() {
+    let Some(urls) = redis_list(ENV_CLUSTER_URLS) else {
+        return;
+    };
+    two_instances_enforce_one_limit(&format!("redis+cluster://{}", hosts(&urls))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_a_sentinel_primary_enforce_one_limit() {
+    let Some(urls) = redis_list(ENV_SENTINEL_URLS) else {
+        return;
+    };
+    let Some(service) = redis_list(ENV_SENTINEL_SERVICE) else {
+        return;
+    };
+    let url = format!("redis+sentinel://{}/{}", hosts(&urls), service[0]);
+    two_instances_enforce_one_limit(&url).await;
+}
+
+/// `host:port,host:port` from `redis://host:port` URLs.
+fn hosts(urls: &[String]) -> String {
+    urls.iter()
+        .map(|u| u.trim_start_matches("redis://").trim_end_matches('/'))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+async fn two_instances_enforce_one_limit(url: &str) {
+    let url = url.to_owned();
+    // The same policy file for both instances, as in a deployment.
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    write_atomically(&policy, SLOW_POLICY);
+    let policy = policy.to_str().unwrap();
+    let args = ["--redis", &url, "--policy", policy, "--instances", "2"];
+    let a = DemoProcess::start(&args);
+    let b = DemoProcess::start(&args);
+    let http = Http::new();
+    // A user no other run has used: parallel runs on the same Redis do not collide.
+    let user = unique("e2e-user");
+
+    let mut allowed = [0_u32; 2];
+    let mut denied = [0_u32; 2];
+    for i in 0..160 {
+        let (index, demo) = if i % 2 == 0 { (0, &a) } else { (1, &b) };
+        let reply = http.get(demo.addr, "/api/data", Some(&user)).await;
+        match reply.status {
+            StatusCode::OK => allowed[index] += 1,
+            StatusCode::TOO_MANY_REQUESTS => denied[index] += 1,
+            other => panic!("request {i}: {other}: {}", reply.body),
+        }
+    }
+    assert_eq!(
+        allowed[0] + allowed[1],
+        100,
+        "allowed {allowed:?}, denied {denied:?}"
+    );
+    // Alternating, each instance admitted half: neither enforced a limit of its own.
+    assert_eq!(allowed, [50, 50]);
+    assert_eq!(denied, [30, 30]);
+
+    // Each instance's metrics show Redis (the primary) deciding, and a closed breaker.
+    for (index, demo) in [&a, &b].into_iter().enumerate() {
+        let reply = http.get(demo.addr, "/metrics", None).await;
+        let exposition = parse(&reply.body).unwrap_or_else(|e| panic!("{e}\n{}", reply.body));
+        let count = |outcome| {
+            exposition
+                .find(
+                    "distlimit_decisions_total",
+                    &[("policy", "api"), ("outcome", outcome)],
+                )
+                .iter()
+                .map(|s| {
+                    assert_ne!(s.labels["source"], "fallback", "Redis was up");
+                    s.value
+                })
+                .sum::<f64>()
+        };
+        assert_eq!(count("allowed"), f64::from(allowed[index]));
+        assert_eq!(count("denied"), f64::from(denied[index]));
+        assert_eq!(
+            exposition.value(
+                "distlimit_breaker_state",
+                &[("store", "redis"), ("state", "closed")]
+            ),
+            Some(1.0)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_falls_back_to_this_instances_share() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    write_atomically(&policy, SLOW_POLICY);
+    let demo = DemoProcess::start(&[
+        "--redis",
+        &redis.url(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "--instances",
+        "2",
+    ]);
+    let http = Http::new();
+    let user = unique("outage-user");
+    for _ in 0..10 {
+        let reply = http.get(demo.addr, "/api/data", Some(&user)).await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+
+    redis.kill();
+    // Every request is still answered, by the local fallback: a fresh bucket of this
+    // instance's share, 100 / 2 instances.
+    let (mut allowed, mut denied) = (0, 0);
+    for i in 0..60 {
+        let reply = http.get(demo.addr, "/api/data", Some(&user)).await;
+        match reply.status {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => denied += 1,
+            other => panic!("request {i} during the outage: {other}: {}", reply.body),
+        }
+    }
+    assert_eq!((allowed, denied), (50, 10));
+
+    let reply = http.get(demo.addr, "/metrics", None).await;
+    let exposition = parse(&reply.body).unwrap_or_else(|e| panic!("{e}\n{}", reply.body));
+    let decisions = |outcome, source| {
+        exposition.value(
+            "distlimit_decisions_total",
+            &[("policy", "api"), ("outcome", outcome), ("source", source)],
+        )
+    };
+    assert_eq!(decisions("allowed", "primary"), Some(10.0));
+    assert_eq!(decisions("allowed", "fallback"), Some(50.0));
+    assert_eq!(decisions("denied", "fallback"), Some(10.0));
+    let errors: f64 = exposition
+        .find("distlimit_store_errors_total", &[("store", "redis")])
+        .iter()
+        .map(|s| s.value)
+        .sum();
+    assert!(errors >= 1.0, "the failed Redis call is counted");
+    assert_eq!(
+        exposition.value(
+            "distlimit_breaker_transitions_total",
+            &[("store", "redis"), ("from", "closed"), ("to", "open")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        exposition.value(
+            "distlimit_breaker_state",
+            &[("store", "redis"), ("state", "closed")]
+        ),
+        Some(0.0)
+    );
+}

@@ -1,0 +1,307 @@
+//! What the demo's integration tests share: an HTTP client, demo processes started and killed
+//! by the test, and where the test Redis is.
+
+// Each test binary uses a part of this module; a failed setup fails the test.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+#[path = "../../../distlimit-metrics/tests/support/openmetrics.rs"]
+pub mod openmetrics;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// One answer.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+/// A keep-alive HTTP/1.1 client.
+#[derive(Clone)]
+pub struct Http(Client<HttpConnector, Empty<Bytes>>);
+
+impl Http {
+    pub fn new() -> Self {
+        Self(Client::builder(TokioExecutor::new()).build_http())
+    }
+
+    /// `GET http://addr/path`, with `X-User-ID: user` when given.
+    pub async fn get(&self, addr: SocketAddr, path: &str, user: Option<&str>) -> Reply {
+        let mut request = Request::get(format!("http://{addr}{path}"));
+        if let Some(user) = user {
+            request = request.header("x-user-id", user);
+        }
+        let exchange = async {
+            let response = self
+                .0
+                .request(request.body(Empty::new()).unwrap())
+                .await
+                .unwrap();
+            let (parts, body) = response.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        };
+        // A hung server fails the test instead of hanging it.
+        let (parts, body) = tokio::time::timeout(Duration::from_secs(30), exchange)
+            .await
+            .unwrap_or_else(|_| panic!("GET {path} on {addr}: no answer within 30 s"));
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+        }
+    }
+}
+
+pub const ENV_REQUIRE: &str = "DISTLIMIT_REQUIRE_REDIS";
+pub const ENV_URL: &str = "DISTLIMIT_REDIS_URL";
+
+/// The standalone test Redis (`DISTLIMIT_REDIS_URL`). Missing: a panic under
+/// `DISTLIMIT_REQUIRE_REDIS=1` (`cargo xtask test`), else a note and `None` (the test skips).
+pub fn redis_url() -> Option<String> {
+    match std::env::var(ENV_URL) {
+        Ok(url) if !url.trim().is_empty() => Some(url.trim().to_owned()),
+        _ => {
+            assert!(
+                std::env::var(ENV_REQUIRE).map_or(true, |v| v != "1"),
+                "{ENV_URL} is not set: run `cargo xtask test` (it starts Redis and sets it)"
+            );
+            eprintln!("note: skipped: {ENV_URL} is not set (run `cargo xtask test`)");
+            None
+        }
+    }
+}
+
+pub const ENV_CLUSTER_URLS: &str = "DISTLIMIT_REDIS_CLUSTER_URLS";
+pub const ENV_SENTINEL_URLS: &str = "DISTLIMIT_REDIS_SENTINEL_URLS";
+pub const ENV_SENTINEL_SERVICE: &str = "DISTLIMIT_REDIS_SENTINEL_SERVICE";
+
+/// The comma-separated variable `name`, with the same rules as [`redis_url`].
+pub fn redis_list(name: &str) -> Option<Vec<String>> {
+    match std::env::var(name) {
+        Ok(value) if !value.trim().is_empty() => Some(
+            value
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        ),
+        _ => {
+            assert!(
+                std::env::var(ENV_REQUIRE).map_or(true, |v| v != "1"),
+                "{name} is not set: run `cargo xtask test` (it starts Redis and sets it)"
+            );
+            eprintln!("note: skipped: {name} is not set (run `cargo xtask test`)");
+            None
+        }
+    }
+}
+
+/// A name no other test run uses.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// A `distlimit-demo` process this test started, on a free loopback port; killed on drop.
+pub struct DemoProcess {
+    child: Child,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl DemoProcess {
+    /// Starts the binary with `args` (plus `--listen 127.0.0.1:0`) and waits, at most 60 s,
+    /// for the address it logs.
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_distlimit-demo"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some((_, addr)) = line.split_once("listening on http://") {
+                    let _ = tx.send(addr.trim().parse::<SocketAddr>().unwrap());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let mut process = Self {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log,
+        };
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(addr) => process.addr = addr,
+            Err(_) => panic!(
+                "distlimit-demo {args:?} did not start:\n{}",
+                process.log().join("\n")
+            ),
+        }
+        process
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the process logged so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Sends SIGTERM (through `kill`, to this child's PID only) and waits at most 30 s.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "no exit 30 s after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DemoProcess {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Writes `text` to `path` atomically (a rename), so a reloading reader never sees half a file.
+pub fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+pub const ENV_SERVER_BIN: &str = "DISTLIMIT_REDIS_SERVER_BIN";
+
+/// A private `redis-server` this test started on a free loopback port; killed on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+}
+
+impl RedisServer {
+    /// Starts `DISTLIMIT_REDIS_SERVER_BIN` (or `None`: see [`redis_url`]) and waits, at most
+    /// 30 s, until it answers `PING`.
+    pub fn start() -> Option<Self> {
+        let bin = match std::env::var(ENV_SERVER_BIN) {
+            Ok(bin) if !bin.trim().is_empty() => bin,
+            _ => {
+                assert!(
+                    std::env::var(ENV_REQUIRE).map_or(true, |v| v != "1"),
+                    "{ENV_SERVER_BIN} is not set: run `cargo xtask test`"
+                );
+                eprintln!("note: skipped: {ENV_SERVER_BIN} is not set (run `cargo xtask test`)");
+                return None;
+            }
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(bin)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Self {
+            child: Some(child),
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !server.answers_ping() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn answers_ping(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut reply = [0_u8; 7];
+        conn.write_all(b"PING\r\n").is_ok()
+            && conn.read_exact(&mut reply).is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+
+    /// Kills the server (SIGKILL to this child's PID) and reaps it: an outage.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
