@@ -500,71 +500,47 @@ impl GcraSlot for WordEntry {
     }
 }
 
-impl GcraSlot for ShortEntry {
-    type Id = Packed<SHORT>;
+/// `GcraSlot` for an entry `{ id: Packed<N>, tat }`: the two sizes differ only in alignment,
+/// which a const generic cannot set, hence two structs and one implementation.
+macro_rules! packed_slot {
+    ($entry:ty, $words:expr) => {
+        impl GcraSlot for $entry {
+            type Id = Packed<$words>;
 
-    #[inline(always)]
-    fn pack(id: Id<'_>) -> Option<Packed<SHORT>> {
-        Packed::new(id)
-    }
+            #[inline(always)]
+            fn pack(id: Id<'_>) -> Option<Packed<$words>> {
+                Packed::new(id)
+            }
 
-    #[inline(always)]
-    fn new(id: Packed<SHORT>, tat: u64) -> Self {
-        Self { id, tat }
-    }
+            #[inline(always)]
+            fn new(id: Packed<$words>, tat: u64) -> Self {
+                Self { id, tat }
+            }
 
-    #[inline(always)]
-    fn is(&self, id: &Packed<SHORT>) -> bool {
-        self.id.is(id)
-    }
+            #[inline(always)]
+            fn is(&self, id: &Packed<$words>) -> bool {
+                self.id.is(id)
+            }
 
-    #[inline(always)]
-    fn tat(&self) -> u64 {
-        self.tat
-    }
+            #[inline(always)]
+            fn tat(&self) -> u64 {
+                self.tat
+            }
 
-    #[inline(always)]
-    fn tat_mut(&mut self) -> &mut u64 {
-        &mut self.tat
-    }
+            #[inline(always)]
+            fn tat_mut(&mut self) -> &mut u64 {
+                &mut self.tat
+            }
 
-    fn id_hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
-        self.id.hash(hasher)
-    }
+            fn id_hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
+                self.id.hash(hasher)
+            }
+        }
+    };
 }
 
-impl GcraSlot for LongEntry {
-    type Id = Packed<LONG>;
-
-    #[inline(always)]
-    fn pack(id: Id<'_>) -> Option<Packed<LONG>> {
-        Packed::new(id)
-    }
-
-    #[inline(always)]
-    fn new(id: Packed<LONG>, tat: u64) -> Self {
-        Self { id, tat }
-    }
-
-    #[inline(always)]
-    fn is(&self, id: &Packed<LONG>) -> bool {
-        self.id.is(id)
-    }
-
-    #[inline(always)]
-    fn tat(&self) -> u64 {
-        self.tat
-    }
-
-    #[inline(always)]
-    fn tat_mut(&mut self) -> &mut u64 {
-        &mut self.tat
-    }
-
-    fn id_hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
-        self.id.hash(hasher)
-    }
-}
+packed_slot!(ShortEntry, SHORT);
+packed_slot!(LongEntry, LONG);
 
 /// What a shard's table reports back to the store besides the decision.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
