@@ -105,8 +105,8 @@
 //! memory store called directly (`decide_sync`, no future at all), interleaved, on the same
 //! store, policy and keys. A single-tier check on the memory store answers through
 //! [`Store::decide_now`](distlimit_core::Store::decide_now), so it allocates nothing and awaits
-//! no store future: on a loaded 2-core machine it costs about 95 ns against the direct call's
-//! 33 to 46 ns (+55 to +60 ns; the target is +10 ns), about what the store alone costs
+//! no store future: it costs 86 to 95 ns against the direct call's 32 to 46 ns (+53 to +62 ns;
+//! the target is +10 ns), about what the store alone costs
 //! through its async `Store::decide`. Three tiers cost about 190 ns more than the store's
 //! `decide_all`. A few thousand policy publications per second change nothing measurable; the
 //! snapshot itself (an `ArcSwap` load and release) is 5 to 7 ns. A multi-tier check allocates
