@@ -4,11 +4,12 @@
 
 mod support;
 
+use distlimit_test::server::RedisServer;
 use http::StatusCode;
 use support::openmetrics::parse;
 use support::{
-    DemoProcess, ENV_CLUSTER_URLS, ENV_SENTINEL_SERVICE, ENV_SENTINEL_URLS, Http, RedisServer,
-    redis_list, redis_url, unique, write_atomically,
+    DemoProcess, ENV_CLUSTER_URLS, ENV_SENTINEL_SERVICE, ENV_SENTINEL_URLS, Http, redis_list,
+    redis_url, unique, write_atomically,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
