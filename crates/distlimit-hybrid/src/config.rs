@@ -8,9 +8,8 @@ use distlimit_core::{Clock, MAX_POLICY_LEN, NoopObserver, Observer};
 
 use crate::blocked::BlockedCache;
 use crate::breaker::Breaker;
-use crate::clock::FastClock;
 use crate::share::Share;
-use crate::{Counters, Hybrid};
+use crate::{Counters, FastClock, Hybrid};
 
 /// The default time budget of one primary call.
 pub const DEFAULT_BUDGET: Duration = Duration::from_millis(50);

@@ -106,7 +106,6 @@
 
 mod blocked;
 mod breaker;
-mod clock;
 mod config;
 mod share;
 mod sync;
@@ -133,11 +132,11 @@ use crate::blocked::BlockedCache;
 use crate::breaker::{Breaker, Route, Transition};
 use crate::share::Share;
 
-pub use crate::clock::FastClock;
 pub use crate::config::{
     Builder, ConfigError, DEFAULT_BLOCKED_ENTRIES, DEFAULT_BUDGET, DEFAULT_COOL_OFF, FailureMode,
     MAX_WINDOW_FAILURES, OpenRule,
 };
+pub use distlimit_memory::FastClock;
 
 /// A store that asks a primary store behind a circuit breaker and falls back to another. See the
 /// [crate documentation](crate).

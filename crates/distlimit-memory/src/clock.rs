@@ -53,3 +53,19 @@ impl Clock for FastClock {
         self.base_epoch_us.saturating_add(elapsed_ns / 1_000)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follows_the_wall_clock_and_never_goes_back() {
+        let clock = FastClock::new();
+        let a = clock.now_us();
+        let wall = SystemClock.now_us();
+        assert!(a.abs_diff(wall) < 1_000_000, "{a} vs {wall}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = clock.now_us();
+        assert!(b >= a + 2_000, "{a} then {b}");
+    }
+}

@@ -46,6 +46,33 @@ pub fn required() -> bool {
     std::env::var(ENV_REQUIRE).is_ok_and(|v| v.trim() == "1")
 }
 
+/// The environment variable `name` (trimmed) when it is set and not empty. When it is missing:
+/// a panic naming it if servers are required ([`required`]), else a note on stderr and `None`,
+/// on which the caller returns early (a skip outside `cargo xtask test`).
+///
+/// # Panics
+///
+/// When the variable is missing and `DISTLIMIT_REQUIRE_REDIS=1`.
+#[allow(clippy::panic)] // test support: a missing server fails the test
+pub fn var(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(value) if !value.trim().is_empty() => Some(value.trim().to_owned()),
+        _ => {
+            if required() {
+                panic!(
+                    "{name} is not set: run `cargo xtask test` (it starts the Redis servers and \
+                     sets the DISTLIMIT_REDIS_* variables)"
+                );
+            }
+            eprintln!(
+                "note: skipped: {name} is not set (run `cargo xtask test`, or `cargo xtask \
+                 redis-up` and source the export lines it prints)"
+            );
+            None
+        }
+    }
+}
+
 /// The `redis-server` binary: `DISTLIMIT_REDIS_SERVER_BIN`, else one on the `PATH`.
 pub fn server_bin() -> Option<PathBuf> {
     if let Ok(bin) = std::env::var(ENV_SERVER_BIN)

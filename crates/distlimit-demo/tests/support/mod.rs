@@ -72,23 +72,12 @@ impl Http {
     }
 }
 
-pub const ENV_REQUIRE: &str = "DISTLIMIT_REQUIRE_REDIS";
 pub const ENV_URL: &str = "DISTLIMIT_REDIS_URL";
 
 /// The standalone test Redis (`DISTLIMIT_REDIS_URL`). Missing: a panic under
 /// `DISTLIMIT_REQUIRE_REDIS=1` (`cargo xtask test`), else a note and `None` (the test skips).
 pub fn redis_url() -> Option<String> {
-    match std::env::var(ENV_URL) {
-        Ok(url) if !url.trim().is_empty() => Some(url.trim().to_owned()),
-        _ => {
-            assert!(
-                std::env::var(ENV_REQUIRE).map_or(true, |v| v != "1"),
-                "{ENV_URL} is not set: run `cargo xtask test` (it starts Redis and sets it)"
-            );
-            eprintln!("note: skipped: {ENV_URL} is not set (run `cargo xtask test`)");
-            None
-        }
-    }
+    distlimit_test::server::var(ENV_URL)
 }
 
 pub const ENV_CLUSTER_URLS: &str = "DISTLIMIT_REDIS_CLUSTER_URLS";
@@ -97,24 +86,15 @@ pub const ENV_SENTINEL_SERVICE: &str = "DISTLIMIT_REDIS_SENTINEL_SERVICE";
 
 /// The comma-separated variable `name`, with the same rules as [`redis_url`].
 pub fn redis_list(name: &str) -> Option<Vec<String>> {
-    match std::env::var(name) {
-        Ok(value) if !value.trim().is_empty() => Some(
-            value
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect(),
-        ),
-        _ => {
-            assert!(
-                std::env::var(ENV_REQUIRE).map_or(true, |v| v != "1"),
-                "{name} is not set: run `cargo xtask test` (it starts Redis and sets it)"
-            );
-            eprintln!("note: skipped: {name} is not set (run `cargo xtask test`)");
-            None
-        }
-    }
+    let value = distlimit_test::server::var(name)?;
+    Some(
+        value
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
 }
 
 /// A name no other test run uses.

@@ -28,7 +28,6 @@ use async_trait::async_trait;
 use distlimit_core::{Decision, Error, ManualClock, Request, Store};
 use distlimit_redis::{RedisStore, RedisStoreBuilder};
 
-pub const ENV_REQUIRE: &str = "DISTLIMIT_REQUIRE_REDIS";
 pub const ENV_URL: &str = "DISTLIMIT_REDIS_URL";
 pub const ENV_CLUSTER_URLS: &str = "DISTLIMIT_REDIS_CLUSTER_URLS";
 pub const ENV_SENTINEL_URLS: &str = "DISTLIMIT_REDIS_SENTINEL_URLS";
@@ -36,30 +35,9 @@ pub const ENV_SENTINEL_SERVICE: &str = "DISTLIMIT_REDIS_SENTINEL_SERVICE";
 pub const ENV_SERVER_BIN: &str = "DISTLIMIT_REDIS_SERVER_BIN";
 pub const ENV_CLI_BIN: &str = "DISTLIMIT_REDIS_CLI_BIN";
 
-/// Whether a missing server is a failure (`DISTLIMIT_REQUIRE_REDIS=1`, set by `cargo xtask test`).
-pub fn required() -> bool {
-    std::env::var(ENV_REQUIRE).is_ok_and(|v| v == "1")
-}
-
-/// The variable `name`; when it is missing, a panic if servers are required, else a note on
-/// stderr and `None` (the caller returns early: a skip).
-pub fn var(name: &str) -> Option<String> {
-    match std::env::var(name) {
-        Ok(value) if !value.trim().is_empty() => Some(value.trim().to_owned()),
-        _ => {
-            assert!(
-                !required(),
-                "{name} is not set: run `cargo xtask test` (it starts the Redis servers and sets \
-                 the DISTLIMIT_REDIS_* variables)"
-            );
-            eprintln!(
-                "note: skipped: {name} is not set (run `cargo xtask test`, or `cargo xtask \
-                 redis-up` and source the export lines it prints)"
-            );
-            None
-        }
-    }
-}
+/// Whether a missing server is a failure, and the variables that say where the servers are:
+/// a missing one panics under `DISTLIMIT_REQUIRE_REDIS=1`, else it is a skip.
+pub use distlimit_test::server::{required, var};
 
 fn list(value: String) -> Vec<String> {
     value
