@@ -350,6 +350,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
     }
 
     /// Always `Some`: the memory store never waits.
+    #[inline(always)]
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         Some(Ok(self.decide_sync(request)))
     }

@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use distlimit_core::algorithm::{Gcra, TokenBucket};
-use distlimit_core::{Algorithm, Decision, Limit, NEVER, State};
+use distlimit_core::{Algorithm, Decision, Limit, NEVER, State, bytes_eq};
 use hashbrown::HashTable;
 
 /// Keys up to this many bytes live inside the entry; longer ones take one heap allocation.
@@ -19,40 +19,6 @@ const INLINE: usize = 22;
 
 /// Buckets examined for an expired entry before evicting a live one when the shard is full.
 const EVICT_SCAN: usize = 32;
-
-/// Equality of short byte strings without a call to libc's `memcmp`.
-///
-/// Slice `==` compiles to a `memcmp` call when the length is not known at compile time. On this
-/// project's benchmark machine (AMD EPYC) glibc's `__memcmp_evex_movbe` made a lookup of an
-/// 8-byte key cost 106 ns instead of 20 ns (`cargo xtask bench`, hot key; perf showed 56 % of the
-/// time in memcmp). Keys are mostly short (IPs, ids), so compare them with a few overlapping word
-/// loads and leave longer ones to `memcmp`.
-#[inline(always)]
-fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
-    #[inline(always)]
-    fn word(s: &[u8], at: usize) -> u64 {
-        let mut w = [0; 8];
-        w.copy_from_slice(&s[at..at + 8]);
-        u64::from_ne_bytes(w)
-    }
-    #[inline(always)]
-    fn half(s: &[u8], at: usize) -> u32 {
-        let mut w = [0; 4];
-        w.copy_from_slice(&s[at..at + 4]);
-        u32::from_ne_bytes(w)
-    }
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    match n {
-        0 => true,
-        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
-        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
-        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
-        _ => a == b,
-    }
-}
 
 /// What a state is stored under: a key in a policy.
 #[derive(Clone, Copy, Debug)]
@@ -758,11 +724,29 @@ impl Table {
                 decision
             }),
         };
-        if let Some(decision) = known {
-            return (decision, Effects::default());
+        match known {
+            Some(decision) => (decision, Effects::default()),
+            None => self.decide_fresh(hash, id, home, limit, now, cost, max_len, hasher),
         }
-        // Not in its map: a fresh key, or one whose state belongs to another algorithm, which
-        // counts as fresh and is replaced when this request is admitted.
+    }
+
+    /// [`decide`](Self::decide) for an id not in its map: a fresh key, or one whose state
+    /// belongs to another algorithm, which counts as fresh and is replaced when this request is
+    /// admitted. Kept out of line so that the known-key path stays small enough to inline into
+    /// every caller.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn decide_fresh<S: BuildHasher>(
+        &mut self,
+        hash: u64,
+        id: Id<'_>,
+        home: Home,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        max_len: usize,
+        hasher: &S,
+    ) -> (Decision, Effects) {
         let (decision, state) = match home {
             Home::Wide => {
                 let mut state = State::fresh(limit.algorithm());
@@ -875,21 +859,6 @@ mod tests {
         max_len: usize,
     ) -> (Decision, Effects) {
         table.decide(id(key).hash(h), id(key), limit, now, cost, max_len, h)
-    }
-
-    #[test]
-    fn bytes_eq_agrees_with_slice_equality() {
-        let data: Vec<u8> = (0..64u8).collect();
-        for n in 0..40 {
-            let a = &data[..n];
-            assert!(bytes_eq(a, a));
-            for i in 0..n {
-                let mut b = a.to_vec();
-                b[i] ^= 1;
-                assert!(!bytes_eq(a, &b), "length {n}, byte {i}");
-            }
-            assert!(!bytes_eq(a, &data[..n + 1]));
-        }
     }
 
     #[test]
