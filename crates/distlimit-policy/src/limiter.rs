@@ -4,37 +4,47 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::{ArcSwap, Guard};
-use distlimit_core::{Algorithm, Decision, Key, NEVER, Observer, Outcome, Quota, Request, Store};
+use distlimit_core::{Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store};
 
-use crate::policy::{GLOBAL_KEY, Policy, Rule, Tier};
+use crate::intern::Name;
+use crate::policy::{GLOBAL_KEY, Policy, Rule, Tier, TierInfo};
+use crate::snapshot::{Published, UseSet, with_current};
 use crate::{CheckError, ConfigError, PolicySet, Scope};
 
 /// Checks requests against named policies on a store; the policies change at runtime without
 /// locks.
 ///
-/// The active [`PolicySet`] sits behind an [`ArcSwap`]: a check loads it once (no lock, no
-/// reference count), decides with that snapshot only, and [`replace`](Self::replace) or
-/// [`update_policy`](Self::update_policy) publish a new one atomically. A check therefore sees
-/// either the old set or the new one, never a mix.
+/// The active [`PolicySet`] is published through an [`ArcSwap`](arc_swap::ArcSwap):
+/// [`replace`](Self::replace) and [`update_policy`](Self::update_policy) publish a new one
+/// atomically, and a check decides with one set from start to end, the old one or the new one,
+/// never a mix. Each thread keeps the set it last used while no new one is published, so a check
+/// costs one atomic load and no write for it (see the crate documentation, "Consistency").
 ///
 /// Every tier of a policy is one [`Request`] under the store policy `"<policy>/<tier>"`; all
 /// tiers of a check go to [`Store::decide_all`] together (all-or-nothing), a single tier to
 /// [`Store::decide_now`] (a store that never waits answers there, without a future) or else
 /// [`Store::decide`]. A single-tier check allocates nothing beyond what the store itself
-/// allocates (on the memory store: nothing); a multi-tier check adds one `Vec` (its batch of
-/// requests).
+/// allocates (on the memory store: nothing); a multi-tier check adds two `Vec`s (its batch of
+/// requests and the verdict's tiers).
 pub struct Limiter<S: ?Sized = dyn Store> {
-    policies: ArcSwap<PolicySet>,
+    policies: Arc<Published>,
     observer: Option<Arc<dyn Observer>>,
     store: Arc<S>,
+}
+
+/// How far a check got with the thread's cached set.
+enum Step {
+    /// Decided without waiting.
+    Done(Result<Verdict, CheckError>),
+    /// The store must be awaited: the check goes on with this set, shared.
+    Wait(Arc<PolicySet>),
 }
 
 impl<S: Store + ?Sized> Limiter<S> {
     /// A limiter enforcing `policies` on `store`.
     pub fn new(store: Arc<S>, policies: PolicySet) -> Self {
         Self {
-            policies: ArcSwap::from_pointee(policies),
+            policies: Published::new(policies),
             observer: None,
             store,
         }
@@ -76,10 +86,10 @@ impl<S: Store + ?Sized> Limiter<S> {
 
     /// Charges `cost` units to `key` under every tier of `policy`, all-or-nothing.
     ///
-    /// ([`check`](Self::check) and [`peek`](Self::peek) return this very future.) The future
-    /// is small (under 350 bytes, cheap to move) because it holds only what a single-tier check
-    /// needs inline: the requests of a multi-tier batch, which must live until the store
-    /// answers, are collected in a `Vec`, allocated only for a multi-tier check.
+    /// ([`check`](Self::check) and [`peek`](Self::peek) return this very future.) A single-tier
+    /// check on a store that answers [`Store::decide_now`] is decided in the first poll, with
+    /// the thread's cached policy set; a check that must await the store (a multi-tier batch, a
+    /// Redis round trip) holds the set it started with until the store answers.
     pub async fn check_cost(
         &self,
         policy: &str,
@@ -87,60 +97,101 @@ impl<S: Store + ?Sized> Limiter<S> {
         cost: u64,
     ) -> Result<Verdict, CheckError> {
         let started = self.observer.as_ref().map(|_| Instant::now());
-        // The store itself: `Arc<S>` implements `Store` too, with a future box of its own.
-        let store: &S = &self.store;
-        let snapshot = self.policies.load();
-        let Some((index, found)) = snapshot
-            .position(policy)
-            .and_then(|i| Some((i, snapshot.policy_at(i)?)))
-        else {
-            return Err(CheckError::UnknownPolicy(policy.to_owned()));
-        };
-        let key = Key::new(key).map_err(distlimit_core::Error::from)?;
-        let rule = found.rule(key.as_bytes());
-        let shadow = found.is_shadow();
-        let decisions = match rule {
-            Some(Rule::Allow) => Decisions::Listed(allow_listed()),
-            Some(Rule::Deny) => Decisions::Listed(deny_listed()),
-            _ => match found.tiers_for(rule) {
-                [tier] => {
-                    let request = tier_request(tier, key, cost)?;
-                    // A store that never waits (the memory store) answers without a future.
-                    let answer = match store.decide_now(&request) {
-                        Some(answer) => answer,
-                        None => store.decide(&request).await,
-                    };
-                    Decisions::One(answer?)
-                }
-                tiers => {
-                    let requests = tiers
-                        .iter()
-                        .map(|tier| tier_request(tier, key, cost))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    Decisions::Many(store.decide_all(&requests).await?)
-                }
+        let step = with_current(
+            &self.policies,
+            CheckNow {
+                limiter: self,
+                policy,
+                key,
+                cost,
             },
-        };
-        let decision = match &decisions {
-            Decisions::Listed(d) | Decisions::One(d) => *d,
-            Decisions::Many(all) => Decision::most_restrictive(all).unwrap_or_else(deny_listed),
-        };
-        let outcome = match (decision.is_allowed(), shadow) {
-            (true, _) => Outcome::Allowed,
-            (false, false) => Outcome::Denied,
-            (false, true) => Outcome::ShadowDenied,
+        );
+        let verdict = match step {
+            Step::Done(verdict) => verdict?,
+            Step::Wait(set) => self.decide_later(&set, policy, key, cost).await?,
         };
         if let (Some(observer), Some(started)) = (&self.observer, started) {
-            observer.on_decision(policy, outcome, &decision, started.elapsed());
+            observer.on_decision(
+                policy,
+                verdict.outcome(),
+                verdict.decision(),
+                started.elapsed(),
+            );
         }
-        Ok(Verdict {
-            snapshot,
-            policy: index,
-            rule,
-            decisions,
-            decision,
-            outcome,
-        })
+        Ok(verdict)
+    }
+
+    /// The check, as far as it goes without waiting: a listed key, or a single tier the store
+    /// answers through [`Store::decide_now`].
+    #[inline(always)]
+    fn decide_now(&self, set: &Arc<PolicySet>, policy: &str, key: &[u8], cost: u64) -> Step {
+        let found = match lookup(set, policy, key) {
+            Ok(found) => found,
+            Err(e) => return Step::Done(Err(e)),
+        };
+        let decided = match (found.rule, found.tiers) {
+            (Some(Rule::Allow), _) => Decided::Listed(allow_listed()),
+            (Some(Rule::Deny), _) => Decided::Listed(deny_listed()),
+            (_, [tier]) => {
+                let request = match tier_request(tier, found.key, cost) {
+                    Ok(request) => request,
+                    Err(e) => return Step::Done(Err(e)),
+                };
+                // `*self.store`: the store itself (`Arc<S>` implements `Store` too, forwarding
+                // with a future box of its own).
+                match (*self.store).decide_now(&request) {
+                    Some(Ok(decision)) => Decided::One(TierDecision {
+                        tier: tier.info(),
+                        decision,
+                    }),
+                    Some(Err(e)) => return Step::Done(Err(e.into())),
+                    None => return Step::Wait(Arc::clone(set)),
+                }
+            }
+            _ => return Step::Wait(Arc::clone(set)),
+        };
+        Step::Done(Ok(found.verdict(decided)))
+    }
+
+    /// The rest of a check that must await the store, with the set it started with.
+    async fn decide_later(
+        &self,
+        set: &PolicySet,
+        policy: &str,
+        key: &[u8],
+        cost: u64,
+    ) -> Result<Verdict, CheckError> {
+        let found = lookup(set, policy, key)?;
+        let decided = match (found.rule, found.tiers) {
+            (Some(Rule::Allow), _) => Decided::Listed(allow_listed()),
+            (Some(Rule::Deny), _) => Decided::Listed(deny_listed()),
+            (_, [tier]) => {
+                let request = tier_request(tier, found.key, cost)?;
+                let decision = (*self.store).decide(&request).await?;
+                Decided::One(TierDecision {
+                    tier: tier.info(),
+                    decision,
+                })
+            }
+            (_, tiers) => {
+                let requests = tiers
+                    .iter()
+                    .map(|tier| tier_request(tier, found.key, cost))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let all = (*self.store).decide_all(&requests).await?;
+                let decision = Decision::most_restrictive(&all).unwrap_or_else(deny_listed);
+                let tiers = tiers
+                    .iter()
+                    .zip(all)
+                    .map(|(tier, decision)| TierDecision {
+                        tier: tier.info(),
+                        decision,
+                    })
+                    .collect();
+                Decided::Many(decision, tiers)
+            }
+        };
+        Ok(found.verdict(decided))
     }
 
     /// The active policy set.
@@ -162,8 +213,7 @@ impl<S: Store + ?Sized> Limiter<S> {
 
     /// Sets the limit and window of one tier, keeping its algorithm, name and state (see the
     /// crate documentation for what the state means under the new quota). `name` is
-    /// `"<policy>"` for a policy of one tier, or `"<policy>/<tier>"`. A burst equal to the old
-    /// limit follows the new limit; any other burst is kept.
+    /// `"<policy>"` for a policy of one tier, or `"<policy>/<tier>"`.
     ///
     /// Concurrent updates all take effect (each is applied to the set the previous one
     /// published). An invalid change is an error and changes nothing.
@@ -189,10 +239,78 @@ impl<S: Store + ?Sized> Limiter<S> {
     }
 }
 
+/// The synchronous part of a check, run with the thread's cached set.
+struct CheckNow<'a, S: ?Sized> {
+    limiter: &'a Limiter<S>,
+    policy: &'a str,
+    key: &'a [u8],
+    cost: u64,
+}
+
+impl<S: Store + ?Sized> UseSet for CheckNow<'_, S> {
+    type Output = Step;
+
+    #[inline(always)]
+    fn call(&mut self, set: &Arc<PolicySet>) -> Step {
+        self.limiter
+            .decide_now(set, self.policy, self.key, self.cost)
+    }
+}
+
+/// What a check found in its policy set for a key.
+struct Found<'s, 'k> {
+    policy: &'s Policy,
+    key: Key<'k>,
+    rule: Option<Rule>,
+    tiers: &'s [Tier],
+}
+
+impl Found<'_, '_> {
+    /// The verdict of `decided` under this policy.
+    #[inline(always)]
+    fn verdict(&self, decided: Decided) -> Verdict {
+        let shadow = self.policy.is_shadow();
+        let outcome = match (decided.decision().is_allowed(), shadow) {
+            (true, _) => Outcome::Allowed,
+            (false, false) => Outcome::Denied,
+            (false, true) => Outcome::ShadowDenied,
+        };
+        Verdict {
+            decided,
+            policy: self.policy.static_name(),
+            flags: Flags::new(
+                outcome,
+                shadow,
+                matches!(self.rule, Some(Rule::Override(_))),
+            ),
+        }
+    }
+}
+
+/// Looks up `policy` in `set`, validates `key` and finds what applies to it.
+#[inline(always)]
+fn lookup<'s, 'k>(
+    set: &'s PolicySet,
+    policy: &str,
+    key: &'k [u8],
+) -> Result<Found<'s, 'k>, CheckError> {
+    let Some(found) = set.position(policy).and_then(|i| set.policy_at(i)) else {
+        return Err(CheckError::UnknownPolicy(policy.to_owned()));
+    };
+    let key = Key::new(key).map_err(distlimit_core::Error::from)?;
+    let rule = found.rule(key.as_bytes());
+    Ok(Found {
+        policy: found,
+        key,
+        rule,
+        tiers: found.tiers_for(rule),
+    })
+}
+
 impl<S: ?Sized> std::fmt::Debug for Limiter<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Limiter")
-            .field("policies", &self.policies.load().len())
+            .field("policies", &self.policies.load_full().len())
             .field("observer", &self.observer.is_some())
             .finish_non_exhaustive()
     }
@@ -223,16 +341,6 @@ fn tier_request<'a>(tier: &'a Tier, key: Key<'a>, cost: u64) -> Result<Request<'
         .map_err(distlimit_core::Error::from)?)
 }
 
-/// The per-tier decisions of a verdict.
-enum Decisions {
-    /// A listed key: no tier was asked.
-    Listed(Decision),
-    /// A policy of one tier.
-    One(Decision),
-    /// One per tier, as the store answered them.
-    Many(Vec<Decision>),
-}
-
 /// Whether a key was on a list of its policy: decided without the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Listed {
@@ -244,30 +352,109 @@ pub enum Listed {
 
 /// The answer to one check: the outcome, the combined decision, and one decision per tier.
 ///
-/// It holds the policy snapshot it was decided with, so tier names and quotas are those the
-/// decision used even if the policies changed since. Keep it for the request, not longer: it
-/// holds a (cheap, lock-free) reference that delays freeing an old policy set.
+/// It is plain data: it copies what it reports of the policy (the tiers' names, quotas and
+/// algorithms as the check used them), so it holds no reference to the policy set and can be
+/// kept, cloned and sent anywhere.
+#[derive(Clone)]
 pub struct Verdict {
-    snapshot: Guard<Arc<PolicySet>>,
-    policy: usize,
-    rule: Option<Rule>,
-    decisions: Decisions,
+    decided: Decided,
+    policy: Name,
+    flags: Flags,
+}
+
+/// A verdict's outcome, shadow mode and override flag in one word.
+///
+/// One word rather than three bytes, so that the verdict has no tail of loose bytes: the
+/// verdict is moved a few times on its way out of a check (into the check's result, the
+/// future's output, the caller's variable), and a tail of bytes written one by one but moved as
+/// one 16-byte block stalls each move (store-to-load forwarding fails); that cost the check
+/// about 10 ns.
+#[derive(Clone, Copy)]
+struct Flags(u64);
+
+impl Flags {
+    const DENIED: u64 = 1;
+    const SHADOW_DENIED: u64 = 2;
+    const SHADOW: u64 = 4;
+    const OVERRIDE: u64 = 8;
+
+    #[inline(always)]
+    fn new(outcome: Outcome, shadow: bool, is_override: bool) -> Self {
+        let outcome = match outcome {
+            Outcome::Denied => Self::DENIED,
+            Outcome::ShadowDenied => Self::SHADOW_DENIED,
+            _ => 0,
+        };
+        Self(
+            outcome
+                | if shadow { Self::SHADOW } else { 0 }
+                | if is_override { Self::OVERRIDE } else { 0 },
+        )
+    }
+
+    #[inline(always)]
+    fn outcome(self) -> Outcome {
+        if self.0 & Self::DENIED != 0 {
+            Outcome::Denied
+        } else if self.0 & Self::SHADOW_DENIED != 0 {
+            Outcome::ShadowDenied
+        } else {
+            Outcome::Allowed
+        }
+    }
+
+    #[inline(always)]
+    fn shadow(self) -> bool {
+        self.0 & Self::SHADOW != 0
+    }
+
+    #[inline(always)]
+    fn is_override(self) -> bool {
+        self.0 & Self::OVERRIDE != 0
+    }
+}
+
+/// What the store answered, per tier.
+#[derive(Clone)]
+enum Decided {
+    /// A listed key: no tier was asked. Allowed for the allow list, denied for the deny list
+    /// (no separate byte for which: every variant's payload is whole words, see [`Flags`]).
+    Listed(Decision),
+    /// A policy of one tier.
+    One(TierDecision),
+    /// The most restrictive decision, and one per tier as the store answered them.
+    Many(Decision, Vec<TierDecision>),
+}
+
+impl Decided {
+    #[inline]
+    fn decision(&self) -> &Decision {
+        match self {
+            Decided::Listed(d) | Decided::Many(d, _) => d,
+            Decided::One(one) => &one.decision,
+        }
+    }
+}
+
+/// One tier's decision, with the tier as the check used it.
+#[derive(Clone, Debug)]
+struct TierDecision {
+    tier: TierInfo,
     decision: Decision,
-    outcome: Outcome,
 }
 
 impl Verdict {
     /// Allowed, denied, or denied in shadow mode (let through and reported).
     #[inline]
     pub fn outcome(&self) -> Outcome {
-        self.outcome
+        self.flags.outcome()
     }
 
     /// Whether the request may proceed: `false` only for [`Outcome::Denied`]; a shadow denial
     /// passes.
     #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.outcome != Outcome::Denied
+        self.outcome() != Outcome::Denied
     }
 
     /// The most restrictive decision over the tiers (see [`Decision::most_restrictive`]); its
@@ -276,49 +463,43 @@ impl Verdict {
     /// `retry_after` = [`NEVER`](distlimit_core::NEVER).
     #[inline]
     pub fn decision(&self) -> &Decision {
-        &self.decision
+        self.decided.decision()
     }
 
     /// The policy's name.
+    #[inline]
     pub fn policy(&self) -> &str {
-        self.policy_ref().map_or("", Policy::name)
+        self.policy.as_str()
     }
 
     /// Whether the key was on the allow or deny list (then [`tiers`](Self::tiers) is empty).
+    #[inline]
     pub fn listed(&self) -> Option<Listed> {
-        match self.rule {
-            Some(Rule::Allow) => Some(Listed::Allow),
-            Some(Rule::Deny) => Some(Listed::Deny),
+        match &self.decided {
+            Decided::Listed(d) if d.is_allowed() => Some(Listed::Allow),
+            Decided::Listed(_) => Some(Listed::Deny),
             _ => None,
         }
     }
 
     /// Whether the key was held to a per-key override instead of the policy's tiers.
+    #[inline]
     pub fn is_override(&self) -> bool {
-        matches!(self.rule, Some(Rule::Override(_)))
+        self.flags.is_override()
     }
 
     /// One verdict per tier the key was checked against, in order (global tiers first for an
     /// override). Empty for a listed key.
     pub fn tiers(&self) -> TierVerdicts<'_> {
-        let tiers = self
-            .policy_ref()
-            .map_or(&[][..], |p| p.tiers_for(self.rule));
-        let decisions = match &self.decisions {
-            Decisions::Listed(_) => &[][..],
-            Decisions::One(d) => std::slice::from_ref(d),
-            Decisions::Many(all) => all,
+        let tiers = match &self.decided {
+            Decided::Listed(..) => &[][..],
+            Decided::One(one) => std::slice::from_ref(one),
+            Decided::Many(_, all) => all,
         };
-        let n = decisions.len().min(tiers.len());
         TierVerdicts {
-            tiers: tiers.get(..n).unwrap_or_default(),
-            decisions: decisions.get(..n).unwrap_or_default(),
-            shadow: self.policy_ref().is_some_and(Policy::is_shadow),
+            tiers,
+            shadow: self.flags.shadow(),
         }
-    }
-
-    fn policy_ref(&self) -> Option<&Policy> {
-        self.snapshot.policy_at(self.policy)
     }
 }
 
@@ -326,8 +507,8 @@ impl std::fmt::Debug for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Verdict")
             .field("policy", &self.policy())
-            .field("outcome", &self.outcome)
-            .field("decision", &self.decision)
+            .field("outcome", &self.outcome())
+            .field("decision", self.decision())
             .field("tiers", &self.tiers().collect::<Vec<_>>())
             .finish()
     }
@@ -337,8 +518,7 @@ impl std::fmt::Debug for Verdict {
 /// and `iter` like a slice.
 #[derive(Clone, Debug)]
 pub struct TierVerdicts<'a> {
-    tiers: &'a [Tier],
-    decisions: &'a [Decision],
+    tiers: &'a [TierDecision],
     shadow: bool,
 }
 
@@ -359,7 +539,6 @@ impl<'a> TierVerdicts<'a> {
     pub fn get(&self, index: usize) -> Option<TierVerdict<'a>> {
         Some(TierVerdict {
             tier: self.tiers.get(index)?,
-            decision: *self.decisions.get(index)?,
             shadow: self.shadow,
         })
     }
@@ -381,7 +560,6 @@ impl<'a> Iterator for TierVerdicts<'a> {
     fn next(&mut self) -> Option<Self::Item> {
         let item = self.first()?;
         self.tiers = self.tiers.get(1..).unwrap_or_default();
-        self.decisions = self.decisions.get(1..).unwrap_or_default();
         Some(item)
     }
 
@@ -392,12 +570,12 @@ impl<'a> Iterator for TierVerdicts<'a> {
 
 impl ExactSizeIterator for TierVerdicts<'_> {}
 
-/// The decision of one tier, with the tier's name and quota (for `RateLimit-Policy` and
-/// `RateLimit` headers).
+/// The decision of one tier, with the tier's name and quota ([`limit`](Self::limit),
+/// [`period`](Self::period), [`burst`](Self::burst)) as the check used them (for
+/// `RateLimit-Policy` and `RateLimit` headers).
 #[derive(Clone, Copy, Debug)]
 pub struct TierVerdict<'a> {
-    tier: &'a Tier,
-    decision: Decision,
+    tier: &'a TierDecision,
     shadow: bool,
 }
 
@@ -405,31 +583,43 @@ impl<'a> TierVerdict<'a> {
     /// The tier's name.
     #[inline]
     pub fn name(&self) -> &'a str {
-        self.tier.name()
+        self.tier.tier.name.as_str()
     }
 
-    /// The tier's quota (limit, period, burst).
+    /// The tier's limit: units admitted per [`period`](Self::period) (see [`Quota::limit`](distlimit_core::Quota::limit)).
     #[inline]
-    pub fn quota(&self) -> &'a Quota {
-        self.tier.quota()
+    pub fn limit(&self) -> u64 {
+        self.tier.tier.limit
+    }
+
+    /// The tier's period (see [`Quota::period`](distlimit_core::Quota::period)).
+    #[inline]
+    pub fn period(&self) -> Duration {
+        Duration::from_micros(self.tier.tier.period_us)
+    }
+
+    /// The tier's burst: its capacity (see [`Quota::burst`](distlimit_core::Quota::burst)).
+    #[inline]
+    pub fn burst(&self) -> u64 {
+        self.tier.tier.burst
     }
 
     /// The tier's algorithm.
     #[inline]
     pub fn algorithm(&self) -> Algorithm {
-        self.tier.algorithm()
+        self.tier.tier.algorithm()
     }
 
-    /// The tier (scope, store policy name).
+    /// Per key or global.
     #[inline]
-    pub fn tier(&self) -> &'a Tier {
-        self.tier
+    pub fn scope(&self) -> Scope {
+        self.tier.tier.scope()
     }
 
     /// What this tier alone answered. All tiers were charged if and only if every one allowed.
     #[inline]
-    pub fn decision(&self) -> &Decision {
-        &self.decision
+    pub fn decision(&self) -> &'a Decision {
+        &self.tier.decision
     }
 
     /// Whether the policy is in shadow mode (a denial here did not block the request).

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Key, Limit, MAX_POLICY_LEN, Quota, QuotaError};
+use distlimit_core::{Algorithm, Key, Limit, MAX_POLICY_LEN, Quota, QuotaError, bytes_eq};
 
 use crate::ConfigError;
+use crate::intern::{Name, intern};
 
 /// The most tiers one request is checked against (global tiers plus per-key tiers, or global
 /// tiers plus an override's tiers): all of them go to the store in one all-or-nothing batch.
@@ -56,7 +57,12 @@ pub struct Tier {
     name: Box<str>,
     limit: Limit,
     scope: Scope,
+    /// `"<policy>/<tier>"` once validated, empty before.
     store_policy: Box<str>,
+    /// The interned name, once validated.
+    static_name: Name,
+    /// The algorithm's index in [`Algorithm::ALL`], once validated.
+    algorithm_index: u64,
 }
 
 impl Tier {
@@ -67,6 +73,8 @@ impl Tier {
             limit,
             scope: Scope::Key,
             store_policy: Box::default(),
+            static_name: Name::EMPTY,
+            algorithm_index: 0,
         }
     }
 
@@ -119,6 +127,23 @@ impl Tier {
         &self.store_policy
     }
 
+    /// What a verdict reports of this tier: copied, with the name interned.
+    #[inline]
+    pub(crate) fn info(&self) -> TierInfo {
+        let quota = self.limit.quota();
+        let global = match self.scope {
+            Scope::Key => 0,
+            Scope::Global => TierInfo::GLOBAL,
+        };
+        TierInfo {
+            kind: self.algorithm_index | global,
+            name: self.static_name,
+            limit: quota.limit(),
+            period_us: quota.period_us(),
+            burst: quota.burst(),
+        }
+    }
+
     fn validate(&mut self, policy: &str) -> Result<(), ConfigError> {
         let located = |e: ConfigError| e.in_tier(&self.name);
         check_name(&self.name).map_err(located)?;
@@ -138,7 +163,48 @@ impl Tier {
             )));
         }
         self.store_policy = format!("{policy}/{}", self.name).into();
+        self.static_name = intern(&self.name);
+        let algorithm = self.limit.algorithm();
+        self.algorithm_index = Algorithm::ALL
+            .iter()
+            .position(|a| *a == algorithm)
+            .unwrap_or_default() as u64;
         Ok(())
+    }
+}
+
+/// A tier as a [`Verdict`](crate::Verdict) reports it: a copy of what it reports (40 bytes,
+/// with the name interned), so that the verdict holds no reference to the policy set.
+///
+/// Only whole words, with the algorithm and the scope packed into one, like
+/// [`Decision`](distlimit_core::Decision)'s flags: moves of a verdict then read back what
+/// whole-word stores wrote (see there).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TierInfo {
+    /// Bits 0 to 7: the algorithm's index in [`Algorithm::ALL`]; bit 8: global scope.
+    kind: u64,
+    pub(crate) name: Name,
+    pub(crate) limit: u64,
+    pub(crate) period_us: u64,
+    pub(crate) burst: u64,
+}
+
+impl TierInfo {
+    const GLOBAL: u64 = 1 << 8;
+
+    pub(crate) fn algorithm(&self) -> Algorithm {
+        Algorithm::ALL
+            .get((self.kind & 0xff) as usize)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn scope(&self) -> Scope {
+        if self.kind & Self::GLOBAL != 0 {
+            Scope::Global
+        } else {
+            Scope::Key
+        }
     }
 }
 
@@ -198,8 +264,9 @@ impl Override {
 pub(crate) enum Rule {
     Allow,
     Deny,
-    /// Index into [`Policy::overrides`] and into the compiled tier lists.
-    Override(usize),
+    /// Index into [`Policy::overrides`] and into the compiled tier lists (a `u32`, so that an
+    /// `Option<Rule>` is one word in every verdict).
+    Override(u32),
 }
 
 /// A named set of tiers a request is checked against all-or-nothing, with allow and deny lists,
@@ -223,6 +290,8 @@ pub(crate) enum Rule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     name: Box<str>,
+    /// The interned name, once the policy is part of a built set; empty before.
+    static_name: Name,
     shadow: bool,
     tiers: Vec<Tier>,
     allow: Vec<Box<[u8]>>,
@@ -239,6 +308,7 @@ impl Policy {
     pub fn new(name: impl Into<Box<str>>) -> Self {
         Self {
             name: name.into(),
+            static_name: Name::EMPTY,
             shadow: false,
             tiers: Vec::new(),
             allow: Vec::new(),
@@ -303,6 +373,12 @@ impl Policy {
         &self.name
     }
 
+    /// The interned name (empty before the policy is part of a built set).
+    #[inline]
+    pub(crate) fn static_name(&self) -> Name {
+        self.static_name
+    }
+
     /// Whether the policy is in shadow mode.
     #[inline]
     pub fn is_shadow(&self) -> bool {
@@ -343,7 +419,7 @@ impl Policy {
     #[inline]
     pub(crate) fn tiers_for(&self, rule: Option<Rule>) -> &[Tier] {
         match rule {
-            Some(Rule::Override(i)) => self.override_tiers.get(i).map_or(&[], |t| t),
+            Some(Rule::Override(i)) => self.override_tiers.get(i as usize).map_or(&[], |t| t),
             _ => &self.tiers,
         }
     }
@@ -400,6 +476,7 @@ impl Policy {
         let name = self.name.clone();
         let located = |e: ConfigError| e.in_policy(&name);
         check_name(&self.name).map_err(located)?;
+        self.static_name = intern(&self.name);
         if self.tiers.is_empty() {
             return Err(located(ConfigError::new(
                 "tiers",
@@ -444,7 +521,14 @@ impl Policy {
             validate_tiers(&mut tiers, &name).map_err(in_override)?;
             o.tiers = tiers.get(globals.len()..).unwrap_or_default().to_vec();
             self.override_tiers.push(tiers.into());
-            insert_rule(&mut self.rules, &o.key, Rule::Override(i), "override").map_err(located)?;
+            let index = u32::try_from(i).map_err(|_| {
+                located(ConfigError::new(
+                    "overrides",
+                    format!("more than {} overrides", u32::MAX),
+                ))
+            })?;
+            insert_rule(&mut self.rules, &o.key, Rule::Override(index), "override")
+                .map_err(located)?;
         }
         Ok(())
     }
@@ -547,12 +631,16 @@ impl PolicySet {
     }
 
     /// The index of policy `name`, for [`policy_at`](Self::policy_at). A set of at most
-    /// `SCAN_MAX` policies is scanned (comparing lengths first), which is cheaper than
-    /// hashing the name; a larger one is looked up in the hash index.
+    /// `SCAN_MAX` policies is scanned (comparing lengths first, then a few words, without a
+    /// call to `memcmp`), which is cheaper than hashing the name; a larger one is looked up in
+    /// the hash index.
     #[inline]
     pub(crate) fn position(&self, name: &str) -> Option<usize> {
         if self.policies.len() <= SCAN_MAX {
-            return self.policies.iter().position(|p| *p.name == *name);
+            return self
+                .policies
+                .iter()
+                .position(|p| bytes_eq(p.name.as_bytes(), name.as_bytes()));
         }
         self.index.get(name).copied()
     }

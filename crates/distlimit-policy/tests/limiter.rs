@@ -51,7 +51,7 @@ async fn tiers_are_all_or_nothing_and_the_decision_is_the_most_restrictive() {
         .map(|t| (t.name(), t.decision().is_allowed()))
         .collect();
     assert_eq!(tiers, [("second", false), ("minute", true)]);
-    assert_eq!(v.tiers().get(1).unwrap().quota().limit(), 5);
+    assert_eq!(v.tiers().get(1).unwrap().limit(), 5);
     // What the minute tier alone would have answered: 1 left after this request...
     assert_eq!(v.tiers().get(1).unwrap().decision().remaining(), 1);
     assert_eq!(v.decision().retry_after(), Duration::from_micros(333_334));
@@ -274,7 +274,7 @@ async fn a_verdict_keeps_the_snapshot_it_was_decided_with() {
         "[[policy]]\nname = \"api\"\ntiers = [ { name = \"u\", limit = 9, per = \"1m\" } ]",
     ));
     let t = v.tiers().first().unwrap();
-    assert_eq!((t.name(), t.quota().limit()), ("t", 5));
+    assert_eq!((t.name(), t.limit()), ("t", 5));
     assert_eq!(l.policies().get("api").unwrap().tiers()[0].name(), "u");
     let t = l.check("api", b"k").await.unwrap();
     assert_eq!(t.tiers().first().unwrap().name(), "u");
@@ -318,7 +318,7 @@ async fn every_policy_is_found_by_name_in_small_and_large_sets() {
         for (i, name) in names.iter().enumerate() {
             let v = l.check(name, b"k").await.unwrap();
             assert_eq!(v.policy(), name);
-            assert_eq!(v.tiers().first().unwrap().quota().limit(), i as u64 + 1);
+            assert_eq!(v.tiers().first().unwrap().limit(), i as u64 + 1);
         }
         for unknown in ["p", "p0", "p000", "q00", ""] {
             let e = l.check(unknown, b"k").await.unwrap_err();

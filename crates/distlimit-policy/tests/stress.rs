@@ -47,15 +47,14 @@ fn generation_of(verdict: &distlimit_policy::Verdict) -> u64 {
     let mut seen = None;
     for (i, tier) in verdict.tiers().enumerate() {
         let i = i as u64 + 1;
-        let quota = tier.quota();
-        let g = quota.limit() - i * BASE;
+        let g = tier.limit() - i * BASE;
         assert_eq!(
-            quota.period(),
+            tier.period(),
             Duration::from_millis(i * 1_000 + g),
             "tier {i}"
         );
         // The store decided with this very quota: its capacity is the one reported.
-        assert_eq!(tier.decision().limit(), quota.limit(), "tier {i}");
+        assert_eq!(tier.decision().limit(), tier.limit(), "tier {i}");
         match seen {
             None => seen = Some(g),
             Some(first) => assert_eq!(first, g, "a verdict mixes generations"),

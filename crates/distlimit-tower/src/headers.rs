@@ -97,9 +97,13 @@ impl Computed {
                 }
                 push_sf_string(s, policy, tier.name());
             }
-            let q = tier.quota();
             // Writing to a String cannot fail.
-            let _ = write!(rp, ";q={};w={}", q.limit(), ceil_secs(q.period()).max(1));
+            let _ = write!(
+                rp,
+                ";q={};w={}",
+                tier.limit(),
+                ceil_secs(tier.period()).max(1)
+            );
             // In a denial nothing was charged, but a tier that would have admitted reports what
             // would remain after this request: add its unit back.
             let remaining = if denied && d.is_allowed() {
