@@ -334,7 +334,8 @@ async fn every_policy_is_found_by_name_in_small_and_large_sets() {
 fn a_single_tier_check_is_a_small_future() {
     // Moving the check's future (into a runtime task, a tower response future) copies all of
     // it: the batch requests of multi-tier checks live in a `Vec`, not inline, so that the
-    // common case stays small.
+    // common case stays small. (464 bytes since the check's awaited path is a separate step
+    // holding its own request and lookup; it was 336, and 1.1 KB with the batch inline.)
     let (l, _) = limiter(toml(
         r#"
         [[policy]]
@@ -345,5 +346,5 @@ fn a_single_tier_check_is_a_small_future() {
     let future = l.check("api", b"k");
     let size = std::mem::size_of_val(&future);
     eprintln!("the check future takes {size} bytes");
-    assert!(size <= 352, "the check future takes {size} bytes");
+    assert!(size <= 480, "the check future takes {size} bytes");
 }
