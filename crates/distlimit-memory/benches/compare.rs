@@ -18,7 +18,7 @@
 //! * Groups: `hot_key` (one key); `keys_10k`, `keys_100k`, `keys_1m` (N keys, inserted in one
 //!   shuffled order and then visited in another, fixed one); `new_keys` (keys never seen, into a
 //!   fresh store per bounded chunk); `two_threads` (wall time per decision with 1 and 2 threads
-//!   on distinct keys); `clock` and `hash` (the two costs distlimit's design choices are about).
+//!   on distinct keys: 10 000 random keys per thread, and `*_hot`: one key per thread); `clock` and `hash` (the two costs distlimit's design choices are about).
 //!   Key types: `u64` (distlimit gets its 8 little-endian bytes) and `string24`
 //!   (`user-{:019}`, exactly 24 bytes).
 
@@ -492,6 +492,12 @@ fn two_threads(c: &mut Criterion) {
     bench_threads(&mut group, "distlimit_gcra", Distlimit::gcra, &key_sets);
     bench_threads(&mut group, "governor", Governor::<u64>::new, &key_sets);
     bench_threads(&mut group, "mutex_hashmap", MutexMap::<u64>::new, &key_sets);
+    // One hot key per thread: distinct keys that (63 times in 64) live in different shards, so
+    // the threads share no lock word. Random keys spread both threads over every shard, and a
+    // shard's lock line then moves between the cores on most decisions.
+    let hot: Vec<Vec<u64>> = (0..2).map(|t| vec![u64::nth(42 + t)]).collect();
+    bench_threads(&mut group, "distlimit_gcra_hot", Distlimit::gcra, &hot);
+    bench_threads(&mut group, "governor_hot", Governor::<u64>::new, &hot);
     group.finish();
 }
 
