@@ -12,7 +12,7 @@
 //! | `distlimit_decisions_total` | counter | `policy`, `outcome` (`allowed`, `denied`, `shadow_denied`), `source` (`primary`, `fallback`, `blocked_cache`, `fail_open`) |
 //! | `distlimit_decision_duration_seconds` | histogram, 1 µs to 100 ms | `policy` |
 //! | `distlimit_near_limit_total` | counter: admitted with `remaining` under 20 % of `limit` | `policy` |
-//! | `distlimit_store_errors_total` | counter | `store`, `kind` ([`Error::kind`]) |
+//! | `distlimit_store_errors_total` | counter | `store` (the hybrid store's name for its primary's failures, fallback-absorbed included; `limiter` for checks that returned a store error to their caller), `kind` ([`Error::kind`]) |
 //! | `distlimit_breaker_state` | gauge, 1 for the current state, 0 for the others | `store`, `state` (`closed`, `open`, `half_open`) |
 //! | `distlimit_breaker_transitions_total` | counter | `store`, `from`, `to` |
 //!

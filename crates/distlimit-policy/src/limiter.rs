@@ -52,7 +52,8 @@ impl<S: Store + ?Sized> Limiter<S> {
 
     /// The same limiter reporting every check to `observer`
     /// ([`Observer::on_decision`] with the policy name, the outcome, the combined decision and
-    /// the time the check took).
+    /// the time the check took), and every check that failed because its store did
+    /// ([`Observer::on_store_error`], see [`STORE_LABEL`](Self::STORE_LABEL)).
     #[must_use]
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
@@ -106,9 +107,16 @@ impl<S: Store + ?Sized> Limiter<S> {
                 cost,
             },
         );
-        let verdict = match step {
-            Step::Done(verdict) => verdict?,
-            Step::Wait(set) => self.decide_later(&set, policy, key, cost).await?,
+        let result = match step {
+            Step::Done(result) => result,
+            Step::Wait(set) => self.decide_later(&set, policy, key, cost).await,
+        };
+        let verdict = match result {
+            Ok(verdict) => verdict,
+            Err(e) => {
+                self.report_error(policy, &e);
+                return Err(e);
+            }
         };
         if let (Some(observer), Some(started)) = (&self.observer, started) {
             observer.on_decision(
@@ -193,6 +201,24 @@ impl<S: Store + ?Sized> Limiter<S> {
         };
         Ok(found.verdict(decided))
     }
+
+    /// Reports a store failure that ends a check to the observer, as
+    /// [`Observer::on_store_error`] with the store named [`Limiter::STORE_LABEL`]. Unknown
+    /// policies and invalid keys are the caller's errors, not the store's: not reported.
+    #[cold]
+    fn report_error(&self, policy: &str, e: &CheckError) {
+        if let (Some(observer), CheckError::Store(error)) = (&self.observer, e)
+            && !error.is_invalid_input()
+        {
+            observer.on_store_error(Self::STORE_LABEL, policy, error);
+        }
+    }
+
+    /// The store name a limiter reports failed checks under ([`Observer::on_store_error`]):
+    /// `"limiter"`. Each report is a check that returned the store's error to its caller; a
+    /// store that absorbs failures itself (the hybrid store's fallback) reports those under its
+    /// own name, and a failure it passes on is then reported by both.
+    pub const STORE_LABEL: &'static str = "limiter";
 
     /// The active policy set.
     pub fn policies(&self) -> Arc<PolicySet> {

@@ -264,6 +264,57 @@ async fn the_observer_sees_every_check() {
     );
 }
 
+#[derive(Default)]
+struct ErrorRecorder(Mutex<Vec<(&'static str, String, &'static str)>>);
+
+impl Observer for ErrorRecorder {
+    fn on_store_error(&self, store: &'static str, policy: &str, error: &distlimit_core::Error) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((store, policy.to_owned(), error.kind()));
+    }
+}
+
+#[tokio::test]
+async fn the_observer_sees_checks_failed_by_the_store_and_not_bad_input() {
+    use distlimit_test::{Fault, FaultKind, FaultyStore};
+
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let recorder = Arc::new(ErrorRecorder::default());
+    let l = Limiter::new(
+        store.clone(),
+        toml(
+            r#"
+            [[policy]]
+            name = "one"
+            tiers = [ { name = "t", limit = 5, per = "1s" } ]
+            [[policy]]
+            name = "two"
+            tiers = [ { name = "t", limit = 5, per = "1s" }, { name = "u", limit = 9, per = "1m" } ]
+            "#,
+        ),
+    )
+    .with_observer(recorder.clone());
+    assert!(l.check("one", b"k").await.unwrap().is_allowed());
+    store.set_default(Fault::Fail(FaultKind::Unavailable));
+    for policy in ["one", "two"] {
+        let e = l.check(policy, b"k").await.unwrap_err();
+        assert!(e.is_transient(), "{e}");
+    }
+    // The caller's mistakes are not the store's failures.
+    assert!(l.check("nope", b"k").await.is_err());
+    assert!(l.check("one", b"").await.is_err());
+    let seen = recorder.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            ("limiter", "one".to_owned(), "unavailable"),
+            ("limiter", "two".to_owned(), "unavailable"),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_verdict_keeps_the_snapshot_it_was_decided_with() {
     let (l, _clock) = limiter(toml(
