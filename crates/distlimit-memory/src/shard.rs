@@ -17,6 +17,11 @@ use hashbrown::HashTable;
 /// Keys up to this many bytes live inside the entry; longer ones take one heap allocation.
 const INLINE: usize = 22;
 
+/// Tables of at least this many buckets look for an entry in its home bucket first (see
+/// [`Part::home`]): 4096 buckets are 64 KiB of 16-byte entries per shard, 4 MiB over the 64
+/// shards, more than this machine's L2 cache.
+const HOME_FIRST: usize = 4096;
+
 /// Buckets examined for an expired entry before evicting a live one when the shard is full.
 const EVICT_SCAN: usize = 32;
 
@@ -589,6 +594,23 @@ impl<T: Slot> Part<T> {
         false
     }
 
+    /// The bucket where the probe sequence of `hash` starts: where an entry inserted into a
+    /// table with room lands, so where most entries are.
+    ///
+    /// Lookups in a table of at least [`HOME_FIRST`] buckets look there first, then through the
+    /// table's probe. The table's own lookup reads a group of control bytes, and only from their
+    /// value knows which bucket to read: in a table larger than the cache, two misses one after
+    /// the other. The home bucket's address depends on the hash alone, so the CPU reads it while
+    /// the control byte that says whether it is full is still on its way: one miss for most
+    /// keys (1 million 8-byte keys: 152 → 106 ns). In a table that stays in the cache the extra
+    /// check costs more than it saves (10 000 keys: 20 → 22 ns; a third of the keys are not at
+    /// home, a mispredicted branch), hence the threshold.
+    #[inline(always)]
+    fn home(&self, hash: u64) -> usize {
+        // hashbrown starts probing at `hash & (buckets - 1)` (buckets: a power of two).
+        (hash as usize) & self.map.num_buckets().wrapping_sub(1)
+    }
+
     /// Removes the entry `is` picks out, if any.
     fn remove(&mut self, hash: u64, is: impl FnMut(&T) -> bool) {
         if !self.map.is_empty()
@@ -624,13 +646,44 @@ impl<T: GcraSlot> Part<T> {
         cost: u64,
     ) -> Option<Decision> {
         let id = T::pack(id)?;
-        let entry = self.map.find_mut(hash, |e| e.is(&id))?;
+        let entry = if self.map.num_buckets() >= HOME_FIRST {
+            self.find_large_mut(hash, id)?
+        } else {
+            self.map.find_mut(hash, |e| e.is(&id))?
+        };
         Some(decide_gcra(entry.tat_mut(), limit, now, cost))
+    }
+
+    /// `id`'s entry in a table of at least [`HOME_FIRST`] buckets: home bucket first (see
+    /// [`Part::home`]). Out of line, so that the lookup in smaller tables, which do not need
+    /// it, stays as small as before and inlined.
+    #[inline(never)]
+    fn find_large(&self, hash: u64, id: T::Id) -> Option<&T> {
+        match self.map.get_bucket(self.home(hash)) {
+            Some(entry) if entry.is(&id) => Some(entry),
+            _ => self.map.find(hash, |e| e.is(&id)),
+        }
+    }
+
+    /// [`find_large`](Self::find_large), for a change.
+    #[inline(never)]
+    fn find_large_mut(&mut self, hash: u64, id: T::Id) -> Option<&mut T> {
+        let home = self.home(hash);
+        match self.map.get_bucket(home) {
+            Some(entry) if entry.is(&id) => self.map.get_bucket_mut(home),
+            _ => self.map.find_mut(hash, |e| e.is(&id)),
+        }
     }
 
     /// What a GCRA request on `id` would answer, changing nothing.
     fn evaluate_gcra(&self, hash: u64, id: Id<'_>, limit: &Limit, now: u64, cost: u64) -> Decision {
-        let entry = T::pack(id).and_then(|id| self.map.find(hash, |e| e.is(&id)));
+        let entry = T::pack(id).and_then(|id| {
+            if self.map.num_buckets() >= HOME_FIRST {
+                self.find_large(hash, id)
+            } else {
+                self.map.find(hash, |e| e.is(&id))
+            }
+        });
         let mut tat = entry.map_or(0, T::tat);
         decide_gcra(&mut tat, limit, now, cost)
     }
@@ -649,6 +702,28 @@ impl<T: GcraSlot> Part<T> {
         };
         self.insert(hash, T::new(id, tat), hasher);
         true
+    }
+}
+
+impl Part<Entry> {
+    /// `id`'s entry in a table of at least [`HOME_FIRST`] buckets: home bucket first (see
+    /// [`Part::home`]); out of line like [`Part::find_large`].
+    #[inline(never)]
+    fn find_large(&self, hash: u64, id: Id<'_>) -> Option<&Entry> {
+        match self.map.get_bucket(self.home(hash)) {
+            Some(entry) if entry.key.is(id) => Some(entry),
+            _ => self.map.find(hash, |e| e.key.is(id)),
+        }
+    }
+
+    /// [`find_large`](Self::find_large), for a change.
+    #[inline(never)]
+    fn find_large_mut(&mut self, hash: u64, id: Id<'_>) -> Option<&mut Entry> {
+        let home = self.home(hash);
+        match self.map.get_bucket(home) {
+            Some(entry) if entry.key.is(id) => self.map.get_bucket_mut(home),
+            _ => self.map.find_mut(hash, |e| e.key.is(id)),
+        }
     }
 }
 
@@ -685,7 +760,11 @@ impl Table {
             Home::Short => self.short.evaluate_gcra(hash, id, limit, now, cost),
             Home::Long => self.long.evaluate_gcra(hash, id, limit, now, cost),
             Home::Wide => {
-                let entry = self.wide.map.find(hash, |e| e.key.is(id));
+                let entry = if self.wide.map.num_buckets() >= HOME_FIRST {
+                    self.wide.find_large(hash, id)
+                } else {
+                    self.wide.map.find(hash, |e| e.key.is(id))
+                };
                 limit.evaluate(entry.map(|e| &e.state), now, cost)
             }
         }
@@ -709,7 +788,12 @@ impl Table {
             Home::Word => self.word.decide_gcra(hash, id, limit, now, cost),
             Home::Short => self.short.decide_gcra(hash, id, limit, now, cost),
             Home::Long => self.long.decide_gcra(hash, id, limit, now, cost),
-            Home::Wide => self.wide.map.find_mut(hash, |e| e.key.is(id)).map(|entry| {
+            Home::Wide => if self.wide.map.num_buckets() >= HOME_FIRST {
+                self.wide.find_large_mut(hash, id)
+            } else {
+                self.wide.map.find_mut(hash, |e| e.key.is(id))
+            }
+            .map(|entry| {
                 let decision = match &mut entry.state {
                     State::TokenBucket(bucket) if limit.algorithm() == Algorithm::TokenBucket => {
                         decide_token_bucket(bucket, limit, now, cost)
