@@ -4,7 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlimit_core::{Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store};
+use distlimit_core::{
+    Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store, bytes_eq,
+};
 
 use crate::intern::Name;
 use crate::policy::{GLOBAL_KEY, Policy, Rule, Tier, TierInfo};
@@ -132,8 +134,15 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// The check, as far as it goes without waiting: a listed key, or a single tier the store
     /// answers through [`Store::decide_now`].
     #[inline(always)]
-    fn decide_now(&self, set: &Arc<PolicySet>, policy: &str, key: &[u8], cost: u64) -> Step {
-        let found = match lookup(set, policy, key) {
+    fn decide_now(
+        &self,
+        set: &Arc<PolicySet>,
+        hint: &mut usize,
+        policy: &str,
+        key: &[u8],
+        cost: u64,
+    ) -> Step {
+        let found = match lookup(set, hint, policy, key) {
             Ok(found) => found,
             Err(e) => return Step::Done(Err(e)),
         };
@@ -169,7 +178,7 @@ impl<S: Store + ?Sized> Limiter<S> {
         key: &[u8],
         cost: u64,
     ) -> Result<Verdict, CheckError> {
-        let found = lookup(set, policy, key)?;
+        let found = lookup(set, &mut 0, policy, key)?;
         let decided = match (found.rule, found.tiers) {
             (Some(Rule::Allow), _) => Decided::Listed(allow_listed()),
             (Some(Rule::Deny), _) => Decided::Listed(deny_listed()),
@@ -277,9 +286,9 @@ impl<S: Store + ?Sized> UseSet for CheckNow<'_, S> {
     type Output = Step;
 
     #[inline(always)]
-    fn call(&mut self, set: &Arc<PolicySet>) -> Step {
+    fn call(&mut self, set: &Arc<PolicySet>, hint: &mut usize) -> Step {
         self.limiter
-            .decide_now(set, self.policy, self.key, self.cost)
+            .decide_now(set, hint, self.policy, self.key, self.cost)
     }
 }
 
@@ -317,11 +326,22 @@ impl Found<'_, '_> {
 #[inline(always)]
 fn lookup<'s, 'k>(
     set: &'s PolicySet,
+    hint: &mut usize,
     policy: &str,
     key: &'k [u8],
 ) -> Result<Found<'s, 'k>, CheckError> {
-    let Some(found) = set.position(policy).and_then(|i| set.policy_at(i)) else {
-        return Err(CheckError::UnknownPolicy(policy.to_owned()));
+    let found = match set.policy_at(*hint) {
+        Some(p) if bytes_eq(p.name().as_bytes(), policy.as_bytes()) => p,
+        _ => {
+            let Some((i, p)) = set
+                .position(policy)
+                .and_then(|i| Some((i, set.policy_at(i)?)))
+            else {
+                return Err(CheckError::UnknownPolicy(policy.to_owned()));
+            };
+            *hint = i;
+            p
+        }
     };
     let key = Key::new(key).map_err(distlimit_core::Error::from)?;
     let rule = found.rule(key.as_bytes());

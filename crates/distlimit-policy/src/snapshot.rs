@@ -65,6 +65,8 @@ struct Cached {
     owner: Weak<Published>,
     generation: u64,
     set: Arc<PolicySet>,
+    /// The index of the policy this thread last checked in `set`: tried first.
+    hint: usize,
 }
 
 thread_local! {
@@ -90,8 +92,9 @@ pub(crate) fn with_current<F: UseSet>(published: &Arc<Published>, mut f: F) -> F
         if entry.generation != generation {
             entry.set = published.load_full();
             entry.generation = generation;
+            entry.hint = 0;
         }
-        Some(f.call(&entry.set))
+        Some(f.call(&entry.set, &mut entry.hint))
     });
     match cached {
         Ok(Some(answer)) => answer,
@@ -103,7 +106,7 @@ pub(crate) fn with_current<F: UseSet>(published: &Arc<Published>, mut f: F) -> F
 #[cold]
 #[inline(never)]
 fn uncached<F: UseSet>(published: &Published, f: &mut F) -> F::Output {
-    f.call(&published.swap.load())
+    f.call(&published.swap.load(), &mut 0)
 }
 
 /// What [`with_current`] does with the set: a trait rather than a closure, so that its
@@ -113,15 +116,16 @@ pub(crate) trait UseSet {
     /// The result.
     type Output;
 
-    /// Uses `set`.
-    fn call(&mut self, set: &Arc<PolicySet>) -> Self::Output;
+    /// Uses `set`; `hint` is the thread's guess of the policy index, for the caller to use
+    /// and update.
+    fn call(&mut self, set: &Arc<PolicySet>, hint: &mut usize) -> Self::Output;
 }
 
 impl<R, F: FnMut(&Arc<PolicySet>) -> R> UseSet for F {
     type Output = R;
 
     #[inline]
-    fn call(&mut self, set: &Arc<PolicySet>) -> R {
+    fn call(&mut self, set: &Arc<PolicySet>, _: &mut usize) -> R {
         self(set)
     }
 }
@@ -135,6 +139,7 @@ fn miss(cache: &mut Vec<Cached>, published: &Arc<Published>, generation: u64) ->
         owner: Arc::downgrade(published),
         generation,
         set: published.load_full(),
+        hint: 0,
     });
     cache.len() - 1
 }

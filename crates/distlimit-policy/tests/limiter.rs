@@ -331,6 +331,37 @@ async fn a_verdict_keeps_the_snapshot_it_was_decided_with() {
     assert_eq!(t.tiers().first().unwrap().name(), "u");
 }
 
+/// Each thread tries the policy it checked last first: switching policies and sets must still
+/// find each policy by its name.
+#[tokio::test]
+async fn a_thread_switching_policies_and_sets_finds_each_by_name() {
+    let (l, _clock) = limiter(toml(
+        r#"
+        [[policy]]
+        name = "a"
+        tiers = [ { name = "t", limit = 1, per = "1h" } ]
+        [[policy]]
+        name = "b"
+        tiers = [ { name = "t", limit = 2, per = "1h" } ]
+        "#,
+    ));
+    let limit = |v: &distlimit_policy::Verdict| v.tiers().first().unwrap().limit();
+    for (policy, expected) in [("b", 2), ("a", 1), ("a", 1), ("b", 2), ("a", 1)] {
+        let v = l.check(policy, b"k").await.unwrap();
+        assert_eq!((v.policy(), limit(&v)), (policy, expected));
+    }
+    // The last policy checked was at index 0; now index 0 is another policy and "a" is gone.
+    l.replace(toml(
+        "[[policy]]\nname = \"b\"\ntiers = [ { name = \"t\", limit = 5, per = \"1h\" } ]",
+    ));
+    assert!(matches!(
+        l.check("a", b"k").await,
+        Err(CheckError::UnknownPolicy(name)) if name == "a"
+    ));
+    let v = l.check("b", b"k").await.unwrap();
+    assert_eq!((v.policy(), limit(&v)), ("b", 5));
+}
+
 #[tokio::test]
 async fn works_behind_dyn_store() {
     let store: Arc<dyn distlimit_core::Store> = Arc::new(MemoryStore::new());
