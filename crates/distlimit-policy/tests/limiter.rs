@@ -385,6 +385,24 @@ fn check_futures_are_send() {
     send(l.check("api", b"k"));
 }
 
+/// A verdict is plain data: it can be kept, cloned and sent anywhere, and outlives the set and
+/// the limiter it came from.
+#[tokio::test]
+async fn a_verdict_outlives_its_limiter() {
+    fn plain<T: Clone + Send + Sync + 'static>(t: T) -> T {
+        t
+    }
+    let (l, _clock) = limiter(toml(
+        "[[policy]]\nname = \"api\"\ntiers = [ { name = \"t\", limit = 5, per = \"1h\" } ]",
+    ));
+    let v = plain(l.check("api", b"k").await.unwrap());
+    drop(l);
+    let kept = std::thread::spawn(move || v.clone()).join().unwrap();
+    let tier = kept.tiers().first().unwrap();
+    assert_eq!((kept.policy(), tier.name(), tier.limit()), ("api", "t", 5));
+    assert_eq!(tier.decision().remaining(), 4);
+}
+
 #[tokio::test]
 async fn every_policy_is_found_by_name_in_small_and_large_sets() {
     // Small sets are scanned, large ones looked up in a hash index: both must find each name
