@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use distlimit_core::{Error, Key, KeyError, Limit, MAX_KEY_LEN, Quota, Request, Store, StoreExt};
 use distlimit_redis::{Mode, RedisStore, hash_slot};
-use support::PrivateServer;
+use distlimit_test::server::free_port;
+use support::RedisServer;
 
 /// Tests that pause or count commands on the shared Cluster run one at a time.
 static CLUSTER: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(Default::default);
@@ -42,7 +43,7 @@ fn kind(result: &Result<impl std::fmt::Debug, Error>) -> String {
 #[tokio::test]
 async fn unreachable_server_is_a_transient_error_within_the_connect_timeout() {
     let connect_timeout = Duration::from_millis(500);
-    let port = support::free_port(); // nothing listens there
+    let port = free_port().unwrap(); // nothing listens there
     let url = format!("redis://127.0.0.1:{port}");
     let builders = [
         ("standalone", RedisStore::builder(&url)),
@@ -115,7 +116,7 @@ async fn a_server_that_never_answers_is_a_timeout() {
 
 #[tokio::test]
 async fn a_paused_server_times_out_and_the_script_is_not_sent_again() {
-    let Some(server) = PrivateServer::start(&[]) else {
+    let Some(server) = RedisServer::start() else {
         return;
     };
     let response_timeout = Duration::from_millis(100);
@@ -203,17 +204,16 @@ async fn a_paused_cluster_times_out_and_the_script_is_not_sent_again() {
 
 #[tokio::test]
 async fn a_restarted_server_fails_calls_fast_then_is_reconnected() {
-    let Some(server) = PrivateServer::start(&[]) else {
+    let Some(mut server) = RedisServer::start() else {
         return;
     };
-    let port = server.port();
     let url = server.url();
     let mux = RedisStore::builder(&url).connect().await.unwrap();
     let pool = RedisStore::builder(&url).pool(2).connect().await.unwrap();
     for store in [&mux, &pool] {
         assert!(store.check("k", limit()).await.unwrap().is_allowed());
     }
-    drop(server); // killed
+    server.kill();
     for store in [&mux, &pool] {
         for _ in 0..3 {
             let start = Instant::now();
@@ -232,9 +232,7 @@ async fn a_restarted_server_fails_calls_fast_then_is_reconnected() {
             );
         }
     }
-    let Some(_server) = PrivateServer::start_on(port, &[]) else {
-        return;
-    };
+    server.restart().unwrap(); // on the same port
     for store in [&mux, &pool] {
         let start = Instant::now();
         loop {
@@ -362,8 +360,8 @@ mod tls {
         }
         let file = |name: &str| dir.join(name).display().to_string();
         let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
-        let tls_port = support::free_port().to_string();
-        let Some(server) = PrivateServer::start(&[
+        let tls_port = free_port().unwrap().to_string();
+        let Some(server) = RedisServer::start_with(&[
             "--tls-port",
             &tls_port,
             "--tls-cert-file",
@@ -499,7 +497,7 @@ async fn an_unknown_sentinel_service_is_a_config_error() {
 
 #[tokio::test]
 async fn acl_user_without_evalsha_is_a_config_error() {
-    let Some(server) = PrivateServer::start(&[]) else {
+    let Some(server) = RedisServer::start() else {
         return;
     };
     let mut admin = raw(&server.url()).await;
@@ -540,7 +538,7 @@ async fn acl_user_without_evalsha_is_a_config_error() {
 
 #[tokio::test]
 async fn wrong_or_missing_credentials_are_config_errors() {
-    let Some(server) = PrivateServer::start(&["--requirepass", "right"]) else {
+    let Some(server) = RedisServer::start_with(&["--requirepass", "right"]) else {
         return;
     };
     let port = server.port();
@@ -582,7 +580,7 @@ async fn wrong_or_missing_credentials_are_config_errors() {
 
 #[tokio::test]
 async fn scripting_disabled_is_a_config_error() {
-    let Some(server) = PrivateServer::start(&[
+    let Some(server) = RedisServer::start_with(&[
         "--rename-command",
         "EVALSHA",
         "",

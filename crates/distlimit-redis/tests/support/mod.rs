@@ -17,12 +17,7 @@
     clippy::panic
 )]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlimit_core::{Decision, Error, ManualClock, Request, Store};
@@ -32,8 +27,6 @@ pub const ENV_URL: &str = "DISTLIMIT_REDIS_URL";
 pub const ENV_CLUSTER_URLS: &str = "DISTLIMIT_REDIS_CLUSTER_URLS";
 pub const ENV_SENTINEL_URLS: &str = "DISTLIMIT_REDIS_SENTINEL_URLS";
 pub const ENV_SENTINEL_SERVICE: &str = "DISTLIMIT_REDIS_SENTINEL_SERVICE";
-pub const ENV_SERVER_BIN: &str = "DISTLIMIT_REDIS_SERVER_BIN";
-pub const ENV_CLI_BIN: &str = "DISTLIMIT_REDIS_CLI_BIN";
 
 /// Whether a missing server is a failure, and the variables that say where the servers are:
 /// a missing one panics under `DISTLIMIT_REQUIRE_REDIS=1`, else it is a skip.
@@ -65,26 +58,6 @@ pub fn sentinel() -> Option<(Vec<String>, String)> {
     Some((urls, service))
 }
 
-/// `redis-server`: `DISTLIMIT_REDIS_SERVER_BIN`, else (when servers are not required) one on
-/// the `PATH`.
-pub fn server_bin() -> Option<PathBuf> {
-    if let Ok(bin) = std::env::var(ENV_SERVER_BIN)
-        && !bin.trim().is_empty()
-    {
-        return Some(PathBuf::from(bin.trim()));
-    }
-    if !required()
-        && let Some(found) = std::env::var_os("PATH").and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|dir| dir.join("redis-server"))
-                .find(|p| p.is_file())
-        })
-    {
-        return Some(found);
-    }
-    var(ENV_SERVER_BIN).map(PathBuf::from)
-}
-
 /// The `distlimit_test` prefix for one store, as a Redis key prefix.
 pub fn unique_prefix(tag: &str) -> Vec<u8> {
     let mut prefix = distlimit_test::unique_prefix(tag);
@@ -93,116 +66,13 @@ pub fn unique_prefix(tag: &str) -> Vec<u8> {
     prefix
 }
 
-/// A `redis-server` of this test's own, on a free loopback port, killed (by its PID) and its
-/// directory removed on drop.
-pub struct PrivateServer {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl PrivateServer {
-    /// Starts one with the extra arguments `args`; `None` (a skip) when there is no binary.
-    pub fn start(args: &[&str]) -> Option<PrivateServer> {
-        let bin = server_bin()?;
-        let mut last = String::new();
-        for _ in 0..5 {
-            let port = free_port();
-            match Self::launch(&bin, port, args) {
-                Ok(server) => return Some(server),
-                Err(why) => last = why,
-            }
-        }
-        panic!("cannot start {}: {last}", bin.display());
-    }
-
-    /// Starts one on `port` (a restart on the port a store knows); `None` (a skip) when there
-    /// is no binary.
-    pub fn start_on(port: u16, args: &[&str]) -> Option<PrivateServer> {
-        let bin = server_bin()?;
-        match Self::launch(&bin, port, args) {
-            Ok(server) => Some(server),
-            Err(why) => panic!("cannot start {} on port {port}: {why}", bin.display()),
-        }
-    }
-
-    fn launch(bin: &Path, port: u16, args: &[&str]) -> Result<PrivateServer, String> {
-        let dir = std::env::temp_dir().join(format!(
-            "distlimit-redis-test-{}-{port}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let child = Command::new(bin)
-            .args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("spawn: {e}"))?;
-        let mut server = PrivateServer { child, port, dir };
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(format!("exited at startup: {status}"));
-            }
-            if ping(port) {
-                return Ok(server);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = server.child.kill();
-        Err("no PONG within 10 s".to_owned())
-    }
-
-    /// `redis://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// The port it listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-}
-
-impl Drop for PrivateServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A free loopback port (nothing listens on it right after this returns).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
-}
-
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    // A server that wants a password answers `-NOAUTH …`: up all the same.
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && (&reply == b"+PONG\r\n" || &reply == b"-NOAUTH")
-}
+/// A test's own `redis-server` on a free loopback port, killed by its PID on drop.
+pub use distlimit_test::server::RedisServer;
 
 /// A store that keeps a private server alive as long as it lives.
 pub struct Guarded {
     pub store: RedisStore,
-    _server: Option<Arc<PrivateServer>>,
+    _server: Option<Arc<RedisServer>>,
 }
 
 #[async_trait]
@@ -242,7 +112,7 @@ pub async fn standalone_store(
                  sets the DISTLIMIT_REDIS_* variables)"
             );
             eprintln!("note: {ENV_URL} is not set: running on a private redis-server");
-            let Some(server) = PrivateServer::start(&[]) else {
+            let Some(server) = RedisServer::start() else {
                 panic!(
                     "no Redis server for the conformance suite: set {ENV_URL} (run `cargo \
                      xtask test`), or install redis-server"
