@@ -14,6 +14,11 @@
 //! * `limiter`: `Limiter::check("api", key)` on the same store, policy and keys: snapshot load,
 //!   policy lookup, request building, the store call, the verdict (built and dropped), the
 //!   check's future polled once.
+//! * `limiter_now`: `Limiter::check_now("api", key, 1)`, the synchronous check (no future),
+//!   single-tier groups only: the like of `decide_sync`.
+//! * Each contender inspects its answer where it was returned (`decision.is_allowed()`,
+//!   `matches!(&answer, Ok(verdict) if verdict.is_allowed())`): moving a verdict out of its
+//!   `Result` first would add the caller's copy of 100 bytes to the limiter's side only.
 //! * Groups: `hot_key` (one key), `keys_10k` (10 000 keys in turn); `hot_key_swapping_paced`
 //!   and `keys_10k_swapping_paced`: the same while a second thread publishes one of two
 //!   prepared sets, then sleeps 100 µs (a few thousand publications per second, printed after
@@ -24,9 +29,9 @@
 //! * `snapshot/load_and_release`: an `ArcSwap` load of a policy set and the guard's release
 //!   alone, the two atomic operations every check makes to see one consistent set (a floor
 //!   of the difference between the contenders).
-//! * Each contender is measured interleaved with the other: chunks of 64 timed calls of its
-//!   own alternate with 64 untimed calls of the other, so load from other processes on a
-//!   shared machine hits both alike.
+//! * Each contender is measured interleaved with another (`store` with `limiter`, the limiters
+//!   with `store`): chunks of 64 timed calls of its own alternate with 64 untimed calls of the
+//!   other, so load from other processes on a shared machine hits both alike.
 //! * The quota admits everything during a run (2^32 units per second, the same burst: a hot
 //!   key's token bucket refills faster than it is drained, and GCRA's one-microsecond emission
 //!   interval against a burst of 2^32 lasts over an hour of back-to-back calls), so bookkeeping
@@ -116,12 +121,14 @@ fn interleaved(iters: u64, timed: &mut impl FnMut(), other: &mut impl FnMut()) -
 }
 
 /// Group `name`: the `store` and `limiter` contenders, each measured interleaved with the
-/// other. `store` and `limiter` make one contender's call each (the key index cycles).
-fn pair<A: FnMut(), B: FnMut()>(
+/// other, and `limiter_now` (if given) interleaved with `store`. Each closure makes one
+/// contender's call (the key index cycles).
+fn group<A: FnMut(), B: FnMut(), N: FnMut()>(
     c: &mut Criterion,
     name: &str,
     mut store: impl FnMut() -> A,
     mut limiter: impl FnMut() -> B,
+    limiter_now: Option<&mut dyn FnMut() -> N>,
 ) {
     let mut group = c.benchmark_group(name);
     group.bench_function("store", |b| {
@@ -132,10 +139,16 @@ fn pair<A: FnMut(), B: FnMut()>(
         let (mut timed, mut other) = (limiter(), store());
         b.iter_custom(|iters| interleaved(iters, &mut timed, &mut other));
     });
+    if let Some(limiter_now) = limiter_now {
+        group.bench_function("limiter_now", |b| {
+            let (mut timed, mut other) = (limiter_now(), store());
+            b.iter_custom(|iters| interleaved(iters, &mut timed, &mut other));
+        });
+    }
     group.finish();
 }
 
-/// Both contenders on `keys` (cycled), in group `name`.
+/// The three contenders on `keys` (cycled), in group `name`.
 fn single_tier(
     c: &mut Criterion,
     name: &str,
@@ -155,16 +168,30 @@ fn single_tier(
             assert!(decision.is_allowed());
         }
     };
-    pair(c, name, direct, || checks(limiter, keys));
+    let mut now_checks = || {
+        let mut i = 0;
+        move || {
+            i = (i + 1) % keys.len();
+            let answer = limiter.check_now(black_box("api"), keys[i].as_bytes(), 1);
+            assert!(matches!(&answer, Some(Ok(verdict)) if verdict.is_allowed()));
+        }
+    };
+    group(
+        c,
+        name,
+        direct,
+        || checks(limiter, keys),
+        Some(&mut now_checks),
+    );
 }
 
-/// `Limiter::check("api", key)` on `keys` (cycled).
+/// `Limiter::check("api", key)` on `keys` (cycled), polled once.
 fn checks<'a>(limiter: &'a Limiter<MemoryStore>, keys: &'a [String]) -> impl FnMut() + 'a {
     let mut i = 0;
     move || {
         i = (i + 1) % keys.len();
-        let verdict = now(limiter.check(black_box("api"), keys[i].as_bytes())).unwrap();
-        assert!(verdict.is_allowed());
+        let answer = now(limiter.check(black_box("api"), keys[i].as_bytes()));
+        assert!(matches!(&answer, Ok(verdict) if verdict.is_allowed()));
     }
 }
 
@@ -243,7 +270,13 @@ fn bench(c: &mut Criterion) {
             assert!(decisions.iter().all(|d| d.is_allowed()));
         }
     };
-    pair(c, "three_tiers", direct, || checks(&limiter, &keys));
+    group(
+        c,
+        "three_tiers",
+        direct,
+        || checks(&limiter, &keys),
+        None::<&mut dyn FnMut() -> fn()>,
+    );
 }
 
 /// The snapshot alone: what every check pays to decide with one consistent policy set.

@@ -1,6 +1,6 @@
 //! Allocation counting: a single-tier check through the limiter on the memory store allocates
-//! nothing at all (the store answers `Store::decide_now`, so not even the store's own
-//! `async_trait` future box is made); a multi-tier check allocates what the store's
+//! nothing at all, through `check` or `check_now` (the store answers `Store::decide_now`, so
+//! not even the store's own `async_trait` future box is made); a multi-tier check allocates what the store's
 //! `decide_all` does plus exactly two allocations (the `Vec` of its batch and the verdict's
 //! `Vec` of tiers); both also while another thread swaps the policies.
 
@@ -95,6 +95,11 @@ fn a_check_allocates_only_what_the_store_does() {
                 let verdict = now(limiter.check(policy, key.as_bytes())).unwrap();
                 assert!(verdict.is_allowed());
                 assert_eq!(verdict.tiers().len(), tiers);
+                // The synchronous path: decided for one tier, left to the future for two.
+                match limiter.check_now(policy, key.as_bytes(), 1) {
+                    Some(verdict) => assert!(tiers == 1 && verdict.unwrap().is_allowed()),
+                    None => assert_eq!(tiers, 2),
+                }
             }
         }
     };

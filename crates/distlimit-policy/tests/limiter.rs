@@ -448,3 +448,112 @@ fn a_single_tier_check_is_a_small_future() {
     eprintln!("the check future takes {size} bytes");
     assert!(size <= 480, "the check future takes {size} bytes");
 }
+
+const NOW_POLICIES: &str = r#"
+    [[policy]]
+    name = "one"
+    tiers = [ { name = "t", limit = 2, per = "1h" } ]
+    [[policy]]
+    name = "two"
+    allow = ["friend"]
+    tiers = [ { name = "t", limit = 2, per = "1h" }, { name = "u", limit = 9, per = "1d" } ]
+"#;
+
+#[tokio::test]
+async fn check_now_decides_single_tiers_on_the_memory_store_with_the_same_state_as_check() {
+    let (l, _clock) = limiter(toml(NOW_POLICIES));
+    let first = l.check_now("one", b"k", 1).unwrap().unwrap();
+    assert!(first.is_allowed());
+    assert_eq!(first.tiers().first().unwrap().decision().remaining(), 1);
+    assert!(l.check("one", b"k").await.unwrap().is_allowed());
+    let denied = l.check_now("one", b"k", 1).unwrap().unwrap();
+    assert_eq!(denied.outcome(), Outcome::Denied);
+    // A peek and a cost, as with `check_cost`.
+    assert!(!l.check_now("one", b"k", 0).unwrap().unwrap().is_allowed());
+    assert!(l.check_now("other", b"k", 3).is_some_and(|r| r.is_err()));
+    assert!(!l.check_now("one", b"k2", 3).unwrap().unwrap().is_allowed());
+    assert!(l.check_now("one", b"k2", 2).unwrap().unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn check_now_leaves_multi_tier_checks_to_the_future_and_charges_nothing() {
+    let (l, _clock) = limiter(toml(NOW_POLICIES));
+    for _ in 0..5 {
+        assert!(l.check_now("two", b"k", 1).is_none());
+    }
+    // Nothing was charged: both units are still there.
+    assert!(allowed(&l, "two", "k").await);
+    assert!(allowed(&l, "two", "k").await);
+    assert!(!allowed(&l, "two", "k").await);
+    // What needs no store is answered on any policy: lists, unknown policies, bad keys.
+    let friend = l.check_now("two", b"friend", 1).unwrap().unwrap();
+    assert_eq!(friend.listed(), Some(Listed::Allow));
+    let unknown = l.check_now("nope", b"k", 1).unwrap().unwrap_err();
+    assert!(matches!(unknown, CheckError::UnknownPolicy(ref p) if p == "nope"));
+    assert!(l.check_now("two", b"", 1).unwrap().is_err());
+    assert!(l.check_now("one", &[b'x'; 10_000], 1).unwrap().is_err());
+}
+
+#[tokio::test]
+async fn check_now_is_none_on_a_store_that_must_be_awaited() {
+    // `FaultyStore` answers only through futures (no `decide_now`), like a Redis store.
+    let store = Arc::new(distlimit_test::FaultyStore::new(MemoryStore::new()));
+    let l = Limiter::new(store, toml(NOW_POLICIES));
+    assert!(l.check_now("one", b"k", 1).is_none());
+    let v = l.check("one", b"k").await.unwrap();
+    assert_eq!(v.tiers().first().unwrap().decision().remaining(), 1);
+    assert_eq!(
+        l.check_now("two", b"friend", 1).unwrap().unwrap().listed(),
+        Some(Listed::Allow)
+    );
+}
+
+#[tokio::test]
+async fn the_observer_sees_checks_decided_by_check_now() {
+    let (l, _clock) = limiter(toml(NOW_POLICIES));
+    let recorder = Arc::new(Recorder::default());
+    let l = l.with_observer(recorder.clone());
+    let a = *l.check_now("one", b"k", 1).unwrap().unwrap().decision();
+    assert!(
+        l.check_now("two", b"k", 1).is_none(),
+        "not decided, not seen"
+    );
+    let b = *l.check("two", b"k").await.unwrap().decision();
+    let seen = recorder.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            ("one".to_owned(), Outcome::Allowed, a),
+            ("two".to_owned(), Outcome::Allowed, b),
+        ]
+    );
+}
+
+/// A check future polled again after its verdict stays pending and charges nothing, whether
+/// it was decided in its first poll or had to wait.
+#[test]
+fn a_finished_check_future_stays_pending_and_charges_nothing() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let (l, _clock) = limiter(toml(NOW_POLICIES));
+    let mut cx = Context::from_waker(Waker::noop());
+    for policy in ["one", "two"] {
+        let mut check = std::pin::pin!(l.check(policy, b"k"));
+        assert!(matches!(check.as_mut().poll(&mut cx), Poll::Ready(Ok(v)) if v.is_allowed()));
+        for _ in 0..3 {
+            assert!(check.as_mut().poll(&mut cx).is_pending());
+        }
+        let left = match l.check_now(policy, b"k", 0) {
+            Some(r) => r.unwrap().decision().remaining(),
+            None => {
+                let mut peek = std::pin::pin!(l.peek(policy, b"k"));
+                match peek.as_mut().poll(&mut cx) {
+                    Poll::Ready(r) => r.unwrap().decision().remaining(),
+                    Poll::Pending => panic!("the memory store never waits"),
+                }
+            }
+        };
+        assert_eq!(left, 1, "{policy}: one unit charged, not four");
+    }
+}
