@@ -72,6 +72,8 @@ pub(crate) enum Start {
     Unchecked,
     /// Answer without checking (the client cannot be identified).
     Reject(Rejection),
+    /// Decided already: the limiter answered without waiting (`Limiter::check_now`).
+    Decided(Step),
     /// Check with the limiter first.
     Check(CheckFuture),
 }
@@ -125,6 +127,11 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
                 return Start::Reject(Rejection::Misconfigured { detail });
             }
         };
+        // A store that answers at once (the memory store, a hybrid store on its fallback)
+        // decides here: no future to box, no clone of the inner service.
+        if let Some(result) = self.limiter.check_now(&policy, key.as_bytes(), 1) {
+            return Start::Decided(self.step(&policy, result));
+        }
         Start::Check(Box::pin(async move {
             self.check(&policy, key.as_bytes()).await
         }))
@@ -173,10 +180,13 @@ impl OwnedKey {
 ///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
 ///    `tracing`.
 ///
-/// The policy and key are found in `call`, from the request's head; a checked request then
-/// allocates one boxed future (the limiter's check, which borrows the limiter, the policy and
-/// the key). Keys are on the stack (IP) or share the header's bytes; no lock is taken. A request
-/// no policy applies to goes straight to the inner service, without a box or a clone of it.
+/// The policy and key are found in `call`, from the request's head. A store that answers
+/// without waiting (the memory store, a hybrid store on its fallback) decides there too
+/// ([`Limiter::check_now`](distlimit_policy::Limiter::check_now)), so the request goes on with
+/// nothing allocated and no clone of the inner service; otherwise the request allocates one
+/// boxed future (the limiter's check, which borrows the limiter, the policy and the key). Keys
+/// are on the stack (IP) or share the header's bytes; no lock is taken. A request no policy
+/// applies to goes straight to the inner service, without a box or a clone of it.
 #[derive(Clone)]
 pub struct RateLimitLayer {
     config: Arc<dyn Decide>,
@@ -348,7 +358,12 @@ where
         match self.config.clone().start(head) {
             // The service polled ready serves the request now.
             Start::Unchecked => ResponseFuture::calling(self.inner.call(req), None),
-            Start::Reject(rejection) => ResponseFuture::rejected(rejection, is_grpc(req.headers())),
+            Start::Reject(rejection) | Start::Decided(Step::Reject(rejection)) => {
+                ResponseFuture::rejected(rejection, is_grpc(req.headers()))
+            }
+            Start::Decided(Step::Pass(headers)) => {
+                ResponseFuture::calling(self.inner.call(req), headers)
+            }
             Start::Check(check) => {
                 // The service that was polled ready goes into the future; a fresh clone stays.
                 let clone = self.inner.clone();
