@@ -63,8 +63,32 @@ impl Decision {
         }
     }
 
+    /// A decision from its fields in microseconds (what a store driver that computes in
+    /// microseconds has; what [`reset_after_us`](Self::reset_after_us) and
+    /// [`retry_after_us`](Self::retry_after_us) return), with the guarantees of
+    /// [`allowed`](Self::allowed) and [`denied`](Self::denied): `remaining` capped at `limit`,
+    /// `retry_after` zero when allowed and at least one microsecond when denied.
     #[inline]
-    pub(crate) fn from_micros(
+    pub fn from_micros(
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        reset_after_us: u64,
+        retry_after_us: u64,
+    ) -> Self {
+        Self {
+            flags: flags(allowed, Source::Primary),
+            limit,
+            remaining: remaining.min(limit),
+            reset_after_us,
+            retry_after_us: if allowed { 0 } else { retry_after_us.max(1) },
+        }
+    }
+
+    /// [`from_micros`](Self::from_micros) for the reference algorithms, whose answers hold the
+    /// guarantees already.
+    #[inline]
+    pub(crate) fn from_micros_exact(
         allowed: bool,
         limit: u64,
         remaining: u64,

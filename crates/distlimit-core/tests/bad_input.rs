@@ -565,3 +565,44 @@ fn error_conversions_and_messages() {
     assert_eq!(err.to_string(), "memory: unavailable: gone");
     assert!(std::error::Error::source(&err).is_some());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Decisions built by drivers
+// ---------------------------------------------------------------------------------------------
+
+/// `Decision::from_micros` keeps the guarantees of `allowed` and `denied` whatever a driver
+/// passes, and rebuilds any decision exactly from its accessors.
+#[test]
+fn decisions_from_micros_keep_their_guarantees() {
+    let d = Decision::from_micros(true, 5, 9, 700, 300);
+    assert!(d.is_allowed());
+    assert_eq!(
+        (d.limit(), d.remaining()),
+        (5, 5),
+        "remaining capped at limit"
+    );
+    assert_eq!(
+        (d.reset_after_us(), d.retry_after_us()),
+        (700, 0),
+        "no wait when allowed"
+    );
+    let d = Decision::from_micros(false, 5, 2, 700, 0);
+    assert!(d.is_denied());
+    assert_eq!(d.retry_after_us(), 1, "a denial always has a wait");
+    for original in [
+        Decision::allowed(10, 3, Duration::from_micros(1_234)),
+        Decision::denied(10, 0, Duration::from_secs(2), Duration::from_millis(5)),
+        Decision::denied(7, 7, Duration::ZERO, distlimit_core::NEVER)
+            .with_source(distlimit_core::Source::Fallback),
+    ] {
+        let rebuilt = Decision::from_micros(
+            original.is_allowed(),
+            original.limit(),
+            original.remaining(),
+            original.reset_after_us(),
+            original.retry_after_us(),
+        )
+        .with_source(original.source());
+        assert_eq!(rebuilt, original);
+    }
+}

@@ -184,10 +184,12 @@ impl<S: Store + ?Sized> Limiter<S> {
         key: &[u8],
         cost: u64,
     ) -> Result<Verdict, CheckError> {
-        let started = Instant::now();
+        let started = self.observer.as_ref().map(|_| Instant::now());
         let set = with_current(&self.policies, |set: &Arc<PolicySet>| Arc::clone(set));
         let result = self.decide_later(&set, policy, key, cost).await;
-        self.observe(policy, &result, started);
+        if let Some(started) = started {
+            self.observe(policy, &result, started);
+        }
         result
     }
 
@@ -237,7 +239,7 @@ impl<S: Store + ?Sized> Limiter<S> {
                 match (*self.store).decide_now(&request) {
                     Some(Ok(decision)) => Decided::One(TierDecision {
                         tier: tier.info(),
-                        decision,
+                        decision: rebuilt(&decision),
                     }),
                     Some(Err(e)) => return Some(Err(e.into())),
                     None => return None,
@@ -479,6 +481,27 @@ impl<S: ?Sized> std::fmt::Debug for Limiter<S> {
             .field("observer", &self.observer.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// `decision`, rebuilt from its fields.
+///
+/// The store has just written its decision, field by field; copied as it is, the compiler
+/// moves two adjacent fields with one 16-byte load, which the CPU cannot forward from those two
+/// pending 8-byte stores: the load waits until the store's writes (the key's entry among them,
+/// often a cache miss) reach the cache. Rebuilt (the caps of [`Decision::from_micros`], the
+/// source), each field is read on its own and forwarded at once. Measured in the limiter bench
+/// (paired rounds): about 5 ns less per check through the future (`check`), within noise
+/// through `check_now`.
+#[inline(always)]
+fn rebuilt(decision: &Decision) -> Decision {
+    Decision::from_micros(
+        decision.is_allowed(),
+        decision.limit(),
+        decision.remaining(),
+        decision.reset_after_us(),
+        decision.retry_after_us(),
+    )
+    .with_source(decision.source())
 }
 
 /// The answer of a key on the allow list: nothing counted, nothing limited.

@@ -296,7 +296,7 @@ pub(crate) trait Model {
 fn evaluate<M: Model>(m: &M, q: &Quota, capacity: u64, now: u64, cost: u64) -> Decision {
     let available = m.available(q, now).min(capacity);
     if cost > capacity {
-        return Decision::from_micros(
+        return Decision::from_micros_exact(
             false,
             capacity,
             available,
@@ -307,9 +307,9 @@ fn evaluate<M: Model>(m: &M, q: &Quota, capacity: u64, now: u64, cost: u64) -> D
     let want = cost.max(1);
     if want <= available {
         let remaining = available - cost;
-        Decision::from_micros(true, capacity, remaining, m.reset_after(q, now, cost), 0)
+        Decision::from_micros_exact(true, capacity, remaining, m.reset_after(q, now, cost), 0)
     } else {
-        Decision::from_micros(
+        Decision::from_micros_exact(
             false,
             capacity,
             available,
