@@ -199,21 +199,14 @@ const ROUND_CALLS: u32 = 10_000;
 /// Criterion's estimates above are means, which a burst of load on a shared machine inflates
 /// for the slower contender more; these are the figures the README reports.
 fn paired(group: &str, name: &str, store: &mut impl FnMut(), contender: &mut impl FnMut()) {
-    let time = |f: &mut dyn FnMut()| {
-        let started = Instant::now();
-        for _ in 0..ROUND_CALLS {
-            f();
-        }
-        started.elapsed().as_secs_f64() * 1e9 / f64::from(ROUND_CALLS)
-    };
     let (mut stores, mut contenders, mut differences) = (vec![], vec![], vec![]);
     for round in 0..ROUNDS {
         let (s, c) = if round % 2 == 0 {
-            let s = time(store);
-            (s, time(contender))
+            let s = round_ns(store);
+            (s, round_ns(contender))
         } else {
-            let c = time(contender);
-            (time(store), c)
+            let c = round_ns(contender);
+            (round_ns(store), c)
         };
         stores.push(s);
         contenders.push(c);
@@ -230,6 +223,16 @@ fn paired(group: &str, name: &str, store: &mut impl FnMut(), contender: &mut imp
         contenders[0] - stores[0],
         differences[ROUNDS / 2],
     );
+}
+
+/// Nanoseconds per call of `f` over one round of [`paired`] (generic, like criterion's loop in
+/// `interleaved`).
+fn round_ns(f: &mut impl FnMut()) -> f64 {
+    let started = Instant::now();
+    for _ in 0..ROUND_CALLS {
+        f();
+    }
+    started.elapsed().as_secs_f64() * 1e9 / f64::from(ROUND_CALLS)
 }
 
 /// `Limiter::check("api", key)` on `keys` (cycled), polled once.
