@@ -1,6 +1,7 @@
 //! [`Limiter`]: checks requests against the active [`PolicySet`] on any [`Store`].
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -131,15 +132,16 @@ impl<S: Store + ?Sized> Limiter<S> {
         self.poll_now(policy, key, cost)
     }
 
-    /// [`check_now`](Self::check_now), which the check's future calls in its first poll.
+    /// [`check_now`](Self::check_now), and the first poll of the check's future, answering
+    /// in the type each returns (`A`: `Option` or `Poll`).
     ///
-    /// Written so that the verdict (about 100 bytes) is built where the caller receives it: it
-    /// has the type both callers return (so nothing unwraps and wraps it again), and the
-    /// observer's path is a function of its own (a result that can also come from a call
-    /// returns through memory). A move through memory of a value just written field by field
-    /// stalls the CPU (see [`Flags`]): each such move cost a check 4 to 8 ns.
+    /// Written so that the verdict (about 100 bytes) is built where the caller receives it:
+    /// nothing unwraps and wraps it again, and the observer's path is a function of its own (a
+    /// result that can also come from a call returns through memory). A move through memory of
+    /// a value just written field by field stalls the CPU (see [`Flags`]): each such move cost
+    /// a check 4 to 15 ns.
     #[inline(always)]
-    fn poll_now(&self, policy: &str, key: &[u8], cost: u64) -> Option<Result<Verdict, CheckError>> {
+    fn poll_now<A: Answer>(&self, policy: &str, key: &[u8], cost: u64) -> A {
         if self.observer.is_some() {
             return self.poll_now_observed(policy, key, cost);
         }
@@ -150,30 +152,32 @@ impl<S: Store + ?Sized> Limiter<S> {
                 policy,
                 key,
                 cost,
+                answer: PhantomData,
             },
         )
     }
 
     /// [`poll_now`](Self::poll_now) reporting to the observer.
     #[inline(never)]
-    fn poll_now_observed(
-        &self,
-        policy: &str,
-        key: &[u8],
-        cost: u64,
-    ) -> Option<Result<Verdict, CheckError>> {
+    fn poll_now_observed<A: Answer>(&self, policy: &str, key: &[u8], cost: u64) -> A {
         let started = Instant::now();
-        let result = with_current(
+        let answer: Option<Result<Verdict, CheckError>> = with_current(
             &self.policies,
             CheckNow {
                 limiter: self,
                 policy,
                 key,
                 cost,
+                answer: PhantomData,
             },
-        )?;
-        self.observe(policy, &result, started);
-        Some(result)
+        );
+        match answer {
+            Some(result) => {
+                self.observe(policy, &result, started);
+                A::ready(result)
+            }
+            None => A::pending(),
+        }
     }
 
     /// A check that must await the store, from the start: with the current set (the thread's
@@ -214,17 +218,17 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// The check, as far as it goes without waiting: a listed key, or a single tier the store
     /// answers through [`Store::decide_now`].
     #[inline(always)]
-    fn decide_now(
+    fn decide_now<A: Answer>(
         &self,
         set: &PolicySet,
         hint: &mut usize,
         policy: &str,
         key: &[u8],
         cost: u64,
-    ) -> Option<Result<Verdict, CheckError>> {
+    ) -> A {
         let found = match lookup(set, hint, policy, key) {
             Ok(found) => found,
-            Err(e) => return Some(Err(e)),
+            Err(e) => return A::ready(Err(e)),
         };
         let decided = match (found.rule, found.tiers) {
             (Some(Rule::Allow), _) => Decided::Listed(allow_listed()),
@@ -232,7 +236,7 @@ impl<S: Store + ?Sized> Limiter<S> {
             (_, [tier]) => {
                 let request = match tier_request(tier, found.key, cost) {
                     Ok(request) => request,
-                    Err(e) => return Some(Err(e)),
+                    Err(e) => return A::ready(Err(e)),
                 };
                 // `*self.store`: the store itself (`Arc<S>` implements `Store` too, forwarding
                 // with a future box of its own).
@@ -241,13 +245,13 @@ impl<S: Store + ?Sized> Limiter<S> {
                         tier: tier.info(),
                         decision: rebuilt(&decision),
                     }),
-                    Some(Err(e)) => return Some(Err(e.into())),
-                    None => return None,
+                    Some(Err(e)) => return A::ready(Err(e.into())),
+                    None => return A::pending(),
                 }
             }
-            _ => return None,
+            _ => return A::pending(),
         };
-        Some(Ok(found.verdict(decided)))
+        A::ready(Ok(found.verdict(decided)))
     }
 
     /// The decision of a check that must await the store, with `set`.
@@ -382,8 +386,8 @@ where
         let mut this = self.project();
         if let Some(later) = this.later.take() {
             match this.limiter.poll_now(this.policy, this.key, *this.cost) {
-                None => this.waiting.set(Some(later())),
-                Some(result) => return Poll::Ready(result),
+                Poll::Pending => this.waiting.set(Some(later())),
+                ready => return ready,
             }
         }
         let Some(waiting) = this.waiting.as_mut().as_pin_mut() else {
@@ -395,16 +399,50 @@ where
     }
 }
 
+/// The answer of a check that may have to wait: `Option` for [`Limiter::check_now`], `Poll`
+/// for the check's future, each built in place (see [`Limiter::poll_now`]).
+trait Answer {
+    /// Decided.
+    fn ready(result: Result<Verdict, CheckError>) -> Self;
+    /// The store must be awaited.
+    fn pending() -> Self;
+}
+
+impl Answer for Option<Result<Verdict, CheckError>> {
+    #[inline(always)]
+    fn ready(result: Result<Verdict, CheckError>) -> Self {
+        Some(result)
+    }
+
+    #[inline(always)]
+    fn pending() -> Self {
+        None
+    }
+}
+
+impl Answer for Poll<Result<Verdict, CheckError>> {
+    #[inline(always)]
+    fn ready(result: Result<Verdict, CheckError>) -> Self {
+        Poll::Ready(result)
+    }
+
+    #[inline(always)]
+    fn pending() -> Self {
+        Poll::Pending
+    }
+}
+
 /// The synchronous part of a check, run with the thread's cached set.
-struct CheckNow<'a, S: ?Sized> {
+struct CheckNow<'a, S: ?Sized, A> {
     limiter: &'a Limiter<S>,
     policy: &'a str,
     key: &'a [u8],
     cost: u64,
+    answer: PhantomData<fn() -> A>,
 }
 
-impl<S: Store + ?Sized> UseSet for CheckNow<'_, S> {
-    type Output = Option<Result<Verdict, CheckError>>;
+impl<S: Store + ?Sized, A: Answer> UseSet for CheckNow<'_, S, A> {
+    type Output = A;
 
     #[inline(always)]
     fn call(&mut self, set: &Arc<PolicySet>, hint: &mut usize) -> Self::Output {

@@ -6,7 +6,10 @@
 //! thread keeps the set it last used, with the generation it was published under, and a check
 //! that finds the generation unchanged (one load, no write) uses that set without touching the
 //! `ArcSwap`. A new generation reloads it (`load_full`, a reference count). This is
-//! arc-swap's own `Cache`, kept per thread and per limiter.
+//! arc-swap's own `Cache`, kept per thread and per limiter. The thread's cache is borrowed only
+//! to find the entry, which lends its set to the check as an `Rc` (a plain counter), so the
+//! check runs outside the thread-local's closure and a check made from inside a check (from a
+//! store) uses the cache too.
 //!
 //! Publication stores the set, then bumps the generation with `Release`; a check loads the
 //! generation with `Acquire` before it reloads, so a check that starts after
@@ -17,7 +20,8 @@
 //! after a change or exits; an entry of a dropped limiter is removed when that thread next
 //! misses its cache.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -64,9 +68,15 @@ struct Cached {
     /// The limiter's publication point: identifies the entry, and is gone when the limiter is.
     owner: Weak<Published>,
     generation: u64,
+    current: Rc<Current>,
+}
+
+/// The set a thread checks with, lent to each check (an `Rc` clone: the cache is borrowed only
+/// to find it, so a check made from inside a check, from a store, uses the cache too).
+struct Current {
     set: Arc<PolicySet>,
     /// The index of the policy this thread last checked in `set`: tried first.
-    hint: usize,
+    hint: Cell<usize>,
 }
 
 thread_local! {
@@ -74,37 +84,67 @@ thread_local! {
 }
 
 /// Calls `f` with `published`'s current set, from this thread's cache when the generation is
-/// unchanged. When the cache is not available (the thread is exiting, or `f` itself checks
-/// again, from inside a store), the set is loaded from the `ArcSwap`.
+/// unchanged (loaded from the `ArcSwap` when the thread is exiting and its cache is gone).
+///
+/// `f` runs here, not in the closure given to the thread-local: that closure returns one
+/// pointer. Were the check inside it, it would return the check's verdict (about 100 bytes)
+/// through memory whenever the compiler does not inline `LocalKey::try_with`, and the copy out
+/// stalls the CPU (see `Limiter::poll_now`).
 #[inline(always)]
 pub(crate) fn with_current<F: UseSet>(published: &Arc<Published>, mut f: F) -> F::Output {
-    let cached = CACHE.try_with(|cache| {
-        let mut cache = cache.try_borrow_mut().ok()?;
-        let generation = published.generation.load(Ordering::Acquire);
-        let at = match cache
-            .iter()
-            .position(|c| std::ptr::eq(c.owner.as_ptr(), Arc::as_ptr(published)))
-        {
-            Some(at) => at,
-            None => miss(&mut cache, published, generation),
-        };
-        let entry = cache.get_mut(at)?;
-        if entry.generation != generation {
-            entry.set = published.load_full();
-            entry.generation = generation;
-            entry.hint = 0;
+    match CACHE.try_with(|cache| current(cache, published)) {
+        Ok(Some(current)) => {
+            let mut hint = current.hint.get();
+            let output = f.call(&current.set, &mut hint);
+            current.hint.set(hint);
+            output
         }
-        Some(f.call(&entry.set, &mut entry.hint))
-    });
-    match cached {
-        Ok(Some(answer)) => answer,
         _ => uncached(published, &mut f),
     }
 }
 
-/// [`with_current`] without the cache. Inlined although rare: were it a call, the check's
-/// result, which can come from either path, would be returned through memory and moved once
-/// more (see `Limiter::poll_now`; it cost a check about 2 ns).
+/// This thread's current set of `published`, refreshed if a new one was published since.
+#[inline(always)]
+fn current(cache: &RefCell<Vec<Cached>>, published: &Arc<Published>) -> Option<Rc<Current>> {
+    let mut cache = cache.try_borrow_mut().ok()?;
+    let generation = published.generation.load(Ordering::Acquire);
+    let at = match cache
+        .iter()
+        .position(|c| std::ptr::eq(c.owner.as_ptr(), Arc::as_ptr(published)))
+    {
+        Some(at) => at,
+        None => miss(&mut cache, published, generation),
+    };
+    let entry = cache.get_mut(at)?;
+    if entry.generation != generation {
+        refresh(entry, published, generation);
+    }
+    Some(Rc::clone(&entry.current))
+}
+
+/// Replaces `entry`'s set with `published`'s current one: in place when no check holds the
+/// old one (no allocation), else in a new `Current`.
+#[inline(never)]
+fn refresh(entry: &mut Cached, published: &Published, generation: u64) {
+    let set = published.load_full();
+    match Rc::get_mut(&mut entry.current) {
+        Some(current) => {
+            current.set = set;
+            current.hint.set(0);
+        }
+        None => {
+            entry.current = Rc::new(Current {
+                set,
+                hint: Cell::new(0),
+            });
+        }
+    }
+    entry.generation = generation;
+}
+
+/// [`with_current`] without the cache (the thread is exiting). Inlined although rare: were it
+/// a call, the check's result, which can come from either path, would be returned through
+/// memory and moved once more (see `Limiter::poll_now`; it cost a check about 2 ns).
 #[inline(always)]
 fn uncached<F: UseSet>(published: &Published, f: &mut F) -> F::Output {
     f.call(&published.swap.load(), &mut 0)
@@ -139,8 +179,10 @@ fn miss(cache: &mut Vec<Cached>, published: &Arc<Published>, generation: u64) ->
     cache.push(Cached {
         owner: Arc::downgrade(published),
         generation,
-        set: published.load_full(),
-        hint: 0,
+        current: Rc::new(Current {
+            set: published.load_full(),
+            hint: Cell::new(0),
+        }),
     });
     cache.len() - 1
 }
@@ -195,9 +237,22 @@ mod tests {
     }
 
     #[test]
-    fn a_check_from_inside_a_check_loads_the_set_itself() {
+    fn a_check_from_inside_a_check_uses_the_cache_too() {
         let published = Published::new(set(1));
         let inner = with_current(&published, |_: &Arc<PolicySet>| limit_seen(&published));
         assert_eq!(inner, 1);
+        // A publication between the outer check's start and the inner one: the inner check
+        // refreshes the entry while the outer one still holds the old set (a new `Current`),
+        // and each decides with its own set.
+        let (outer, inner) = with_current(&published, |s: &Arc<PolicySet>| {
+            published.store(Arc::new(set(2)));
+            (
+                s.policies()[0].tiers()[0].quota().limit(),
+                limit_seen(&published),
+            )
+        });
+        assert_eq!((outer, inner), (1, 2));
+        assert_eq!(limit_seen(&published), 2);
+        assert_eq!(CACHE.with(|c| c.borrow().len()), 1);
     }
 }
