@@ -76,13 +76,14 @@ impl Decision {
         reset_after_us: u64,
         retry_after_us: u64,
     ) -> Self {
-        Self {
-            flags: flags(allowed, Source::Primary),
+        let retry_after_us = if allowed { 0 } else { retry_after_us.max(1) };
+        Self::from_micros_exact(
+            allowed,
             limit,
-            remaining: remaining.min(limit),
+            remaining.min(limit),
             reset_after_us,
-            retry_after_us: if allowed { 0 } else { retry_after_us.max(1) },
-        }
+            retry_after_us,
+        )
     }
 
     /// [`from_micros`](Self::from_micros) for the reference algorithms, whose answers hold the

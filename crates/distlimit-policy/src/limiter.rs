@@ -145,6 +145,25 @@ impl<S: Store + ?Sized> Limiter<S> {
         if self.observer.is_some() {
             return self.poll_now_observed(policy, key, cost);
         }
+        self.decide_cached(policy, key, cost)
+    }
+
+    /// [`poll_now`](Self::poll_now) reporting to the observer.
+    #[inline(never)]
+    fn poll_now_observed<A: Answer>(&self, policy: &str, key: &[u8], cost: u64) -> A {
+        let started = Instant::now();
+        match self.decide_cached::<Option<_>>(policy, key, cost) {
+            Some(result) => {
+                self.observe(policy, &result, started);
+                A::ready(result)
+            }
+            None => A::pending(),
+        }
+    }
+
+    /// [`decide_now`](Self::decide_now) with the thread's current set.
+    #[inline(always)]
+    fn decide_cached<A: Answer>(&self, policy: &str, key: &[u8], cost: u64) -> A {
         with_current(
             &self.policies,
             CheckNow {
@@ -155,29 +174,6 @@ impl<S: Store + ?Sized> Limiter<S> {
                 answer: PhantomData,
             },
         )
-    }
-
-    /// [`poll_now`](Self::poll_now) reporting to the observer.
-    #[inline(never)]
-    fn poll_now_observed<A: Answer>(&self, policy: &str, key: &[u8], cost: u64) -> A {
-        let started = Instant::now();
-        let answer: Option<Result<Verdict, CheckError>> = with_current(
-            &self.policies,
-            CheckNow {
-                limiter: self,
-                policy,
-                key,
-                cost,
-                answer: PhantomData,
-            },
-        );
-        match answer {
-            Some(result) => {
-                self.observe(policy, &result, started);
-                A::ready(result)
-            }
-            None => A::pending(),
-        }
     }
 
     /// A check that must await the store, from the start: with the current set (the thread's
