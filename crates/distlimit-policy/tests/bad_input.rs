@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use distlimit_memory::MemoryStore;
 use distlimit_policy::{Limiter, PolicySet, Reload, watch};
-use tokio::sync::watch::Receiver;
+
+mod support;
+use support::next;
 
 const GOOD: &str = r#"
 [[policy]]
@@ -198,14 +200,6 @@ fn every_invalid_config_is_one_clear_line() {
         assert_eq!(e.to_string(), *expected, "{what}");
         assert!(!e.to_string().contains('\n'), "{what}");
     }
-}
-
-async fn next(rx: &mut Receiver<Reload>) -> Reload {
-    tokio::time::timeout(Duration::from_secs(20), rx.changed())
-        .await
-        .expect("no reload status within 20 s")
-        .unwrap();
-    rx.borrow_and_update().clone()
 }
 
 #[tokio::test]

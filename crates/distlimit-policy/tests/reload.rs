@@ -11,20 +11,14 @@ use std::time::{Duration, Instant};
 use distlimit_core::ManualClock;
 use distlimit_memory::MemoryStore;
 use distlimit_policy::{Limiter, PolicySet, Reload, watch};
-use tokio::sync::watch::Receiver;
+
+mod support;
+use support::next;
 
 fn config(limit: u64) -> String {
     format!(
         "[[policy]]\nname = \"api\"\ntiers = [ {{ name = \"t\", limit = {limit}, per = \"1h\" }} ]\n"
     )
-}
-
-async fn next(rx: &mut Receiver<Reload>) -> Reload {
-    tokio::time::timeout(Duration::from_secs(20), rx.changed())
-        .await
-        .expect("no reload status within 20 s")
-        .unwrap();
-    rx.borrow_and_update().clone()
 }
 
 fn limit_of(limiter: &Limiter<MemoryStore<ManualClock>>) -> u64 {
