@@ -122,6 +122,33 @@ impl<S: Store + ?Sized> Limiter<S> {
     ///
     /// For synchronous code, and for callers that want to skip creating a future when the
     /// answer is at hand (the tower layer does).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Limiter, PolicySet};
+    ///
+    /// let policies = PolicySet::from_toml_str(
+    ///     r#"
+    ///     [[policy]]
+    ///     name = "login"
+    ///     tiers = [ { name = "minute", limit = 2, per = "1m" } ]
+    ///     "#,
+    /// )?;
+    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), policies);
+    /// let mut served = 0;
+    /// for _ in 0..3 {
+    ///     match limiter.check_now("login", b"alice", 1) {
+    ///         Some(Ok(verdict)) if verdict.is_allowed() => served += 1,
+    ///         Some(Ok(denied)) => assert!(!denied.decision().retry_after().is_zero()),
+    ///         Some(Err(e)) => return Err(e.into()),
+    ///         None => unreachable!("the memory store answers single-tier checks at once"),
+    ///     }
+    /// }
+    /// assert_eq!(served, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn check_now(
         &self,
