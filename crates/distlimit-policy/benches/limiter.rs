@@ -168,23 +168,20 @@ fn single_tier(
             assert!(decision.is_allowed());
         }
     };
-    let mut now_checks = || {
-        let mut i = 0;
-        move || {
-            i = (i + 1) % keys.len();
-            let answer = limiter.check_now(black_box("api"), keys[i].as_bytes(), 1);
-            assert!(matches!(&answer, Some(Ok(verdict)) if verdict.is_allowed()));
-        }
-    };
     group(
         c,
         name,
         direct,
         || checks(limiter, keys),
-        Some(&mut now_checks),
+        Some(&mut || checks_now(limiter, keys)),
     );
     paired(name, "limiter", &mut direct(), &mut checks(limiter, keys));
-    paired(name, "limiter_now", &mut direct(), &mut now_checks());
+    paired(
+        name,
+        "limiter_now",
+        &mut direct(),
+        &mut checks_now(limiter, keys),
+    );
 }
 
 /// Rounds of [`paired`].
@@ -242,6 +239,16 @@ fn checks<'a>(limiter: &'a Limiter<MemoryStore>, keys: &'a [String]) -> impl FnM
         i = (i + 1) % keys.len();
         let answer = now(limiter.check(black_box("api"), keys[i].as_bytes()));
         assert!(matches!(&answer, Ok(verdict) if verdict.is_allowed()));
+    }
+}
+
+/// `Limiter::check_now("api", key, 1)` on `keys` (cycled).
+fn checks_now<'a>(limiter: &'a Limiter<MemoryStore>, keys: &'a [String]) -> impl FnMut() + 'a {
+    let mut i = 0;
+    move || {
+        i = (i + 1) % keys.len();
+        let answer = limiter.check_now(black_box("api"), keys[i].as_bytes(), 1);
+        assert!(matches!(&answer, Some(Ok(verdict)) if verdict.is_allowed()));
     }
 }
 

@@ -105,7 +105,7 @@ impl<S: Store + ?Sized> Limiter<S> {
             policy,
             key,
             cost,
-            later: Some(move || self.check_later(policy, key, cost)),
+            later: Some(Self::check_later),
             waiting: None,
         }
     }
@@ -389,17 +389,18 @@ pin_project_lite::pin_project! {
         policy: &'a str,
         key: &'a [u8],
         cost: u64,
-        // Makes the future of a check that must wait; taken by the first poll.
+        // Makes the future of a check that must wait (`Limiter::check_later`); taken by the
+        // first poll.
         later: Option<L>,
         #[pin]
         waiting: Option<F>,
     }
 }
 
-impl<S, L, F> Future for Check<'_, S, L, F>
+impl<'a, S, L, F> Future for Check<'a, S, L, F>
 where
     S: Store + ?Sized,
-    L: FnOnce() -> F,
+    L: FnOnce(&'a Limiter<S>, &'a str, &'a [u8], u64) -> F,
     F: Future<Output = Result<Verdict, CheckError>>,
 {
     type Output = Result<Verdict, CheckError>;
@@ -409,7 +410,10 @@ where
         let mut this = self.project();
         if let Some(later) = this.later.take() {
             match this.limiter.poll_now(this.policy, this.key, *this.cost) {
-                Poll::Pending => this.waiting.set(Some(later())),
+                Poll::Pending => {
+                    let waiting = later(this.limiter, this.policy, this.key, *this.cost);
+                    this.waiting.set(Some(waiting));
+                }
                 ready => return ready,
             }
         }
