@@ -16,6 +16,13 @@
 //!   check's future polled once.
 //! * `limiter_now`: `Limiter::check_now("api", key, 1)`, the synchronous check (no future),
 //!   single-tier groups only: the like of `decide_sync`.
+//! * `store_async` (paired rounds only, single-tier groups): the store's own async call,
+//!   `Store::decide`, polled once (its future boxed, like every `#[async_trait]` method's): the
+//!   like of `limiter`, the check's future.
+//! * Each contender's call is a function of its own, never inlined into the benchmark's loop
+//!   (see `decide_direct`).
+//! * After each group's criterion runs, paired rounds (see `paired`) print each contender's
+//!   fastest round against its baseline's: the figures the README reports.
 //! * Each contender inspects its answer where it was returned (`decision.is_allowed()`,
 //!   `matches!(&answer, Ok(verdict) if verdict.is_allowed())`): moving a verdict out of its
 //!   `Result` first would add the caller's copy of 100 bytes to the limiter's side only.
@@ -27,8 +34,8 @@
 //!   on its own core; `three_tiers`
 //!   (`decide_all` of three requests against a three-tier policy).
 //! * `snapshot/load_and_release`: an `ArcSwap` load of a policy set and the guard's release
-//!   alone, the two atomic operations every check makes to see one consistent set (a floor
-//!   of the difference between the contenders).
+//!   alone: the two atomic operations a check would make to see one consistent set without the
+//!   limiter's per-thread cache (which makes them only after a publication).
 //! * Each contender is measured interleaved with another (`store` with `limiter`, the limiters
 //!   with `store`): chunks of 64 timed calls of its own alternate with 64 untimed calls of the
 //!   other, so load from other processes on a shared machine hits both alike.
@@ -171,12 +178,36 @@ fn single_tier(
         || checks(limiter, keys),
         Some(&mut || checks_now(limiter, keys)),
     );
-    paired(name, "limiter", &mut direct(), &mut checks(limiter, keys));
+    paired(
+        name,
+        "limiter",
+        "store",
+        &mut direct(),
+        &mut checks(limiter, keys),
+    );
     paired(
         name,
         "limiter_now",
+        "store",
         &mut direct(),
         &mut checks_now(limiter, keys),
+    );
+    // The check's future against the store's own async call (its future boxed, as every
+    // `#[async_trait]` method's): the like of `check`, where `decide_sync` is the like of
+    // `check_now`.
+    let direct_async = || {
+        let mut i = 0;
+        move || {
+            i = (i + 1) % keys.len();
+            assert!(decide_direct_async(store, &keys[i], first));
+        }
+    };
+    paired(
+        name,
+        "limiter",
+        "store_async",
+        &mut direct_async(),
+        &mut checks(limiter, keys),
     );
 }
 
@@ -185,13 +216,20 @@ const ROUNDS: usize = 201;
 /// Calls per contender and round in [`paired`].
 const ROUND_CALLS: u32 = 10_000;
 
-/// The difference between `store` and `contender` measured in paired rounds, printed: each
+/// The difference between `store` (named `baseline`) and `contender` measured in paired
+/// rounds, printed: each
 /// round times `ROUND_CALLS` calls of each, back to back (which goes first alternates), for
 /// `ROUNDS` rounds. Printed: each contender's fastest round (the least disturbed by other
 /// processes) and the difference between the two, and the median of the rounds' differences.
 /// Criterion's estimates above are means, which a burst of load on a shared machine inflates
 /// for the slower contender more; these are the figures the README reports.
-fn paired(group: &str, name: &str, store: &mut impl FnMut(), contender: &mut impl FnMut()) {
+fn paired(
+    group: &str,
+    name: &str,
+    baseline: &str,
+    store: &mut impl FnMut(),
+    contender: &mut impl FnMut(),
+) {
     let (mut stores, mut contenders, mut differences) = (vec![], vec![], vec![]);
     for round in 0..ROUNDS {
         let (s, c) = if round % 2 == 0 {
@@ -209,7 +247,7 @@ fn paired(group: &str, name: &str, store: &mut impl FnMut(), contender: &mut imp
         v.sort_by(f64::total_cmp);
     }
     eprintln!(
-        "{group}: paired rounds, {name} vs store: fastest {:.1} vs {:.1} ns, +{:.1} ns \
+        "{group}: paired rounds, {name} vs {baseline}: fastest {:.1} vs {:.1} ns, +{:.1} ns \
          (median of the rounds' differences +{:.1} ns)",
         contenders[0],
         stores[0],
@@ -259,6 +297,15 @@ fn decide_direct(store: &MemoryStore, key: &str, limit: Limit) -> bool {
         .with_policy("api/t")
         .unwrap();
     store.decide_sync(black_box(&request)).is_allowed()
+}
+
+/// [`decide_direct`] through the store's async call, `Store::decide`, polled once.
+#[inline(never)]
+fn decide_direct_async(store: &MemoryStore, key: &str, limit: Limit) -> bool {
+    let request = Request::new(Key::new(key).unwrap(), limit)
+        .with_policy("api/t")
+        .unwrap();
+    matches!(&now(store.decide(black_box(&request))), Ok(decision) if decision.is_allowed())
 }
 
 /// One `Limiter::check("api", key)`, polled once; whether it was allowed (the verdict is dropped
@@ -367,6 +414,7 @@ fn bench(c: &mut Criterion) {
     paired(
         "three_tiers",
         "limiter",
+        "store",
         &mut direct(),
         &mut checks(&limiter, &keys),
     );
