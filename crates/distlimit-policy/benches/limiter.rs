@@ -164,13 +164,7 @@ fn single_tier(
     keys: &[String],
 ) {
     let first = limit(0);
-    let direct = || {
-        let mut i = 0;
-        move || {
-            i = (i + 1) % keys.len();
-            assert!(decide_direct(store, &keys[i], first));
-        }
-    };
+    let direct = || cycling(keys, move |key| decide_direct(store, key, first));
     group(
         c,
         name,
@@ -195,13 +189,7 @@ fn single_tier(
     // The check's future against the store's own async call (its future boxed, as every
     // `#[async_trait]` method's): the like of `check`, where `decide_sync` is the like of
     // `check_now`.
-    let direct_async = || {
-        let mut i = 0;
-        move || {
-            i = (i + 1) % keys.len();
-            assert!(decide_direct_async(store, &keys[i], first));
-        }
-    };
+    let direct_async = || cycling(keys, move |key| decide_direct_async(store, key, first));
     paired(
         name,
         "limiter",
@@ -266,22 +254,23 @@ fn round_ns(f: &mut impl FnMut()) -> f64 {
     started.elapsed().as_secs_f64() * 1e9 / f64::from(ROUND_CALLS)
 }
 
-/// `Limiter::check("api", key)` on `keys` (cycled), polled once.
-fn checks<'a>(limiter: &'a Limiter<MemoryStore>, keys: &'a [String]) -> impl FnMut() + 'a {
+/// A contender: `call` with each of `keys` in turn (cycled), its answer asserted allowed.
+fn cycling<'a>(keys: &'a [String], call: impl Fn(&str) -> bool + 'a) -> impl FnMut() + 'a {
     let mut i = 0;
     move || {
         i = (i + 1) % keys.len();
-        assert!(check(limiter, &keys[i]));
+        assert!(call(&keys[i]));
     }
+}
+
+/// `Limiter::check("api", key)` on `keys` (cycled), polled once.
+fn checks<'a>(limiter: &'a Limiter<MemoryStore>, keys: &'a [String]) -> impl FnMut() + 'a {
+    cycling(keys, move |key| check(limiter, key))
 }
 
 /// `Limiter::check_now("api", key, 1)` on `keys` (cycled).
 fn checks_now<'a>(limiter: &'a Limiter<MemoryStore>, keys: &'a [String]) -> impl FnMut() + 'a {
-    let mut i = 0;
-    move || {
-        i = (i + 1) % keys.len();
-        assert!(check_now(limiter, &keys[i]));
-    }
+    cycling(keys, move |key| check_now(limiter, key))
 }
 
 // Each contender's call is a function of its own, never inlined: whether the compiler inlines a
@@ -395,15 +384,7 @@ fn bench(c: &mut Criterion) {
 
     let limiter = Limiter::new(store.clone(), set(3));
     let limits = *LIMITS;
-    let direct = || {
-        let mut i = 0;
-        let keys = &keys;
-        let store = &store;
-        move || {
-            i = (i + 1) % keys.len();
-            assert!(decide_all_direct(store, &keys[i], &limits));
-        }
-    };
+    let direct = || cycling(&keys, |key| decide_all_direct(&store, key, &limits));
     group(
         c,
         "three_tiers",
