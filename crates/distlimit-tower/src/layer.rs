@@ -52,10 +52,15 @@ impl Default for OnError {
 /// The default [timeout](RateLimitLayerBuilder::timeout) of one check.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The units a request charges (see [`RateLimitLayerBuilder::cost`]).
+type CostFn = dyn Fn(&RequestInfo<'_>) -> u64 + Send + Sync;
+
 struct Config<S: ?Sized> {
     limiter: Arc<Limiter<S>>,
     policy: PolicySelector,
     key: KeyExtractor,
+    /// `None`: one unit per request.
+    cost: Option<Arc<CostFn>>,
     client_ip: ClientIpResolver,
     headers: RateLimitHeaders,
     legacy_headers: bool,
@@ -127,13 +132,14 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
                 return Start::Reject(Rejection::Misconfigured { detail });
             }
         };
+        let cost = self.cost.as_deref().map_or(1, |cost| cost(&info));
         // A store that answers at once (the memory store, a hybrid store on its fallback)
         // decides here: no future to box, no clone of the inner service.
-        if let Some(result) = self.limiter.check_now(&policy, key.as_bytes(), 1) {
+        if let Some(result) = self.limiter.check_now(&policy, key.as_bytes(), cost) {
             return Start::Decided(self.step(&policy, result));
         }
         Start::Check(Box::pin(async move {
-            self.check(&policy, key.as_bytes()).await
+            self.check(&policy, key.as_bytes(), cost).await
         }))
     }
 }
@@ -174,7 +180,8 @@ impl OwnedKey {
 /// 3. The [`KeyExtractor`] names the key. When the key needs the client IP and no peer address
 ///    is known (the server was not set up to record it), the request is answered 500 (gRPC
 ///    `INTERNAL`): a limiter that cannot tell clients apart must not quietly share one bucket.
-/// 4. The limiter decides, within the timeout. Allowed: the inner service is called (with
+/// 4. The limiter charges the request's [cost](RateLimitLayerBuilder::cost) (one unit unless
+///    configured) and decides, within the timeout. Allowed: the inner service is called (with
 ///    rate-limit headers added to its response under [`RateLimitHeaders::Always`]). Denied:
 ///    429 with a problem document and `Retry-After`, or gRPC `RESOURCE_EXHAUSTED`. A store error
 ///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
@@ -203,6 +210,7 @@ impl<S: ?Sized> fmt::Debug for Config<S> {
         f.debug_struct("RateLimitLayer")
             .field("policy", &self.policy)
             .field("key", &self.key)
+            .field("cost", &self.cost.as_ref().map(|_| ".."))
             .field("client_ip", &self.client_ip)
             .field("headers", &self.headers)
             .field("legacy_headers", &self.legacy_headers)
@@ -232,6 +240,7 @@ impl RateLimitLayer {
                 limiter,
                 policy: policy.into(),
                 key: KeyExtractor::default(),
+                cost: None,
                 client_ip: ClientIpResolver::default(),
                 headers: RateLimitHeaders::default(),
                 legacy_headers: false,
@@ -258,6 +267,52 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     #[must_use]
     pub fn key(mut self, key: KeyExtractor) -> Self {
         self.config.key = key;
+        self
+    }
+
+    /// The units each request charges, from its head (default: one). For requests that cost
+    /// more than others: a batch endpoint charged per item, an upload per megabyte declared in
+    /// `content-length`, a GraphQL query by its complexity.
+    ///
+    /// Every tier of the policy is charged `cost`, all or nothing. A cost of 0 charges nothing
+    /// and is denied only when not even one unit is left. A cost above a tier's burst can never
+    /// pass: it is answered 429 without `Retry-After`, like a deny-listed client.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Limiter, PolicySet};
+    /// use distlimit_tower::RateLimitLayer;
+    ///
+    /// let policies = PolicySet::from_toml_str(
+    ///     r#"
+    ///     [[policy]]
+    ///     name = "uploads"
+    ///     tiers = [ { name = "minute", limit = 100, per = "1m" } ]
+    ///     "#,
+    /// )?;
+    /// let limiter = Arc::new(Limiter::new(Arc::new(MemoryStore::new()), policies));
+    /// // One unit per started megabyte the client declares, at least one.
+    /// let layer = RateLimitLayer::builder(limiter, "uploads")
+    ///     .cost(|req| {
+    ///         let bytes = req
+    ///             .headers()
+    ///             .get(http::header::CONTENT_LENGTH)
+    ///             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    ///             .unwrap_or(0);
+    ///         bytes.div_ceil(1 << 20).max(1)
+    ///     })
+    ///     .build();
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn cost<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&RequestInfo<'_>) -> u64 + Send + Sync + 'static,
+    {
+        self.config.cost = Some(Arc::new(cost));
         self
     }
 
@@ -391,8 +446,8 @@ pub(crate) enum Step {
 }
 
 impl<S: Store + ?Sized> Config<S> {
-    async fn check(&self, policy: &str, key: &[u8]) -> Step {
-        let check = self.limiter.check(policy, key);
+    async fn check(&self, policy: &str, key: &[u8], cost: u64) -> Step {
+        let check = self.limiter.check_cost(policy, key, cost);
         let Some(limit) = self.timeout else {
             return self.step(policy, check.await);
         };

@@ -9,7 +9,8 @@
 //! * **Client IP** ([`ClientIpResolver`]): the socket peer, unless it is a trusted proxy
 //!   ([`TrustedProxies`], empty by default); then `X-Forwarded-For` (or RFC 7239 `Forwarded`)
 //!   walked from the right, skipping trusted hops; garbage falls back to the peer.
-//! * **Policy per route or method** ([`PolicySelector`], [`RouteTable`]).
+//! * **Policy per route or method** ([`PolicySelector`], [`RouteTable`]), and a **cost per
+//!   request** from its head ([`RateLimitLayerBuilder::cost`]; one unit by default).
 //! * **Denials**: HTTP 429 with an `application/problem+json` body, `Retry-After` in whole
 //!   seconds rounded up, and the IETF `RateLimit` / `RateLimit-Policy` fields ([`headers`]);
 //!   gRPC `RESOURCE_EXHAUSTED` with `retry-after` and `grpc-retry-pushback-ms` metadata.

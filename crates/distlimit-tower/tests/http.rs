@@ -253,3 +253,58 @@ async fn a_deny_listed_client_gets_no_retry_after() {
         })
     );
 }
+
+/// The cost a request names in `x-cost` (one unit without it).
+fn cost_header(req: &distlimit_tower::RequestInfo<'_>) -> u64 {
+    req.headers()
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// `api` (2 units per 600 ms, frozen clock) charged by `x-cost`: a cost of 0 charges nothing,
+/// 2 takes the whole burst, 0 is then denied like 1, and 3 (above the burst) can never pass.
+async fn requests_charge_their_cost(layer: RateLimitLayer) {
+    let addr = serve(layer).await;
+    let peek = get_path(addr, "/api/data", &[("x-cost", "0")]).await;
+    assert_eq!(peek.status, StatusCode::OK);
+    assert_eq!(peek.header("x-ratelimit-remaining"), Some("2"));
+    let both = get_path(addr, "/api/data", &[("x-cost", "2")]).await;
+    assert_eq!(both.status, StatusCode::OK);
+    assert_eq!(both.header("x-ratelimit-remaining"), Some("0"));
+    for cost in ["0", "1"] {
+        let denied = get_path(addr, "/api/data", &[("x-cost", cost)]).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "cost {cost}");
+        assert_eq!(denied.header("retry-after"), Some("1"), "cost {cost}");
+    }
+    let never = get_path(addr, "/api/data", &[("x-cost", "3")]).await;
+    assert_eq!(never.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(never.header("retry-after"), None);
+    assert_eq!(
+        never.json()["detail"],
+        "Too many requests; this request cannot pass under the current policy."
+    );
+}
+
+#[tokio::test]
+async fn requests_charge_the_cost_their_head_names() {
+    // The memory store answers in `call` (`Limiter::check_now`).
+    let layer = RateLimitLayer::builder(limiter(frozen_store()), "api")
+        .headers(RateLimitHeaders::Always)
+        .legacy_headers(true)
+        .cost(cost_header)
+        .build();
+    requests_charge_their_cost(layer).await;
+}
+
+#[tokio::test]
+async fn a_store_that_must_be_awaited_is_charged_the_cost_too() {
+    // A store without `decide_now` is checked in the request's future (`Limiter::check_cost`).
+    let store = distlimit_test::FaultyStore::new(frozen_store());
+    let layer = RateLimitLayer::builder(limiter(store), "api")
+        .headers(RateLimitHeaders::Always)
+        .legacy_headers(true)
+        .cost(cost_header)
+        .build();
+    requests_charge_their_cost(layer).await;
+}
