@@ -76,13 +76,13 @@ impl Decision {
         reset_after_us: u64,
         retry_after_us: u64,
     ) -> Self {
-        let retry_after_us = if allowed { 0 } else { retry_after_us.max(1) };
+        // `from_micros_exact` zeroes the wait of an allowed decision.
         Self::from_micros_exact(
             allowed,
             limit,
             remaining.min(limit),
             reset_after_us,
-            retry_after_us,
+            retry_after_us.max(1),
         )
     }
 

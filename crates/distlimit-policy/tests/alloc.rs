@@ -1,8 +1,8 @@
 //! Allocation counting: a single-tier check through the limiter on the memory store allocates
 //! nothing at all, through `check` or `check_now` (the store answers `Store::decide_now`, so
-//! not even the store's own `async_trait` future box is made); a multi-tier check allocates what the store's
-//! `decide_all` does plus exactly two allocations (the `Vec` of its batch and the verdict's
-//! `Vec` of tiers); both also while another thread swaps the policies.
+//! not even the store's own `async_trait` future box is made); a multi-tier check allocates
+//! what the store's `decide_all` does plus exactly two allocations (the `Vec` of its batch and
+//! the verdict's `Vec` of tiers); both also while another thread swaps the policies.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
