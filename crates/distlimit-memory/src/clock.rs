@@ -47,7 +47,8 @@ impl fmt::Debug for FastClock {
 }
 
 impl Clock for FastClock {
-    #[inline]
+    // Always inlined: see `MemoryStore::decide_sync`.
+    #[inline(always)]
     fn now_us(&self) -> u64 {
         let elapsed_ns = self.clock.delta_as_nanos(self.base_raw, self.clock.raw());
         self.base_epoch_us.saturating_add(elapsed_ns / 1_000)
