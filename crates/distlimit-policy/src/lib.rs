@@ -117,9 +117,9 @@
 //! [`Limiter::check`] next to the memory store called directly (`decide_sync`, no future at
 //! all, and `Store::decide`, its boxed future), on the same store, policy and keys, in one run.
 //! A single-tier check on the memory store allocates nothing and awaits no store future. On a
-//! day the direct call took 32 ns, the fastest of 201 paired rounds: `check_now` +10.2 ns over
-//! `decide_sync` (hot key) and +12.6 ns (10 000 keys); `check` +7.8 and +13.8 ns over
-//! `Store::decide`, +17.5 and +23.7 ns over `decide_sync` (the target is +10 ns); the
+//! day the direct call took 32 ns, the fastest of 201 paired rounds: `check_now` +7.5 ns over
+//! `decide_sync` (hot key) and +9.4 ns (10 000 keys); `check` +4.7 and +12.0 ns over
+//! `Store::decide`, +14.2 and +21.8 ns over `decide_sync` (the target is +10 ns); the
 //! same while a few thousand sets are published per second. Three tiers cost 110 to 160 ns more
 //! than the store's `decide_all`, and allocate two `Vec`s more (the batch of requests and the
 //! verdict's tiers). The crate's README
