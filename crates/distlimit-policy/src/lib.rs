@@ -122,8 +122,7 @@
 //! `Store::decide`, +14.2 and +21.8 ns over `decide_sync` (the target is +10 ns); the
 //! same while a few thousand sets are published per second. Three tiers cost 110 to 160 ns more
 //! than the store's `decide_all`, and allocate two `Vec`s more (the batch of requests and the
-//! verdict's tiers). The crate's README
-//! has the full table and what the remaining cost is.
+//! verdict's tiers). The crate's README has the full table and what the remaining cost is.
 
 mod config;
 mod error;

@@ -60,7 +60,7 @@ struct Config<S: ?Sized> {
     policy: PolicySelector,
     key: KeyExtractor,
     /// `None`: one unit per request.
-    cost: Option<Arc<CostFn>>,
+    cost: Option<Box<CostFn>>,
     client_ip: ClientIpResolver,
     headers: RateLimitHeaders,
     legacy_headers: bool,
@@ -312,7 +312,7 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     where
         F: Fn(&RequestInfo<'_>) -> u64 + Send + Sync + 'static,
     {
-        self.config.cost = Some(Arc::new(cost));
+        self.config.cost = Some(Box::new(cost));
         self
     }
 
