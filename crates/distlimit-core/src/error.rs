@@ -49,6 +49,16 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+    /// The state stored for this request's key is not a valid state of its algorithm (another
+    /// client wrote the key, or it holds another type). An error of this request only: the
+    /// store itself answered, so a circuit breaker must not count it against the store.
+    #[error("{store}: invalid stored state: {message}")]
+    BadState {
+        /// The store's name.
+        store: &'static str,
+        /// What was wrong with the stored value.
+        message: String,
+    },
     /// The store is misconfigured (bad URL, wrong credentials, scripting disabled).
     #[error("{store}: configuration: {message}")]
     Config {
@@ -80,6 +90,7 @@ impl Error {
             | Error::InvalidQuota(_)
             | Error::InvalidRequest(_)
             | Error::Protocol { .. }
+            | Error::BadState { .. }
             | Error::Config { .. } => false,
         }
     }
@@ -93,8 +104,8 @@ impl Error {
     }
 
     /// A stable lowercase name of the variant, for metric labels and logs: `invalid_key`,
-    /// `invalid_quota`, `invalid_request`, `timeout`, `unavailable`, `protocol`, `config`,
-    /// `backend`.
+    /// `invalid_quota`, `invalid_request`, `timeout`, `unavailable`, `protocol`, `bad_state`,
+    /// `config`, `backend`.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidKey(_) => "invalid_key",
@@ -103,6 +114,7 @@ impl Error {
             Error::Timeout { .. } => "timeout",
             Error::Unavailable { .. } => "unavailable",
             Error::Protocol { .. } => "protocol",
+            Error::BadState { .. } => "bad_state",
             Error::Config { .. } => "config",
             Error::Backend { .. } => "backend",
         }
