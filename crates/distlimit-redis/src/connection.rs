@@ -1026,6 +1026,7 @@ mod tests {
                 Error::Unavailable { .. } => "unavailable",
                 Error::Config { .. } => "config",
                 Error::Protocol { .. } => "protocol",
+                Error::BadState { .. } => "bad_state",
                 Error::Backend {
                     transient: true, ..
                 } => "transient",
@@ -1057,7 +1058,7 @@ mod tests {
         is(parsed("ERR something else"), "permanent");
         is(
             parsed("WRONGTYPE Operation against a key holding the wrong kind of value"),
-            "protocol",
+            "bad_state",
         );
         for transient in [
             "LOADING Redis is loading the dataset in memory",

@@ -61,7 +61,8 @@
 //! | [`Error::Unavailable`](distlimit_core::Error::Unavailable) | connection refused or lost, `LOADING`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, `READONLY` (a failover in progress), no primary known to the sentinels | yes |
 //! | [`Error::Backend`](distlimit_core::Error::Backend) | `BUSY` (transient); any other server error (permanent) | either |
 //! | [`Error::Config`](distlimit_core::Error::Config) | invalid URL or option, `NOAUTH`, `WRONGPASS`, `NOPERM` (an ACL forbids `EVALSHA` or the keys), scripting disabled, a TLS certificate refused | no |
-//! | [`Error::Protocol`](distlimit_core::Error::Protocol) | `WRONGTYPE` (another value at the key), a corrupt state, a malformed reply | no |
+//! | [`Error::BadState`](distlimit_core::Error::BadState) | a value at a key of the request that is not a valid state: another Redis type (`WRONGTYPE`), garbage, an empty string, a wrong tag or length | no |
+//! | [`Error::Protocol`](distlimit_core::Error::Protocol) | a malformed reply (of another type or length, or contradicting itself) | no |
 //! | [`Error::InvalidRequest`](distlimit_core::Error::InvalidRequest) | an invalid batch; in a Cluster, a batch over several identities | no |
 //!
 //! A consuming script that timed out or lost its connection may have run, so it is never sent
@@ -70,6 +71,24 @@
 //! a refused connection) are followed by another attempt, in a Cluster, within the same
 //! deadline. redis-rs' own Cluster retries are switched off for this reason: they resend a
 //! request after a dropped connection or a per-node timeout.
+//!
+//! # A bad value at a key
+//!
+//! A value at a distlimit key that no script wrote (a list or a hash, an empty string, garbage,
+//! a state with a wrong tag or length) is an [`Error::BadState`](distlimit_core::Error::BadState)
+//! of the requests on that key, alone or in a batch, and of nothing else: other keys decide as
+//! usual on the same connection, and a circuit breaker does not count it against the store. The
+//! message names the key.
+//!
+//! The value is never replaced or deleted by the store: every request on that key, peeks and
+//! consuming ones alike, answers `BadState` and writes nothing (a batch containing the key
+//! charges none of its requests), until the value expires or an operator deletes it (`DEL`);
+//! the key then decides as a fresh one. This is the safer choice: the value may belong to
+//! another application sharing the keyspace, whose data a rate limiter must not destroy; and
+//! taking an unreadable value for a fresh state would hand out a full quota to whoever can make
+//! the value unreadable. The request's failure mode (open or closed, in a hybrid store) answers
+//! it meanwhile. A well-formed state of *another* algorithm is not a bad value: it counts as
+//! fresh and is replaced by the next admitted request (a policy whose algorithm changed).
 //!
 //! # Connection modes
 //!

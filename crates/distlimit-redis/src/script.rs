@@ -87,8 +87,10 @@
 //!   changed.
 //! * Anything else (another tag, a wrong length, a number that is not an integer in `[0, 2^53)`,
 //!   log instants out of order) is never taken for a fresh key: the script answers the error
-//!   `DISTLIMIT_CORRUPT`, which becomes an [`Error::Protocol`]. A key of another Redis type (a
-//!   list, a hash) makes `GET` fail with `WRONGTYPE`, also an [`Error::Protocol`]. Neither writes.
+//!   `DISTLIMIT_CORRUPT`, which becomes an [`Error::BadState`]. A key of another Redis type (a
+//!   list, a hash) makes `GET` fail with `WRONGTYPE`, also an [`Error::BadState`]. Neither
+//!   writes, and neither is ever replaced by a later request: see the crate documentation,
+//!   "A bad value at a key".
 //!
 //! Every write is `SET key value PX ttl` with `ttl = ⌈reset_after / 1000⌉` ms, where `reset_after`
 //! is that of the admitted decision, `State::expires_at − now`: a key disappears once it would
@@ -356,7 +358,8 @@ where
 /// gives. One round trip (two when the server lost the script).
 ///
 /// Errors: a client time above [`MAX_CLIENT_TIME_US`] is an [`Error::InvalidRequest`]; a wrong
-/// Redis type or an unreadable value at the key, or a malformed reply, an [`Error::Protocol`];
+/// Redis type or an unreadable value at the key an [`Error::BadState`] (nothing written); a
+/// malformed reply an [`Error::Protocol`];
 /// connection failures as classified by the driver's error mapping.
 pub async fn decide<C>(
     conn: &mut C,
@@ -533,6 +536,14 @@ fn check_time(time: TimeSource) -> Result<(), Error> {
     }
 }
 
+/// A value at a key of the request that is not a valid state: an error of that request only.
+fn bad_state(message: String) -> Error {
+    Error::BadState {
+        store: STORE,
+        message,
+    }
+}
+
 fn protocol(message: String) -> Error {
     Error::Protocol {
         store: STORE,
@@ -638,8 +649,9 @@ fn describe(value: &Value) -> String {
 
 /// Maps a Redis error to distlimit's [`Error`], classified for circuit breakers:
 ///
-/// * `DISTLIMIT_CORRUPT` (an unreadable state) and `WRONGTYPE` (a key of another Redis type),
-///   and replies the client could not parse: [`Error::Protocol`], permanent;
+/// * `DISTLIMIT_CORRUPT` (an unreadable state) and `WRONGTYPE` (a key of another Redis type):
+///   [`Error::BadState`], an error of this request only, permanent;
+/// * replies the client could not parse: [`Error::Protocol`], permanent;
 /// * `NOPERM` (an ACL forbids scripts or keys), authentication and client configuration errors:
 ///   [`Error::Config`], permanent;
 /// * I/O errors, dropped or refused connections, and the cluster's and a failover's passing states
@@ -654,7 +666,7 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
     let detail = err.detail().unwrap_or_default().to_owned();
     match err.code() {
         Some("DISTLIMIT_CORRUPT") => {
-            return protocol(format!(
+            return bad_state(format!(
                 "corrupt rate-limit state, not decided and left as it is: {detail}"
             ));
         }
@@ -663,7 +675,7 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
                 .iter()
                 .map(|k| format!("\"{}\"", k.escape_ascii()))
                 .collect();
-            return protocol(format!(
+            return bad_state(format!(
                 "WRONGTYPE: a key of this request ({}) holds a Redis value of another type, \
                  not a distlimit state; not decided and left as it is",
                 names.join(", ")
@@ -926,12 +938,12 @@ mod tests {
             Some("unreadable gcra state at key k".to_owned()),
         );
         match map_error(corrupt, &[b"k"]) {
-            Error::Protocol { message, .. } => assert!(message.contains("corrupt"), "{message}"),
+            Error::BadState { message, .. } => assert!(message.contains("corrupt"), "{message}"),
             other => panic!("{other:?}"),
         }
         let wrong = redis::make_extension_error("WRONGTYPE".to_owned(), None);
         match map_error(wrong, &[b"a\nb"]) {
-            Error::Protocol { message, .. } => {
+            Error::BadState { message, .. } => {
                 assert!(
                     message.contains("WRONGTYPE") && message.contains("a\\nb"),
                     "{message}"

@@ -633,12 +633,12 @@ async fn another_value_at_a_key_is_a_protocol_error_and_is_left_alone() {
             for cost in [0, 1, 11] {
                 let result = store.check_cost(key, limit, cost).await;
                 match &result {
-                    Err(e @ Error::Protocol { message, .. }) => {
+                    Err(e @ Error::BadState { message, .. }) => {
                         assert!(!e.is_transient());
                         assert!(message.contains(what), "{algorithm} {key}: {message}");
                     }
                     other => panic!(
-                        "{algorithm}, {key}, cost {cost}: expected Error::Protocol, got {}",
+                        "{algorithm}, {key}, cost {cost}: expected Error::BadState, got {}",
                         kind(other)
                     ),
                 }
@@ -650,7 +650,7 @@ async fn another_value_at_a_key_is_a_protocol_error_and_is_left_alone() {
                 .decide_all(&[Request::new(other, limit), Request::new(k, limit)])
                 .await;
             assert!(
-                matches!(result, Err(Error::Protocol { .. })),
+                matches!(result, Err(Error::BadState { .. })),
                 "{}",
                 kind(&result)
             );
