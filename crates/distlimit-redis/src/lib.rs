@@ -94,8 +94,8 @@
 //!
 //! | mode | made by | connections | failover |
 //! |---|---|---|---|
-//! | [`Mode::Standalone`] (default) | `redis://`, `rediss://`, `unix://` URL | one multiplexed connection (`ConnectionManager`), any number of calls in flight, pipelined | reconnects in the background after a lost connection; the failed call is not resent |
-//! | [`Mode::Pool`] | [`RedisStoreBuilder::pool`]`(max_size)` | a `deadpool` pool: one call in flight per connection, at most `max_size` connections | a connection whose call failed with a connection error or timed out is replaced at its next checkout; the failed call is not resent |
+//! | [`Mode::Standalone`] (default) | `redis://`, `rediss://`, `unix://` URL | one multiplexed connection (`ConnectionManager`), any number of calls in flight, pipelined | reconnects in the background after a lost connection; the failed call is not resent; a call that finds the last reconnection refused waits for a new one and runs on it |
+//! | [`Mode::Pool`] | [`RedisStoreBuilder::pool`]`(max_size)` | a `deadpool` pool: one call in flight per connection, at most `max_size` connections | a connection whose call failed with a connection error or timed out is replaced at its next checkout, and a lost connection retires every connection opened before it; the failed call is not resent |
 //! | [`Mode::Sentinel`] | [`RedisStore::sentinel`], `redis+sentinel://` URL | one multiplexed connection to the primary the sentinels name | the primary is looked up again through the sentinels after any transient error, and whenever the sentinels (asked every second) name another one |
 //! | [`Mode::Cluster`] | [`RedisStore::cluster`], `redis+cluster://` URL | redis-rs' `cluster_async`: one multiplexed connection per node | `MOVED`/`ASK` followed, slot map refreshed; batches must be one identity's policies |
 //!
@@ -106,7 +106,13 @@
 //! mode); instead a connection whose call lost its connection or timed out is dropped and
 //! replaced by a new one. A connection the server closed while it sat idle (a restart,
 //! `timeout`, `CLIENT KILL`) is found out by the next call on it, which fails with a transient
-//! error.
+//! error; that failure also retires the pool's older connections, so one call, not one per
+//! pooled connection, pays for a restart.
+//!
+//! After Redis is killed and restarted, the first call that reaches it again (a hybrid store's
+//! half-open probe, typically) runs on a fresh connection, in both modes (`tests/reconnect.rs`:
+//! a SIGKILL and restart under a steady trickle of requests through a hybrid store; the breaker
+//! closes at the first probe after the restart).
 //!
 //! Every mode supports TLS (`rediss://`; a private CA and client certificates through
 //! [`RedisStoreBuilder::tls_root_certificate`] and [`RedisStoreBuilder::tls_client_certificate`],
