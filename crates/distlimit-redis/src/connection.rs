@@ -124,6 +124,60 @@ impl Op for Batch<'_, '_> {
     }
 }
 
+/// One group of a batch that spans Cluster slots, charged if all admitted:
+/// [`script::charge_group`].
+pub(crate) struct ChargeGroup<'a, 'k> {
+    pub(crate) requests: &'a [ScriptRequest<'k>],
+}
+
+impl Op for ChargeGroup<'_, '_> {
+    type Output = (Vec<Decision>, Option<u64>);
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<Self::Output, Error>> + Send {
+        script::charge_group(conn, self.requests, time)
+    }
+}
+
+/// One group of a batch that spans Cluster slots, evaluated without charging:
+/// [`script::evaluate_group`].
+pub(crate) struct EvaluateGroup<'a, 'k> {
+    pub(crate) requests: &'a [ScriptRequest<'k>],
+}
+
+impl Op for EvaluateGroup<'_, '_> {
+    type Output = Vec<Decision>;
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send {
+        script::evaluate_group(conn, self.requests, time)
+    }
+}
+
+/// Gives back what a [`ChargeGroup`] charged at `at`: [`script::refund`].
+pub(crate) struct Refund<'a, 'k> {
+    pub(crate) requests: &'a [ScriptRequest<'k>],
+    pub(crate) at: u64,
+}
+
+impl Op for Refund<'_, '_> {
+    type Output = ();
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        script::refund(conn, self.requests, self.at, time)
+    }
+}
+
 /// The connections of one store.
 pub(crate) enum Backend {
     /// One multiplexed connection that reconnects by itself.

@@ -260,6 +260,7 @@ const BATCH_SCRIPT: &str = concat!(
     lua!("sliding_window.lua"),
     lua!("batch.lua"),
 );
+const REFUND_SCRIPT: &str = lua!("refund.lua");
 
 /// A script's text and SHA-1.
 struct Compiled {
@@ -289,6 +290,8 @@ struct Scripts {
     /// Indexed by [`Kind::index`].
     single: [Compiled; 5],
     batch: Compiled,
+    /// Gives back what a batch group charged (Cluster batches across slots).
+    refund: Compiled,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -300,6 +303,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Compiled::new(SLIDING_WINDOW_SCRIPT),
     ],
     batch: Compiled::new(BATCH_SCRIPT),
+    refund: Compiled::new(REFUND_SCRIPT),
 });
 
 fn single(kind: Kind) -> &'static Compiled {
@@ -336,7 +340,11 @@ pub async fn load_scripts<C>(conn: &mut C) -> Result<(), Error>
 where
     C: ConnectionLike + Send,
 {
-    for script in SCRIPTS.single.iter().chain([&SCRIPTS.batch]) {
+    for script in SCRIPTS
+        .single
+        .iter()
+        .chain([&SCRIPTS.batch, &SCRIPTS.refund])
+    {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(script.source)
@@ -394,8 +402,96 @@ pub async fn decide_all<C>(
 where
     C: ConnectionLike + Send,
 {
-    let call = Call::batch(requests, time)?;
+    let call = Call::batch(requests, time, Flags::Commit)?;
     call.run(conn).await
+}
+
+/// What a batch call does besides deciding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flags {
+    /// Charge if every request is admitted.
+    Commit,
+    /// Charge if every request is admitted, and answer the time decided at.
+    CommitAndTime,
+    /// Charge nothing.
+    Evaluate,
+}
+
+/// [`decide_all`] on one group of a batch that spans Cluster slots: the decisions, and the
+/// time (µs, the node's clock or the client's) they were decided at when the group was charged
+/// (every request admitted), for [`refund`].
+pub(crate) async fn charge_group<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    time: TimeSource,
+) -> Result<(Vec<Decision>, Option<u64>), Error>
+where
+    C: ConnectionLike + Send,
+{
+    let call = Call::batch(requests, time, Flags::CommitAndTime)?;
+    let (decisions, at) = call.run_timed(conn).await?;
+    let committed = call.args[0] & 1 == 1 && decisions.iter().all(Decision::is_allowed);
+    Ok((decisions, at.filter(|_| committed)))
+}
+
+/// The decisions of a batch group without charging anything.
+pub(crate) async fn evaluate_group<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    time: TimeSource,
+) -> Result<Vec<Decision>, Error>
+where
+    C: ConnectionLike + Send,
+{
+    Call::batch(requests, time, Flags::Evaluate)?
+        .run(conn)
+        .await
+}
+
+/// Gives back what [`charge_group`] charged at `at` on `requests` (see `refund.lua`): never more
+/// than the states still owe the charge, so the refunded states never admit more than they
+/// would have without it.
+pub(crate) async fn refund<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    at: u64,
+    time: TimeSource,
+) -> Result<(), Error>
+where
+    C: ConnectionLike + Send,
+{
+    check_time(time)?;
+    let mut keys = Vec::with_capacity(requests.len());
+    let mut args = Vec::with_capacity(7 * requests.len());
+    for r in requests {
+        let kind = Kind::of(r.limit.algorithm())?;
+        let (params, _) = parameters(kind, &r.limit);
+        keys.push(r.redis_key);
+        args.extend_from_slice(&[kind.id(), r.cost]);
+        args.extend_from_slice(&params);
+        args.push(at);
+    }
+    let call = Call {
+        script: &SCRIPTS.refund,
+        keys,
+        time,
+        args,
+        expect: Vec::new(),
+        time_reply: false,
+    };
+    let reply = match call.cmd(false).query_async::<Value>(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            call.cmd(true).query_async::<Value>(conn).await
+        }
+        other => other,
+    };
+    match reply.map_err(|e| map_error(e, &call.keys))? {
+        Value::Int(_) => Ok(()),
+        other => Err(protocol(format!(
+            "the refund script answered {}, expected an integer",
+            describe(&other)
+        ))),
+    }
 }
 
 /// What one request's decision must look like.
@@ -425,6 +521,8 @@ struct Call<'a> {
     /// `ARGV[2..]`.
     args: Vec<u64>,
     expect: Vec<Expect>,
+    /// The reply ends with the time decided at (a ninth double).
+    time_reply: bool,
 }
 
 impl<'a> Call<'a> {
@@ -447,10 +545,15 @@ impl<'a> Call<'a> {
             time,
             args,
             expect: vec![expect],
+            time_reply: false,
         })
     }
 
-    fn batch(requests: &[ScriptRequest<'a>], time: TimeSource) -> Result<Self, Error> {
+    fn batch(
+        requests: &[ScriptRequest<'a>],
+        time: TimeSource,
+        flags: Flags,
+    ) -> Result<Self, Error> {
         check_time(time)?;
         if requests.is_empty() {
             return Err(Error::InvalidRequest("empty batch"));
@@ -461,7 +564,12 @@ impl<'a> Call<'a> {
         let mut keys = Vec::with_capacity(requests.len());
         let mut args = Vec::with_capacity(1 + 6 * requests.len());
         let mut expect = Vec::with_capacity(requests.len());
-        args.push(1); // commit, cleared below when a request can never pass
+        // Bit 0 commit (cleared below when a request can never pass), bit 1 answer the time.
+        args.push(match flags {
+            Flags::Commit => 1,
+            Flags::CommitAndTime => 3,
+            Flags::Evaluate => 0,
+        });
         for r in requests {
             if keys.contains(&r.redis_key) {
                 return Err(Error::InvalidRequest("the same key twice in one batch"));
@@ -470,7 +578,7 @@ impl<'a> Call<'a> {
             let (e, cost) = Expect::new(&r.limit, r.cost);
             let (params, _) = parameters(kind, &r.limit);
             if e.never {
-                args[0] = 0;
+                args[0] &= !1;
             }
             keys.push(r.redis_key);
             args.extend_from_slice(&[kind.id(), cost]);
@@ -483,6 +591,7 @@ impl<'a> Call<'a> {
             time,
             args,
             expect,
+            time_reply: flags == Flags::CommitAndTime,
         })
     }
 
@@ -515,6 +624,14 @@ impl<'a> Call<'a> {
     where
         C: ConnectionLike + Send,
     {
+        Ok(self.run_timed(conn).await?.0)
+    }
+
+    /// The decisions, and the time decided at when the call asks for it.
+    async fn run_timed<C>(&self, conn: &mut C) -> Result<(Vec<Decision>, Option<u64>), Error>
+    where
+        C: ConnectionLike + Send,
+    {
         let reply = match self.cmd(false).query_async::<Value>(conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // The script did not run: sending it with its text cannot charge twice.
@@ -523,7 +640,25 @@ impl<'a> Call<'a> {
             other => other,
         };
         let reply = reply.map_err(|e| map_error(e, &self.keys))?;
-        parse_reply(reply, &self.expect)
+        if !self.time_reply {
+            return Ok((parse_reply(reply, &self.expect)?, None));
+        }
+        // The time decided at, a ninth double after the decisions.
+        let Value::BulkString(mut bytes) = reply else {
+            return Err(protocol(format!(
+                "the script answered {}, expected a string",
+                describe(&reply)
+            )));
+        };
+        let Some(split) = bytes.len().checked_sub(8) else {
+            return Err(protocol("the script answered no time".to_owned()));
+        };
+        let at = integer(&bytes[split..])?;
+        bytes.truncate(split);
+        Ok((
+            parse_reply(Value::BulkString(bytes), &self.expect)?,
+            Some(at),
+        ))
     }
 }
 
@@ -877,6 +1012,7 @@ mod tests {
                 ScriptRequest::new(b"b", Limit::sliding_log(q), 11),
             ],
             TimeSource::Server,
+            Flags::Commit,
         )
         .unwrap();
         assert_eq!(
@@ -908,7 +1044,7 @@ mod tests {
         ));
         assert!(Call::single(b"k", &limit, 1, TimeSource::Client(MAX_CLIENT_TIME_US)).is_ok());
         assert!(matches!(
-            Call::batch(&[], TimeSource::Server),
+            Call::batch(&[], TimeSource::Server, Flags::Commit),
             Err(Error::InvalidRequest(_))
         ));
         let twice = [
@@ -916,7 +1052,7 @@ mod tests {
             ScriptRequest::new(b"k", limit, 1),
         ];
         assert!(matches!(
-            Call::batch(&twice, TimeSource::Server),
+            Call::batch(&twice, TimeSource::Server, Flags::Commit),
             Err(Error::InvalidRequest(_))
         ));
         let keys: Vec<Vec<u8>> = (0..=MAX_BATCH).map(|i| vec![i as u8 + 1]).collect();
@@ -925,10 +1061,10 @@ mod tests {
             .map(|k| ScriptRequest::new(k, limit, 1))
             .collect();
         assert!(matches!(
-            Call::batch(&many, TimeSource::Server),
+            Call::batch(&many, TimeSource::Server, Flags::Commit),
             Err(Error::InvalidRequest(_))
         ));
-        assert!(Call::batch(&many[..MAX_BATCH], TimeSource::Server).is_ok());
+        assert!(Call::batch(&many[..MAX_BATCH], TimeSource::Server, Flags::Commit).is_ok());
     }
 
     #[test]
