@@ -13,7 +13,10 @@
 //!   at most one `SET … PX`, and `TIME` in server-time mode).
 //! * [`decide_all`]: up to [`MAX_BATCH`] requests on distinct keys, all-or-nothing, through the
 //!   batch script: every request is evaluated first without writing; only if all are admitted are
-//!   their states written. In a Cluster the keys must share one hash slot (one `{tag}`).
+//!   their states written. In a Cluster the keys must share one hash slot (one `{tag}`); the
+//!   store decides a batch over several slots one slot group at a time, and gives back what
+//!   earlier groups charged when a later one denies, with `refund.lua` (see the crate
+//!   documentation, "Batches across Cluster slots").
 //!
 //! Both are generic over [`redis::aio::ConnectionLike`]: a `MultiplexedConnection`, a
 //! `ConnectionManager`, a cluster connection or a pooled connection. They send `EVALSHA` and, when
@@ -46,8 +49,11 @@
 //! | sliding window | 5 | `limit`, `period` µs, `gr`, `steps` ([`Quota::window_granule`](distlimit_core::Quota::window_granule)) |
 //!
 //! * Single-key script: `KEYS = [key]`, `ARGV = [time, cost, parameters…]`.
-//! * Batch script: `KEYS = [key₁ … keyₙ]`, `ARGV = [time, commit, (id, cost, p₁, p₂, p₃, p₄)ₙ]`,
-//!   unused parameter slots `0`, `commit` `1` or `0`.
+//! * Batch script: `KEYS = [key₁ … keyₙ]`, `ARGV = [time, flags, (id, cost, p₁, p₂, p₃, p₄)ₙ]`,
+//!   unused parameter slots `0`; `flags` bit 0: commit, bit 1: append the time decided at (one
+//!   more double after the decisions, for a refund).
+//! * Refund script: `KEYS = [key₁ … keyₙ]`, `ARGV = [time, (id, cost, p₁, p₂, p₃, p₄, at)ₙ]`
+//!   with `at` the time the batch decided at; the reply is the number of states rewritten.
 //!
 //! `time` is the empty string for server time, else the client's time in µs.
 //!
@@ -102,8 +108,8 @@
 //!
 //! The Lua lives in `src/scripts/`, each algorithm written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, and two mains, `single.lua` and `batch.lua`. The script texts are put
-//! together at compile time (`concat!(include_str!(…))`): per algorithm the prelude, that
+//! `decide_<algorithm>`, two mains, `single.lua` and `batch.lua`, and `refund.lua`, a script of
+//! its own. The script texts are put together at compile time (`concat!(include_str!(…))`): per algorithm the prelude, that
 //! algorithm and the single-key main (the lean hot path); for the batch the prelude, every
 //! algorithm and the batch main. [`script_source`] and [`batch_source`] return them, for example
 //! to run `redis-benchmark` on the very script the store sends.
