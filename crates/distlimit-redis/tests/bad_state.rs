@@ -194,3 +194,53 @@ async fn one_bad_key_leaves_the_others_deciding() {
         }
     }
 }
+
+/// In a Cluster batch over several slots, a bad value in a later slot group is that request's
+/// `BadState`, and the earlier group's units are given back (the clock stands still, so the
+/// refund is exact for every algorithm).
+#[tokio::test]
+async fn cluster_bad_value_in_a_later_slot_refunds_the_earlier_one() {
+    let Some(urls) = support::cluster_urls() else {
+        return;
+    };
+    let clock = distlimit_test::new_clock();
+    let store = support::cluster_store(clock, "bad-state-slots")
+        .await
+        .unwrap();
+    let mut conn = redis::cluster::ClusterClient::new(urls)
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    for algorithm in Algorithm::ALL {
+        let limit = Limit::new(algorithm, Quota::per_hour(10).unwrap());
+        let global = Key::new("*").unwrap();
+        let user = Key::new("bad-user").unwrap();
+        let policy = algorithm.name();
+        let bad = store.redis_key(policy, user);
+        assert_ne!(
+            distlimit_redis::hash_slot(&bad),
+            distlimit_redis::hash_slot(&store.redis_key(policy, global))
+        );
+        let _: () = redis::cmd("SET")
+            .arg(&bad)
+            .arg("garbage")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let batch = [
+            Request::new(global, limit).with_policy(policy).unwrap(),
+            Request::new(user, limit).with_policy(policy).unwrap(),
+        ];
+        for _ in 0..3 {
+            expect_bad_state(
+                store.decide_all(&batch).await,
+                Bad::Garbage,
+                algorithm.name(),
+            );
+        }
+        let peek = Request::peek(global, limit).with_policy(policy).unwrap();
+        let left = store.decide(&peek).await.unwrap().remaining();
+        assert_eq!(left, 10, "{algorithm}: refunded");
+    }
+}
