@@ -8,8 +8,8 @@
 //! circuit breaker, a local fallback). Only answers that prove the script did not run lead to
 //! another attempt, within the same per-call deadline: `MOVED` and `ASK` (the slot lives
 //! elsewhere), `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused
-//! the command before running it), a refused connection, and `NOSCRIPT` (handled in
-//! [`script`](crate::script)).
+//! the command before running it), a refused connection (standalone and Cluster), and
+//! `NOSCRIPT` (handled in [`script`](crate::script)).
 //!
 //! redis-rs' own Cluster retries cannot make that distinction (redis 1.8.1,
 //! `src/cluster_handling/async_connection/request.rs`, `choose_response`, lines 164–306): it
@@ -41,7 +41,13 @@
 //! The standalone `ConnectionManager` never resends a command: it returns the error and
 //! reconnects in the background (`src/aio/connection_manager.rs`, lines 361–385 and 700–730);
 //! its reconnection itself is not retried here (`number_of_retries = 0`), so during an outage
-//! every call fails fast with a refused connection instead of waiting out a backoff.
+//! every call fails fast with a refused connection instead of waiting out a backoff. A failed
+//! reconnection stays the manager's answer until a call finds it: that call gets the stored
+//! refusal while the manager starts connecting anew (`reconnect_if_io_error`, lines 415–426 and
+//! 623–672). So a call answered with a refused connection, which proves nothing was sent, is run
+//! once more on the same manager, which waits for the new connection: the first call after a
+//! restart (a breaker's probe) runs on a live connection instead of failing on the memory of the
+//! outage.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -118,6 +124,60 @@ impl Op for Batch<'_, '_> {
     }
 }
 
+/// One group of a batch that spans Cluster slots, charged if all admitted:
+/// [`script::charge_group`].
+pub(crate) struct ChargeGroup<'a, 'k> {
+    pub(crate) requests: &'a [ScriptRequest<'k>],
+}
+
+impl Op for ChargeGroup<'_, '_> {
+    type Output = (Vec<Decision>, Option<u64>);
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<Self::Output, Error>> + Send {
+        script::charge_group(conn, self.requests, time)
+    }
+}
+
+/// One group of a batch that spans Cluster slots, evaluated without charging:
+/// [`script::evaluate_group`].
+pub(crate) struct EvaluateGroup<'a, 'k> {
+    pub(crate) requests: &'a [ScriptRequest<'k>],
+}
+
+impl Op for EvaluateGroup<'_, '_> {
+    type Output = Vec<Decision>;
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send {
+        script::evaluate_group(conn, self.requests, time)
+    }
+}
+
+/// Gives back what a [`ChargeGroup`] charged at `at`: [`script::refund`].
+pub(crate) struct Refund<'a, 'k> {
+    pub(crate) requests: &'a [ScriptRequest<'k>],
+    pub(crate) at: u64,
+}
+
+impl Op for Refund<'_, '_> {
+    type Output = ();
+
+    fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        time: TimeSource,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        script::refund(conn, self.requests, self.at, time)
+    }
+}
+
 /// The connections of one store.
 pub(crate) enum Backend {
     /// One multiplexed connection that reconnects by itself.
@@ -148,8 +208,17 @@ impl Backend {
         let after = timeouts.response;
         match self {
             Backend::Manager(manager) => {
-                let mut conn = manager.clone();
-                within(after, op.run(&mut conn, time)).await
+                within(after, async {
+                    let mut conn = manager.clone();
+                    match op.run(&mut conn, time).await {
+                        // The manager answered with the failure of its last reconnection (made
+                        // while the server was down), and has just started another one: nothing
+                        // was sent, so the call waits for the new connection and runs on it.
+                        Err(e) if refused(&e) => op.run(&mut conn, time).await,
+                        result => result,
+                    }
+                })
+                .await
             }
             Backend::Pool(pool) => {
                 within(after, async {
@@ -159,6 +228,11 @@ impl Backend {
                     pooled.broken = true;
                     let result = op.run(&mut pooled.conn, time).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
+                    if matches!(&result, Err(e) if lost_connection(e)) {
+                        // The server went away (a restart, a crash): every connection opened
+                        // before this one is as dead, and is replaced at its next checkout.
+                        pool.manager().lost(pooled.epoch);
+                    }
                     result
                 })
                 .await
@@ -196,6 +270,7 @@ impl Backend {
                 let manager = PoolManager {
                     client: redis::Client::open(info).map_err(|e| classify(e, after))?,
                     config: node_config(timeouts),
+                    epoch: AtomicU64::new(0),
                 };
                 let pool = Pool::builder(manager)
                     .max_size(max_size)
@@ -519,9 +594,24 @@ pub(crate) type Pool = deadpool::managed::Pool<PoolManager>;
 /// leaves it in doubt ([`breaks_connection`], or cut short by the deadline): only those are
 /// replaced. A connection the server closed while it sat idle is found out by the next call on
 /// it, which fails with a transient error, like a call on the multiplexed connection would.
+///
+/// A call that lost its connection (the server closed it or went away) also retires every
+/// connection opened before that one: after a restart they are all dead, and without this each
+/// would fail one more call (a circuit breaker's probe, typically) before being replaced. Each
+/// connection carries the epoch it was opened in; a lost connection moves the epoch past its
+/// own, and recycling drops connections of older epochs.
 pub(crate) struct PoolManager {
     client: redis::Client,
     config: AsyncConnectionConfig,
+    /// Connections opened in an earlier epoch are replaced at their next checkout.
+    epoch: AtomicU64,
+}
+
+impl PoolManager {
+    /// A connection of `epoch` lost its connection: retire it and every older one.
+    fn lost(&self, epoch: u64) {
+        self.epoch.fetch_max(epoch + 1, Ordering::Relaxed);
+    }
 }
 
 /// One pooled connection.
@@ -529,6 +619,8 @@ pub(crate) struct Pooled {
     conn: MultiplexedConnection,
     /// A call on it failed with a connection error or did not complete: replace it.
     broken: bool,
+    /// The manager's epoch when it was opened.
+    epoch: u64,
 }
 
 impl deadpool::managed::Manager for PoolManager {
@@ -536,6 +628,7 @@ impl deadpool::managed::Manager for PoolManager {
     type Error = RedisError;
 
     async fn create(&self) -> Result<Pooled, RedisError> {
+        let epoch = self.epoch.load(Ordering::Relaxed);
         let conn = self
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
@@ -543,6 +636,7 @@ impl deadpool::managed::Manager for PoolManager {
         Ok(Pooled {
             conn,
             broken: false,
+            epoch,
         })
     }
 
@@ -553,6 +647,10 @@ impl deadpool::managed::Manager for PoolManager {
     ) -> deadpool::managed::RecycleResult<RedisError> {
         if pooled.broken {
             Err(RecycleError::message("the connection broke during a call"))
+        } else if pooled.epoch < self.epoch.load(Ordering::Relaxed) {
+            Err(RecycleError::message(
+                "another connection to the server was lost since this one was opened",
+            ))
         } else {
             Ok(())
         }
@@ -575,6 +673,31 @@ fn breaks_connection(err: &Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// The Redis error behind a transient `err`, if any.
+fn redis_source(err: &Error) -> Option<&RedisError> {
+    match err {
+        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
+            source.downcast_ref::<RedisError>()
+        }
+        _ => None,
+    }
+}
+
+/// Whether `err` is a refused connection: nothing was sent.
+fn refused(err: &Error) -> bool {
+    redis_source(err).is_some_and(RedisError::is_connection_refusal)
+}
+
+/// Whether `err` says the connection itself is gone (closed by the server, reset, a broken
+/// pipe), as opposed to a slow answer or an error reply.
+fn lost_connection(err: &Error) -> bool {
+    redis_source(err).is_some_and(|e| {
+        e.is_connection_dropped()
+            || (e.is_io_error() && !e.is_timeout())
+            || e.is_unrecoverable_error()
+    })
 }
 
 /// Maps a Redis error to a distlimit [`Error`]: [`script`]'s mapping, refined.
@@ -1026,6 +1149,7 @@ mod tests {
                 Error::Unavailable { .. } => "unavailable",
                 Error::Config { .. } => "config",
                 Error::Protocol { .. } => "protocol",
+                Error::BadState { .. } => "bad_state",
                 Error::Backend {
                     transient: true, ..
                 } => "transient",
@@ -1057,7 +1181,7 @@ mod tests {
         is(parsed("ERR something else"), "permanent");
         is(
             parsed("WRONGTYPE Operation against a key holding the wrong kind of value"),
-            "protocol",
+            "bad_state",
         );
         for transient in [
             "LOADING Redis is loading the dataset in memory",

@@ -13,7 +13,10 @@
 //!   at most one `SET … PX`, and `TIME` in server-time mode).
 //! * [`decide_all`]: up to [`MAX_BATCH`] requests on distinct keys, all-or-nothing, through the
 //!   batch script: every request is evaluated first without writing; only if all are admitted are
-//!   their states written. In a Cluster the keys must share one hash slot (one `{tag}`).
+//!   their states written. In a Cluster the keys must share one hash slot (one `{tag}`); the
+//!   store decides a batch over several slots one slot group at a time, and gives back what
+//!   earlier groups charged when a later one denies, with `refund.lua` (see the crate
+//!   documentation, "Batches across Cluster slots").
 //!
 //! Both are generic over [`redis::aio::ConnectionLike`]: a `MultiplexedConnection`, a
 //! `ConnectionManager`, a cluster connection or a pooled connection. They send `EVALSHA` and, when
@@ -46,8 +49,11 @@
 //! | sliding window | 5 | `limit`, `period` µs, `gr`, `steps` ([`Quota::window_granule`](distlimit_core::Quota::window_granule)) |
 //!
 //! * Single-key script: `KEYS = [key]`, `ARGV = [time, cost, parameters…]`.
-//! * Batch script: `KEYS = [key₁ … keyₙ]`, `ARGV = [time, commit, (id, cost, p₁, p₂, p₃, p₄)ₙ]`,
-//!   unused parameter slots `0`, `commit` `1` or `0`.
+//! * Batch script: `KEYS = [key₁ … keyₙ]`, `ARGV = [time, flags, (id, cost, p₁, p₂, p₃, p₄)ₙ]`,
+//!   unused parameter slots `0`; `flags` bit 0: commit, bit 1: append the time decided at (one
+//!   more double after the decisions, for a refund).
+//! * Refund script: `KEYS = [key₁ … keyₙ]`, `ARGV = [time, (id, cost, p₁, p₂, p₃, p₄, at)ₙ]`
+//!   with `at` the time the batch decided at; the reply is the number of states rewritten.
 //!
 //! `time` is the empty string for server time, else the client's time in µs.
 //!
@@ -87,8 +93,10 @@
 //!   changed.
 //! * Anything else (another tag, a wrong length, a number that is not an integer in `[0, 2^53)`,
 //!   log instants out of order) is never taken for a fresh key: the script answers the error
-//!   `DISTLIMIT_CORRUPT`, which becomes an [`Error::Protocol`]. A key of another Redis type (a
-//!   list, a hash) makes `GET` fail with `WRONGTYPE`, also an [`Error::Protocol`]. Neither writes.
+//!   `DISTLIMIT_CORRUPT`, which becomes an [`Error::BadState`]. A key of another Redis type (a
+//!   list, a hash) makes `GET` fail with `WRONGTYPE`, also an [`Error::BadState`]. Neither
+//!   writes, and neither is ever replaced by a later request: see the crate documentation,
+//!   "A bad value at a key".
 //!
 //! Every write is `SET key value PX ttl` with `ttl = ⌈reset_after / 1000⌉` ms, where `reset_after`
 //! is that of the admitted decision, `State::expires_at − now`: a key disappears once it would
@@ -100,8 +108,8 @@
 //!
 //! The Lua lives in `src/scripts/`, each algorithm written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, and two mains, `single.lua` and `batch.lua`. The script texts are put
-//! together at compile time (`concat!(include_str!(…))`): per algorithm the prelude, that
+//! `decide_<algorithm>`, two mains, `single.lua` and `batch.lua`, and `refund.lua`, a script of
+//! its own. The script texts are put together at compile time (`concat!(include_str!(…))`): per algorithm the prelude, that
 //! algorithm and the single-key main (the lean hot path); for the batch the prelude, every
 //! algorithm and the batch main. [`script_source`] and [`batch_source`] return them, for example
 //! to run `redis-benchmark` on the very script the store sends.
@@ -258,6 +266,7 @@ const BATCH_SCRIPT: &str = concat!(
     lua!("sliding_window.lua"),
     lua!("batch.lua"),
 );
+const REFUND_SCRIPT: &str = lua!("refund.lua");
 
 /// A script's text and SHA-1.
 struct Compiled {
@@ -287,6 +296,8 @@ struct Scripts {
     /// Indexed by [`Kind::index`].
     single: [Compiled; 5],
     batch: Compiled,
+    /// Gives back what a batch group charged (Cluster batches across slots).
+    refund: Compiled,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -298,6 +309,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Compiled::new(SLIDING_WINDOW_SCRIPT),
     ],
     batch: Compiled::new(BATCH_SCRIPT),
+    refund: Compiled::new(REFUND_SCRIPT),
 });
 
 fn single(kind: Kind) -> &'static Compiled {
@@ -334,7 +346,11 @@ pub async fn load_scripts<C>(conn: &mut C) -> Result<(), Error>
 where
     C: ConnectionLike + Send,
 {
-    for script in SCRIPTS.single.iter().chain([&SCRIPTS.batch]) {
+    for script in SCRIPTS
+        .single
+        .iter()
+        .chain([&SCRIPTS.batch, &SCRIPTS.refund])
+    {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(script.source)
@@ -356,7 +372,8 @@ where
 /// gives. One round trip (two when the server lost the script).
 ///
 /// Errors: a client time above [`MAX_CLIENT_TIME_US`] is an [`Error::InvalidRequest`]; a wrong
-/// Redis type or an unreadable value at the key, or a malformed reply, an [`Error::Protocol`];
+/// Redis type or an unreadable value at the key an [`Error::BadState`] (nothing written); a
+/// malformed reply an [`Error::Protocol`];
 /// connection failures as classified by the driver's error mapping.
 pub async fn decide<C>(
     conn: &mut C,
@@ -391,8 +408,96 @@ pub async fn decide_all<C>(
 where
     C: ConnectionLike + Send,
 {
-    let call = Call::batch(requests, time)?;
+    let call = Call::batch(requests, time, Flags::Commit)?;
     call.run(conn).await
+}
+
+/// What a batch call does besides deciding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flags {
+    /// Charge if every request is admitted.
+    Commit,
+    /// Charge if every request is admitted, and answer the time decided at.
+    CommitAndTime,
+    /// Charge nothing.
+    Evaluate,
+}
+
+/// [`decide_all`] on one group of a batch that spans Cluster slots: the decisions, and the
+/// time (µs, the node's clock or the client's) they were decided at when the group was charged
+/// (every request admitted), for [`refund`].
+pub(crate) async fn charge_group<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    time: TimeSource,
+) -> Result<(Vec<Decision>, Option<u64>), Error>
+where
+    C: ConnectionLike + Send,
+{
+    let call = Call::batch(requests, time, Flags::CommitAndTime)?;
+    let (decisions, at) = call.run_timed(conn).await?;
+    let committed = call.args[0] & 1 == 1 && decisions.iter().all(Decision::is_allowed);
+    Ok((decisions, at.filter(|_| committed)))
+}
+
+/// The decisions of a batch group without charging anything.
+pub(crate) async fn evaluate_group<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    time: TimeSource,
+) -> Result<Vec<Decision>, Error>
+where
+    C: ConnectionLike + Send,
+{
+    Call::batch(requests, time, Flags::Evaluate)?
+        .run(conn)
+        .await
+}
+
+/// Gives back what [`charge_group`] charged at `at` on `requests` (see `refund.lua`): never more
+/// than the states still owe the charge, so the refunded states never admit more than they
+/// would have without it.
+pub(crate) async fn refund<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    at: u64,
+    time: TimeSource,
+) -> Result<(), Error>
+where
+    C: ConnectionLike + Send,
+{
+    check_time(time)?;
+    let mut keys = Vec::with_capacity(requests.len());
+    let mut args = Vec::with_capacity(7 * requests.len());
+    for r in requests {
+        let kind = Kind::of(r.limit.algorithm())?;
+        let (params, _) = parameters(kind, &r.limit);
+        keys.push(r.redis_key);
+        args.extend_from_slice(&[kind.id(), r.cost]);
+        args.extend_from_slice(&params);
+        args.push(at);
+    }
+    let call = Call {
+        script: &SCRIPTS.refund,
+        keys,
+        time,
+        args,
+        expect: Vec::new(),
+        time_reply: false,
+    };
+    let reply = match call.cmd(false).query_async::<Value>(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            call.cmd(true).query_async::<Value>(conn).await
+        }
+        other => other,
+    };
+    match reply.map_err(|e| map_error(e, &call.keys))? {
+        Value::Int(_) => Ok(()),
+        other => Err(protocol(format!(
+            "the refund script answered {}, expected an integer",
+            describe(&other)
+        ))),
+    }
 }
 
 /// What one request's decision must look like.
@@ -422,6 +527,8 @@ struct Call<'a> {
     /// `ARGV[2..]`.
     args: Vec<u64>,
     expect: Vec<Expect>,
+    /// The reply ends with the time decided at (a ninth double).
+    time_reply: bool,
 }
 
 impl<'a> Call<'a> {
@@ -444,10 +551,15 @@ impl<'a> Call<'a> {
             time,
             args,
             expect: vec![expect],
+            time_reply: false,
         })
     }
 
-    fn batch(requests: &[ScriptRequest<'a>], time: TimeSource) -> Result<Self, Error> {
+    fn batch(
+        requests: &[ScriptRequest<'a>],
+        time: TimeSource,
+        flags: Flags,
+    ) -> Result<Self, Error> {
         check_time(time)?;
         if requests.is_empty() {
             return Err(Error::InvalidRequest("empty batch"));
@@ -458,7 +570,12 @@ impl<'a> Call<'a> {
         let mut keys = Vec::with_capacity(requests.len());
         let mut args = Vec::with_capacity(1 + 6 * requests.len());
         let mut expect = Vec::with_capacity(requests.len());
-        args.push(1); // commit, cleared below when a request can never pass
+        // Bit 0 commit (cleared below when a request can never pass), bit 1 answer the time.
+        args.push(match flags {
+            Flags::Commit => 1,
+            Flags::CommitAndTime => 3,
+            Flags::Evaluate => 0,
+        });
         for r in requests {
             if keys.contains(&r.redis_key) {
                 return Err(Error::InvalidRequest("the same key twice in one batch"));
@@ -467,7 +584,7 @@ impl<'a> Call<'a> {
             let (e, cost) = Expect::new(&r.limit, r.cost);
             let (params, _) = parameters(kind, &r.limit);
             if e.never {
-                args[0] = 0;
+                args[0] &= !1;
             }
             keys.push(r.redis_key);
             args.extend_from_slice(&[kind.id(), cost]);
@@ -480,6 +597,7 @@ impl<'a> Call<'a> {
             time,
             args,
             expect,
+            time_reply: flags == Flags::CommitAndTime,
         })
     }
 
@@ -512,6 +630,14 @@ impl<'a> Call<'a> {
     where
         C: ConnectionLike + Send,
     {
+        Ok(self.run_timed(conn).await?.0)
+    }
+
+    /// The decisions, and the time decided at when the call asks for it.
+    async fn run_timed<C>(&self, conn: &mut C) -> Result<(Vec<Decision>, Option<u64>), Error>
+    where
+        C: ConnectionLike + Send,
+    {
         let reply = match self.cmd(false).query_async::<Value>(conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // The script did not run: sending it with its text cannot charge twice.
@@ -520,7 +646,25 @@ impl<'a> Call<'a> {
             other => other,
         };
         let reply = reply.map_err(|e| map_error(e, &self.keys))?;
-        parse_reply(reply, &self.expect)
+        if !self.time_reply {
+            return Ok((parse_reply(reply, &self.expect)?, None));
+        }
+        // The time decided at, a ninth double after the decisions.
+        let Value::BulkString(mut bytes) = reply else {
+            return Err(protocol(format!(
+                "the script answered {}, expected a string",
+                describe(&reply)
+            )));
+        };
+        let Some(split) = bytes.len().checked_sub(8) else {
+            return Err(protocol("the script answered no time".to_owned()));
+        };
+        let at = integer(&bytes[split..])?;
+        bytes.truncate(split);
+        Ok((
+            parse_reply(Value::BulkString(bytes), &self.expect)?,
+            Some(at),
+        ))
     }
 }
 
@@ -530,6 +674,14 @@ fn check_time(time: TimeSource) -> Result<(), Error> {
             "client time beyond 2^52 µs (the year 2112), where the scripts are no longer exact",
         )),
         _ => Ok(()),
+    }
+}
+
+/// A value at a key of the request that is not a valid state: an error of that request only.
+fn bad_state(message: String) -> Error {
+    Error::BadState {
+        store: STORE,
+        message,
     }
 }
 
@@ -638,8 +790,9 @@ fn describe(value: &Value) -> String {
 
 /// Maps a Redis error to distlimit's [`Error`], classified for circuit breakers:
 ///
-/// * `DISTLIMIT_CORRUPT` (an unreadable state) and `WRONGTYPE` (a key of another Redis type),
-///   and replies the client could not parse: [`Error::Protocol`], permanent;
+/// * `DISTLIMIT_CORRUPT` (an unreadable state) and `WRONGTYPE` (a key of another Redis type):
+///   [`Error::BadState`], an error of this request only, permanent;
+/// * replies the client could not parse: [`Error::Protocol`], permanent;
 /// * `NOPERM` (an ACL forbids scripts or keys), authentication and client configuration errors:
 ///   [`Error::Config`], permanent;
 /// * I/O errors, dropped or refused connections, and the cluster's and a failover's passing states
@@ -654,7 +807,7 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
     let detail = err.detail().unwrap_or_default().to_owned();
     match err.code() {
         Some("DISTLIMIT_CORRUPT") => {
-            return protocol(format!(
+            return bad_state(format!(
                 "corrupt rate-limit state, not decided and left as it is: {detail}"
             ));
         }
@@ -663,7 +816,7 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
                 .iter()
                 .map(|k| format!("\"{}\"", k.escape_ascii()))
                 .collect();
-            return protocol(format!(
+            return bad_state(format!(
                 "WRONGTYPE: a key of this request ({}) holds a Redis value of another type, \
                  not a distlimit state; not decided and left as it is",
                 names.join(", ")
@@ -865,6 +1018,7 @@ mod tests {
                 ScriptRequest::new(b"b", Limit::sliding_log(q), 11),
             ],
             TimeSource::Server,
+            Flags::Commit,
         )
         .unwrap();
         assert_eq!(
@@ -896,7 +1050,7 @@ mod tests {
         ));
         assert!(Call::single(b"k", &limit, 1, TimeSource::Client(MAX_CLIENT_TIME_US)).is_ok());
         assert!(matches!(
-            Call::batch(&[], TimeSource::Server),
+            Call::batch(&[], TimeSource::Server, Flags::Commit),
             Err(Error::InvalidRequest(_))
         ));
         let twice = [
@@ -904,7 +1058,7 @@ mod tests {
             ScriptRequest::new(b"k", limit, 1),
         ];
         assert!(matches!(
-            Call::batch(&twice, TimeSource::Server),
+            Call::batch(&twice, TimeSource::Server, Flags::Commit),
             Err(Error::InvalidRequest(_))
         ));
         let keys: Vec<Vec<u8>> = (0..=MAX_BATCH).map(|i| vec![i as u8 + 1]).collect();
@@ -913,10 +1067,10 @@ mod tests {
             .map(|k| ScriptRequest::new(k, limit, 1))
             .collect();
         assert!(matches!(
-            Call::batch(&many, TimeSource::Server),
+            Call::batch(&many, TimeSource::Server, Flags::Commit),
             Err(Error::InvalidRequest(_))
         ));
-        assert!(Call::batch(&many[..MAX_BATCH], TimeSource::Server).is_ok());
+        assert!(Call::batch(&many[..MAX_BATCH], TimeSource::Server, Flags::Commit).is_ok());
     }
 
     #[test]
@@ -926,12 +1080,12 @@ mod tests {
             Some("unreadable gcra state at key k".to_owned()),
         );
         match map_error(corrupt, &[b"k"]) {
-            Error::Protocol { message, .. } => assert!(message.contains("corrupt"), "{message}"),
+            Error::BadState { message, .. } => assert!(message.contains("corrupt"), "{message}"),
             other => panic!("{other:?}"),
         }
         let wrong = redis::make_extension_error("WRONGTYPE".to_owned(), None);
         match map_error(wrong, &[b"a\nb"]) {
-            Error::Protocol { message, .. } => {
+            Error::BadState { message, .. } => {
                 assert!(
                     message.contains("WRONGTYPE") && message.contains("a\\nb"),
                     "{message}"

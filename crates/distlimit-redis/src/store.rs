@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use distlimit_core::{Clock, Decision, Error, Key, MAX_BATCH, Request, Store, validate_batch};
 
 use crate::config::{RedisStoreBuilder, Topology};
-use crate::connection::{Backend, Batch, Single, Timeouts};
-use crate::layout::{KeyBuf, KeyLayout};
+use crate::connection::{Backend, Batch, ChargeGroup, EvaluateGroup, Refund, Single, Timeouts};
+use crate::layout::{KeyBuf, KeyLayout, hash_slot};
 use crate::script::{ScriptRequest, TimeSource};
 
 /// How a [`RedisStore`] reaches Redis.
@@ -202,16 +202,6 @@ impl Store for RedisStore {
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(requests)?;
-        if self.inner.mode == Mode::Cluster {
-            // One script runs on one node: only one identity's keys share a slot. Checked here
-            // so Redis never answers CROSSSLOT.
-            let first = requests[0].key();
-            if requests.iter().any(|r| r.key() != first) {
-                return Err(Error::InvalidRequest(
-                    "in a Cluster, a batch must be one key's policies",
-                ));
-            }
-        }
         // Every Redis key of the batch in one buffer.
         let mut buf = Vec::with_capacity(
             requests
@@ -236,6 +226,15 @@ impl Store for RedisStore {
                 ScriptRequest::new(key, *r.limit(), r.cost())
             })
             .collect();
+        if self.inner.mode == Mode::Cluster {
+            let slot = hash_slot(script_requests[0].redis_key);
+            if script_requests
+                .iter()
+                .any(|r| hash_slot(r.redis_key) != slot)
+            {
+                return self.decide_across_slots(&script_requests).await;
+            }
+        }
         let op = Batch {
             requests: &script_requests,
         };
@@ -243,5 +242,103 @@ impl Store for RedisStore {
             .backend
             .call(&op, self.time(), self.inner.timeouts)
             .await
+    }
+}
+
+impl RedisStore {
+    /// A Cluster batch whose keys live in several slots (a global tier next to a key's tiers):
+    /// one all-or-nothing script per slot, in the order the slots first appear in the batch;
+    /// once a group denies, the groups before it are given their units back and the rest are
+    /// only evaluated. See the crate documentation, "Batches across Cluster slots".
+    async fn decide_across_slots(
+        &self,
+        requests: &[ScriptRequest<'_>],
+    ) -> Result<Vec<Decision>, Error> {
+        // Groups of requests sharing a slot, in order of first appearance; `order[i]` is the
+        // position in `requests` of the i-th request of the grouped list.
+        let mut slots: Vec<u16> = Vec::new();
+        for r in requests {
+            let slot = hash_slot(r.redis_key);
+            if !slots.contains(&slot) {
+                slots.push(slot);
+            }
+        }
+        let mut order = Vec::with_capacity(requests.len());
+        let mut grouped = Vec::with_capacity(requests.len());
+        let mut bounds = Vec::with_capacity(slots.len());
+        for &slot in &slots {
+            let start = grouped.len();
+            for (i, r) in requests.iter().enumerate() {
+                if hash_slot(r.redis_key) == slot {
+                    order.push(i);
+                    grouped.push(*r);
+                }
+            }
+            bounds.push(start..grouped.len());
+        }
+        let backend = &self.inner.backend;
+        let timeouts = self.inner.timeouts;
+        let mut charged: Vec<(std::ops::Range<usize>, u64)> = Vec::new();
+        let mut decisions: Vec<Decision> = Vec::with_capacity(requests.len());
+        let mut denied = false;
+        for range in bounds {
+            let group = &grouped[range.clone()];
+            let result = if denied {
+                backend
+                    .call(&EvaluateGroup { requests: group }, self.time(), timeouts)
+                    .await
+            } else {
+                match backend
+                    .call(&ChargeGroup { requests: group }, self.time(), timeouts)
+                    .await
+                {
+                    Ok((group_decisions, Some(at))) => {
+                        charged.push((range, at));
+                        Ok(group_decisions)
+                    }
+                    Ok((group_decisions, None)) => {
+                        denied = true;
+                        Ok(group_decisions)
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            match result {
+                Ok(group_decisions) => decisions.extend(group_decisions),
+                Err(e) => {
+                    // The request was not admitted: give back what earlier groups took.
+                    self.refund(&grouped, &charged).await;
+                    return Err(e);
+                }
+            }
+        }
+        if denied {
+            self.refund(&grouped, &charged).await;
+        }
+        // Back to the batch's order.
+        let mut out: Vec<(usize, Decision)> = order.into_iter().zip(decisions).collect();
+        out.sort_unstable_by_key(|&(i, _)| i);
+        Ok(out.into_iter().map(|(_, d)| d).collect())
+    }
+
+    /// Gives back the units of the `charged` groups of `grouped`. A refund that fails leaves the
+    /// units spent (an under-admission until they refill), never an over-admission.
+    async fn refund(
+        &self,
+        grouped: &[ScriptRequest<'_>],
+        charged: &[(std::ops::Range<usize>, u64)],
+    ) {
+        for (range, at) in charged {
+            let op = Refund {
+                requests: &grouped[range.clone()],
+                at: *at,
+            };
+            // Nothing more to do on failure: the units stay spent.
+            let _ = self
+                .inner
+                .backend
+                .call(&op, self.time(), self.inner.timeouts)
+                .await;
+        }
     }
 }

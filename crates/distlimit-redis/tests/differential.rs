@@ -735,7 +735,7 @@ fn wrong_types_and_unreadable_values_are_protocol_errors() {
             let _: i64 = query(&mut conn, redis::cmd("RPUSH").arg(&key).arg("a").arg("b")).await;
             for (cost, time) in [(1, TimeSource::Client(now)), (0, TimeSource::Server)] {
                 match decide(&mut conn, &key, &limit, cost, time).await {
-                    Err(Error::Protocol { message, .. }) => {
+                    Err(Error::BadState { message, .. }) => {
                         assert!(message.contains("WRONGTYPE"), "{algorithm}: {message}");
                         assert!(message.contains(&p), "{algorithm}: {message}");
                     }
@@ -751,7 +751,7 @@ fn wrong_types_and_unreadable_values_are_protocol_errors() {
                 let _: () = query(&mut conn, redis::cmd("SET").arg(&key).arg(&value)).await;
                 for cost in [0, 1, limit.capacity() + 1] {
                     match decide(&mut conn, &key, &limit, cost, TimeSource::Client(now)).await {
-                        Err(e @ Error::Protocol { .. }) => {
+                        Err(e @ Error::BadState { .. }) => {
                             let message = e.to_string();
                             assert!(message.contains("corrupt"), "{algorithm}: {message}");
                             assert!(message.contains(&p), "{algorithm}: {message}");
@@ -769,7 +769,7 @@ fn wrong_types_and_unreadable_values_are_protocol_errors() {
                     ScriptRequest::new(&key, limit, 1),
                 ];
                 let result = decide_all(&mut conn, &requests, TimeSource::Client(now)).await;
-                assert!(matches!(result, Err(Error::Protocol { .. })), "{algorithm}: {result:?}");
+                assert!(matches!(result, Err(Error::BadState { .. })), "{algorithm}: {result:?}");
                 assert!(!exists(&mut conn, &good).await, "{algorithm}");
                 assert_eq!(get(&mut conn, &key).await, Some(value), "{algorithm}");
                 assert_eq!(pttl(&mut conn, &key).await, -1, "{algorithm}");

@@ -1,9 +1,10 @@
 -- All-or-nothing decisions on KEYS[1..n]: every request is evaluated first (no writes), and only
--- if every one is allowed (and ARGV[2] is '1') are the admitted states written.
--- ARGV: time ('' = the server's TIME), commit ('1' or '0'), then six values per key: algorithm
+-- if every one is allowed (and bit 0 of ARGV[2] is set) are the admitted states written.
+-- ARGV: time ('' = the server's TIME), flags (see below), then six values per key: algorithm
 -- (1 token bucket, 2 gcra, 3 fixed window, 4 sliding log, 5 sliding window), cost, and four
 -- parameter slots (unused ones '0').
--- Reply: the five decision fields of each key in turn, as big-endian doubles (40 bytes a key).
+-- Reply: the five decision fields of each key in turn, as big-endian doubles (40 bytes a key),
+-- then with flag 2 the time decided at (one more double).
 local now, slack = ARGV[1], 0
 if now == '' then
   local t = redis.call('TIME')
@@ -11,7 +12,9 @@ if now == '' then
 else
   now, slack = tonumber(now), CLIENT_SLACK_MS
 end
-local commit = ARGV[2] == '1'
+-- ARGV[2]: bit 0 commit, bit 1 append the time decided at (8 bytes, after the decisions).
+local flags = tonumber(ARGV[2])
+local commit, report = flags % 2 == 1, flags >= 2
 local out, states, resets = {}, {}, {}
 for j = 1, #KEYS do
   local key, i = KEYS[j], 3 + (j - 1) * 6
@@ -45,5 +48,8 @@ if commit then
       redis.call('SET', KEYS[j], states[j], 'PX', string.format('%d', math.ceil(resets[j] / 1000) + slack))
     end
   end
+end
+if report then
+  out[#KEYS + 1] = struct.pack('>d', now)
 end
 return table.concat(out)

@@ -1,0 +1,110 @@
+-- Gives back what an all-or-nothing batch charged on KEYS[1..n], after a later group of the same
+-- request (in another Cluster slot) denied it. ARGV: time now ('' = the server's TIME), then seven
+-- values per key: algorithm, cost, the four parameter slots of the batch script, and the time (µs,
+-- same clock) the charge was decided at. Never gives back more than the state can still owe the
+-- charge, so a refund never admits more than deciding without the charge would have; it may give
+-- back less (the refill or expiry since the charge is not credited twice). A value that is not a
+-- state of the key's algorithm is left alone. Writes keep the key's TTL (the charge's, at least
+-- what the refunded state needs). Reply: the number of keys rewritten.
+local now = ARGV[1]
+if now == '' then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+end
+local written = 0
+for j = 1, #KEYS do
+  local key, i = KEYS[j], 2 + (j - 1) * 7
+  local algorithm, cost, at = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 6])
+  local elapsed = now - at
+  if elapsed < 0 then
+    elapsed = 0
+  end
+  local v = redis.pcall('GET', key)
+  local new
+  if type(v) == 'string' and cost > 0 then
+    local tag, len = string.byte(v), #v
+    if algorithm == '1' and tag == 1 and len == 17 then
+      -- Token bucket: the deficit is additive; at most elapsed * rate of the charge refilled.
+      local rate, unit = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+      local charged, credit = cost * unit, 0
+      if elapsed < math.ceil(charged / rate) then
+        credit = charged - elapsed * rate
+      end
+      local deficit, last = struct.unpack('>dd', v, 2)
+      if credit > 0 then
+        if now > last then
+          if now - last < math.ceil(deficit / rate) then
+            deficit = deficit - (now - last) * rate
+          else
+            deficit = 0
+          end
+          last = now
+        end
+        deficit = deficit - credit
+        if deficit < 0 then
+          deficit = 0
+        end
+        new = struct.pack('>Bdd', 1, deficit, last)
+      end
+    elseif algorithm == '2' and tag == 2 and len == 9 then
+      -- GCRA: the theoretical arrival time moved by cost * T, less any time it was idle since.
+      local credit = cost * tonumber(ARGV[i + 3]) - elapsed
+      if credit > 0 then
+        new = struct.pack('>Bd', 2, struct.unpack('>d', v, 2) - credit)
+      end
+    elseif algorithm == '3' and tag == 3 and len == 17 then
+      -- Fixed window: only while the charge's window is the stored one.
+      local period = tonumber(ARGV[i + 3])
+      local start, count = struct.unpack('>dd', v, 2)
+      if start == at - at % period then
+        count = count - cost
+        if count < 0 then
+          count = 0
+        end
+        new = struct.pack('>Bdd', 3, start, count)
+      end
+    elseif algorithm == '5' and tag == 5 and len == 25 then
+      -- Sliding window: the charge is in the current window's count, or the previous one's.
+      local period = tonumber(ARGV[i + 3])
+      local start, prev, cur = struct.unpack('>ddd', v, 2)
+      local s = at - at % period
+      if start == s then
+        cur = cur - cost
+        if cur < 0 then
+          cur = 0
+        end
+        new = struct.pack('>Bddd', 5, start, prev, cur)
+      elseif start == s + period then
+        prev = prev - cost
+        if prev < 0 then
+          prev = 0
+        end
+        new = struct.pack('>Bddd', 5, start, prev, cur)
+      end
+    elseif algorithm == '4' and tag == 4 and len % 16 == 1 then
+      -- Sliding log: the charge is in the first entry at or after its instant (its own, or the
+      -- newer one it was merged into); taking it from the first such entry never moves units to
+      -- an earlier instant.
+      local pos = 2
+      while pos < len do
+        local t, c = struct.unpack('>dd', v, pos)
+        if t >= at then
+          local rest = string.sub(v, pos + 16)
+          if c > cost then
+            rest = struct.pack('>dd', t, c - cost) .. rest
+          end
+          new = string.sub(v, 1, pos - 1) .. rest
+          break
+        end
+        pos = pos + 16
+      end
+    end
+  end
+  if new then
+    redis.call('SET', key, new, 'KEEPTTL')
+    written = written + 1
+  end
+end
+return written
