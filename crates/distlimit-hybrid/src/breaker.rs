@@ -145,10 +145,7 @@ impl Breaker {
             OPEN => {
                 let now_us = now_us();
                 let opened_at = at(word);
-                // A clock that went back before the opening counts as a finished cool-off, so
-                // that a stepped clock never keeps the breaker open for longer.
-                let cooled = now_us < opened_at || now_us - opened_at >= self.cool_off_us;
-                if !cooled {
+                if !self.cooled(opened_at, now_us) {
                     return (Route::Fallback, None);
                 }
                 let half = pack(HALF_OPEN, now_us);
@@ -167,6 +164,18 @@ impl Breaker {
                 }
             }
             _ => (Route::Fallback, None),
+        }
+    }
+
+    /// Where a decision at `now_us` goes if it must not wait: like [`Breaker::route_with`], but
+    /// never elects a prober (a probe is a primary call, which waits). `None` when the cool-off
+    /// is over: the caller awaits the decision, where one caller probes.
+    pub(crate) fn route_now(&self, now_us: impl FnOnce() -> u64) -> Option<Route> {
+        let word = self.word.load(Ordering::Acquire);
+        match tag(word) {
+            CLOSED => Some(Route::Primary),
+            OPEN => (!self.cooled(at(word), now_us())).then_some(Route::Fallback),
+            _ => Some(Route::Fallback),
         }
     }
 
@@ -221,6 +230,13 @@ impl Breaker {
             }
             Route::Primary | Route::Fallback => None,
         }
+    }
+
+    /// Whether the cool-off of a breaker opened at `opened_at` is over at `now_us`. A clock
+    /// that went back before the opening counts as a finished cool-off, so that a stepped clock
+    /// never keeps the breaker open for longer.
+    fn cooled(&self, opened_at: u64, now_us: u64) -> bool {
+        now_us < opened_at || now_us - opened_at >= self.cool_off_us
     }
 
     fn swap(&self, from: u64, to: u64) -> Option<()> {

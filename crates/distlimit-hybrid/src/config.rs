@@ -4,12 +4,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::{Clock, MAX_POLICY_LEN, NoopObserver, Observer};
+use distlimit_core::{Clock, MAX_POLICY_LEN, NoopObserver, Observer, SystemClock};
 
 use crate::blocked::BlockedCache;
 use crate::breaker::Breaker;
 use crate::share::Share;
-use crate::{Counters, FastClock, Hybrid};
+use crate::{Counters, Hybrid};
 
 /// The default time budget of one primary call.
 pub const DEFAULT_BUDGET: Duration = Duration::from_millis(50);
@@ -88,7 +88,7 @@ pub enum ConfigError {
 }
 
 /// Configures a [`Hybrid`]; from [`Hybrid::builder`].
-pub struct Builder<P, F, C = FastClock> {
+pub struct Builder<P, F, C = SystemClock> {
     primary: P,
     fallback: F,
     clock: C,
@@ -108,7 +108,7 @@ impl<P, F> Builder<P, F> {
         Self {
             primary,
             fallback,
-            clock: FastClock::new(),
+            clock: SystemClock,
             name: "primary",
             budget: DEFAULT_BUDGET,
             cool_off: DEFAULT_COOL_OFF,
@@ -185,8 +185,9 @@ impl<P, F, C> Builder<P, F, C> {
         self
     }
 
-    /// The clock of the breaker's cool-off and the blocked-key cache (default [`FastClock`]);
-    /// a [`ManualClock`](distlimit_core::ManualClock) makes tests deterministic.
+    /// The clock of the breaker's cool-off and the blocked-key cache (default
+    /// [`SystemClock`]); a [`ManualClock`](distlimit_core::ManualClock) makes tests
+    /// deterministic.
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<P, F, C2> {
         Builder {
             primary: self.primary,

@@ -125,7 +125,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use distlimit_core::{
-    BreakerState, Clock, Decision, Error, Observer, Request, Source, Store, validate_batch,
+    BreakerState, Clock, Decision, Error, Observer, Request, Source, Store, SystemClock,
+    validate_batch,
 };
 
 use crate::blocked::BlockedCache;
@@ -136,11 +137,10 @@ pub use crate::config::{
     Builder, ConfigError, DEFAULT_BLOCKED_ENTRIES, DEFAULT_BUDGET, DEFAULT_COOL_OFF, FailureMode,
     MAX_WINDOW_FAILURES, OpenRule,
 };
-pub use distlimit_memory::FastClock;
 
 /// A store that asks a primary store behind a circuit breaker and falls back to another. See the
 /// [crate documentation](crate).
-pub struct Hybrid<P, F, C = FastClock> {
+pub struct Hybrid<P, F, C = SystemClock> {
     primary: P,
     fallback: F,
     clock: C,
@@ -415,21 +415,42 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             .collect()
     }
 
-    /// Records a primary error (reported, counted toward opening unless it is invalid input);
-    /// whether the caller should fail over.
-    fn primary_failed(&self, probe: &mut ProbeGuard<'_>, policy: &str, error: &Error) -> bool {
+    /// Records a primary error: reported, and counted toward opening unless it is an error of
+    /// the request ([`is_request_error`]), which says nothing of the primary's health (a probe
+    /// that met one is inconclusive). What the caller does next.
+    fn primary_failed(&self, probe: &mut ProbeGuard<'_>, policy: &str, error: &Error) -> Next {
         bump(&self.counters.primary_errors);
         self.observer.on_store_error(self.name, policy, error);
         probe.done = true;
-        if error.is_invalid_input() {
+        if is_request_error(error) {
             self.report(self.breaker.inconclusive(probe.route));
-            false
+            if error.is_invalid_input() {
+                Next::Return
+            } else {
+                Next::Degrade
+            }
         } else {
             let now = self.clock.now_us();
             self.report(self.breaker.failed(probe.route, now));
-            true
+            Next::Degrade
         }
     }
+}
+
+/// What a caller does with a primary error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Return it as is: invalid input, the caller's fault, which every route rejects alike.
+    Return,
+    /// Answer with the policy's failure mode.
+    Degrade,
+}
+
+/// Whether `error` is an error of the request rather than of the store: invalid input (a bad
+/// key, quota or batch) or a bad state stored at the request's key ([`Error::BadState`]). The
+/// store answered, so it does not count toward opening the breaker.
+fn is_request_error(error: &Error) -> bool {
+    error.is_invalid_input() || matches!(error, Error::BadState { .. })
 }
 
 /// Settles a probe that never got an outcome (the caller dropped the future): the next caller
@@ -486,13 +507,10 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
                 }
                 Ok(decision)
             }
-            Err(error) => {
-                if self.primary_failed(&mut probe, request.policy(), &error) {
-                    self.degraded_one(request, Some(error)).await
-                } else {
-                    Err(error)
-                }
-            }
+            Err(error) => match self.primary_failed(&mut probe, request.policy(), &error) {
+                Next::Degrade => self.degraded_one(request, Some(error)).await,
+                Next::Return => Err(error),
+            },
         }
     }
 
@@ -516,21 +534,57 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             }
             Err(error) => {
                 let policy = requests.first().map_or("", Request::policy);
-                if self.primary_failed(&mut probe, policy, &error) {
-                    self.degraded_all(requests, Some(error)).await
-                } else {
-                    Err(error)
+                match self.primary_failed(&mut probe, policy, &error) {
+                    Next::Degrade => self.degraded_all(requests, Some(error)).await,
+                    Next::Return => Err(error),
                 }
             }
         }
     }
 }
 
+/// What an open breaker answers without waiting, or the request the fallback must be awaited on.
+enum OpenAnswer<'k> {
+    /// The failure mode's answer, or the fallback's [`Store::decide_now`] answer, re-tagged.
+    Ready(Result<Decision, Error>),
+    /// The fallback must be awaited on this request (this instance's share of the limit).
+    Await(Request<'k>),
+}
+
 impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
-    /// A decision while the breaker is open, in one boxed future of ours: a ready one with the
-    /// fallback's synchronous answer ([`Store::decide_now`]); else the fallback's own
-    /// future re-tagged when the limit is whole (one instance), or a small one holding the
-    /// scaled request the fallback's future borrows.
+    /// What the open path answers at once: the failure mode's answer, or the fallback's
+    /// synchronous answer ([`Store::decide_now`]) with the instance share applied; else the
+    /// scaled request to await the fallback on.
+    fn open_now<'k>(&self, request: &Request<'k>) -> OpenAnswer<'k> {
+        match self.failure_mode(request.policy()) {
+            FailureMode::Fallback => {
+                let share = match self.share_of(request) {
+                    Ok(share) => share,
+                    Err(e) => return OpenAnswer::Ready(Err(e)),
+                };
+                match self.fallback.decide_now(&share) {
+                    Some(answer) => {
+                        bump(&self.counters.fallback);
+                        OpenAnswer::Ready(answer.map(|d| d.with_source(Source::Fallback)))
+                    }
+                    None => OpenAnswer::Await(share),
+                }
+            }
+            FailureMode::FailOpen => {
+                bump(&self.counters.failed_open);
+                OpenAnswer::Ready(Ok(Self::fail_open(request)))
+            }
+            FailureMode::FailClosed => {
+                bump(&self.counters.failed_closed);
+                OpenAnswer::Ready(Err(self.open_error()))
+            }
+        }
+    }
+
+    /// A decision while the breaker is open, in one boxed future of ours: a ready one when
+    /// [`open_now`](Self::open_now) answers; else the fallback's own future re-tagged when the
+    /// limit is whole (one instance), or a small one holding the scaled request the fallback's
+    /// future borrows.
     fn decide_open<'s, 'r, 'k, 'f>(&'s self, request: &'r Request<'k>) -> BoxFuture<'f, Decision>
     where
         's: 'f,
@@ -538,34 +592,18 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         'k: 'f,
         Self: 'f,
     {
-        match self.failure_mode(request.policy()) {
-            FailureMode::Fallback => {
-                bump(&self.counters.fallback);
-                let share = match self.share_of(request) {
-                    Ok(share) => share,
-                    Err(e) => return Box::pin(std::future::ready(Err(e))),
-                };
-                if let Some(answer) = self.fallback.decide_now(&share) {
-                    let answer = answer.map(|decision| decision.with_source(Source::Fallback));
-                    return Box::pin(std::future::ready(answer));
-                }
-                if self.share.is_whole() {
-                    return Box::pin(FromFallback(self.fallback.decide(request)));
-                }
-                Box::pin(async move {
-                    let decision = self.fallback.decide(&share).await?;
-                    Ok(decision.with_source(Source::Fallback))
-                })
-            }
-            FailureMode::FailOpen => {
-                bump(&self.counters.failed_open);
-                Box::pin(std::future::ready(Ok(Self::fail_open(request))))
-            }
-            FailureMode::FailClosed => {
-                bump(&self.counters.failed_closed);
-                Box::pin(std::future::ready(Err(self.open_error())))
-            }
+        let share = match self.open_now(request) {
+            OpenAnswer::Ready(answer) => return Box::pin(std::future::ready(answer)),
+            OpenAnswer::Await(share) => share,
+        };
+        bump(&self.counters.fallback);
+        if self.share.is_whole() {
+            return Box::pin(FromFallback(self.fallback.decide(request)));
         }
+        Box::pin(async move {
+            let decision = self.fallback.decide(&share).await?;
+            Ok(decision.with_source(Source::Fallback))
+        })
     }
 }
 
@@ -589,6 +627,7 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + '
 
 // Written out instead of `#[async_trait]`: the route is chosen before any future exists, so an
 // open breaker boxes only the small fallback future, not the primary path's (timer included).
+#[warn(clippy::missing_trait_methods)]
 impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
     fn decide<'s, 'r, 'k, 'f>(&'s self, request: &'r Request<'k>) -> BoxFuture<'f, Decision>
     where
@@ -630,6 +669,28 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
             return Box::pin(self.degraded_all(requests, None));
         }
         Box::pin(self.decide_all_primary(requests, route, self.sent_at()))
+    }
+
+    /// Answers at once when no primary call is needed: an open breaker whose failure mode
+    /// answers without waiting (a fallback that answers [`Store::decide_now`], with this
+    /// instance's share, or fail open / fail closed), or a denial the blocked-key cache holds.
+    /// `None` otherwise: a closed breaker's call, a due probe, or a fallback that must be awaited.
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        match self.breaker.route_now(|| self.clock.now_us())? {
+            Route::Fallback => match self.open_now(request) {
+                OpenAnswer::Ready(answer) => Some(answer),
+                OpenAnswer::Await(_) => None,
+            },
+            Route::Primary => {
+                let decision = self
+                    .blocked
+                    .as_ref()?
+                    .lookup(request, self.clock.now_us())?;
+                bump(&self.counters.blocked);
+                Some(Ok(decision))
+            }
+            Route::Probe { .. } => None,
+        }
     }
 }
 
