@@ -274,6 +274,32 @@ async fn consecutive_failures_rule() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_default_rule_opens_on_failures_that_last_not_on_a_burst() {
+    let r = rig(|b| b.open_after(OpenRule::default()));
+    // A burst: ten failures at one instant, then a success.
+    r.primary()
+        .push_n(Fault::Fail(FaultKind::Timeout(BUDGET)), 10);
+    for _ in 0..10 {
+        let d = r.store.check("k", limit()).await.unwrap();
+        assert_eq!(d.source(), Source::Fallback);
+    }
+    assert_eq!(r.store.breaker_state(), BreakerState::Closed);
+    assert_eq!(
+        r.store.check("k", limit()).await.unwrap().source(),
+        Source::Primary
+    );
+    // Failures that go on for 50 ms: the third, 50 ms after the first, opens.
+    r.primary().set_default(Fault::Fail(FaultKind::Unavailable));
+    for _ in 0..2 {
+        r.store.check("k", limit()).await.unwrap();
+        r.clock.advance(Duration::from_millis(25));
+        assert_eq!(r.store.breaker_state(), BreakerState::Closed);
+    }
+    r.store.check("k", limit()).await.unwrap();
+    assert_eq!(r.store.breaker_state(), BreakerState::Open);
+}
+
+#[tokio::test(start_paused = true)]
 async fn failures_in_window_rule() {
     let rule = OpenRule::FailuresInWindow {
         failures: 3,
@@ -485,6 +511,13 @@ fn invalid_configuration_is_a_typed_error() {
     assert_eq!(build(|b| b.instances(0)), Err(ConfigError::ZeroInstances));
     assert_eq!(
         build(|b| b.open_after(OpenRule::ConsecutiveFailures(0))),
+        Err(ConfigError::Failures(0))
+    );
+    assert_eq!(
+        build(|b| b.open_after(OpenRule::Failing {
+            failures: 0,
+            for_at_least: Duration::from_millis(50)
+        })),
         Err(ConfigError::Failures(0))
     );
     assert_eq!(
