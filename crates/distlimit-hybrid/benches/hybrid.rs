@@ -13,8 +13,9 @@
 //! round, so the machine's drifting load and any order effect fall on both alike.
 //! * `flood`: 100 000 requests on one denied key with and without the blocked-key cache, counting
 //!   the scripts Redis ran (`INFO commandstats`).
-//! * `outage`: 8 paced tasks deciding while the server is stopped with SIGSTOP (a hung server):
-//!   the latency distribution, how many decisions waited the time budget, and the slowest.
+//! * `outage`: 8 paced tasks deciding while the server is stopped with SIGSTOP (a hung server),
+//!   under the default opening rule: the latency distribution, how many decisions waited the
+//!   time budget, and the slowest.
 //!
 //! Run with `cargo bench -p distlimit-hybrid --bench hybrid [-- closed|open|flood|outage]` (or
 //! `cargo xtask bench`); it starts
@@ -357,14 +358,15 @@ async fn outage(server: &RedisServer) {
     let stats = hybrid.stats();
     println!(
         "outage (SIGSTOP), {} decisions in {elapsed:.1?} from 8 tasks: p50 {:?}, p99 {:?}, \
-         p99.9 {:?}, max {:?}; {waited} waited the {BUDGET:?} budget ({} timeouts: the 8 \
-         tasks' first calls, then {} probes, one per {cool_off:?} cool-off)",
+         p99.9 {:?}, max {:?}; {waited} waited the {BUDGET:?} budget ({} timeouts: {} calls \
+         sent before the breaker opened, then {} probes, one per {cool_off:?} cool-off)",
         all.len(),
         at(0.5),
         at(0.99),
         at(0.999),
         all[all.len() - 1],
         stats.timeouts,
+        stats.timeouts - stats.probes,
         stats.probes,
     );
 }

@@ -153,6 +153,18 @@ impl Breaker {
         tag(self.word.load(Ordering::Acquire)) == CLOSED
     }
 
+    /// Whether a run's lock-free flag agrees with its count (the success path reads the flag).
+    #[cfg(test)]
+    pub(crate) fn run_is_consistent(&self) -> bool {
+        match &self.failures {
+            Failures::Streak { failing, run, .. } => {
+                let run = run.lock();
+                failing.load(Ordering::Relaxed) == (run.count > 0)
+            }
+            Failures::Window { .. } => true,
+        }
+    }
+
     /// Where a decision at `now_us` goes: [`Breaker::route_with`] with the time known.
     #[cfg(test)]
     pub(crate) fn route(&self, now_us: u64) -> (Route, Option<Transition>) {
@@ -366,7 +378,9 @@ mod tests {
         for at in 0..100 {
             assert_eq!(b.failed(Route::Primary, 1_000_000 + at * 10), None);
         }
+        assert!(b.run_is_consistent());
         assert_eq!(b.succeeded(Route::Primary), None);
+        assert!(b.run_is_consistent());
         // A run opens once it has three failures and lasted 50 ms; the success above reset
         // the earlier run.
         assert_eq!(b.failed(Route::Primary, 2_000_000), None);
