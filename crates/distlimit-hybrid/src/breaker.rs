@@ -148,7 +148,7 @@ impl Breaker {
     }
 
     /// Whether the breaker is closed.
-    #[cfg(test)]
+    #[cfg(all(test, not(distlimit_loom)))]
     pub(crate) fn is_closed(&self) -> bool {
         tag(self.word.load(Ordering::Acquire)) == CLOSED
     }
