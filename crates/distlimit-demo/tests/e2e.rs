@@ -158,6 +158,10 @@ async fn a_redis_outage_falls_back_to_this_instances_share() {
     // instance's share, 100 / 2 instances.
     let (mut allowed, mut denied) = (0, 0);
     for i in 0..60 {
+        if i == 1 {
+            // The default opening rule wants failures that go on for 50 ms: an outage, not a burst.
+            tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        }
         let reply = http.get(demo.addr, "/api/data", Some(&user)).await;
         match reply.status {
             StatusCode::OK => allowed += 1,

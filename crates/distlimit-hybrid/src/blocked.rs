@@ -35,6 +35,9 @@ struct Entry {
     /// The answer's capacity and remaining units, repeated as they were.
     capacity: u64,
     remaining: u64,
+    /// When the request was sent: a lookup before it (the wall clock stepped back) misses, so
+    /// a stepped clock never stretches a denial.
+    sent_us: u64,
     /// Deadlines: the request's send time plus the store's `retry_after` and `reset_after`.
     until_us: u64,
     reset_at_us: u64,
@@ -107,7 +110,7 @@ impl BlockedCache {
             return None;
         };
         let e = entry.get();
-        if now_us >= e.until_us {
+        if now_us >= e.until_us || now_us < e.sent_us {
             entry.remove();
             self.entries.fetch_sub(1, Ordering::Relaxed);
             return None;
@@ -138,6 +141,7 @@ impl BlockedCache {
             e.cost = request.cost();
             e.capacity = decision.limit();
             e.remaining = decision.remaining();
+            e.sent_us = sent_us;
             e.until_us = until_us;
             e.reset_at_us = sent_us.saturating_add(decision.reset_after_us());
         };
@@ -174,6 +178,7 @@ impl BlockedCache {
             cost: 0,
             capacity: 0,
             remaining: 0,
+            sent_us: 0,
             until_us: 0,
             reset_at_us: 0,
         };
@@ -228,6 +233,16 @@ mod tests {
         assert_eq!(cache.lookup(&Request::new(key, other), 2_000_001), None);
         assert_eq!(cache.lookup(&r.with_policy("p").unwrap(), 2_000_001), None);
         assert!(cache.lookup(&r, 2_000_001).is_some());
+    }
+
+    #[test]
+    fn a_clock_stepped_back_ends_the_denial() {
+        let cache = BlockedCache::new(100);
+        let r = Request::new(Key::new("abuser").unwrap(), limit());
+        cache.remember(&r, &denied(100), 1_000_000);
+        // The clock stepped back before the send: the deadline no longer bounds the denial.
+        assert_eq!(cache.lookup(&r, 999_999), None);
+        assert_eq!(cache.len(), 0);
     }
 
     #[test]

@@ -6,11 +6,12 @@
 //! it exactly once (only the thread whose compare-and-swap succeeded gets it).
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use distlimit_core::BreakerState;
 
 use crate::OpenRule;
-use crate::sync::{AtomicU64, Mutex};
+use crate::sync::{AtomicBool, AtomicU64, Mutex};
 
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
@@ -41,6 +42,10 @@ fn state_of(word: u64) -> BreakerState {
     }
 }
 
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// A state change, for the observer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Transition {
@@ -69,11 +74,26 @@ pub(crate) enum Route {
 /// What the primary's failures are counted with.
 #[derive(Debug)]
 enum Failures {
-    /// Consecutive failures; a success resets the count.
-    Consecutive { threshold: u64, count: AtomicU64 },
+    /// A run of failures without a success between them: the breaker opens at the
+    /// `threshold`-th failure of a run that began at least `lasting_us` earlier.
+    Streak {
+        threshold: u64,
+        lasting_us: u64,
+        /// Whether a run is going on: read without the lock by every success, so that the
+        /// usual success (nothing failing) costs one relaxed load.
+        failing: AtomicBool,
+        run: Mutex<Run>,
+    },
     /// The instants of the last `threshold` failures: the breaker opens when all of them lie
     /// within `window_us`.
     Window { window_us: u64, ring: Mutex<Ring> },
+}
+
+/// The current run of failures.
+#[derive(Debug, Default)]
+struct Run {
+    count: u64,
+    since_us: u64,
 }
 
 #[derive(Debug)]
@@ -94,13 +114,20 @@ pub(crate) struct Breaker {
 impl Breaker {
     /// A closed breaker. `rule` was validated by the builder (a threshold of at least 1).
     pub(crate) fn new(rule: OpenRule, cool_off_us: u64) -> Self {
+        let streak = |failures: u32, lasting: Duration| Failures::Streak {
+            threshold: u64::from(failures.max(1)),
+            lasting_us: micros(lasting),
+            failing: AtomicBool::new(false),
+            run: Mutex::new(Run::default()),
+        };
         let failures = match rule {
-            OpenRule::ConsecutiveFailures(n) => Failures::Consecutive {
-                threshold: u64::from(n.max(1)),
-                count: AtomicU64::new(0),
-            },
+            OpenRule::ConsecutiveFailures(n) => streak(n, Duration::ZERO),
+            OpenRule::Failing {
+                failures,
+                for_at_least,
+            } => streak(failures, for_at_least),
             OpenRule::FailuresInWindow { failures, window } => Failures::Window {
-                window_us: u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
+                window_us: micros(window),
                 ring: Mutex::new(Ring {
                     at: vec![0; failures.max(1) as usize].into_boxed_slice(),
                     next: 0,
@@ -121,9 +148,21 @@ impl Breaker {
     }
 
     /// Whether the breaker is closed.
-    #[cfg(test)]
+    #[cfg(all(test, not(distlimit_loom)))]
     pub(crate) fn is_closed(&self) -> bool {
         tag(self.word.load(Ordering::Acquire)) == CLOSED
+    }
+
+    /// Whether a run's lock-free flag agrees with its count (the success path reads the flag).
+    #[cfg(test)]
+    pub(crate) fn run_is_consistent(&self) -> bool {
+        match &self.failures {
+            Failures::Streak { failing, run, .. } => {
+                let run = run.lock();
+                failing.load(Ordering::Relaxed) == (run.count > 0)
+            }
+            Failures::Window { .. } => true,
+        }
     }
 
     /// Where a decision at `now_us` goes: [`Breaker::route_with`] with the time known.
@@ -145,10 +184,7 @@ impl Breaker {
             OPEN => {
                 let now_us = now_us();
                 let opened_at = at(word);
-                // A clock that went back before the opening counts as a finished cool-off, so
-                // that a stepped clock never keeps the breaker open for longer.
-                let cooled = now_us < opened_at || now_us - opened_at >= self.cool_off_us;
-                if !cooled {
+                if !self.cooled(opened_at, now_us) {
                     return (Route::Fallback, None);
                 }
                 let half = pack(HALF_OPEN, now_us);
@@ -170,15 +206,27 @@ impl Breaker {
         }
     }
 
+    /// Where a decision at `now_us` goes if it must not wait: like [`Breaker::route_with`], but
+    /// never elects a prober (a probe is a primary call, which waits). `None` when the cool-off
+    /// is over: the caller awaits the decision, where one caller probes.
+    pub(crate) fn route_now(&self, now_us: impl FnOnce() -> u64) -> Option<Route> {
+        let word = self.word.load(Ordering::Acquire);
+        match tag(word) {
+            CLOSED => Some(Route::Primary),
+            OPEN => (!self.cooled(at(word), now_us())).then_some(Route::Fallback),
+            _ => Some(Route::Fallback),
+        }
+    }
+
     /// The primary answered. A probe's success closes the breaker; a closed breaker's resets the
     /// consecutive-failure count.
     pub(crate) fn succeeded(&self, route: Route) -> Option<Transition> {
         match route {
             Route::Primary => {
-                if let Failures::Consecutive { count, .. } = &self.failures
-                    && count.load(Ordering::Relaxed) != 0
+                if let Failures::Streak { failing, .. } = &self.failures
+                    && failing.load(Ordering::Relaxed)
                 {
-                    count.store(0, Ordering::Relaxed);
+                    self.reset_failures();
                 }
                 None
             }
@@ -223,6 +271,13 @@ impl Breaker {
         }
     }
 
+    /// Whether the cool-off of a breaker opened at `opened_at` is over at `now_us`. A clock
+    /// that went back before the opening counts as a finished cool-off, so that a stepped clock
+    /// never keeps the breaker open for longer.
+    fn cooled(&self, opened_at: u64, now_us: u64) -> bool {
+        now_us < opened_at || now_us - opened_at >= self.cool_off_us
+    }
+
     fn swap(&self, from: u64, to: u64) -> Option<()> {
         self.word
             .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
@@ -233,8 +288,19 @@ impl Breaker {
     /// Counts one failure; whether the rule now says open.
     fn count_failure(&self, now_us: u64) -> bool {
         match &self.failures {
-            Failures::Consecutive { threshold, count } => {
-                count.fetch_add(1, Ordering::Relaxed).saturating_add(1) >= *threshold
+            Failures::Streak {
+                threshold,
+                lasting_us,
+                failing,
+                run,
+            } => {
+                let mut run = run.lock();
+                if run.count == 0 {
+                    run.since_us = now_us;
+                    failing.store(true, Ordering::Relaxed);
+                }
+                run.count = run.count.saturating_add(1);
+                run.count >= *threshold && now_us.saturating_sub(run.since_us) >= *lasting_us
             }
             Failures::Window { window_us, ring } => {
                 let mut ring = ring.lock();
@@ -254,7 +320,11 @@ impl Breaker {
 
     fn reset_failures(&self) {
         match &self.failures {
-            Failures::Consecutive { count, .. } => count.store(0, Ordering::Relaxed),
+            Failures::Streak { failing, run, .. } => {
+                let mut run = run.lock();
+                run.count = 0;
+                failing.store(false, Ordering::Relaxed);
+            }
             Failures::Window { ring, .. } => {
                 let mut ring = ring.lock();
                 ring.filled = 0;
@@ -295,6 +365,33 @@ mod tests {
         assert_eq!(b.state(), BreakerState::Open);
         // A late failure of a request sent while closed changes nothing.
         assert_eq!(b.failed(Route::Primary, 6), None);
+    }
+
+    #[test]
+    fn failing_rule_needs_a_run_that_lasts() {
+        let rule = OpenRule::Failing {
+            failures: 3,
+            for_at_least: Duration::from_millis(50),
+        };
+        let b = Breaker::new(rule, COOL);
+        // A burst: many failures within a few milliseconds, then a success.
+        for at in 0..100 {
+            assert_eq!(b.failed(Route::Primary, 1_000_000 + at * 10), None);
+        }
+        assert!(b.run_is_consistent());
+        assert_eq!(b.succeeded(Route::Primary), None);
+        assert!(b.run_is_consistent());
+        // A run opens once it has three failures and lasted 50 ms; the success above reset
+        // the earlier run.
+        assert_eq!(b.failed(Route::Primary, 2_000_000), None);
+        assert_eq!(b.failed(Route::Primary, 2_010_000), None);
+        assert_eq!(b.failed(Route::Primary, 2_049_999), None, "not 50 ms yet");
+        assert!(b.failed(Route::Primary, 2_050_000).is_some());
+        let b = Breaker::new(rule, COOL);
+        assert_eq!(b.failed(Route::Primary, 0), None);
+        assert_eq!(b.failed(Route::Primary, 60_000), None, "two failures");
+        let t = b.failed(Route::Primary, 60_001).unwrap();
+        assert_eq!((t.from, t.to), (BreakerState::Closed, BreakerState::Open));
     }
 
     #[test]

@@ -4,12 +4,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::{Clock, MAX_POLICY_LEN, NoopObserver, Observer};
+use distlimit_core::{Clock, MAX_POLICY_LEN, NoopObserver, Observer, SystemClock};
 
 use crate::blocked::BlockedCache;
 use crate::breaker::Breaker;
 use crate::share::Share;
-use crate::{Counters, FastClock, Hybrid};
+use crate::{Counters, Hybrid};
 
 /// The default time budget of one primary call.
 pub const DEFAULT_BUDGET: Duration = Duration::from_millis(50);
@@ -20,13 +20,26 @@ pub const DEFAULT_BLOCKED_ENTRIES: usize = 10_000;
 /// The most failures [`OpenRule::FailuresInWindow`] may count.
 pub const MAX_WINDOW_FAILURES: u32 = 4096;
 
-/// When the breaker opens.
+/// When the breaker opens from closed. Only failures of the primary count: timeouts, lost
+/// connections, invalid replies, configuration errors; never an error of the request itself
+/// (invalid input, a bad state stored at its key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OpenRule {
-    /// After `n` primary failures in a row (a success resets the count). The default is 1: the
-    /// first failure or timeout opens the breaker.
+    /// After `n` primary failures in a row (a success resets the count): `ConsecutiveFailures(1)`
+    /// opens at the first failure or timeout.
     ConsecutiveFailures(u32),
+    /// When the primary keeps failing: at the `failures`-th failure in a row (a success resets
+    /// the run) if the run's first failure was at least `for_at_least` earlier. A burst of
+    /// timeouts that all land together (every call in flight when the instance itself stalled)
+    /// is followed by successes and never lasts; an outage does. The default (see
+    /// [`Default`](#impl-Default-for-OpenRule)).
+    Failing {
+        /// Failures in a row (at least 1).
+        failures: u32,
+        /// From the run's first failure to the one that opens.
+        for_at_least: Duration,
+    },
     /// After `failures` primary failures within `window` (sliding: the last `failures`
     /// failures are at most `window` apart), successes in between or not.
     FailuresInWindow {
@@ -37,9 +50,16 @@ pub enum OpenRule {
     },
 }
 
+/// The default opening rule: [`OpenRule::Failing`], 3 failures in a row over at least 50 ms.
+pub const DEFAULT_OPEN_RULE: OpenRule = OpenRule::Failing {
+    failures: 3,
+    for_at_least: Duration::from_millis(50),
+};
+
 impl Default for OpenRule {
+    /// [`DEFAULT_OPEN_RULE`].
     fn default() -> Self {
-        OpenRule::ConsecutiveFailures(1)
+        DEFAULT_OPEN_RULE
     }
 }
 
@@ -88,7 +108,7 @@ pub enum ConfigError {
 }
 
 /// Configures a [`Hybrid`]; from [`Hybrid::builder`].
-pub struct Builder<P, F, C = FastClock> {
+pub struct Builder<P, F, C = SystemClock> {
     primary: P,
     fallback: F,
     clock: C,
@@ -108,7 +128,7 @@ impl<P, F> Builder<P, F> {
         Self {
             primary,
             fallback,
-            clock: FastClock::new(),
+            clock: SystemClock,
             name: "primary",
             budget: DEFAULT_BUDGET,
             cool_off: DEFAULT_COOL_OFF,
@@ -132,6 +152,12 @@ impl<P, F, C> Builder<P, F, C> {
 
     /// The most one primary call may take (default [`DEFAULT_BUDGET`], 50 ms). A call still
     /// running then is dropped and counts as a failure ([`Error::Timeout`](distlimit_core::Error)).
+    ///
+    /// It is wall time from the call to its answer being polled, so it counts everything the
+    /// call waits for, not only Redis: a connection from the client's pool or a turn on its
+    /// multiplexed connection, the network, the server, and this process' own runtime getting
+    /// round to the answer (an instance whose threads are saturated sees its calls time out
+    /// with Redis healthy, which is what the default [`OpenRule`] rides out).
     pub fn budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
@@ -144,7 +170,7 @@ impl<P, F, C> Builder<P, F, C> {
         self
     }
 
-    /// When the breaker opens (default: the first failure).
+    /// When the breaker opens (default [`DEFAULT_OPEN_RULE`]).
     pub fn open_after(mut self, rule: OpenRule) -> Self {
         self.rule = rule;
         self
@@ -185,8 +211,9 @@ impl<P, F, C> Builder<P, F, C> {
         self
     }
 
-    /// The clock of the breaker's cool-off and the blocked-key cache (default [`FastClock`]);
-    /// a [`ManualClock`](distlimit_core::ManualClock) makes tests deterministic.
+    /// The clock of the breaker's cool-off and the blocked-key cache (default
+    /// [`SystemClock`]); a [`ManualClock`](distlimit_core::ManualClock) makes tests
+    /// deterministic.
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<P, F, C2> {
         Builder {
             primary: self.primary,
@@ -216,7 +243,9 @@ impl<P, F, C> Builder<P, F, C> {
             return Err(ConfigError::ZeroInstances);
         }
         match self.rule {
-            OpenRule::ConsecutiveFailures(0) => return Err(ConfigError::Failures(0)),
+            OpenRule::ConsecutiveFailures(0) | OpenRule::Failing { failures: 0, .. } => {
+                return Err(ConfigError::Failures(0));
+            }
             OpenRule::FailuresInWindow { failures, .. }
                 if failures == 0 || failures > MAX_WINDOW_FAILURES =>
             {

@@ -1,108 +1,4 @@
-//! A distlimit [`Store`] that keeps answering, fast, when its primary store (Redis) fails: a
-//! half-open circuit breaker in front of the primary, a local fallback store enforcing this
-//! instance's share of the limit, a time budget per primary call, a failure mode per policy and
-//! a bounded cache of denied keys.
-//!
-//! [`Hybrid`] implements [`Store`] itself, so it goes wherever a store goes (the limiter, the
-//! tower layer). The usual pair is a `distlimit_redis::RedisStore` primary and a
-//! `distlimit_memory::MemoryStore` fallback, but any two stores work.
-//!
-//! # The circuit breaker
-//!
-//! 1. **Closed**: every decision goes to the primary, within the time budget
-//!    ([`Builder::budget`], 50 ms by default). A call that fails or runs out of budget is
-//!    answered by the policy's [`FailureMode`] (the fallback by default), so no caller sees the
-//!    error, and counts toward the [`OpenRule`] (by default the first failure opens).
-//! 2. **Open**: decisions go straight to the fallback without touching the primary.
-//! 3. **Cool-off**: it stays open for [`Builder::cool_off`] (5 s by default).
-//! 4. **Half-open**: after the cool-off, exactly one caller (the winner of one atomic
-//!    compare-and-swap) probes the primary; everyone else keeps using the fallback meanwhile. A
-//!    successful probe closes the breaker; a failed one restarts the cool-off. A probe that tells
-//!    nothing (an invalid request, or a caller that gave up on it) lets the next caller probe.
-//!
-//! So a hung primary costs one time budget per cool-off, never one per request, and a recovering
-//! Redis sees one request, not a thundering herd. The closed path adds one atomic load, the
-//! budget's timer and, with the blocked-key cache on, a clock read (the send time its deadlines
-//! count from) and, only while the cache holds entries, one lookup. The open path adds one
-//! atomic load, one clock read (for the cool-off) and one boxed future around the fallback's
-//! decision; a fallback that answers without waiting
-//! ([`Store::decide_now`], as the memory store does) is called directly and its own future is
-//! saved.
-//!
-//! **Which errors fail over.** Every primary error except invalid input: timeouts and lost
-//! connections, but also invalid replies and configuration errors (a Redis that answers garbage,
-//! or a rotated password, is an outage for the service all the same; the error is still
-//! reported to the [`Observer`]). Invalid input ([`Error::is_invalid_input`]: a bad batch) is the
-//! caller's fault: it is returned as is and does not count toward opening. Batches are validated
-//! before anything else, so every route rejects the same batches.
-//!
-//! A consuming request that timed out may still have been applied by the primary; the fallback
-//! then charges it once more, locally. Erring that way keeps the limit.
-//!
-//! # Failure modes and the instance share
-//!
-//! Per policy ([`Request::policy`]): [`FailureMode::Fallback`] (the default) asks the fallback
-//! store with the limit divided by [`Builder::instances`]: with 4 instances, a global 100 per
-//! minute, burst 20 becomes 25 per minute, burst 5 on each instance, so the instances together
-//! admit at most the global limit while they cannot coordinate. The trade-off: a client whose
-//! requests all land on one instance gets only a quarter of its limit during an outage, and with
-//! more instances than the limit each still admits 1, together more than the limit.
-//! [`FailureMode::FailOpen`] admits unchecked ([`Source::FailOpen`]); [`FailureMode::FailClosed`]
-//! returns the error.
-//!
-//! # The blocked-key cache
-//!
-//! When the primary denies a request with `retry_after = T`, the same request (same policy, key,
-//! limit and cost) is denied locally until `T` without a round trip ([`Source::BlockedCache`]),
-//! which keeps a flood from one abuser off Redis. It only ever denies, and never for longer than
-//! the store said (the deadline counts from when the request was sent). The denial repeats the
-//! store's `remaining` as it was and counts `retry_after` and `reset_after` down. Bounded by
-//! [`Builder::blocked_cache`] entries (10 000 by default); `None` turns it off.
-//!
-//! # Observing it
-//!
-//! Every decision carries its [`Source`] (primary, fallback, blocked cache, fail open); breaker
-//! transitions go to [`Observer::on_breaker`] and every primary error, absorbed or not, to
-//! [`Observer::on_store_error`]. [`Hybrid::stats`] counts calls and routes.
-//!
-//! # Example
-//!
-//! A primary that fails: the fallback answers, the breaker opens, the primary is left alone.
-//!
-//! ```
-//! use std::time::Duration;
-//! use distlimit_core::{BreakerState, Limit, Quota, Source, StoreExt};
-//! use distlimit_hybrid::Hybrid;
-//! use distlimit_memory::MemoryStore;
-//! use distlimit_test::{Fault, FaultKind, FaultyStore};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // Stands in for Redis: a store whose calls fail.
-//! let primary = FaultyStore::new(MemoryStore::new()).with_default(Fault::Fail(FaultKind::Unavailable));
-//! let store = Hybrid::builder(primary, MemoryStore::new())
-//!     .name("redis")
-//!     .budget(Duration::from_millis(50))
-//!     .cool_off(Duration::from_secs(5))
-//!     .instances(4)
-//!     .build()?;
-//!
-//! let limit = Limit::token_bucket(Quota::per_minute(100)?.with_burst(20)?);
-//! let first = store.check("alice", limit).await?; // the primary fails: the fallback answers
-//! assert_eq!(first.source(), Source::Fallback);
-//! assert_eq!(first.limit(), 5); // this instance's share of the burst of 20
-//! assert_eq!(store.breaker_state(), BreakerState::Open);
-//! for _ in 0..10 {
-//!     store.check("alice", limit).await?;
-//! }
-//! assert_eq!(store.primary().calls(), 1); // open: the primary is not touched
-//! # Ok(()) }
-//! ```
-//!
-//! # Runtime
-//!
-//! The time budget uses Tokio's timer: call the store within a Tokio runtime with time enabled
-//! (as the Redis store requires anyway).
+#![doc = include_str!("../README.md")]
 
 mod blocked;
 mod breaker;
@@ -125,7 +21,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use distlimit_core::{
-    BreakerState, Clock, Decision, Error, Observer, Request, Source, Store, validate_batch,
+    BreakerState, Clock, Decision, Error, Observer, Request, Source, Store, SystemClock,
+    validate_batch,
 };
 
 use crate::blocked::BlockedCache;
@@ -133,14 +30,13 @@ use crate::breaker::{Breaker, Route, Transition};
 use crate::share::Share;
 
 pub use crate::config::{
-    Builder, ConfigError, DEFAULT_BLOCKED_ENTRIES, DEFAULT_BUDGET, DEFAULT_COOL_OFF, FailureMode,
-    MAX_WINDOW_FAILURES, OpenRule,
+    Builder, ConfigError, DEFAULT_BLOCKED_ENTRIES, DEFAULT_BUDGET, DEFAULT_COOL_OFF,
+    DEFAULT_OPEN_RULE, FailureMode, MAX_WINDOW_FAILURES, OpenRule,
 };
-pub use distlimit_memory::FastClock;
 
 /// A store that asks a primary store behind a circuit breaker and falls back to another. See the
 /// [crate documentation](crate).
-pub struct Hybrid<P, F, C = FastClock> {
+pub struct Hybrid<P, F, C = SystemClock> {
     primary: P,
     fallback: F,
     clock: C,
@@ -415,21 +311,42 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             .collect()
     }
 
-    /// Records a primary error (reported, counted toward opening unless it is invalid input);
-    /// whether the caller should fail over.
-    fn primary_failed(&self, probe: &mut ProbeGuard<'_>, policy: &str, error: &Error) -> bool {
+    /// Records a primary error: reported, and counted toward opening unless it is an error of
+    /// the request ([`is_request_error`]), which says nothing of the primary's health (a probe
+    /// that met one is inconclusive). What the caller does next.
+    fn primary_failed(&self, probe: &mut ProbeGuard<'_>, policy: &str, error: &Error) -> Next {
         bump(&self.counters.primary_errors);
         self.observer.on_store_error(self.name, policy, error);
         probe.done = true;
-        if error.is_invalid_input() {
+        if is_request_error(error) {
             self.report(self.breaker.inconclusive(probe.route));
-            false
+            if error.is_invalid_input() {
+                Next::Return
+            } else {
+                Next::Degrade
+            }
         } else {
             let now = self.clock.now_us();
             self.report(self.breaker.failed(probe.route, now));
-            true
+            Next::Degrade
         }
     }
+}
+
+/// What a caller does with a primary error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Return it as is: invalid input, the caller's fault, which every route rejects alike.
+    Return,
+    /// Answer with the policy's failure mode.
+    Degrade,
+}
+
+/// Whether `error` is an error of the request rather than of the store: invalid input (a bad
+/// key, quota or batch) or a bad state stored at the request's key ([`Error::BadState`]). The
+/// store answered, so it does not count toward opening the breaker.
+fn is_request_error(error: &Error) -> bool {
+    error.is_invalid_input() || matches!(error, Error::BadState { .. })
 }
 
 /// Settles a probe that never got an outcome (the caller dropped the future): the next caller
@@ -486,13 +403,10 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
                 }
                 Ok(decision)
             }
-            Err(error) => {
-                if self.primary_failed(&mut probe, request.policy(), &error) {
-                    self.degraded_one(request, Some(error)).await
-                } else {
-                    Err(error)
-                }
-            }
+            Err(error) => match self.primary_failed(&mut probe, request.policy(), &error) {
+                Next::Degrade => self.degraded_one(request, Some(error)).await,
+                Next::Return => Err(error),
+            },
         }
     }
 
@@ -516,21 +430,57 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             }
             Err(error) => {
                 let policy = requests.first().map_or("", Request::policy);
-                if self.primary_failed(&mut probe, policy, &error) {
-                    self.degraded_all(requests, Some(error)).await
-                } else {
-                    Err(error)
+                match self.primary_failed(&mut probe, policy, &error) {
+                    Next::Degrade => self.degraded_all(requests, Some(error)).await,
+                    Next::Return => Err(error),
                 }
             }
         }
     }
 }
 
+/// What an open breaker answers without waiting, or the request the fallback must be awaited on.
+enum OpenAnswer<'k> {
+    /// The failure mode's answer, or the fallback's [`Store::decide_now`] answer, re-tagged.
+    Ready(Result<Decision, Error>),
+    /// The fallback must be awaited on this request (this instance's share of the limit).
+    Await(Request<'k>),
+}
+
 impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
-    /// A decision while the breaker is open, in one boxed future of ours: a ready one with the
-    /// fallback's synchronous answer ([`Store::decide_now`]); else the fallback's own
-    /// future re-tagged when the limit is whole (one instance), or a small one holding the
-    /// scaled request the fallback's future borrows.
+    /// What the open path answers at once: the failure mode's answer, or the fallback's
+    /// synchronous answer ([`Store::decide_now`]) with the instance share applied; else the
+    /// scaled request to await the fallback on.
+    fn open_now<'k>(&self, request: &Request<'k>) -> OpenAnswer<'k> {
+        match self.failure_mode(request.policy()) {
+            FailureMode::Fallback => {
+                let share = match self.share_of(request) {
+                    Ok(share) => share,
+                    Err(e) => return OpenAnswer::Ready(Err(e)),
+                };
+                match self.fallback.decide_now(&share) {
+                    Some(answer) => {
+                        bump(&self.counters.fallback);
+                        OpenAnswer::Ready(answer.map(|d| d.with_source(Source::Fallback)))
+                    }
+                    None => OpenAnswer::Await(share),
+                }
+            }
+            FailureMode::FailOpen => {
+                bump(&self.counters.failed_open);
+                OpenAnswer::Ready(Ok(Self::fail_open(request)))
+            }
+            FailureMode::FailClosed => {
+                bump(&self.counters.failed_closed);
+                OpenAnswer::Ready(Err(self.open_error()))
+            }
+        }
+    }
+
+    /// A decision while the breaker is open, in one boxed future of ours: a ready one when
+    /// [`open_now`](Self::open_now) answers; else the fallback's own future re-tagged when the
+    /// limit is whole (one instance), or a small one holding the scaled request the fallback's
+    /// future borrows.
     fn decide_open<'s, 'r, 'k, 'f>(&'s self, request: &'r Request<'k>) -> BoxFuture<'f, Decision>
     where
         's: 'f,
@@ -538,34 +488,18 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         'k: 'f,
         Self: 'f,
     {
-        match self.failure_mode(request.policy()) {
-            FailureMode::Fallback => {
-                bump(&self.counters.fallback);
-                let share = match self.share_of(request) {
-                    Ok(share) => share,
-                    Err(e) => return Box::pin(std::future::ready(Err(e))),
-                };
-                if let Some(answer) = self.fallback.decide_now(&share) {
-                    let answer = answer.map(|decision| decision.with_source(Source::Fallback));
-                    return Box::pin(std::future::ready(answer));
-                }
-                if self.share.is_whole() {
-                    return Box::pin(FromFallback(self.fallback.decide(request)));
-                }
-                Box::pin(async move {
-                    let decision = self.fallback.decide(&share).await?;
-                    Ok(decision.with_source(Source::Fallback))
-                })
-            }
-            FailureMode::FailOpen => {
-                bump(&self.counters.failed_open);
-                Box::pin(std::future::ready(Ok(Self::fail_open(request))))
-            }
-            FailureMode::FailClosed => {
-                bump(&self.counters.failed_closed);
-                Box::pin(std::future::ready(Err(self.open_error())))
-            }
+        let share = match self.open_now(request) {
+            OpenAnswer::Ready(answer) => return Box::pin(std::future::ready(answer)),
+            OpenAnswer::Await(share) => share,
+        };
+        bump(&self.counters.fallback);
+        if self.share.is_whole() {
+            return Box::pin(FromFallback(self.fallback.decide(request)));
         }
+        Box::pin(async move {
+            let decision = self.fallback.decide(&share).await?;
+            Ok(decision.with_source(Source::Fallback))
+        })
     }
 }
 
@@ -589,6 +523,7 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + '
 
 // Written out instead of `#[async_trait]`: the route is chosen before any future exists, so an
 // open breaker boxes only the small fallback future, not the primary path's (timer included).
+#[warn(clippy::missing_trait_methods)]
 impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
     fn decide<'s, 'r, 'k, 'f>(&'s self, request: &'r Request<'k>) -> BoxFuture<'f, Decision>
     where
@@ -630,6 +565,28 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
             return Box::pin(self.degraded_all(requests, None));
         }
         Box::pin(self.decide_all_primary(requests, route, self.sent_at()))
+    }
+
+    /// Answers at once when no primary call is needed: an open breaker whose failure mode
+    /// answers without waiting (a fallback that answers [`Store::decide_now`], with this
+    /// instance's share, or fail open / fail closed), or a denial the blocked-key cache holds.
+    /// `None` otherwise: a closed breaker's call, a due probe, or a fallback that must be awaited.
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        match self.breaker.route_now(|| self.clock.now_us())? {
+            Route::Fallback => match self.open_now(request) {
+                OpenAnswer::Ready(answer) => Some(answer),
+                OpenAnswer::Await(_) => None,
+            },
+            Route::Primary => {
+                let decision = self
+                    .blocked
+                    .as_ref()?
+                    .lookup(request, self.clock.now_us())?;
+                bump(&self.counters.blocked);
+                Some(Ok(decision))
+            }
+            Route::Probe { .. } => None,
+        }
     }
 }
 

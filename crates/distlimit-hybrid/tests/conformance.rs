@@ -1,16 +1,18 @@
 //! The conformance suite against the hybrid store closed (a memory primary), permanently open
 //! (a primary that always fails, a memory fallback, which answers through `Store::decide_now`),
 //! and permanently open with a fallback that must be awaited (the memory store behind a
-//! fault-free `FaultyStore`, which does not answer `decide_now`).
+//! `FaultyStore` that yields once per call, so it does not answer `decide_now`).
 //!
 //! The blocked-key cache is off in the closed run: its answers carry `Source::BlockedCache` and
 //! repeat the store's `remaining` as it was, which the suite's exact comparison rejects by design
 //! (its own tests are in `state_machine.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use distlimit_core::{Decision, Error, ManualClock, Request, Source, Store};
-use distlimit_hybrid::Hybrid;
+use distlimit_hybrid::{Hybrid, OpenRule};
 use distlimit_memory::MemoryStore;
 use distlimit_test::{Fault, FaultKind, FaultyStore};
 
@@ -38,6 +40,7 @@ fn open<F: Store>(clock: ManualClock, fallback: F) -> Open<F> {
     Open(
         Hybrid::builder(failing, fallback)
             .clock(clock)
+            .open_after(OpenRule::ConsecutiveFailures(1))
             .build()
             .unwrap(),
     )
@@ -49,6 +52,7 @@ fn from_fallback(decision: Decision) -> Decision {
 }
 
 #[async_trait]
+#[warn(clippy::missing_trait_methods)]
 impl<F: Store> Store for Open<F> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
         self.0.decide(request).await.map(from_fallback)
@@ -57,6 +61,10 @@ impl<F: Store> Store for Open<F> {
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         let decisions = self.0.decide_all(requests).await?;
         Ok(decisions.into_iter().map(from_fallback).collect())
+    }
+
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        Some(self.0.decide_now(request)?.map(from_fallback))
     }
 }
 
@@ -67,6 +75,6 @@ distlimit_test::conformance_tests!(open, |clock| async move {
 distlimit_test::conformance_tests!(open_awaited, |clock| async move {
     open(
         clock.clone(),
-        FaultyStore::new(MemoryStore::with_clock(clock)),
+        FaultyStore::new(MemoryStore::with_clock(clock)).with_default(Fault::Delay(Duration::ZERO)),
     )
 });

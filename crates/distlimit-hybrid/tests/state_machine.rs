@@ -66,6 +66,8 @@ fn rig(configure: impl FnOnce(RigBuilder) -> RigBuilder) -> Rig {
     .name("redis")
     .budget(BUDGET)
     .cool_off(COOL_OFF)
+    // The state machine's tests open at the first failure; the default rule has its own tests.
+    .open_after(OpenRule::ConsecutiveFailures(1))
     .observer(events.clone());
     Rig {
         store: Arc::new(configure(builder).build().unwrap()),
@@ -267,6 +269,32 @@ async fn consecutive_failures_rule() {
     assert_eq!(r.store.breaker_state(), BreakerState::Closed);
     r.primary()
         .push(Fault::Fail(FaultKind::Backend { transient: true }));
+    r.store.check("k", limit()).await.unwrap();
+    assert_eq!(r.store.breaker_state(), BreakerState::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_rule_opens_on_failures_that_last_not_on_a_burst() {
+    let r = rig(|b| b.open_after(OpenRule::default()));
+    // A burst: ten failures at one instant, then a success.
+    r.primary()
+        .push_n(Fault::Fail(FaultKind::Timeout(BUDGET)), 10);
+    for _ in 0..10 {
+        let d = r.store.check("k", limit()).await.unwrap();
+        assert_eq!(d.source(), Source::Fallback);
+    }
+    assert_eq!(r.store.breaker_state(), BreakerState::Closed);
+    assert_eq!(
+        r.store.check("k", limit()).await.unwrap().source(),
+        Source::Primary
+    );
+    // Failures that go on for 50 ms: the third, 50 ms after the first, opens.
+    r.primary().set_default(Fault::Fail(FaultKind::Unavailable));
+    for _ in 0..2 {
+        r.store.check("k", limit()).await.unwrap();
+        r.clock.advance(Duration::from_millis(25));
+        assert_eq!(r.store.breaker_state(), BreakerState::Closed);
+    }
     r.store.check("k", limit()).await.unwrap();
     assert_eq!(r.store.breaker_state(), BreakerState::Open);
 }
@@ -486,6 +514,13 @@ fn invalid_configuration_is_a_typed_error() {
         Err(ConfigError::Failures(0))
     );
     assert_eq!(
+        build(|b| b.open_after(OpenRule::Failing {
+            failures: 0,
+            for_at_least: Duration::from_millis(50)
+        })),
+        Err(ConfigError::Failures(0))
+    );
+    assert_eq!(
         build(|b| b.open_after(OpenRule::FailuresInWindow {
             failures: 5000,
             window: Duration::from_secs(1)
@@ -516,4 +551,154 @@ fn invalid_configuration_is_a_typed_error() {
         shown.contains("Closed") && shown.contains("primary"),
         "{shown}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn decide_now_answers_when_open_on_a_memory_fallback_and_from_the_blocked_cache() {
+    let r = rig(|b| b.instances(4));
+    let request = |key| Request::new(Key::new(key).unwrap(), limit());
+    // Closed: a decision needs the primary.
+    assert!(r.store.decide_now(&request("a")).is_none());
+    assert_eq!(r.primary().calls(), 0);
+
+    r.primary().push(Fault::Fail(FaultKind::Unavailable));
+    r.store.check("opener", limit()).await.unwrap();
+    assert_eq!(r.store.breaker_state(), BreakerState::Open);
+    // Open: answered at once, exactly as `decide` answers the same fresh state.
+    let now = r.store.decide_now(&request("a")).unwrap().unwrap();
+    let awaited = r.store.decide(&request("b")).await.unwrap();
+    assert_eq!(now, awaited);
+    assert_eq!(now.source(), Source::Fallback);
+    assert_eq!(now.limit(), 2, "this instance's share of the burst of 8");
+    // And it charged: the same key continues from there.
+    let next = r.store.decide_now(&request("a")).unwrap().unwrap();
+    assert_eq!(next.remaining(), now.remaining() - 1);
+    assert_eq!(r.primary().calls(), 1);
+
+    // After the cool-off a probe is due: only `decide` may take it.
+    r.clock.advance(COOL_OFF);
+    assert!(r.store.decide_now(&request("a")).is_none());
+    assert_eq!(r.store.breaker_state(), BreakerState::Open);
+    let probe = r.store.decide(&request("a")).await.unwrap();
+    assert_eq!(probe.source(), Source::Primary);
+    assert_eq!(r.store.breaker_state(), BreakerState::Closed);
+
+    // Closed with a denial in the blocked-key cache: answered from it.
+    let strict = Limit::gcra(Quota::per_second(1).unwrap());
+    let abuser = Request::new(Key::new("abuser").unwrap(), strict);
+    assert!(r.store.decide(&abuser).await.unwrap().is_allowed());
+    assert!(r.store.decide(&abuser).await.unwrap().is_denied());
+    let calls = r.primary().calls();
+    let cached = r.store.decide_now(&abuser).unwrap().unwrap();
+    assert!(cached.is_denied());
+    assert_eq!(cached.source(), Source::BlockedCache);
+    assert_eq!(r.primary().calls(), calls);
+    assert_eq!(r.store.stats().blocked, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn decide_now_is_none_when_the_fallback_must_be_awaited() {
+    let clock = ManualClock::new(EPOCH_US);
+    let awaited = FaultyStore::new(MemoryStore::with_clock(clock.clone()))
+        .with_default(Fault::Delay(Duration::ZERO));
+    let store = Hybrid::builder(
+        FaultyStore::new(MemoryStore::with_clock(clock.clone()))
+            .with_default(Fault::Fail(FaultKind::Unavailable)),
+        awaited,
+    )
+    .clock(clock)
+    .open_after(OpenRule::ConsecutiveFailures(1))
+    .build()
+    .unwrap();
+    store.check("opener", limit()).await.unwrap();
+    assert_eq!(store.breaker_state(), BreakerState::Open);
+    let request = Request::new(Key::new("a").unwrap(), limit());
+    assert!(store.decide_now(&request).is_none());
+    assert_eq!(store.fallback().calls(), 1, "only the opener's decision");
+    let fail_open = Hybrid::builder(
+        FaultyStore::new(MemoryStore::new()).with_default(Fault::Fail(FaultKind::Unavailable)),
+        FaultyStore::new(MemoryStore::new()).with_default(Fault::Delay(Duration::ZERO)),
+    )
+    .open_after(OpenRule::ConsecutiveFailures(1))
+    .default_failure_mode(FailureMode::FailOpen)
+    .build()
+    .unwrap();
+    fail_open.check("opener", limit()).await.unwrap();
+    let d = fail_open.decide_now(&request).unwrap().unwrap();
+    assert_eq!(d.source(), Source::FailOpen);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_state_is_that_requests_error_and_never_opens_the_breaker() {
+    let r = rig(|b| b.failure_mode("strict", FailureMode::FailClosed));
+    // One key's value is garbage: every request for it meets a bad state, the others do not.
+    r.primary().extend([
+        Fault::Fail(FaultKind::BadState),
+        Fault::Pass,
+        Fault::Fail(FaultKind::BadState),
+        Fault::Pass,
+        Fault::Fail(FaultKind::BadState),
+    ]);
+    for _ in 0..2 {
+        let bad = r.store.check("garbage", limit()).await.unwrap();
+        assert_eq!(
+            bad.source(),
+            Source::Fallback,
+            "the failure mode answers it"
+        );
+        let good = r.store.check("healthy", limit()).await.unwrap();
+        assert_eq!(good.source(), Source::Primary);
+        assert_eq!(r.store.breaker_state(), BreakerState::Closed);
+    }
+    let strict = Request::new(Key::new("garbage").unwrap(), limit())
+        .with_policy("strict")
+        .unwrap();
+    let e = r.store.decide(&strict).await.unwrap_err();
+    assert!(matches!(e, Error::BadState { .. }), "{e}");
+    assert_eq!(r.store.breaker_state(), BreakerState::Closed);
+    assert_eq!(r.store.stats().opened, 0);
+    assert_eq!(
+        r.store.check("healthy", limit()).await.unwrap().source(),
+        Source::Primary
+    );
+    let events = r.events.take();
+    assert_eq!(
+        events.iter().filter(|e| e.ends_with("bad_state")).count(),
+        3,
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| e.starts_with("breaker")),
+        "{events:?}"
+    );
+
+    // A probe that meets a bad state tells nothing of the primary: the next caller probes.
+    r.primary().push(Fault::Fail(FaultKind::Unavailable));
+    r.store.check("k", limit()).await.unwrap();
+    assert_eq!(r.store.breaker_state(), BreakerState::Open);
+    r.clock.advance(COOL_OFF);
+    r.primary().push(Fault::Fail(FaultKind::BadState));
+    let d = r.store.check("garbage", limit()).await.unwrap();
+    assert_eq!(d.source(), Source::Fallback);
+    assert_eq!(r.store.breaker_state(), BreakerState::Open);
+    let d = r.store.check("healthy", limit()).await.unwrap();
+    assert_eq!(
+        d.source(),
+        Source::Primary,
+        "the next caller probed at once"
+    );
+    assert_eq!(r.store.breaker_state(), BreakerState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_state_in_a_batch_answers_the_batch_by_its_failure_mode() {
+    let r = rig(|b| b);
+    r.primary().push(Fault::Fail(FaultKind::BadState));
+    let batch = [
+        Request::new(Key::new("garbage").unwrap(), limit()),
+        Request::new(Key::new("other").unwrap(), limit()),
+    ];
+    let decisions = r.store.decide_all(&batch).await.unwrap();
+    assert!(decisions.iter().all(|d| d.source() == Source::Fallback));
+    assert_eq!(r.store.breaker_state(), BreakerState::Closed);
 }

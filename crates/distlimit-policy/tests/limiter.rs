@@ -497,8 +497,12 @@ async fn check_now_leaves_multi_tier_checks_to_the_future_and_charges_nothing() 
 
 #[tokio::test]
 async fn check_now_is_none_on_a_store_that_must_be_awaited() {
-    // `FaultyStore` answers only through futures (no `decide_now`), like a Redis store.
-    let store = Arc::new(distlimit_test::FaultyStore::new(MemoryStore::new()));
+    // A `FaultyStore` that yields once per call answers only through futures (no `decide_now`),
+    // like a Redis store.
+    let store = Arc::new(
+        distlimit_test::FaultyStore::new(MemoryStore::new())
+            .with_default(distlimit_test::Fault::Delay(std::time::Duration::ZERO)),
+    );
     let l = Limiter::new(store, toml(NOW_POLICIES));
     assert!(l.check_now("one", b"k", 1).is_none());
     let v = l.check("one", b"k").await.unwrap();

@@ -22,6 +22,9 @@ pub enum FaultKind {
     Protocol,
     /// [`Error::Config`]: a misconfigured store. Permanent.
     Config,
+    /// [`Error::BadState`]: the value stored at the request's key is not a valid state. An error
+    /// of that request, not of the store. Permanent.
+    BadState,
     /// [`Error::Backend`] with the given classification.
     Backend {
         /// Whether the error is transient.
@@ -49,6 +52,10 @@ impl FaultKind {
             FaultKind::Config => Error::Config {
                 store,
                 message: "injected fault: misconfigured".to_owned(),
+            },
+            FaultKind::BadState => Error::BadState {
+                store,
+                message: "injected fault: not a valid state".to_owned(),
             },
             FaultKind::Backend { transient } => Error::Backend {
                 store,
@@ -100,9 +107,9 @@ struct Script {
 /// A [`Store`] that wraps another and injects faults from a script, for testing what sits on top
 /// of stores (circuit breakers, fallbacks, retries).
 ///
-/// Each call to [`decide`](Store::decide) or [`decide_all`](Store::decide_all) takes the next
-/// [`Fault`] from the script, or the default one (initially [`Fault::Pass`]) once the script is
-/// empty. [`calls`](Self::calls) counts every call, [`inner_calls`](Self::inner_calls) those that
+/// Each call to [`decide`](Store::decide) or [`decide_all`](Store::decide_all), and each
+/// [`decide_now`](Store::decide_now) that answers, takes the next [`Fault`] from the script, or
+/// the default one (initially [`Fault::Pass`]) once the script is empty. [`calls`](Self::calls) counts every call, [`inner_calls`](Self::inner_calls) those that
 /// reached the inner store. Delays use `tokio::time::sleep`: call it within a Tokio runtime with
 /// time enabled, and pause time (`tokio::time::pause`, feature `test-util`) to make them instant.
 ///
@@ -274,6 +281,7 @@ impl<S> fmt::Debug for FaultyStore<S> {
 }
 
 #[async_trait]
+#[warn(clippy::missing_trait_methods)]
 impl<S: Store> Store for FaultyStore<S> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
         self.run(|| self.inner.decide(request)).await
@@ -281,6 +289,33 @@ impl<S: Store> Store for FaultyStore<S> {
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         self.run(|| self.inner.decide_all(requests)).await
+    }
+
+    /// Answers at once when the next fault needs no waiting: [`Fault::Fail`], or
+    /// [`Fault::Pass`] and [`Fault::LoseReply`] when the inner store answers
+    /// [`decide_now`](Store::decide_now). The fault is taken only then; otherwise it stays for
+    /// the awaited [`decide`](Store::decide).
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        let mut script = self.script.lock();
+        let fault = script.queue.front().copied().unwrap_or(script.default);
+        let answer = match fault {
+            Fault::Fail(kind) => Err(kind.error()),
+            Fault::Pass => {
+                let answer = self.inner.decide_now(request)?;
+                self.inner_calls.fetch_add(1, Ordering::SeqCst);
+                answer
+            }
+            Fault::LoseReply(kind) => {
+                // The inner store applies the request; its answer is lost.
+                let _lost = self.inner.decide_now(request)?;
+                self.inner_calls.fetch_add(1, Ordering::SeqCst);
+                Err(kind.error())
+            }
+            Fault::Delay(_) | Fault::FailAfter(..) | Fault::Hang => return None,
+        };
+        script.queue.pop_front();
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Some(answer)
     }
 }
 
@@ -311,6 +346,12 @@ mod tests {
                 out.push(self.decide(r).await?);
             }
             Ok(out)
+        }
+
+        fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+            let _ = request;
+            let n = self.decided.fetch_add(1, Ordering::SeqCst);
+            Some(Ok(Decision::allowed(100, 99 - n, Duration::ZERO)))
         }
     }
 
@@ -396,10 +437,37 @@ mod tests {
         assert!(!FaultKind::Backend { transient: false }.is_transient());
         assert!(!FaultKind::Protocol.is_transient());
         assert!(!FaultKind::Config.is_transient());
+        assert!(!FaultKind::BadState.is_transient());
         assert!(Fault::Pass.reaches_inner());
         assert!(Fault::LoseReply(FaultKind::Unavailable).reaches_inner());
         assert!(!Fault::Hang.reaches_inner());
         assert!(!Fault::Fail(FaultKind::Unavailable).reaches_inner());
+    }
+
+    #[test]
+    fn answers_now_only_what_needs_no_waiting() {
+        let store = FaultyStore::new(Counting::default());
+        let r = Request::new(Key::new("k").unwrap(), limit());
+        store.push(Fault::Fail(FaultKind::BadState));
+        store.push(Fault::Delay(Duration::from_secs(1)));
+        let e = store.decide_now(&r).unwrap().unwrap_err();
+        assert!(matches!(e, Error::BadState { .. }) && !e.is_transient());
+        assert!(store.decide_now(&r).is_none(), "a delay must be awaited");
+        assert_eq!(store.pending(), 1, "the delay stays for the awaited call");
+        store.clear();
+        assert_eq!(store.decide_now(&r).unwrap().unwrap().remaining(), 99);
+        store.push(Fault::LoseReply(FaultKind::Unavailable));
+        assert!(store.decide_now(&r).unwrap().is_err());
+        assert_eq!(store.decide_now(&r).unwrap().unwrap().remaining(), 97);
+        assert_eq!((store.calls(), store.inner_calls()), (4, 3));
+
+        // An inner store that must be awaited: nothing is answered, nothing taken.
+        let awaited = FaultyStore::new(
+            FaultyStore::new(Counting::default()).with_default(Fault::Delay(Duration::ZERO)),
+        );
+        awaited.push(Fault::Pass);
+        assert!(awaited.decide_now(&r).is_none());
+        assert_eq!((awaited.calls(), awaited.pending()), (0, 1));
     }
 
     #[tokio::test(start_paused = true)]
