@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use distlimit_demo::{DATA_BODY, limiter, rate_limit_layer, router, serve};
+use distlimit_demo::{DATA_BODY, ServeConfig, limiter, rate_limit_layer, router, serve};
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_policy::PolicySet;
@@ -76,6 +76,7 @@ async fn start(with_layer: bool) -> SocketAddr {
     tokio::spawn(serve(
         listener,
         router(layer, metrics),
+        ServeConfig::default(),
         std::future::pending(),
     ));
     addr

@@ -1,10 +1,8 @@
-//! The HTTP side: routes, the rate-limit layer, serving with graceful shutdown.
+//! The HTTP side: routes, the rate-limit layer, the shutdown signal.
 
-use std::future::Future;
-use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::{POLICY, USER_HEADER};
 use axum::Router;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -15,9 +13,6 @@ use distlimit_policy::Limiter;
 use distlimit_tower::{
     ClientIpResolver, KeyExtractor, RateLimitHeaders, RateLimitLayer, TrustedProxies,
 };
-use tokio::net::TcpListener;
-
-use crate::{POLICY, USER_HEADER};
 
 /// The body of `GET /api/data`.
 pub const DATA_BODY: &str = r#"{"message":"Success"}"#;
@@ -64,25 +59,6 @@ async fn exposition(State(metrics): State<Metrics>) -> impl IntoResponse {
 
 async fn healthz() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#)
-}
-
-/// Serves `router` on `listener` (recording each connection's peer address for the client IP)
-/// until `shutdown` completes, then lets the requests in flight finish.
-///
-/// # Errors
-///
-/// Those of the listener.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> io::Result<()> {
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
 }
 
 /// Completes at Ctrl-C or SIGTERM. A signal that cannot be listened to is never awaited.

@@ -42,6 +42,7 @@
 
 mod app;
 mod args;
+pub mod serve;
 
 use std::future::Future;
 use std::io;
@@ -59,8 +60,9 @@ use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use crate::app::{DATA_BODY, rate_limit_layer, router, serve, shutdown_signal};
+pub use crate::app::{DATA_BODY, rate_limit_layer, router, shutdown_signal};
 pub use crate::args::Args;
+pub use crate::serve::{ServeConfig, serve};
 
 /// The policy `/api/data` is limited by; a `--policy` file must define it.
 pub const POLICY: &str = "api";
@@ -106,6 +108,7 @@ pub struct Demo {
     metrics: Metrics,
     limiter: Arc<Limiter>,
     watcher: Option<ConfigWatcher>,
+    serve_config: ServeConfig,
 }
 
 impl Demo {
@@ -140,6 +143,7 @@ impl Demo {
             metrics,
             limiter,
             watcher,
+            serve_config: args.serve_config(),
         })
     }
 
@@ -164,8 +168,8 @@ impl Demo {
         &self.limiter
     }
 
-    /// Serves on `listener` until `shutdown` completes (see [`serve`]), logging policy
-    /// reloads.
+    /// Serves on `listener` with the limits of the flags until `shutdown` completes (see
+    /// [`serve()`]), logging policy reloads.
     ///
     /// # Errors
     ///
@@ -176,7 +180,7 @@ impl Demo {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> io::Result<()> {
         let reload_log = self.watcher.as_ref().map(log_reloads);
-        let served = serve(listener, self.router, shutdown).await;
+        let served = serve(listener, self.router, self.serve_config, shutdown).await;
         if let Some(task) = reload_log {
             task.abort();
         }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use distlimit_core::ManualClock;
 use distlimit_demo::{
-    Args, DATA_BODY, DEFAULT_POLICIES, Demo, StartError, limiter, rate_limit_layer, router, serve,
+    Args, DATA_BODY, DEFAULT_POLICIES, Demo, ServeConfig, StartError, limiter, rate_limit_layer,
+    router, serve,
 };
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
@@ -34,7 +35,12 @@ async fn start_frozen() -> (std::net::SocketAddr, Metrics) {
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, app, std::future::pending()));
+    tokio::spawn(serve(
+        listener,
+        app,
+        ServeConfig::default(),
+        std::future::pending(),
+    ));
     (addr, metrics)
 }
 
