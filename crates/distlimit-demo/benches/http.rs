@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use distlimit_demo::{DATA_BODY, ServeConfig, limiter, rate_limit_layer, router, serve};
+use distlimit_demo::{DATA_BODY, ServeConfig, api_limits, limiter, router, serve};
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_policy::PolicySet;
@@ -47,6 +47,10 @@ const BENCH_POLICY: &str = r#"
 [[policy]]
 name = "api"
 tiers = [{ name = "burst", algorithm = "token_bucket", limit = 1000000, per = "1s" }]
+
+[[policy]]
+name = "api-ip"
+tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000000000, per = "1s" }]
 "#;
 
 fn knob(name: &str, default: u64) -> u64 {
@@ -69,7 +73,7 @@ async fn start(with_layer: bool) -> SocketAddr {
     let layer = with_layer.then(|| {
         let policies = PolicySet::from_toml_str(BENCH_POLICY).unwrap();
         let limiter = limiter(Arc::new(MemoryStore::new()), policies, &metrics);
-        rate_limit_layer(limiter, TrustedProxies::none())
+        api_limits(limiter, TrustedProxies::none())
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

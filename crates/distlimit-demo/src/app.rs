@@ -1,8 +1,8 @@
-//! The HTTP side: routes, the rate-limit layer, the shutdown signal.
+//! The HTTP side: routes, the rate-limit layers, the shutdown signal.
 
 use std::sync::Arc;
 
-use crate::{POLICY, USER_HEADER};
+use crate::{IP_POLICY, POLICY, USER_HEADER};
 use axum::Router;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -17,33 +17,54 @@ use distlimit_tower::{
 /// The body of `GET /api/data`.
 pub const DATA_BODY: &str = r#"{"message":"Success"}"#;
 
-/// The layer limiting `/api/data`: policy [`POLICY`], keyed by `X-User-ID`, else by the client
-/// IP (through `trusted` proxies only); denials carry `Retry-After` and the `RateLimit` headers.
-///
-/// No time limit on the check: the memory store never waits, and the Redis store is wrapped in a
-/// hybrid store whose own budget (`--redis-budget-ms`) hands slow calls to the local fallback.
-pub fn rate_limit_layer(limiter: Arc<Limiter>, trusted: TrustedProxies) -> RateLimitLayer {
-    RateLimitLayer::builder(limiter, POLICY)
-        .key(KeyExtractor::header(USER_HEADER))
-        .client_ip(ClientIpResolver::new(trusted))
-        .headers(RateLimitHeaders::Denied)
-        .timeout(None)
-        .build()
+/// The two limits on `/api/data`, checked per request: first the client IP's, then the user's.
+#[derive(Clone, Debug)]
+pub struct ApiLimits {
+    /// Policy [`IP_POLICY`], keyed by the client IP: one client cannot escape its limit by
+    /// sending a new `X-User-ID` with every request.
+    pub per_client_ip: RateLimitLayer,
+    /// Policy [`POLICY`], keyed by `X-User-ID`, else by the client IP.
+    pub per_user: RateLimitLayer,
 }
 
-/// The routes: `GET /api/data` behind `layer` (none: unlimited, for comparisons), and the
+/// The layers limiting `/api/data` ([`ApiLimits`]); the client IP is the socket peer, or what
+/// `trusted` proxies forward. Denials carry `Retry-After` and the `RateLimit` headers.
+///
+/// No time limit on the checks: the memory store never waits, and the Redis store is wrapped in
+/// a hybrid store whose own budget (`--redis-budget-ms`) hands slow calls to the local fallback.
+pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
+    let resolver = ClientIpResolver::new(trusted);
+    let layer = |policy: &str, key: KeyExtractor| {
+        RateLimitLayer::builder(limiter.clone(), policy)
+            .key(key)
+            .client_ip(resolver.clone())
+            .headers(RateLimitHeaders::Denied)
+            .timeout(None)
+            .build()
+    };
+    ApiLimits {
+        per_client_ip: layer(IP_POLICY, KeyExtractor::client_ip()),
+        per_user: layer(POLICY, KeyExtractor::header(USER_HEADER)),
+    }
+}
+
+/// The routes: `GET /api/data` behind `limits` (none: unlimited, for comparisons), and the
 /// unlimited `GET /metrics` and `GET /healthz`.
-pub fn router(layer: Option<RateLimitLayer>, metrics: Metrics) -> Router {
-    let api = Router::new().route("/api/data", get(data));
-    let api = match layer {
-        Some(layer) => api.layer(layer),
-        None => api,
+///
+/// The limits wrap the route's `GET` handler only (`route_layer`): a request no handler serves
+/// (another path, 404, or another method, 405) spends nothing.
+pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
+    let data = match limits {
+        Some(limits) => get(data)
+            .route_layer(limits.per_user)
+            .route_layer(limits.per_client_ip),
+        None => get(data),
     };
     let ops = Router::new()
         .route("/metrics", get(exposition))
         .route("/healthz", get(healthz))
         .with_state(metrics);
-    api.merge(ops)
+    Router::new().route("/api/data", data).merge(ops)
 }
 
 async fn data() -> impl IntoResponse {

@@ -1,6 +1,7 @@
 //! The distlimit demo service: `GET /api/data` answering `{"message":"Success"}`, limited per
 //! user (`X-User-ID`, else the client IP) to a token bucket of 100 refilled at 60 per minute,
-//! plus `GET /metrics` (Prometheus) and `GET /healthz`.
+//! and per client IP (whatever users it names) to one of 1 000 refilled at 600 per minute, plus
+//! `GET /metrics` (Prometheus) and `GET /healthz`.
 //!
 //! By default it runs on the embedded memory store; with `--redis URL` (standalone, Sentinel or
 //! Cluster) several instances share one limit through a `distlimit_hybrid::Hybrid` store, which
@@ -60,21 +61,30 @@ use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use crate::app::{DATA_BODY, rate_limit_layer, router, shutdown_signal};
+pub use crate::app::{ApiLimits, DATA_BODY, api_limits, router, shutdown_signal};
 pub use crate::args::Args;
 pub use crate::serve::{ServeConfig, serve};
 
-/// The policy `/api/data` is limited by; a `--policy` file must define it.
+/// The policy limiting each user of `/api/data`; a `--policy` file must define it.
 pub const POLICY: &str = "api";
+
+/// The policy limiting each client IP on `/api/data`, whatever users it names; a `--policy`
+/// file must define it.
+pub const IP_POLICY: &str = "api-ip";
 
 /// The header naming the user; requests without it are limited by client IP.
 pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
 
-/// The policy without `--policy`: a token bucket of 100 tokens refilled at 60 per minute.
+/// The policies without `--policy`: per user, a token bucket of 100 tokens refilled at 60 per
+/// minute; per client IP, one of 1 000 refilled at 600 per minute.
 pub const DEFAULT_POLICIES: &str = r#"
 [[policy]]
 name = "api"
 tiers = [{ name = "burst", algorithm = "token_bucket", limit = 60, per = "1m", burst = 100 }]
+
+[[policy]]
+name = "api-ip"
+tiers = [{ name = "client", algorithm = "token_bucket", limit = 600, per = "1m", burst = 1000 }]
 "#;
 
 /// The name of the Redis store in metrics and logs.
@@ -90,9 +100,9 @@ pub enum StartError {
     /// The policy file is invalid.
     #[error("policy: {0}")]
     Policy(#[from] ConfigError),
-    /// The policy file does not define [`POLICY`].
-    #[error("policy: the file must define the policy \"{POLICY}\" that /api/data uses")]
-    MissingPolicy,
+    /// The policy file does not define [`POLICY`] or [`IP_POLICY`].
+    #[error("policy: the file must define the policy \"{0}\" that /api/data uses")]
+    MissingPolicy(&'static str),
     /// Redis could not be reached or the URL is invalid.
     #[error("redis: {0}")]
     Redis(#[from] distlimit_core::Error),
@@ -124,8 +134,10 @@ impl Demo {
             Some(path) => PolicySet::from_toml_file(path)?,
             None => PolicySet::from_toml_str(DEFAULT_POLICIES)?,
         };
-        if policies.get(POLICY).is_none() {
-            return Err(StartError::MissingPolicy);
+        for name in [POLICY, IP_POLICY] {
+            if policies.get(name).is_none() {
+                return Err(StartError::MissingPolicy(name));
+            }
         }
         let metrics = Metrics::new();
         let store = store(args, &metrics).await?;
@@ -134,12 +146,12 @@ impl Demo {
             Some(path) => Some(distlimit_policy::watch(&limiter, path, RELOAD_INTERVAL)?),
             None => None,
         };
-        let layer = rate_limit_layer(
+        let limits = api_limits(
             limiter.clone(),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
         );
         Ok(Self {
-            router: router(Some(layer), metrics.clone()),
+            router: router(Some(limits), metrics.clone()),
             metrics,
             limiter,
             watcher,

@@ -29,9 +29,9 @@ async fn the_binary_serves_on_the_memory_store_and_stops_on_sigterm() {
     assert!(demo.log().iter().any(|line| line.contains("stopped")));
 }
 
-/// A burst of 100 refilled at one token per hour: no refill while a test runs, however slow the
-/// machine.
-const SLOW_POLICY: &str = "[[policy]]\nname = \"api\"\ntiers = [{ name = \"burst\", limit = 1, per = \"1h\", burst = 100 }]\n";
+/// Per user, a burst of 100 refilled at one token per hour: no refill while a test runs, however
+/// slow the machine. Per client IP, more than the tests send.
+const SLOW_POLICY: &str = "[[policy]]\nname = \"api\"\ntiers = [{ name = \"burst\", limit = 1, per = \"1h\", burst = 100 }]\n\n[[policy]]\nname = \"api-ip\"\ntiers = [{ name = \"client\", limit = 1000, per = \"1s\", burst = 100000 }]\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_redis_enforce_one_limit() {

@@ -47,7 +47,20 @@ impl Http {
 
     /// `GET http://addr/path`, with `X-User-ID: user` when given.
     pub async fn get(&self, addr: SocketAddr, path: &str, user: Option<&str>) -> Reply {
-        let mut request = Request::get(format!("http://{addr}{path}"));
+        self.send(http::Method::GET, addr, path, user).await
+    }
+
+    /// `method http://addr/path` without a body, with `X-User-ID: user` when given.
+    pub async fn send(
+        &self,
+        method: http::Method,
+        addr: SocketAddr,
+        path: &str,
+        user: Option<&str>,
+    ) -> Reply {
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(format!("http://{addr}{path}"));
         if let Some(user) = user {
             request = request.header("x-user-id", user);
         }
@@ -63,7 +76,7 @@ impl Http {
         // A hung server fails the test instead of hanging it.
         let (parts, body) = tokio::time::timeout(Duration::from_secs(30), exchange)
             .await
-            .unwrap_or_else(|_| panic!("GET {path} on {addr}: no answer within 30 s"));
+            .unwrap_or_else(|_| panic!("{method} {path} on {addr}: no answer within 30 s"));
         Reply {
             status: parts.status,
             headers: parts.headers,
