@@ -28,14 +28,14 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
 
-    /// How many instances share the Redis limit: while Redis is unreachable each instance
-    /// enforces 1/N of it on its own.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    /// How many instances share the Redis limit (1 to 10000): while Redis is unreachable each
+    /// instance enforces 1/N of it on its own.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_INSTANCES))]
     pub instances: u64,
 
-    /// Time budget of one Redis decision, in milliseconds; past it the local fallback answers
-    /// and the circuit breaker opens.
-    #[arg(long, value_name = "MS", default_value_t = 50)]
+    /// Time budget of one Redis decision, in milliseconds (1 to 60000); past it the local
+    /// fallback answers and the circuit breaker opens.
+    #[arg(long, value_name = "MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS))]
     pub redis_budget_ms: u64,
 
     /// A proxy (CIDR) whose X-Forwarded-For is believed; repeat for several. None by default:
@@ -63,6 +63,13 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_SHUTDOWN_TIMEOUT), value_parser = timeout_ms())]
     pub shutdown_timeout_ms: u64,
 }
+
+/// The most instances `--instances` accepts: beyond it each one's share of a limit rounds to
+/// nothing useful.
+const MAX_INSTANCES: u64 = 10_000;
+
+/// The longest Redis budget `--redis-budget-ms` accepts: one minute.
+const MAX_REDIS_BUDGET_MS: u64 = 60_000;
 
 /// The longest timeout a flag accepts: one day, in milliseconds.
 const MAX_TIMEOUT_MS: u64 = 86_400_000;

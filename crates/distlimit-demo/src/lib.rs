@@ -103,9 +103,17 @@ pub enum StartError {
     /// The policy file does not define [`POLICY`] or [`IP_POLICY`].
     #[error("policy: the file must define the policy \"{0}\" that /api/data uses")]
     MissingPolicy(&'static str),
-    /// Redis could not be reached or the URL is invalid.
-    #[error("redis: {0}")]
+    /// Redis could not be reached or the URL is invalid (the error names Redis itself).
+    #[error(transparent)]
     Redis(#[from] distlimit_core::Error),
+    /// The listening address could not be bound (in use, or not this host's).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address of `--listen`.
+        addr: std::net::SocketAddr,
+        /// Why binding failed.
+        source: io::Error,
+    },
     /// The hybrid store's configuration was refused.
     #[error("hybrid store: {0}")]
     Hybrid(#[from] distlimit_hybrid::ConfigError),
@@ -178,6 +186,17 @@ impl Demo {
     /// The limiter behind `/api/data`.
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.limiter
+    }
+
+    /// Binds `addr` for [`serve`](Self::serve).
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::Listen`], naming `addr`.
+    pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Listen { addr, source })
     }
 
     /// Serves on `listener` with the limits of the flags until `shutdown` completes (see

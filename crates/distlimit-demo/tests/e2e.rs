@@ -199,3 +199,48 @@ async fn a_redis_outage_falls_back_to_this_instances_share() {
         Some(0.0)
     );
 }
+
+#[test]
+fn out_of_range_flags_are_refused_with_their_bounds() {
+    for (flag, value, bound) in [
+        ("--instances", "18446744073709551615", "1..=10000"),
+        ("--instances", "0", "1..=10000"),
+        ("--redis-budget-ms", "18446744073709551615", "1..=60000"),
+        ("--redis-budget-ms", "0", "1..=60000"),
+        (
+            "--shutdown-timeout-ms",
+            "18446744073709551615",
+            "1..=86400000",
+        ),
+    ] {
+        let (status, log) = DemoProcess::run(&[flag, value]);
+        assert_eq!(status.code(), Some(2), "{flag} {value}: {log}");
+        assert!(
+            log.contains(&format!("invalid value '{value}' for '{flag}")) && log.contains(bound),
+            "{flag} {value}: {log}"
+        );
+    }
+}
+
+#[test]
+fn a_redis_error_names_redis_once() {
+    let (status, log) = DemoProcess::run(&["--redis", "notaurl"]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("redis: configuration: invalid Redis URL"),
+        "{log}"
+    );
+    assert!(!log.contains("redis: redis:"), "{log}");
+}
+
+#[test]
+fn an_address_in_use_is_named() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (status, log) = DemoProcess::run(&["--listen", &addr]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("cannot listen on {addr}: Address already in use")),
+        "{log}"
+    );
+}
