@@ -25,7 +25,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
 /// Default of [`ServeConfig::header_read_timeout`]: 10 s.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -230,42 +229,46 @@ fn is_connection_error(error: &io::Error) -> bool {
     )
 }
 
-/// When a connection last moved a byte, and how many of its requests are in progress.
+/// How much a connection has done, and how many of its requests are in progress.
 struct Activity {
-    start: Instant,
-    /// Milliseconds from `start` to the last read or write of at least one byte.
-    last: AtomicU64,
+    /// Reads and writes that moved at least one byte, and requests that ended: a counter, not
+    /// a clock, so that the hot path reads no time.
+    events: AtomicU64,
     in_flight: AtomicUsize,
 }
+
+/// The idle timeout is checked this many times per period: a silent connection is closed
+/// between 1 and 1 + 1/`IDLE_CHECKS` idle periods after its last activity.
+const IDLE_CHECKS: u32 = 4;
 
 impl Activity {
     fn new() -> Self {
         Self {
-            start: Instant::now(),
-            last: AtomicU64::new(0),
+            events: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
         }
     }
 
     fn touch(&self) {
-        let millis = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(millis, Ordering::Relaxed);
+        self.events.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Completes once no request is in progress and no byte has moved for `idle`.
+    /// Completes once no request has been in progress and nothing has moved for `idle`.
     async fn idle_for(&self, idle: Duration) {
+        let tick = idle / IDLE_CHECKS;
+        let mut seen = self.events.load(Ordering::Relaxed);
+        let mut quiet = 0;
         loop {
-            let last = self.start + Duration::from_millis(self.last.load(Ordering::Relaxed));
-            let deadline = last + idle;
-            if Instant::now() >= deadline {
-                if self.in_flight.load(Ordering::Relaxed) == 0 {
-                    return;
-                }
-                // A request in progress is not idle: look again one period from now.
-                self.touch();
+            tokio::time::sleep(tick).await;
+            let now = self.events.load(Ordering::Relaxed);
+            if now != seen || self.in_flight.load(Ordering::Relaxed) > 0 {
+                (seen, quiet) = (now, 0);
                 continue;
             }
-            tokio::time::sleep_until(deadline).await;
+            quiet += 1;
+            if quiet >= IDLE_CHECKS {
+                return;
+            }
         }
     }
 }

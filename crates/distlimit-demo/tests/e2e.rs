@@ -4,6 +4,9 @@
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use distlimit_test::server::RedisServer;
 use http::StatusCode;
 use support::openmetrics::parse;
@@ -127,6 +130,77 @@ async fn two_instances_enforce_one_limit(url: &str) {
             ),
             Some(1.0)
         );
+    }
+}
+
+/// Every algorithm, raced: two processes on one Redis, 8 clients on each sending 240 requests
+/// in all at once to one user whose limit is 100: exactly 100 are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_racing_admit_exactly_the_limit_with_every_algorithm() {
+    let Some(url) = redis_url() else { return };
+    for algorithm in [
+        "token_bucket",
+        "gcra",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ] {
+        race(&url, algorithm).await;
+    }
+}
+
+async fn race(url: &str, algorithm: &str) {
+    // A period of ten years: no refill, and no window boundary, while the test runs.
+    let tier = match algorithm {
+        "token_bucket" | "gcra" => "limit = 1, per = \"3650d\", burst = 100",
+        _ => "limit = 100, per = \"3650d\"",
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    write_atomically(
+        &policy,
+        &format!(
+            "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"t\", algorithm = \"{algorithm}\", {tier} }}]\n\n[[policy]]\nname = \"api-ip\"\ntiers = [{{ name = \"client\", limit = 1000, per = \"1s\", burst = 100000 }}]\n"
+        ),
+    );
+    let policy = policy.to_str().unwrap();
+    let args = ["--redis", url, "--policy", policy, "--instances", "2"];
+    let demos = [DemoProcess::start(&args), DemoProcess::start(&args)];
+    let user = Arc::new(unique(&format!("race-{algorithm}")));
+    let issued = Arc::new(AtomicU32::new(0));
+    let http = Http::new();
+    let clients: Vec<_> = (0..16)
+        .map(|c| {
+            let addr = demos[c % 2].addr;
+            let (http, user, issued) = (http.clone(), user.clone(), issued.clone());
+            tokio::spawn(async move {
+                let (mut allowed, mut denied) = (0_u32, 0_u32);
+                while issued.fetch_add(1, Ordering::Relaxed) < 240 {
+                    let reply = http.get(addr, "/api/data", Some(&user)).await;
+                    match reply.status {
+                        StatusCode::OK => allowed += 1,
+                        StatusCode::TOO_MANY_REQUESTS => denied += 1,
+                        other => panic!("{other}: {}", reply.body),
+                    }
+                }
+                (allowed, denied)
+            })
+        })
+        .collect();
+    let (mut allowed, mut denied) = (0, 0);
+    for client in clients {
+        let (a, d) = client.await.unwrap();
+        allowed += a;
+        denied += d;
+    }
+    assert_eq!((allowed, denied), (100, 140), "{algorithm}");
+    // Redis decided every one: no instance fell back to its own share.
+    for demo in &demos {
+        let reply = http.get(demo.addr, "/metrics", None).await;
+        let exposition = parse(&reply.body).unwrap_or_else(|e| panic!("{e}\n{}", reply.body));
+        for sample in exposition.find("distlimit_decisions_total", &[("policy", "api")]) {
+            assert_ne!(sample.labels["source"], "fallback", "{algorithm}");
+        }
     }
 }
 
