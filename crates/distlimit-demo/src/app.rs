@@ -82,27 +82,43 @@ async fn healthz() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#)
 }
 
-/// Completes at Ctrl-C or SIGTERM. A signal that cannot be listened to is never awaited.
-pub async fn shutdown_signal() {
-    let interrupt = async {
+/// Completes at Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called, not
+/// when the future is first polled, so a signal right after the service logs that it listens is
+/// not lost (nor does it kill the process). A signal that cannot be listened to is never
+/// awaited. Needs a Tokio runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        async move {
+            let interrupt = async {
+                match &mut interrupt {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let terminate = async {
+                match &mut terminate {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = interrupt => {}
+                () = terminate => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
     }
 }

@@ -1,45 +1,4 @@
-//! The distlimit demo service: `GET /api/data` answering `{"message":"Success"}`, limited per
-//! user (`X-User-ID`, else the client IP) to a token bucket of 100 refilled at 60 per minute,
-//! and per client IP (whatever users it names) to one of 1 000 refilled at 600 per minute, plus
-//! `GET /metrics` (Prometheus) and `GET /healthz`.
-//!
-//! By default it runs on the embedded memory store; with `--redis URL` (standalone, Sentinel or
-//! Cluster) several instances share one limit through a `distlimit_hybrid::Hybrid` store, which
-//! keeps answering from a local fallback while Redis is down. `--policy FILE` replaces the
-//! default policy with a TOML file that is reloaded when it changes.
-//!
-//! The binary is `src/main.rs`; this library is the same service for tests and benchmarks.
-//!
-//! # Example
-//!
-//! ```
-//! use clap::Parser;
-//! use distlimit_demo::{Args, Demo};
-//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let args = Args::parse_from(["distlimit-demo", "--listen", "127.0.0.1:0"]);
-//! let demo = Demo::build(&args).await?;
-//! let listener = tokio::net::TcpListener::bind(args.listen).await?;
-//! let addr = listener.local_addr()?;
-//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-//! let server = tokio::spawn(demo.serve(listener, async move {
-//!     let _ = stopped.await;
-//! }));
-//!
-//! let mut conn = tokio::net::TcpStream::connect(addr).await?;
-//! conn.write_all(b"GET /api/data HTTP/1.1\r\nHost: demo\r\nX-User-ID: alice\r\nConnection: close\r\n\r\n")
-//!     .await?;
-//! let mut response = String::new();
-//! conn.read_to_string(&mut response).await?;
-//! assert!(response.starts_with("HTTP/1.1 200 OK"));
-//! assert!(response.ends_with(r#"{"message":"Success"}"#));
-//!
-//! let _ = stop.send(());
-//! server.await??;
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../README.md")]
 
 mod app;
 mod args;

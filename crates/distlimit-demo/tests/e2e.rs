@@ -77,7 +77,18 @@ async fn two_instances_enforce_one_limit(url: &str) {
     let policy = dir.path().join("policy.toml");
     write_atomically(&policy, SLOW_POLICY);
     let policy = policy.to_str().unwrap();
-    let args = ["--redis", &url, "--policy", policy, "--instances", "2"];
+    // A budget no loaded test machine exceeds: a timed-out call would be decided by this
+    // instance's fallback, not by Redis.
+    let args = [
+        "--redis",
+        &url,
+        "--policy",
+        policy,
+        "--instances",
+        "2",
+        "--redis-budget-ms",
+        "10000",
+    ];
     let a = DemoProcess::start(&args);
     let b = DemoProcess::start(&args);
     let http = Http::new();
@@ -165,7 +176,18 @@ async fn race(url: &str, algorithm: &str) {
         ),
     );
     let policy = policy.to_str().unwrap();
-    let args = ["--redis", url, "--policy", policy, "--instances", "2"];
+    // A budget no loaded test machine exceeds: this test is about Redis's decisions, and a
+    // timed-out call would be decided by the fallback instead.
+    let args = [
+        "--redis",
+        url,
+        "--policy",
+        policy,
+        "--instances",
+        "2",
+        "--redis-budget-ms",
+        "10000",
+    ];
     let demos = [DemoProcess::start(&args), DemoProcess::start(&args)];
     let user = Arc::new(unique(&format!("race-{algorithm}")));
     let issued = Arc::new(AtomicU32::new(0));

@@ -110,10 +110,9 @@ async fn a_request_is_served_while_more_half_sent_requests_than_descriptors_are_
     // Served at most one header-read timeout after the half-sent ones ahead of it were accepted
     // (plus slack for a loaded machine), not never.
     assert!(waited < Duration::from_secs(15), "served after {waited:?}");
-    // The server closed half-sent requests (the header-read timeout) and kept serving; the
-    // attackers are still connected now.
-    assert!(closed.load(Ordering::Relaxed) > 0);
-    assert!(!tasks.iter().all(|t| t.is_finished()));
+    // The attackers still hold their half-sent requests (reconnecting as the header-read
+    // timeout cuts them).
+    assert!(!tasks.iter().any(|t| t.is_finished()));
 
     // Many times, not once: every request is served.
     for i in 0..5 {
