@@ -1,10 +1,8 @@
-//! The HTTP side: routes, the rate-limit layer, serving with graceful shutdown.
+//! The HTTP side: routes, the rate-limit layers, the shutdown signal.
 
-use std::future::Future;
-use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::{IP_POLICY, POLICY, USER_HEADER};
 use axum::Router;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -15,40 +13,58 @@ use distlimit_policy::Limiter;
 use distlimit_tower::{
     ClientIpResolver, KeyExtractor, RateLimitHeaders, RateLimitLayer, TrustedProxies,
 };
-use tokio::net::TcpListener;
-
-use crate::{POLICY, USER_HEADER};
 
 /// The body of `GET /api/data`.
 pub const DATA_BODY: &str = r#"{"message":"Success"}"#;
 
-/// The layer limiting `/api/data`: policy [`POLICY`], keyed by `X-User-ID`, else by the client
-/// IP (through `trusted` proxies only); denials carry `Retry-After` and the `RateLimit` headers.
-///
-/// No time limit on the check: the memory store never waits, and the Redis store is wrapped in a
-/// hybrid store whose own budget (`--redis-budget-ms`) hands slow calls to the local fallback.
-pub fn rate_limit_layer(limiter: Arc<Limiter>, trusted: TrustedProxies) -> RateLimitLayer {
-    RateLimitLayer::builder(limiter, POLICY)
-        .key(KeyExtractor::header(USER_HEADER))
-        .client_ip(ClientIpResolver::new(trusted))
-        .headers(RateLimitHeaders::Denied)
-        .timeout(None)
-        .build()
+/// The two limits on `/api/data`, checked per request: first the client IP's, then the user's.
+#[derive(Clone, Debug)]
+pub struct ApiLimits {
+    /// Policy [`IP_POLICY`], keyed by the client IP: one client cannot escape its limit by
+    /// sending a new `X-User-ID` with every request.
+    pub per_client_ip: RateLimitLayer,
+    /// Policy [`POLICY`], keyed by `X-User-ID`, else by the client IP.
+    pub per_user: RateLimitLayer,
 }
 
-/// The routes: `GET /api/data` behind `layer` (none: unlimited, for comparisons), and the
+/// The layers limiting `/api/data` ([`ApiLimits`]); the client IP is the socket peer, or what
+/// `trusted` proxies forward. Denials carry `Retry-After` and the `RateLimit` headers.
+///
+/// No time limit on the checks: the memory store never waits, and the Redis store is wrapped in
+/// a hybrid store whose own budget (`--redis-budget-ms`) hands slow calls to the local fallback.
+pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
+    let resolver = ClientIpResolver::new(trusted);
+    let layer = |policy: &str, key: KeyExtractor| {
+        RateLimitLayer::builder(limiter.clone(), policy)
+            .key(key)
+            .client_ip(resolver.clone())
+            .headers(RateLimitHeaders::Denied)
+            .timeout(None)
+            .build()
+    };
+    ApiLimits {
+        per_client_ip: layer(IP_POLICY, KeyExtractor::client_ip()),
+        per_user: layer(POLICY, KeyExtractor::header(USER_HEADER)),
+    }
+}
+
+/// The routes: `GET /api/data` behind `limits` (none: unlimited, for comparisons), and the
 /// unlimited `GET /metrics` and `GET /healthz`.
-pub fn router(layer: Option<RateLimitLayer>, metrics: Metrics) -> Router {
-    let api = Router::new().route("/api/data", get(data));
-    let api = match layer {
-        Some(layer) => api.layer(layer),
-        None => api,
+///
+/// The limits wrap the route's `GET` handler only (`route_layer`): a request no handler serves
+/// (another path, 404, or another method, 405) spends nothing.
+pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
+    let data = match limits {
+        Some(limits) => get(data)
+            .route_layer(limits.per_user)
+            .route_layer(limits.per_client_ip),
+        None => get(data),
     };
     let ops = Router::new()
         .route("/metrics", get(exposition))
         .route("/healthz", get(healthz))
         .with_state(metrics);
-    api.merge(ops)
+    Router::new().route("/api/data", data).merge(ops)
 }
 
 async fn data() -> impl IntoResponse {
@@ -66,46 +82,43 @@ async fn healthz() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#)
 }
 
-/// Serves `router` on `listener` (recording each connection's peer address for the client IP)
-/// until `shutdown` completes, then lets the requests in flight finish.
-///
-/// # Errors
-///
-/// Those of the listener.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> io::Result<()> {
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
-}
-
-/// Completes at Ctrl-C or SIGTERM. A signal that cannot be listened to is never awaited.
-pub async fn shutdown_signal() {
-    let interrupt = async {
+/// Completes at Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called, not
+/// when the future is first polled, so a signal right after the service logs that it listens is
+/// not lost (nor does it kill the process). A signal that cannot be listened to is never
+/// awaited. Needs a Tokio runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        async move {
+            let interrupt = async {
+                match &mut interrupt {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let terminate = async {
+                match &mut terminate {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = interrupt => {}
+                () = terminate => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
     }
 }

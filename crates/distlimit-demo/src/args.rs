@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::Parser;
 use distlimit_tower::Cidr;
 
+use crate::serve::{self, ServeConfig};
+
 /// The demo service's command line (`distlimit-demo --help`).
 #[derive(Clone, Debug, Parser)]
 #[command(name = "distlimit-demo", version, about)]
@@ -26,26 +28,74 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
 
-    /// How many instances share the Redis limit: while Redis is unreachable each instance
-    /// enforces 1/N of it on its own.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    /// How many instances share the Redis limit (1 to 10000): while Redis is unreachable each
+    /// instance enforces 1/N of it on its own.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_INSTANCES))]
     pub instances: u64,
 
-    /// Time budget of one Redis decision, in milliseconds; past it the local fallback answers
-    /// and the circuit breaker opens.
-    #[arg(long, value_name = "MS", default_value_t = 50)]
+    /// Time budget of one Redis decision, in milliseconds (1 to 60000); past it the local
+    /// fallback answers and the circuit breaker opens.
+    #[arg(long, value_name = "MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS))]
     pub redis_budget_ms: u64,
 
     /// A proxy (CIDR) whose X-Forwarded-For is believed; repeat for several. None by default:
     /// the client IP is the socket peer.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<Cidr>,
+
+    /// A request's head must arrive within this many milliseconds of the connection starting
+    /// to wait for it (at accept, and after each response).
+    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_HEADER_READ_TIMEOUT), value_parser = timeout_ms())]
+    pub header_read_timeout_ms: u64,
+
+    /// A connection with no request in progress on which no byte moves for this many
+    /// milliseconds is closed.
+    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_IDLE_TIMEOUT), value_parser = timeout_ms())]
+    pub idle_timeout_ms: u64,
+
+    /// At most this many connections at once (more wait in the accept backlog); lowered to the
+    /// descriptor limit minus 64.
+    #[arg(long, value_name = "N", default_value_t = serve::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// After SIGTERM or Ctrl-C, requests in progress get this many milliseconds to finish;
+    /// then the process exits.
+    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_SHUTDOWN_TIMEOUT), value_parser = timeout_ms())]
+    pub shutdown_timeout_ms: u64,
+}
+
+/// The most instances `--instances` accepts: beyond it each one's share of a limit rounds to
+/// nothing useful.
+const MAX_INSTANCES: u64 = 10_000;
+
+/// The longest Redis budget `--redis-budget-ms` accepts: one minute.
+const MAX_REDIS_BUDGET_MS: u64 = 60_000;
+
+/// The longest timeout a flag accepts: one day, in milliseconds.
+const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
+fn timeout_ms() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..=MAX_TIMEOUT_MS)
+}
+
+const fn millis(duration: Duration) -> u64 {
+    duration.as_millis() as u64
 }
 
 impl Args {
     /// The Redis time budget.
     pub fn redis_budget(&self) -> Duration {
         Duration::from_millis(self.redis_budget_ms)
+    }
+
+    /// The server's limits, from the flags.
+    pub fn serve_config(&self) -> ServeConfig {
+        ServeConfig {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+        }
     }
 }
 

@@ -1,47 +1,8 @@
-//! The distlimit demo service: `GET /api/data` answering `{"message":"Success"}`, limited per
-//! user (`X-User-ID`, else the client IP) to a token bucket of 100 refilled at 60 per minute,
-//! plus `GET /metrics` (Prometheus) and `GET /healthz`.
-//!
-//! By default it runs on the embedded memory store; with `--redis URL` (standalone, Sentinel or
-//! Cluster) several instances share one limit through a `distlimit_hybrid::Hybrid` store, which
-//! keeps answering from a local fallback while Redis is down. `--policy FILE` replaces the
-//! default policy with a TOML file that is reloaded when it changes.
-//!
-//! The binary is `src/main.rs`; this library is the same service for tests and benchmarks.
-//!
-//! # Example
-//!
-//! ```
-//! use clap::Parser;
-//! use distlimit_demo::{Args, Demo};
-//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let args = Args::parse_from(["distlimit-demo", "--listen", "127.0.0.1:0"]);
-//! let demo = Demo::build(&args).await?;
-//! let listener = tokio::net::TcpListener::bind(args.listen).await?;
-//! let addr = listener.local_addr()?;
-//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-//! let server = tokio::spawn(demo.serve(listener, async move {
-//!     let _ = stopped.await;
-//! }));
-//!
-//! let mut conn = tokio::net::TcpStream::connect(addr).await?;
-//! conn.write_all(b"GET /api/data HTTP/1.1\r\nHost: demo\r\nX-User-ID: alice\r\nConnection: close\r\n\r\n")
-//!     .await?;
-//! let mut response = String::new();
-//! conn.read_to_string(&mut response).await?;
-//! assert!(response.starts_with("HTTP/1.1 200 OK"));
-//! assert!(response.ends_with(r#"{"message":"Success"}"#));
-//!
-//! let _ = stop.send(());
-//! server.await??;
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../README.md")]
 
 mod app;
 mod args;
+pub mod serve;
 
 use std::future::Future;
 use std::io;
@@ -59,20 +20,30 @@ use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use crate::app::{DATA_BODY, rate_limit_layer, router, serve, shutdown_signal};
+pub use crate::app::{ApiLimits, DATA_BODY, api_limits, router, shutdown_signal};
 pub use crate::args::Args;
+pub use crate::serve::{ServeConfig, serve};
 
-/// The policy `/api/data` is limited by; a `--policy` file must define it.
+/// The policy limiting each user of `/api/data`; a `--policy` file must define it.
 pub const POLICY: &str = "api";
+
+/// The policy limiting each client IP on `/api/data`, whatever users it names; a `--policy`
+/// file must define it.
+pub const IP_POLICY: &str = "api-ip";
 
 /// The header naming the user; requests without it are limited by client IP.
 pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
 
-/// The policy without `--policy`: a token bucket of 100 tokens refilled at 60 per minute.
+/// The policies without `--policy`: per user, a token bucket of 100 tokens refilled at 60 per
+/// minute; per client IP, one of 1 000 refilled at 600 per minute.
 pub const DEFAULT_POLICIES: &str = r#"
 [[policy]]
 name = "api"
 tiers = [{ name = "burst", algorithm = "token_bucket", limit = 60, per = "1m", burst = 100 }]
+
+[[policy]]
+name = "api-ip"
+tiers = [{ name = "client", algorithm = "token_bucket", limit = 600, per = "1m", burst = 1000 }]
 "#;
 
 /// The name of the Redis store in metrics and logs.
@@ -88,12 +59,20 @@ pub enum StartError {
     /// The policy file is invalid.
     #[error("policy: {0}")]
     Policy(#[from] ConfigError),
-    /// The policy file does not define [`POLICY`].
-    #[error("policy: the file must define the policy \"{POLICY}\" that /api/data uses")]
-    MissingPolicy,
-    /// Redis could not be reached or the URL is invalid.
-    #[error("redis: {0}")]
+    /// The policy file does not define [`POLICY`] or [`IP_POLICY`].
+    #[error("policy: the file must define the policy \"{0}\" that /api/data uses")]
+    MissingPolicy(&'static str),
+    /// Redis could not be reached or the URL is invalid (the error names Redis itself).
+    #[error(transparent)]
     Redis(#[from] distlimit_core::Error),
+    /// The listening address could not be bound (in use, or not this host's).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address of `--listen`.
+        addr: std::net::SocketAddr,
+        /// Why binding failed.
+        source: io::Error,
+    },
     /// The hybrid store's configuration was refused.
     #[error("hybrid store: {0}")]
     Hybrid(#[from] distlimit_hybrid::ConfigError),
@@ -106,6 +85,7 @@ pub struct Demo {
     metrics: Metrics,
     limiter: Arc<Limiter>,
     watcher: Option<ConfigWatcher>,
+    serve_config: ServeConfig,
 }
 
 impl Demo {
@@ -121,8 +101,10 @@ impl Demo {
             Some(path) => PolicySet::from_toml_file(path)?,
             None => PolicySet::from_toml_str(DEFAULT_POLICIES)?,
         };
-        if policies.get(POLICY).is_none() {
-            return Err(StartError::MissingPolicy);
+        for name in [POLICY, IP_POLICY] {
+            if policies.get(name).is_none() {
+                return Err(StartError::MissingPolicy(name));
+            }
         }
         let metrics = Metrics::new();
         let store = store(args, &metrics).await?;
@@ -131,15 +113,16 @@ impl Demo {
             Some(path) => Some(distlimit_policy::watch(&limiter, path, RELOAD_INTERVAL)?),
             None => None,
         };
-        let layer = rate_limit_layer(
+        let limits = api_limits(
             limiter.clone(),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
         );
         Ok(Self {
-            router: router(Some(layer), metrics.clone()),
+            router: router(Some(limits), metrics.clone()),
             metrics,
             limiter,
             watcher,
+            serve_config: args.serve_config(),
         })
     }
 
@@ -164,8 +147,19 @@ impl Demo {
         &self.limiter
     }
 
-    /// Serves on `listener` until `shutdown` completes (see [`serve`]), logging policy
-    /// reloads.
+    /// Binds `addr` for [`serve`](Self::serve).
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::Listen`], naming `addr`.
+    pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, StartError> {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Listen { addr, source })
+    }
+
+    /// Serves on `listener` with the limits of the flags until `shutdown` completes (see
+    /// [`serve()`]), logging policy reloads.
     ///
     /// # Errors
     ///
@@ -176,7 +170,7 @@ impl Demo {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> io::Result<()> {
         let reload_log = self.watcher.as_ref().map(log_reloads);
-        let served = serve(listener, self.router, shutdown).await;
+        let served = serve(listener, self.router, self.serve_config, shutdown).await;
         if let Some(task) = reload_log {
             task.abort();
         }

@@ -25,10 +25,11 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let demo = Demo::build(&args).await?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let listener = Demo::bind(args.listen).await?;
+    let shutdown = shutdown_signal();
     // Tests and scripts read the bound address (with --listen 127.0.0.1:0) from this line.
     tracing::info!("listening on http://{}", listener.local_addr()?);
-    demo.serve(listener, shutdown_signal()).await?;
+    demo.serve(listener, shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }

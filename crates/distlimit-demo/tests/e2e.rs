@@ -4,6 +4,9 @@
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use distlimit_test::server::RedisServer;
 use http::StatusCode;
 use support::openmetrics::parse;
@@ -29,9 +32,9 @@ async fn the_binary_serves_on_the_memory_store_and_stops_on_sigterm() {
     assert!(demo.log().iter().any(|line| line.contains("stopped")));
 }
 
-/// A burst of 100 refilled at one token per hour: no refill while a test runs, however slow the
-/// machine.
-const SLOW_POLICY: &str = "[[policy]]\nname = \"api\"\ntiers = [{ name = \"burst\", limit = 1, per = \"1h\", burst = 100 }]\n";
+/// Per user, a burst of 100 refilled at one token per hour: no refill while a test runs, however
+/// slow the machine. Per client IP, more than the tests send.
+const SLOW_POLICY: &str = "[[policy]]\nname = \"api\"\ntiers = [{ name = \"burst\", limit = 1, per = \"1h\", burst = 100 }]\n\n[[policy]]\nname = \"api-ip\"\ntiers = [{ name = \"client\", limit = 1000, per = \"1s\", burst = 100000 }]\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_redis_enforce_one_limit() {
@@ -74,7 +77,18 @@ async fn two_instances_enforce_one_limit(url: &str) {
     let policy = dir.path().join("policy.toml");
     write_atomically(&policy, SLOW_POLICY);
     let policy = policy.to_str().unwrap();
-    let args = ["--redis", &url, "--policy", policy, "--instances", "2"];
+    // A budget no loaded test machine exceeds: a timed-out call would be decided by this
+    // instance's fallback, not by Redis.
+    let args = [
+        "--redis",
+        &url,
+        "--policy",
+        policy,
+        "--instances",
+        "2",
+        "--redis-budget-ms",
+        "10000",
+    ];
     let a = DemoProcess::start(&args);
     let b = DemoProcess::start(&args);
     let http = Http::new();
@@ -128,6 +142,89 @@ async fn two_instances_enforce_one_limit(url: &str) {
             Some(1.0)
         );
     }
+}
+
+/// Every algorithm, raced: two processes on one Redis, 8 clients on each sending 240 requests
+/// in all at once to one user whose limit is 100: exactly 100 are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_racing_admit_exactly_the_limit_with_every_algorithm() {
+    let Some(url) = redis_url() else { return };
+    for algorithm in [
+        "token_bucket",
+        "gcra",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ] {
+        race(&url, algorithm).await;
+    }
+}
+
+async fn race(url: &str, algorithm: &str) {
+    // No refill (one unit per hour) while the test runs; the windows are days (aligned: a run
+    // across midnight UTC would see a second window).
+    let tier = match algorithm {
+        "token_bucket" | "gcra" => "limit = 1, per = \"1h\", burst = 100",
+        _ => "limit = 100, per = \"1d\"",
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    write_atomically(
+        &policy,
+        &format!(
+            "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"t\", algorithm = \"{algorithm}\", {tier} }}]\n\n[[policy]]\nname = \"api-ip\"\ntiers = [{{ name = \"client\", limit = 1000, per = \"1s\", burst = 100000 }}]\n"
+        ),
+    );
+    let policy = policy.to_str().unwrap();
+    // A budget no loaded test machine exceeds: this test is about Redis's decisions, and a
+    // timed-out call would be decided by the fallback instead.
+    let args = [
+        "--redis",
+        url,
+        "--policy",
+        policy,
+        "--instances",
+        "2",
+        "--redis-budget-ms",
+        "10000",
+    ];
+    let demos = [DemoProcess::start(&args), DemoProcess::start(&args)];
+    let user = Arc::new(unique(&format!("race-{algorithm}")));
+    let issued = Arc::new(AtomicU32::new(0));
+    let http = Http::new();
+    let clients: Vec<_> = (0..16)
+        .map(|c| {
+            let addr = demos[c % 2].addr;
+            let (http, user, issued) = (http.clone(), user.clone(), issued.clone());
+            tokio::spawn(async move {
+                let (mut allowed, mut denied) = (0_u32, 0_u32);
+                while issued.fetch_add(1, Ordering::Relaxed) < 240 {
+                    let reply = http.get(addr, "/api/data", Some(&user)).await;
+                    match reply.status {
+                        StatusCode::OK => allowed += 1,
+                        StatusCode::TOO_MANY_REQUESTS => denied += 1,
+                        other => panic!("{other}: {}", reply.body),
+                    }
+                }
+                (allowed, denied)
+            })
+        })
+        .collect();
+    let (mut allowed, mut denied) = (0, 0);
+    for client in clients {
+        let (a, d) = client.await.unwrap();
+        allowed += a;
+        denied += d;
+    }
+    // Redis decided every one: no instance fell back to its own share.
+    for demo in &demos {
+        let reply = http.get(demo.addr, "/metrics", None).await;
+        let exposition = parse(&reply.body).unwrap_or_else(|e| panic!("{e}\n{}", reply.body));
+        for sample in exposition.find("distlimit_decisions_total", &[("policy", "api")]) {
+            assert_ne!(sample.labels["source"], "fallback", "{algorithm}");
+        }
+    }
+    assert_eq!((allowed, denied), (100, 140), "{algorithm}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,5 +298,50 @@ async fn a_redis_outage_falls_back_to_this_instances_share() {
             &[("store", "redis"), ("state", "closed")]
         ),
         Some(0.0)
+    );
+}
+
+#[test]
+fn out_of_range_flags_are_refused_with_their_bounds() {
+    for (flag, value, bound) in [
+        ("--instances", "18446744073709551615", "1..=10000"),
+        ("--instances", "0", "1..=10000"),
+        ("--redis-budget-ms", "18446744073709551615", "1..=60000"),
+        ("--redis-budget-ms", "0", "1..=60000"),
+        (
+            "--shutdown-timeout-ms",
+            "18446744073709551615",
+            "1..=86400000",
+        ),
+    ] {
+        let (status, log) = DemoProcess::run(&[flag, value]);
+        assert_eq!(status.code(), Some(2), "{flag} {value}: {log}");
+        assert!(
+            log.contains(&format!("invalid value '{value}' for '{flag}")) && log.contains(bound),
+            "{flag} {value}: {log}"
+        );
+    }
+}
+
+#[test]
+fn a_redis_error_names_redis_once() {
+    let (status, log) = DemoProcess::run(&["--redis", "notaurl"]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("redis: configuration: invalid Redis URL"),
+        "{log}"
+    );
+    assert!(!log.contains("redis: redis:"), "{log}");
+}
+
+#[test]
+fn an_address_in_use_is_named() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (status, log) = DemoProcess::run(&["--listen", &addr]);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("cannot listen on {addr}: Address already in use")),
+        "{log}"
     );
 }

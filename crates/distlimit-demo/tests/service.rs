@@ -10,7 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use distlimit_core::ManualClock;
 use distlimit_demo::{
-    Args, DATA_BODY, DEFAULT_POLICIES, Demo, StartError, limiter, rate_limit_layer, router, serve,
+    Args, DATA_BODY, DEFAULT_POLICIES, Demo, ServeConfig, StartError, api_limits, limiter, router,
+    serve,
 };
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
@@ -29,12 +30,17 @@ async fn start_frozen() -> (std::net::SocketAddr, Metrics) {
     let policies = PolicySet::from_toml_str(DEFAULT_POLICIES).unwrap();
     let limiter = limiter(Arc::new(store), policies, &metrics);
     let app = router(
-        Some(rate_limit_layer(limiter, TrustedProxies::none())),
+        Some(api_limits(limiter, TrustedProxies::none())),
         metrics.clone(),
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, app, std::future::pending()));
+    tokio::spawn(serve(
+        listener,
+        app,
+        ServeConfig::default(),
+        std::future::pending(),
+    ));
     (addr, metrics)
 }
 
@@ -159,7 +165,7 @@ async fn a_policy_file_is_applied_and_hot_reloaded() {
     let path = dir.path().join("policy.toml");
     let policy = |burst: u64| {
         format!(
-            "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"burst\", limit = 1, per = \"1h\", burst = {burst} }}]\n"
+            "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"burst\", limit = 1, per = \"1h\", burst = {burst} }}]\n{IP_POLICY_TOML}"
         )
     };
     write_atomically(&path, &policy(2));
@@ -215,7 +221,9 @@ async fn a_policy_file_is_applied_and_hot_reloaded() {
     // A broken file is rejected: the running policy stays.
     write_atomically(
         &path,
-        "[[policy]]\nname = \"api\"\ntiers = [{ name = \"burst\", limit = 0, per = \"1s\" }]\n",
+        &format!(
+            "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"burst\", limit = 0, per = \"1s\" }}]\n{IP_POLICY_TOML}"
+        ),
     );
     next_reload(&mut reloads, |r| matches!(r, Reload::Rejected { .. })).await;
     for _ in 0..5 {
@@ -228,6 +236,54 @@ async fn a_policy_file_is_applied_and_hot_reloaded() {
         http.get(addr, "/api/data", Some("frank")).await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_no_handler_serves_spend_nothing() {
+    let (addr, _) = start_frozen().await;
+    let http = Http::new();
+    for _ in 0..20 {
+        let post = http
+            .send(http::Method::POST, addr, "/api/data", Some("gina"))
+            .await;
+        assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
+        let missing = http.get(addr, "/api/nothing", Some("gina")).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    }
+    // gina's 100 tokens are all there.
+    for i in 0..100 {
+        let reply = http.get(addr, "/api/data", Some("gina")).await;
+        assert_eq!(reply.status, StatusCode::OK, "request {i}");
+    }
+    assert_eq!(
+        http.get(addr, "/api/data", Some("gina")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Once denied, a wrong method is still a 405, not a 429.
+    let post = http
+        .send(http::Method::POST, addr, "/api/data", Some("gina"))
+        .await;
+    assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_mint_users_past_its_ip_limit() {
+    let (addr, _) = start_frozen().await;
+    let http = Http::new();
+    // A new X-User-ID on every request: each user has 100 tokens, but the client's IP has 1 000.
+    for i in 0..1000 {
+        let reply = http
+            .get(addr, "/api/data", Some(&format!("minted-{i}")))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "request {i}");
+    }
+    let denied = http.get(addr, "/api/data", Some("minted-next")).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        denied.headers["ratelimit-policy"],
+        r#""api-ip/client";q=600;w=60"#
+    );
+    assert_eq!(denied.headers["retry-after"], "1");
 }
 
 /// Waits, at most 30 s, for a reload event matching `wanted`.
@@ -244,19 +300,36 @@ async fn next_reload(
     }
 }
 
+/// The per-client-IP policy, generous enough for any test that is not about it.
+const IP_POLICY_TOML: &str = "\n[[policy]]\nname = \"api-ip\"\ntiers = [{ name = \"client\", limit = 1000, per = \"1s\", burst = 100000 }]\n";
+
 #[tokio::test]
-async fn a_policy_file_without_the_api_policy_is_refused() {
+async fn a_policy_file_without_the_api_policies_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.toml");
-    write_atomically(
-        &path,
-        "[[policy]]\nname = \"other\"\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n",
-    );
-    let args = Args::parse_from(["distlimit-demo", "--policy", path.to_str().unwrap()]);
-    assert!(matches!(
-        Demo::build(&args).await,
-        Err(StartError::MissingPolicy)
-    ));
+    let other =
+        "[[policy]]\nname = \"other\"\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n";
+    let api = "[[policy]]\nname = \"api\"\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n";
+    for (file, missing) in [
+        (other.to_owned(), "api"),
+        (format!("{other}{IP_POLICY_TOML}"), "api"),
+        (api.to_owned(), "api-ip"),
+    ] {
+        write_atomically(&path, &file);
+        let args = Args::parse_from(["distlimit-demo", "--policy", path.to_str().unwrap()]);
+        match Demo::build(&args).await {
+            Err(error @ StartError::MissingPolicy(name)) => {
+                assert_eq!(name, missing);
+                assert_eq!(
+                    error.to_string(),
+                    format!(
+                        "policy: the file must define the policy \"{missing}\" that /api/data uses"
+                    )
+                );
+            }
+            other => panic!("{file}: {other:?}"),
+        }
+    }
     let args = Args::parse_from(["distlimit-demo", "--policy", "/nonexistent/policy.toml"]);
     assert!(matches!(
         Demo::build(&args).await,

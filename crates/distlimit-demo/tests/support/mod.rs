@@ -47,7 +47,20 @@ impl Http {
 
     /// `GET http://addr/path`, with `X-User-ID: user` when given.
     pub async fn get(&self, addr: SocketAddr, path: &str, user: Option<&str>) -> Reply {
-        let mut request = Request::get(format!("http://{addr}{path}"));
+        self.send(http::Method::GET, addr, path, user).await
+    }
+
+    /// `method http://addr/path` without a body, with `X-User-ID: user` when given.
+    pub async fn send(
+        &self,
+        method: http::Method,
+        addr: SocketAddr,
+        path: &str,
+        user: Option<&str>,
+    ) -> Reply {
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(format!("http://{addr}{path}"));
         if let Some(user) = user {
             request = request.header("x-user-id", user);
         }
@@ -63,7 +76,7 @@ impl Http {
         // A hung server fails the test instead of hanging it.
         let (parts, body) = tokio::time::timeout(Duration::from_secs(30), exchange)
             .await
-            .unwrap_or_else(|_| panic!("GET {path} on {addr}: no answer within 30 s"));
+            .unwrap_or_else(|_| panic!("{method} {path} on {addr}: no answer within 30 s"));
         Reply {
             status: parts.status,
             headers: parts.headers,
@@ -117,7 +130,22 @@ impl DemoProcess {
     /// Starts the binary with `args` (plus `--listen 127.0.0.1:0`) and waits, at most 60 s,
     /// for the address it logs.
     pub fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_distlimit-demo"))
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_distlimit-demo")), args)
+    }
+
+    /// [`start`](Self::start) with the process's descriptor limit lowered to `nofile` (soft and
+    /// hard, through the shell's `ulimit -n`).
+    pub fn start_with_nofile(nofile: u64, args: &[&str]) -> Self {
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_distlimit-demo"));
+        Self::spawn(command, args)
+    }
+
+    fn spawn(mut command: Command, args: &[&str]) -> Self {
+        let mut child = command
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "info")
@@ -147,11 +175,44 @@ impl DemoProcess {
         match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(addr) => process.addr = addr,
             Err(_) => panic!(
-                "distlimit-demo {args:?} did not start:\n{}",
+                "distlimit-demo {:?} did not start:\n{}",
+                command.get_args().collect::<Vec<_>>(),
                 process.log().join("\n")
             ),
         }
         process
+    }
+
+    /// Runs the binary with `args` to its end (at most 60 s): its exit status and what it
+    /// logged.
+    pub fn run(args: &[&str]) -> (ExitStatus, String) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_distlimit-demo"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+            text
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("distlimit-demo {args:?} still running after 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status, reader.join().unwrap())
     }
 
     pub fn pid(&self) -> u32 {
