@@ -126,10 +126,8 @@
 
 mod config;
 mod error;
-mod intern;
 mod limiter;
 mod policy;
-mod snapshot;
 mod watch;
 
 #[cfg(all(test, distlimit_loom))]

@@ -2,12 +2,12 @@
 //! validated once, when built.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Key, Limit, MAX_POLICY_LEN, Quota, QuotaError, bytes_eq};
+use distlimit_core::{Algorithm, Key, Limit, MAX_POLICY_LEN, Quota, QuotaError};
 
 use crate::ConfigError;
-use crate::intern::{Name, intern};
 
 /// The most tiers one request is checked against (global tiers plus per-key tiers, or global
 /// tiers plus an override's tiers): all of them go to the store in one all-or-nothing batch.
@@ -19,9 +19,6 @@ pub const MAX_TIERS: usize = 8;
 pub const MAX_NAME_LEN: usize = 63;
 
 const _: () = assert!(2 * MAX_NAME_LEN < MAX_POLICY_LEN);
-
-/// Up to this many policies, [`PolicySet::position`] scans the names instead of hashing.
-const SCAN_MAX: usize = 8;
 
 /// Which key a tier counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -59,10 +56,6 @@ pub struct Tier {
     scope: Scope,
     /// `"<policy>/<tier>"` once validated, empty before.
     store_policy: Box<str>,
-    /// The interned name, once validated.
-    static_name: Name,
-    /// The algorithm's index in [`Algorithm::ALL`], once validated.
-    algorithm_index: u64,
 }
 
 impl Tier {
@@ -73,8 +66,6 @@ impl Tier {
             limit,
             scope: Scope::Key,
             store_policy: Box::default(),
-            static_name: Name::EMPTY,
-            algorithm_index: 0,
         }
     }
 
@@ -127,23 +118,6 @@ impl Tier {
         &self.store_policy
     }
 
-    /// What a verdict reports of this tier: copied, with the name interned.
-    #[inline]
-    pub(crate) fn info(&self) -> TierInfo {
-        let quota = self.limit.quota();
-        let global = match self.scope {
-            Scope::Key => 0,
-            Scope::Global => TierInfo::GLOBAL,
-        };
-        TierInfo {
-            kind: self.algorithm_index | global,
-            name: self.static_name,
-            limit: quota.limit(),
-            period_us: quota.period_us(),
-            burst: quota.burst(),
-        }
-    }
-
     fn validate(&mut self, policy: &str) -> Result<(), ConfigError> {
         let located = |e: ConfigError| e.in_tier(&self.name);
         check_name(&self.name).map_err(located)?;
@@ -163,48 +137,7 @@ impl Tier {
             )));
         }
         self.store_policy = format!("{policy}/{}", self.name).into();
-        self.static_name = intern(&self.name);
-        let algorithm = self.limit.algorithm();
-        self.algorithm_index = Algorithm::ALL
-            .iter()
-            .position(|a| *a == algorithm)
-            .unwrap_or_default() as u64;
         Ok(())
-    }
-}
-
-/// A tier as a [`Verdict`](crate::Verdict) reports it: a copy of what it reports (40 bytes,
-/// with the name interned), so that the verdict holds no reference to the policy set.
-///
-/// Only whole words, with the algorithm and the scope packed into one, like
-/// [`Decision`](distlimit_core::Decision)'s flags: moves of a verdict then read back what
-/// whole-word stores wrote (see there).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TierInfo {
-    /// Bits 0 to 7: the algorithm's index in [`Algorithm::ALL`]; bit 8: global scope.
-    kind: u64,
-    pub(crate) name: Name,
-    pub(crate) limit: u64,
-    pub(crate) period_us: u64,
-    pub(crate) burst: u64,
-}
-
-impl TierInfo {
-    const GLOBAL: u64 = 1 << 8;
-
-    pub(crate) fn algorithm(&self) -> Algorithm {
-        Algorithm::ALL
-            .get((self.kind & 0xff) as usize)
-            .copied()
-            .unwrap_or_default()
-    }
-
-    pub(crate) fn scope(&self) -> Scope {
-        if self.kind & Self::GLOBAL != 0 {
-            Scope::Global
-        } else {
-            Scope::Key
-        }
     }
 }
 
@@ -264,9 +197,19 @@ impl Override {
 pub(crate) enum Rule {
     Allow,
     Deny,
-    /// Index into [`Policy::overrides`] and into the compiled tier lists (a `u32`, so that an
-    /// `Option<Rule>` is one word in every verdict).
-    Override(u32),
+    /// Index into [`Policy::overrides`].
+    Override(usize),
+}
+
+/// The tiers a check applies to a key, with what its verdict reports of the policy: a policy's
+/// own tiers, or an override's (the policy's global tiers first). Built with the set and shared
+/// by every [`Verdict`](crate::Verdict) decided with it, so a verdict holds no copy of them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Applied {
+    pub(crate) policy: Box<str>,
+    pub(crate) shadow: bool,
+    pub(crate) is_override: bool,
+    pub(crate) tiers: Box<[Tier]>,
 }
 
 /// A named set of tiers a request is checked against all-or-nothing, with allow and deny lists,
@@ -290,8 +233,6 @@ pub(crate) enum Rule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     name: Box<str>,
-    /// The interned name, once the policy is part of a built set; empty before.
-    static_name: Name,
     shadow: bool,
     tiers: Vec<Tier>,
     allow: Vec<Box<[u8]>>,
@@ -299,8 +240,10 @@ pub struct Policy {
     overrides: Vec<Override>,
     /// Built by [`PolicySet`]: allow, deny and override keys.
     rules: HashMap<Box<[u8]>, Rule, foldhash::fast::RandomState>,
+    /// Built by [`PolicySet`]: the policy's tiers as checks apply them.
+    applied: Arc<Applied>,
     /// Built by [`PolicySet`]: per override, the global tiers followed by the override's tiers.
-    override_tiers: Vec<Box<[Tier]>>,
+    override_applied: Vec<Arc<Applied>>,
 }
 
 impl Policy {
@@ -308,14 +251,14 @@ impl Policy {
     pub fn new(name: impl Into<Box<str>>) -> Self {
         Self {
             name: name.into(),
-            static_name: Name::EMPTY,
             shadow: false,
             tiers: Vec::new(),
             allow: Vec::new(),
             deny: Vec::new(),
             overrides: Vec::new(),
             rules: HashMap::default(),
-            override_tiers: Vec::new(),
+            applied: Arc::default(),
+            override_applied: Vec::new(),
         }
     }
 
@@ -373,12 +316,6 @@ impl Policy {
         &self.name
     }
 
-    /// The interned name (empty before the policy is part of a built set).
-    #[inline]
-    pub(crate) fn static_name(&self) -> Name {
-        self.static_name
-    }
-
     /// Whether the policy is in shadow mode.
     #[inline]
     pub fn is_shadow(&self) -> bool {
@@ -407,7 +344,6 @@ impl Policy {
     }
 
     /// What applies to `key`: a list, an override, or (`None`) the policy's tiers.
-    #[inline]
     pub(crate) fn rule(&self, key: &[u8]) -> Option<Rule> {
         if self.rules.is_empty() {
             return None;
@@ -415,12 +351,11 @@ impl Policy {
         self.rules.get(key).copied()
     }
 
-    /// The tiers a key under `rule` is checked against.
-    #[inline]
-    pub(crate) fn tiers_for(&self, rule: Option<Rule>) -> &[Tier] {
+    /// The tiers a key under `rule` is checked against (a listed key: the policy's own).
+    pub(crate) fn applied(&self, rule: Option<Rule>) -> &Arc<Applied> {
         match rule {
-            Some(Rule::Override(i)) => self.override_tiers.get(i as usize).map_or(&[], |t| t),
-            _ => &self.tiers,
+            Some(Rule::Override(i)) => self.override_applied.get(i).unwrap_or(&self.applied),
+            _ => &self.applied,
         }
     }
 
@@ -476,7 +411,6 @@ impl Policy {
         let name = self.name.clone();
         let located = |e: ConfigError| e.in_policy(&name);
         check_name(&self.name).map_err(located)?;
-        self.static_name = intern(&self.name);
         if self.tiers.is_empty() {
             return Err(located(ConfigError::new(
                 "tiers",
@@ -492,7 +426,13 @@ impl Policy {
             .cloned()
             .collect();
         self.rules.clear();
-        self.override_tiers.clear();
+        self.override_applied.clear();
+        self.applied = Arc::new(Applied {
+            policy: name.clone(),
+            shadow: self.shadow,
+            is_override: false,
+            tiers: self.tiers.clone().into(),
+        });
         for key in &self.allow {
             insert_rule(&mut self.rules, key, Rule::Allow, "allow").map_err(located)?;
         }
@@ -520,18 +460,19 @@ impl Policy {
             tiers.extend(o.tiers.iter().cloned());
             validate_tiers(&mut tiers, &name).map_err(in_override)?;
             o.tiers = tiers.get(globals.len()..).unwrap_or_default().to_vec();
-            self.override_tiers.push(tiers.into());
-            let index = u32::try_from(i).map_err(|_| {
-                located(ConfigError::new(
-                    "overrides",
-                    format!("more than {} overrides", u32::MAX),
-                ))
-            })?;
-            insert_rule(&mut self.rules, &o.key, Rule::Override(index), "override")
+            let applied = Applied {
+                policy: name.clone(),
+                shadow: self.shadow,
+                is_override: true,
+                tiers: tiers.into(),
+            };
+            self.override_applied.push(Arc::new(applied));
+            insert_rule(&mut self.rules, &o.key, Rule::Override(i), "override")
                 .map_err(located)?;
         }
         Ok(())
     }
+
 }
 
 fn validate_tiers(tiers: &mut [Tier], policy: &str) -> Result<(), ConfigError> {
@@ -630,26 +571,6 @@ impl PolicySet {
         self.policies.get(*self.index.get(name)?)
     }
 
-    /// The index of policy `name`, for [`policy_at`](Self::policy_at). A set of at most
-    /// `SCAN_MAX` policies is scanned (comparing lengths first, then a few words, without a
-    /// call to `memcmp`), which is cheaper than hashing the name; a larger one is looked up in
-    /// the hash index.
-    #[inline]
-    pub(crate) fn position(&self, name: &str) -> Option<usize> {
-        if self.policies.len() <= SCAN_MAX {
-            return self
-                .policies
-                .iter()
-                .position(|p| bytes_eq(p.name.as_bytes(), name.as_bytes()));
-        }
-        self.index.get(name).copied()
-    }
-
-    #[inline]
-    pub(crate) fn policy_at(&self, index: usize) -> Option<&Policy> {
-        self.policies.get(index)
-    }
-
     /// Every policy, in declaration order.
     pub fn policies(&self) -> &[Policy] {
         &self.policies
@@ -731,7 +652,7 @@ mod tests {
         let policy = set.get("api").unwrap();
         let rule = policy.rule(b"t");
         assert_eq!(rule, Some(Rule::Override(0)));
-        let tiers = policy.tiers_for(rule);
+        let tiers = &policy.applied(rule).tiers;
         assert_eq!(tiers.len(), 2);
         assert_eq!(tiers[0].store_policy(), "api/all");
         assert_eq!(tiers[1].store_policy(), "api/user");

@@ -430,26 +430,6 @@ async fn every_policy_is_found_by_name_in_small_and_large_sets() {
     }
 }
 
-#[test]
-fn a_single_tier_check_is_a_small_future() {
-    // Moving the check's future (into a runtime task, a tower response future) copies all of
-    // it: the batch requests of multi-tier checks live in a `Vec`, not inline, so that the
-    // common case stays small. (424 bytes: the continuation of a check that waits, holding
-    // its own request and lookup, is inline; it was 336 before that continuation, 464 while
-    // the future also kept a closure over its arguments, and 1.1 KB with the batch inline.)
-    let (l, _) = limiter(toml(
-        r#"
-        [[policy]]
-        name = "api"
-        tiers = [ { name = "t", limit = 3, per = "1s" } ]
-        "#,
-    ));
-    let future = l.check("api", b"k");
-    let size = std::mem::size_of_val(&future);
-    eprintln!("the check future takes {size} bytes");
-    assert!(size <= 480, "the check future takes {size} bytes");
-}
-
 const NOW_POLICIES: &str = r#"
     [[policy]]
     name = "one"
@@ -528,33 +508,4 @@ async fn the_observer_sees_checks_decided_by_check_now() {
             ("two".to_owned(), Outcome::Allowed, b),
         ]
     );
-}
-
-/// A check future polled again after its verdict stays pending and charges nothing, whether
-/// it was decided in its first poll or had to wait.
-#[test]
-fn a_finished_check_future_stays_pending_and_charges_nothing() {
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
-
-    let (l, _clock) = limiter(toml(NOW_POLICIES));
-    let mut cx = Context::from_waker(Waker::noop());
-    for policy in ["one", "two"] {
-        let mut check = std::pin::pin!(l.check(policy, b"k"));
-        assert!(matches!(check.as_mut().poll(&mut cx), Poll::Ready(Ok(v)) if v.is_allowed()));
-        for _ in 0..3 {
-            assert!(check.as_mut().poll(&mut cx).is_pending());
-        }
-        let left = match l.check_now(policy, b"k", 0) {
-            Some(r) => r.unwrap().decision().remaining(),
-            None => {
-                let mut peek = std::pin::pin!(l.peek(policy, b"k"));
-                match peek.as_mut().poll(&mut cx) {
-                    Poll::Ready(r) => r.unwrap().decision().remaining(),
-                    Poll::Pending => panic!("the memory store never waits"),
-                }
-            }
-        };
-        assert_eq!(left, 1, "{policy}: one unit charged, not four");
-    }
 }
