@@ -81,11 +81,8 @@ fn store_call(store: &MemoryStore, key: &str) -> bool {
 #[inline(never)]
 fn store_all(store: &MemoryStore, key: &str) -> bool {
     let key = Key::new(key).unwrap();
-    let requests = ["api/t", "api/t1", "api/t2"].map(|p| {
-        Request::new(key, limit())
-            .with_policy(p)
-            .unwrap()
-    });
+    let requests =
+        ["api/t", "api/t1", "api/t2"].map(|p| Request::new(key, limit()).with_policy(p).unwrap());
     let decisions = now(store.decide_all(black_box(&requests))).unwrap();
     decisions.iter().all(|d| d.is_allowed())
 }
@@ -171,7 +168,10 @@ fn single_tier(c: &mut Criterion, name: &str, limiter: &Limiter<MemoryStore>, ke
         name,
         cycling(keys, |k| store_call(store, k)),
         vec![
-            ("limiter_now", Box::new(cycling(keys, |k| check_now(limiter, k)))),
+            (
+                "limiter_now",
+                Box::new(cycling(keys, |k| check_now(limiter, k))),
+            ),
             ("limiter", Box::new(cycling(keys, |k| check(limiter, k)))),
         ],
     );
@@ -191,7 +191,7 @@ fn bench(c: &mut Criterion) {
         thread::spawn(move || {
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
-                limiter.replace_shared(sets[n % 2].clone());
+                limiter.replace_shared(sets[n % 2].clone()).unwrap();
                 n += 1;
                 thread::sleep(Duration::from_micros(100));
             }

@@ -3,7 +3,7 @@
 //! overrides, allow and deny lists, shadow mode, and a hot-reloaded TOML file.
 //!
 //! * [`PolicySet`]: the policies by name, validated when built (in code or from TOML, see
-//!   [`PolicySet::from_toml_str`] for the schema); errors are [`ConfigError`]s that name the
+//!   [`PolicySet::from_toml_str`] for the schema); errors are [`PolicyConfigError`]s that name the
 //!   policy, the tier and the field.
 //! * [`Limiter`]: holds a store and the active set behind an `arc_swap::ArcSwap`.
 //!   [`check`](Limiter::check) / [`check_cost`](Limiter::check_cost) / [`peek`](Limiter::peek)
@@ -133,7 +133,7 @@ mod watch;
 #[cfg(all(test, distlimit_loom))]
 mod tests;
 
-pub use error::{CheckError, ConfigError};
+pub use error::{CheckError, Field, PolicyConfigError};
 pub use limiter::{Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
 pub use policy::{
     MAX_NAME_LEN, MAX_TIERS, Override, Policy, PolicySet, PolicySetBuilder, Scope, Tier,

@@ -1,13 +1,14 @@
 //! [`Limiter`]: checks requests against the active [`PolicySet`] on any [`Store`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use distlimit_core::{Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store};
 
+use crate::error::Field;
 use crate::policy::{Applied, GLOBAL_KEY, Rule, Tier};
-use crate::{CheckError, ConfigError, PolicySet, Scope};
+use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 
 /// Checks requests against named policies on a store; the policies change at runtime without
 /// locks.
@@ -24,6 +25,9 @@ use crate::{CheckError, ConfigError, PolicySet, Scope};
 /// requests).
 pub struct Limiter<S: ?Sized = dyn Store> {
     policies: ArcSwap<PolicySet>,
+    /// The policies every published set must define ([`Limiter::declare`]); held while a set
+    /// is checked and published, so that a declaration and a replacement never cross.
+    declared: Mutex<Vec<Box<str>>>,
     observer: Option<Arc<dyn Observer>>,
     store: Arc<S>,
 }
@@ -33,6 +37,7 @@ impl<S: Store + ?Sized> Limiter<S> {
     pub fn new(store: Arc<S>, policies: PolicySet) -> Self {
         Self {
             policies: ArcSwap::from_pointee(policies),
+            declared: Mutex::default(),
             observer: None,
             store,
         }
@@ -189,7 +194,9 @@ impl<S: Store + ?Sized> Limiter<S> {
             return Ok(Verdict::of_listed(applied, listed));
         }
         if let [tier] = &*applied.tiers {
-            let decision = (*self.store).decide(&tier_request(tier, key, cost)?).await?;
+            let decision = (*self.store)
+                .decide(&tier_request(tier, key, cost)?)
+                .await?;
             return Ok(Verdict::new(applied, decision, Vec::new()));
         }
         let requests = applied
@@ -242,16 +249,85 @@ impl<S: Store + ?Sized> Limiter<S> {
         self.policies.load_full()
     }
 
+    /// Declares that `policy` is in use: from now on, a set without it is refused by
+    /// [`replace`](Self::replace) and by the hot reload ([`watch`](crate::watch)), which keep
+    /// the running set, so a reload can never leave a route checking a policy that is gone.
+    ///
+    /// Call it once for every policy name your code checks, when you wire the limiter into a
+    /// route, a layer or a handler (the tower layer declares its policy when it is built).
+    /// Declaring a name twice is the same as once; there is no way to undeclare.
+    ///
+    /// # Errors
+    ///
+    /// The active set does not define `policy` (a [`Field::Policy`] error naming it): the
+    /// policy is not declared, and the code using it should not start.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Field, Limiter, PolicySet};
+    ///
+    /// let api = r#"
+    ///     [[policy]]
+    ///     name = "api"
+    ///     tiers = [ { name = "minute", limit = 60, per = "1m" } ]
+    /// "#;
+    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), PolicySet::from_toml_str(api)?);
+    /// limiter.declare("api")?;
+    /// assert_eq!(limiter.declare("search").unwrap_err().field(), Field::Policy);
+    ///
+    /// // A new version of the file without "api" is refused; "api" keeps working.
+    /// let other = PolicySet::from_toml_str(&api.replace("\"api\"", "\"other\""))?;
+    /// let refused = limiter.replace(other).unwrap_err();
+    /// assert_eq!((refused.field(), refused.policy()), (Field::Policy, Some("api")));
+    /// assert!(limiter.policies().get("api").is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn declare(&self, policy: &str) -> Result<(), PolicyConfigError> {
+        let mut declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.policies.load().get(policy).is_none() {
+            return Err(missing(policy, "not defined in the active set"));
+        }
+        if !declared.iter().any(|d| **d == *policy) {
+            declared.push(policy.into());
+        }
+        Ok(())
+    }
+
+    /// The policies declared with [`declare`](Self::declare), in the order declared.
+    pub fn declared(&self) -> Vec<String> {
+        let declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        declared.iter().map(|d| d.to_string()).collect()
+    }
+
     /// Makes `set` the active policy set, atomically. Checks already running finish with the
     /// set they started with.
-    pub fn replace(&self, set: PolicySet) {
-        self.replace_shared(Arc::new(set));
+    ///
+    /// # Errors
+    ///
+    /// `set` lacks a policy [`declare`](Self::declare)d in use (a [`Field::Policy`] error
+    /// naming the first one missing): nothing changes.
+    pub fn replace(&self, set: PolicySet) -> Result<(), PolicyConfigError> {
+        self.replace_shared(Arc::new(set))
     }
 
     /// [`replace`](Self::replace) with a set already shared (for example one kept to switch
     /// back to, or the same set given to several limiters).
-    pub fn replace_shared(&self, set: Arc<PolicySet>) {
+    ///
+    /// # Errors
+    ///
+    /// As [`replace`](Self::replace).
+    pub fn replace_shared(&self, set: Arc<PolicySet>) -> Result<(), PolicyConfigError> {
+        let declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(name) = declared.iter().find(|d| set.get(d).is_none()) {
+            return Err(missing(
+                name,
+                "declared in use (Limiter::declare) but not defined; the running set is kept",
+            ));
+        }
         self.policies.store(set);
+        Ok(())
     }
 
     /// Sets the limit and window of one tier, keeping its algorithm, name and state (see the
@@ -265,7 +341,7 @@ impl<S: Store + ?Sized> Limiter<S> {
         name: &str,
         limit: u64,
         window: Duration,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), PolicyConfigError> {
         let mut result = Ok(());
         self.policies
             .rcu(|current| match current.with_quota(name, limit, window) {
@@ -309,6 +385,11 @@ fn lookup<'s>(
         Some(Rule::Override(_)) | None => None,
     };
     Ok((found.applied(rule), listed))
+}
+
+/// The error of a declared policy missing from a set.
+fn missing(policy: &str, message: &str) -> PolicyConfigError {
+    PolicyConfigError::new(Field::Policy, message).in_policy(policy)
 }
 
 /// The answer of a key on the deny list: never admitted.
@@ -423,7 +504,10 @@ impl Verdict {
     pub fn tiers(&self) -> TierVerdicts<'_> {
         let (tiers, decisions) = match (self.listed, &*self.applied.tiers) {
             (Some(_), _) => (&[][..], &[][..]),
-            (None, [one]) => (std::slice::from_ref(one), std::slice::from_ref(&self.decision)),
+            (None, [one]) => (
+                std::slice::from_ref(one),
+                std::slice::from_ref(&self.decision),
+            ),
             (None, tiers) => (tiers, &self.decisions[..]),
         };
         TierVerdicts {

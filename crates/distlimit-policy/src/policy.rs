@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Key, Limit, MAX_POLICY_LEN, Quota, QuotaError};
+use distlimit_core::{Algorithm, Key, KeyError, Limit, MAX_POLICY_LEN, Quota, QuotaError};
 
-use crate::ConfigError;
+use crate::PolicyConfigError;
+use crate::error::{Field, shown_key};
 
 /// The most tiers one request is checked against (global tiers plus per-key tiers, or global
 /// tiers plus an override's tiers): all of them go to the store in one all-or-nothing batch.
@@ -118,8 +119,8 @@ impl Tier {
         &self.store_policy
     }
 
-    fn validate(&mut self, policy: &str) -> Result<(), ConfigError> {
-        let located = |e: ConfigError| e.in_tier(&self.name);
+    fn validate(&mut self, policy: &str) -> Result<(), PolicyConfigError> {
+        let located = |e: PolicyConfigError| e.in_tier(&self.name);
         check_name(&self.name).map_err(located)?;
         let window = matches!(
             self.limit.algorithm(),
@@ -127,8 +128,8 @@ impl Tier {
         );
         let quota = self.limit.quota();
         if window && quota.burst() != quota.limit() {
-            return Err(located(ConfigError::new(
-                "burst",
+            return Err(located(PolicyConfigError::new(
+                Field::Burst,
                 format!(
                     "{} has no burst (its capacity is the limit); remove the burst or use \
                      token_bucket or gcra",
@@ -142,32 +143,51 @@ impl Tier {
 }
 
 /// Maps a quota error to the configuration field it is about.
-pub(crate) fn quota_error(e: QuotaError) -> ConfigError {
-    let field = match e {
-        QuotaError::ZeroLimit => return ConfigError::new("limit", "must be at least 1"),
-        QuotaError::ZeroPeriod => return ConfigError::new("per", "must be at least 1µs"),
-        QuotaError::ZeroBurst => return ConfigError::new("burst", "must be at least 1"),
-        QuotaError::TooLarge { what: "limit", .. } => "limit",
-        QuotaError::TooLarge { what: "burst", .. } => "burst",
-        _ => "per",
+pub(crate) fn quota_error(e: QuotaError) -> PolicyConfigError {
+    let (field, message) = match e {
+        QuotaError::ZeroLimit => (Field::Limit, "must be at least 1".to_owned()),
+        QuotaError::ZeroPeriod => (Field::Per, "must be at least 1µs".to_owned()),
+        QuotaError::ZeroBurst => (Field::Burst, "must be at least 1".to_owned()),
+        QuotaError::TooLarge {
+            what: "limit",
+            value,
+            max,
+        } => (
+            Field::Limit,
+            format!("{value} exceeds {max}, the largest limit computed exactly"),
+        ),
+        QuotaError::TooLarge {
+            what: "burst",
+            value,
+            max,
+        } => (
+            Field::Burst,
+            format!(
+                "{value} exceeds {max}, the largest burst this limit and period allow; use a \
+                 smaller burst, or a limit that shares more factors with the period"
+            ),
+        ),
+        QuotaError::TooLarge { value, max, .. } => (
+            Field::Per,
+            format!("{value} µs exceeds {max} µs, the longest period computed exactly"),
+        ),
+        _ => (Field::Limit, "out of range".to_owned()),
     };
-    let message = e.to_string();
-    let message = message.strip_prefix("invalid quota: ").unwrap_or(&message);
-    ConfigError::new(field, message)
+    PolicyConfigError::new(field, message)
 }
 
-fn check_name(name: &str) -> Result<(), ConfigError> {
+fn check_name(name: &str) -> Result<(), PolicyConfigError> {
     if name.is_empty() {
-        return Err(ConfigError::new("name", "must not be empty"));
+        return Err(PolicyConfigError::new(Field::Name, "must not be empty"));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(ConfigError::new(
-            "name",
+        return Err(PolicyConfigError::new(
+            Field::Name,
             format!("{} bytes, at most {MAX_NAME_LEN}", name.len()),
         ));
     }
     if name.contains('/') {
-        return Err(ConfigError::new("name", "must not contain '/'"));
+        return Err(PolicyConfigError::new(Field::Name, "must not contain '/'"));
     }
     Ok(())
 }
@@ -366,20 +386,20 @@ impl Policy {
         tier: Option<&str>,
         limit: u64,
         window: Duration,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), PolicyConfigError> {
         let index = match tier {
             Some(name) => self
                 .tiers
                 .iter()
                 .position(|t| &*t.name == name)
                 .ok_or_else(|| {
-                    ConfigError::new("tiers", format!("no tier named {name:?}"))
+                    PolicyConfigError::new(Field::Tiers, format!("no tier named {name:?}"))
                         .in_policy(&self.name)
                 })?,
             None if self.tiers.len() == 1 => 0,
             None => {
-                return Err(ConfigError::new(
-                    "tiers",
+                return Err(PolicyConfigError::new(
+                    Field::Tiers,
                     format!(
                         "{} tiers: name one as \"{}/<tier>\"",
                         self.tiers.len(),
@@ -407,13 +427,13 @@ impl Policy {
     }
 
     /// Validates the policy and builds its lookup tables.
-    fn compile(&mut self) -> Result<(), ConfigError> {
+    fn compile(&mut self) -> Result<(), PolicyConfigError> {
         let name = self.name.clone();
-        let located = |e: ConfigError| e.in_policy(&name);
+        let located = |e: PolicyConfigError| e.in_policy(&name);
         check_name(&self.name).map_err(located)?;
         if self.tiers.is_empty() {
-            return Err(located(ConfigError::new(
-                "tiers",
+            return Err(located(PolicyConfigError::new(
+                Field::Tiers,
                 "at least one tier is needed",
             )));
         }
@@ -434,23 +454,23 @@ impl Policy {
             tiers: self.tiers.clone().into(),
         });
         for key in &self.allow {
-            insert_rule(&mut self.rules, key, Rule::Allow, "allow").map_err(located)?;
+            insert_rule(&mut self.rules, key, Rule::Allow, Field::Allow).map_err(located)?;
         }
         for key in &self.deny {
-            insert_rule(&mut self.rules, key, Rule::Deny, "deny").map_err(located)?;
+            insert_rule(&mut self.rules, key, Rule::Deny, Field::Deny).map_err(located)?;
         }
         for (i, o) in self.overrides.iter_mut().enumerate() {
-            let in_override = |e: ConfigError| e.in_override(&o.key).in_policy(&name);
+            let in_override = |e: PolicyConfigError| e.in_override(&o.key).in_policy(&name);
             if o.tiers.is_empty() {
-                return Err(in_override(ConfigError::new(
-                    "tiers",
+                return Err(in_override(PolicyConfigError::new(
+                    Field::Tiers,
                     "at least one tier is needed",
                 )));
             }
             if let Some(t) = o.tiers.iter().find(|t| t.scope == Scope::Global) {
                 return Err(in_override(
-                    ConfigError::new(
-                        "scope",
+                    PolicyConfigError::new(
+                        Field::Scope,
                         "an override holds per-key tiers; global tiers belong to the policy",
                     )
                     .in_tier(&t.name),
@@ -467,18 +487,17 @@ impl Policy {
                 tiers: tiers.into(),
             };
             self.override_applied.push(Arc::new(applied));
-            insert_rule(&mut self.rules, &o.key, Rule::Override(i), "override")
+            insert_rule(&mut self.rules, &o.key, Rule::Override(i), Field::Override)
                 .map_err(located)?;
         }
         Ok(())
     }
-
 }
 
-fn validate_tiers(tiers: &mut [Tier], policy: &str) -> Result<(), ConfigError> {
+fn validate_tiers(tiers: &mut [Tier], policy: &str) -> Result<(), PolicyConfigError> {
     if tiers.len() > MAX_TIERS {
-        return Err(ConfigError::new(
-            "tiers",
+        return Err(PolicyConfigError::new(
+            Field::Tiers,
             format!(
                 "{} tiers apply to one request, at most {MAX_TIERS}",
                 tiers.len()
@@ -490,7 +509,9 @@ fn validate_tiers(tiers: &mut [Tier], policy: &str) -> Result<(), ConfigError> {
         let Some(tier) = rest.first_mut() else { break };
         tier.validate(policy)?;
         if before.iter().any(|t| t.name == tier.name) {
-            return Err(ConfigError::new("name", "two tiers have this name").in_tier(&tier.name));
+            return Err(
+                PolicyConfigError::new(Field::Name, "two tiers have this name").in_tier(&tier.name),
+            );
         }
     }
     Ok(())
@@ -500,13 +521,16 @@ fn insert_rule(
     rules: &mut HashMap<Box<[u8]>, Rule, foldhash::fast::RandomState>,
     key: &[u8],
     rule: Rule,
-    field: &'static str,
-) -> Result<(), ConfigError> {
-    let shown = String::from_utf8_lossy(key);
+    field: Field,
+) -> Result<(), PolicyConfigError> {
+    let shown = shown_key(key);
     Key::new(key).map_err(|e| {
-        let e = e.to_string();
-        let why = e.strip_prefix("invalid key: ").unwrap_or(&e);
-        ConfigError::new(field, format!("invalid key {shown:?}: {why}"))
+        let why = match e {
+            KeyError::Empty => "empty".to_owned(),
+            KeyError::TooLong { len, max } => format!("{len} bytes, at most {max}"),
+            _ => "not a valid key".to_owned(),
+        };
+        PolicyConfigError::new(field, format!("invalid key {shown:?}: {why}"))
     })?;
     if let Some(previous) = rules.insert(key.into(), rule) {
         let previous = match previous {
@@ -514,7 +538,7 @@ fn insert_rule(
             Rule::Deny => "deny",
             Rule::Override(_) => "override",
         };
-        return Err(ConfigError::new(
+        return Err(PolicyConfigError::new(
             field,
             format!("key {shown:?} is already listed in {previous}"),
         ));
@@ -551,14 +575,15 @@ impl PolicySet {
     }
 
     /// Validates `policies` and builds the set.
-    pub fn new(policies: impl IntoIterator<Item = Policy>) -> Result<Self, ConfigError> {
+    pub fn new(policies: impl IntoIterator<Item = Policy>) -> Result<Self, PolicyConfigError> {
         let mut policies: Vec<Policy> = policies.into_iter().collect();
         let mut index = HashMap::default();
         for (i, policy) in policies.iter_mut().enumerate() {
             policy.compile()?;
             if index.insert(policy.name.clone(), i).is_some() {
                 return Err(
-                    ConfigError::new("name", "two policies have this name").in_policy(&policy.name)
+                    PolicyConfigError::new(Field::Name, "two policies have this name")
+                        .in_policy(&policy.name),
                 );
             }
         }
@@ -593,7 +618,7 @@ impl PolicySet {
         name: &str,
         limit: u64,
         window: Duration,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, PolicyConfigError> {
         let (policy, tier) = match name.split_once('/') {
             Some((policy, tier)) => (policy, Some(tier)),
             None => (name, None),
@@ -602,7 +627,9 @@ impl PolicySet {
         let target = policies
             .iter_mut()
             .find(|p| &*p.name == policy)
-            .ok_or_else(|| ConfigError::new("name", "no such policy").in_policy(policy))?;
+            .ok_or_else(|| {
+                PolicyConfigError::new(Field::Name, "no such policy").in_policy(policy)
+            })?;
         target.set_quota(tier, limit, window)?;
         Self::new(policies)
     }
@@ -623,7 +650,7 @@ impl PolicySetBuilder {
     }
 
     /// Validates the policies and builds the set.
-    pub fn build(self) -> Result<PolicySet, ConfigError> {
+    pub fn build(self) -> Result<PolicySet, PolicyConfigError> {
         PolicySet::new(self.policies)
     }
 }
@@ -672,11 +699,11 @@ mod tests {
             .unwrap();
         let s = Duration::from_secs(1);
         let e = set.with_quota("api", 5, s).unwrap_err();
-        assert_eq!((e.policy(), e.field()), (Some("api"), "tiers"));
+        assert_eq!((e.policy(), e.field()), (Some("api"), Field::Tiers));
         let e = set.with_quota("api/c", 5, s).unwrap_err();
-        assert_eq!(e.field(), "tiers");
+        assert_eq!(e.field(), Field::Tiers);
         let e = set.with_quota("api/b", 0, s).unwrap_err();
-        assert_eq!((e.tier(), e.field()), (Some("b"), "limit"));
+        assert_eq!((e.tier(), e.field()), (Some("b"), Field::Limit));
         let updated = set.with_quota("api/b", 5, s).unwrap();
         assert_eq!(updated.get("api").unwrap().tiers()[1].quota().limit(), 5);
         assert_eq!(set.get("api").unwrap().tiers()[1].quota().limit(), 2);

@@ -144,7 +144,9 @@ fn a_check_allocates_only_what_the_store_does() {
             let started = Instant::now();
             let mut swaps = 0u64;
             while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(60) {
-                limiter.replace_shared(sets[(swaps % 2) as usize].clone());
+                limiter
+                    .replace_shared(sets[(swaps % 2) as usize].clone())
+                    .unwrap();
                 swaps += 1;
                 swapped.store(swaps, Ordering::Relaxed);
             }

@@ -186,9 +186,16 @@ fn loom_a_check_after_a_publication_sees_it() {
                 let first = cell.decide();
                 let finished = done.load(Ordering::Acquire) == 1;
                 let second = cell.decide();
-                assert!(second.0 >= first.0, "went back from {first:?} to {second:?}");
+                assert!(
+                    second.0 >= first.0,
+                    "went back from {first:?} to {second:?}"
+                );
                 if finished {
-                    assert_eq!(second, (2, 2), "a check after the publication used the old set");
+                    assert_eq!(
+                        second,
+                        (2, 2),
+                        "a check after the publication used the old set"
+                    );
                 }
             })
         };
