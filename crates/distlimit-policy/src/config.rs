@@ -5,8 +5,9 @@
 //! [[policy]]
 //! name = "api"               # unique; letters, digits, anything but '/', at most 63 bytes
 //! shadow = false             # optional: decide and report, never block
-//! allow = ["10.0.0.1"]       # optional: admitted without asking the store
-//! deny = ["203.0.113.9"]     # optional: always denied, retry_after = never
+//! allow = ["10.0.0.0/8", "health-checker"] # optional: admitted without asking the store
+//! deny = ["203.0.113.9", "2001:db8:bad::/48"] # optional: denied, retry_after = never
+//! # list entries: exact keys, or IP addresses and CIDRs matching IP keys they contain
 //! tiers = [
 //!   # algorithm: token_bucket (default), gcra, fixed_window, sliding_log, sliding_window
 //!   # per: a whole number and a unit: us, ms, s, m, h, d

@@ -2,10 +2,12 @@
 //! validated once, when built.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlimit_core::{Algorithm, Key, KeyError, Limit, MAX_POLICY_LEN, Quota, QuotaError};
+use ipnet::{IpNet, Ipv4Net};
 
 use crate::PolicyConfigError;
 use crate::error::{Field, shown_key};
@@ -259,7 +261,7 @@ pub struct Policy {
     deny: Vec<Box<[u8]>>,
     overrides: Vec<Override>,
     /// Built by [`PolicySet`]: allow, deny and override keys.
-    rules: HashMap<Box<[u8]>, Rule, foldhash::fast::RandomState>,
+    rules: Rules,
     /// Built by [`PolicySet`]: the policy's tiers as checks apply them.
     applied: Arc<Applied>,
     /// Built by [`PolicySet`]: per override, the global tiers followed by the override's tiers.
@@ -276,7 +278,7 @@ impl Policy {
             allow: Vec::new(),
             deny: Vec::new(),
             overrides: Vec::new(),
-            rules: HashMap::default(),
+            rules: Rules::default(),
             applied: Arc::default(),
             override_applied: Vec::new(),
         }
@@ -298,14 +300,19 @@ impl Policy {
         self
     }
 
-    /// Admits `key` without asking the store.
+    /// Admits `key` without asking the store. An IP address or a CIDR network
+    /// (`"10.0.0.0/8"`, `"2001:db8::/32"`) admits every key that is an address or network it
+    /// contains (the keys the tower layer builds: `203.0.113.7`, `2001:db8:1:2::/64`);
+    /// IPv4-mapped IPv6 counts as IPv4. An exact key (or override) comes first, then the most
+    /// specific network on either list.
     #[must_use]
     pub fn allow(mut self, key: impl AsRef<[u8]>) -> Self {
         self.allow.push(key.as_ref().into());
         self
     }
 
-    /// Denies `key` without asking the store, with `retry_after` =
+    /// Denies `key` (an exact key, an IP address or a CIDR network, as for
+    /// [`allow`](Self::allow)) without asking the store, with `retry_after` =
     /// [`NEVER`](distlimit_core::NEVER) (in shadow mode: reported as a shadow denial and let
     /// through, like any denial).
     #[must_use]
@@ -365,10 +372,7 @@ impl Policy {
 
     /// What applies to `key`: a list, an override, or (`None`) the policy's tiers.
     pub(crate) fn rule(&self, key: &[u8]) -> Option<Rule> {
-        if self.rules.is_empty() {
-            return None;
-        }
-        self.rules.get(key).copied()
+        self.rules.find(key)
     }
 
     /// The tiers a key under `rule` is checked against (a listed key: the policy's own).
@@ -445,7 +449,7 @@ impl Policy {
             .filter(|t| t.scope == Scope::Global)
             .cloned()
             .collect();
-        self.rules.clear();
+        self.rules = Rules::default();
         self.override_applied.clear();
         self.applied = Arc::new(Applied {
             policy: name.clone(),
@@ -454,10 +458,14 @@ impl Policy {
             tiers: self.tiers.clone().into(),
         });
         for key in &self.allow {
-            insert_rule(&mut self.rules, key, Rule::Allow, Field::Allow).map_err(located)?;
+            self.rules
+                .list(key, Rule::Allow, Field::Allow)
+                .map_err(located)?;
         }
         for key in &self.deny {
-            insert_rule(&mut self.rules, key, Rule::Deny, Field::Deny).map_err(located)?;
+            self.rules
+                .list(key, Rule::Deny, Field::Deny)
+                .map_err(located)?;
         }
         for (i, o) in self.overrides.iter_mut().enumerate() {
             let in_override = |e: PolicyConfigError| e.in_override(&o.key).in_policy(&name);
@@ -487,7 +495,8 @@ impl Policy {
                 tiers: tiers.into(),
             };
             self.override_applied.push(Arc::new(applied));
-            insert_rule(&mut self.rules, &o.key, Rule::Override(i), Field::Override)
+            self.rules
+                .exact(&o.key, Rule::Override(i), Field::Override)
                 .map_err(located)?;
         }
         Ok(())
@@ -517,33 +526,129 @@ fn validate_tiers(tiers: &mut [Tier], policy: &str) -> Result<(), PolicyConfigEr
     Ok(())
 }
 
-fn insert_rule(
-    rules: &mut HashMap<Box<[u8]>, Rule, foldhash::fast::RandomState>,
-    key: &[u8],
-    rule: Rule,
-    field: Field,
-) -> Result<(), PolicyConfigError> {
-    let shown = shown_key(key);
-    Key::new(key).map_err(|e| {
-        let why = match e {
-            KeyError::Empty => "empty".to_owned(),
-            KeyError::TooLong { len, max } => format!("{len} bytes, at most {max}"),
-            _ => "not a valid key".to_owned(),
-        };
-        PolicyConfigError::new(field, format!("invalid key {shown:?}: {why}"))
-    })?;
-    if let Some(previous) = rules.insert(key.into(), rule) {
-        let previous = match previous {
-            Rule::Allow => "allow",
-            Rule::Deny => "deny",
-            Rule::Override(_) => "override",
-        };
-        return Err(PolicyConfigError::new(
-            field,
-            format!("key {shown:?} is already listed in {previous}"),
-        ));
+/// What the lists and overrides of a policy say about keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Rules {
+    /// Exact keys: overrides, and list entries that are not IP addresses or networks.
+    exact: HashMap<Box<[u8]>, Rule, foldhash::fast::RandomState>,
+    /// List entries that are IP addresses or networks (IPv4-mapped IPv6 as IPv4), the longest
+    /// prefix first: the most specific match wins.
+    networks: Vec<(IpNet, Rule)>,
+}
+
+impl Rules {
+    /// The rule for `key`: an exact entry first, then the most specific network holding the
+    /// key, if the key is an IP address or network (`203.0.113.7`, `2001:db8:1:2::/64`).
+    fn find(&self, key: &[u8]) -> Option<Rule> {
+        if let Some(rule) = self.exact.get(key) {
+            return Some(*rule);
+        }
+        if self.networks.is_empty() {
+            return None;
+        }
+        let key = ip_network(key)?;
+        let (_, rule) = self.networks.iter().find(|(net, _)| net.contains(&key))?;
+        Some(*rule)
     }
-    Ok(())
+
+    /// Adds a list entry: a network if it is an IP address or CIDR, else an exact key.
+    fn list(&mut self, entry: &[u8], rule: Rule, field: Field) -> Result<(), PolicyConfigError> {
+        let Some(net) = list_network(entry).map_err(|why| {
+            PolicyConfigError::new(field, format!("invalid CIDR {:?}: {why}", shown_key(entry)))
+        })?
+        else {
+            return self.exact(entry, rule, field);
+        };
+        if let Some((_, previous)) = self.networks.iter().find(|(n, _)| *n == net) {
+            return Err(listed_twice(entry, *previous, field));
+        }
+        let at = self
+            .networks
+            .partition_point(|(n, _)| n.prefix_len() >= net.prefix_len());
+        self.networks.insert(at, (net, rule));
+        Ok(())
+    }
+
+    /// Adds an exact key.
+    fn exact(&mut self, key: &[u8], rule: Rule, field: Field) -> Result<(), PolicyConfigError> {
+        Key::new(key).map_err(|e| {
+            let why = match e {
+                KeyError::Empty => "empty".to_owned(),
+                KeyError::TooLong { len, max } => format!("{len} bytes, at most {max}"),
+                _ => "not a valid key".to_owned(),
+            };
+            PolicyConfigError::new(field, format!("invalid key {:?}: {why}", shown_key(key)))
+        })?;
+        if let Some(previous) = self.exact.insert(key.into(), rule) {
+            return Err(listed_twice(key, previous, field));
+        }
+        Ok(())
+    }
+}
+
+fn listed_twice(key: &[u8], previous: Rule, field: Field) -> PolicyConfigError {
+    let previous = match previous {
+        Rule::Allow => "allow",
+        Rule::Deny => "deny",
+        Rule::Override(_) => "override",
+    };
+    PolicyConfigError::new(
+        field,
+        format!("key {:?} is already listed in {previous}", shown_key(key)),
+    )
+}
+
+/// A list entry as a network: `Ok(None)` for an exact key, an error for an entry written as a
+/// CIDR (an address of hex digits, dots and colons, `/`, digits) that is not a valid one.
+fn list_network(entry: &[u8]) -> Result<Option<IpNet>, &'static str> {
+    let Ok(text) = std::str::from_utf8(entry) else {
+        return Ok(None);
+    };
+    if let Ok(addr) = text.parse::<IpAddr>() {
+        return Ok(Some(normalized(IpNet::from(addr))));
+    }
+    let Some((addr, prefix)) = text.rsplit_once('/') else {
+        return Ok(None);
+    };
+    let looks_like_cidr = addr.contains(['.', ':'])
+        && addr
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b'.' || b == b':')
+        && !prefix.is_empty()
+        && prefix.bytes().all(|b| b.is_ascii_digit());
+    if !looks_like_cidr {
+        return Ok(None);
+    }
+    if addr.parse::<IpAddr>().is_err() {
+        return Err("not an IP address");
+    }
+    let net: IpNet = text
+        .parse()
+        .map_err(|_| "the prefix length is at most 32 for IPv4 and 128 for IPv6")?;
+    Ok(Some(normalized(net.trunc())))
+}
+
+/// A key as a network, if it is an IP address (a network of one) or a CIDR network.
+fn ip_network(key: &[u8]) -> Option<IpNet> {
+    let text = std::str::from_utf8(key).ok()?;
+    let net = match text.parse::<IpAddr>() {
+        Ok(addr) => IpNet::from(addr),
+        Err(_) => text.parse::<IpNet>().ok()?.trunc(),
+    };
+    Some(normalized(net))
+}
+
+/// `net` with an IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as IPv4 (`10.0.0.0/8`), as
+/// the tower layer keys IPv4-mapped clients.
+fn normalized(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net
+        && let Some(v4) = v6.addr().to_ipv4_mapped()
+        && let Some(prefix) = v6.prefix_len().checked_sub(96)
+        && let Ok(v4) = Ipv4Net::new(v4, prefix)
+    {
+        return IpNet::V4(v4);
+    }
+    net
 }
 
 /// The policies a [`Limiter`](crate::Limiter) enforces, by name: an immutable, validated
