@@ -108,12 +108,15 @@ fn cycling<'a>(keys: &'a [String], call: impl Fn(&str) -> bool + 'a) -> impl FnM
     }
 }
 
+/// A named contender's call.
+type Contender<'a> = (&'a str, Box<dyn FnMut() + 'a>);
+
 /// Group `name`: the store and each contender in criterion, then in paired rounds.
 fn group<'a>(
     c: &mut Criterion,
     name: &str,
     mut store: impl FnMut() + 'a,
-    contenders: Vec<(&str, Box<dyn FnMut() + 'a>)>,
+    contenders: Vec<Contender<'a>>,
 ) {
     let mut g = c.benchmark_group(name);
     g.bench_function("store", |b| b.iter(&mut store));
