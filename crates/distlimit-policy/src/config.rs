@@ -5,8 +5,9 @@
 //! [[policy]]
 //! name = "api"               # unique; letters, digits, anything but '/', at most 63 bytes
 //! shadow = false             # optional: decide and report, never block
-//! allow = ["10.0.0.1"]       # optional: admitted without asking the store
-//! deny = ["203.0.113.9"]     # optional: always denied, retry_after = never
+//! allow = ["10.0.0.0/8", "health-checker"] # optional: admitted without asking the store
+//! deny = ["203.0.113.9", "2001:db8:bad::/48"] # optional: denied, retry_after = never
+//! # list entries: exact keys, or IP addresses and CIDRs matching IP keys they contain
 //! tiers = [
 //!   # algorithm: token_bucket (default), gcra, fixed_window, sliding_log, sliding_window
 //!   # per: a whole number and a unit: us, ms, s, m, h, d
@@ -28,8 +29,9 @@ use std::time::Duration;
 use distlimit_core::{Algorithm, Limit, Quota};
 use serde::{Deserialize, Serialize};
 
+use crate::error::Field;
 use crate::policy::quota_error;
-use crate::{ConfigError, Policy, PolicySet, Scope, Tier};
+use crate::{Policy, PolicyConfigError, PolicySet, Scope, Tier};
 
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -94,10 +96,19 @@ impl PolicySet {
     /// Parses and validates a policy set from TOML (the schema is in the crate documentation).
     ///
     /// Errors name the policy, the tier and the field:
-    /// `policy "api", tier "burst": algorithm: unknown algorithm "leaky"...`; a file that is not
-    /// TOML, or has unknown or missing fields, is a `toml` error with its line and column.
-    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let file: File = toml::from_str(text).map_err(|e| malformed(text, &e))?;
+    /// `policy "api", tier "burst": algorithm: unknown algorithm "leaky"...`. A document that is
+    /// not TOML, or has unknown or missing fields, is a [`Field::Toml`](crate::Field::Toml)
+    /// error with its line and column, and the TOML error as its source. A document without
+    /// any policy (an empty or half-written file) is a [`Field::Policy`](crate::Field::Policy)
+    /// error.
+    pub fn from_toml_str(text: &str) -> Result<Self, PolicyConfigError> {
+        let file: File = toml::from_str(text).map_err(|e| malformed(text, e))?;
+        if file.policies.is_empty() {
+            return Err(PolicyConfigError::new(
+                Field::Policy,
+                "no policy defined (an empty or half-written file?)",
+            ));
+        }
         let policies = file
             .policies
             .into_iter()
@@ -107,9 +118,9 @@ impl PolicySet {
     }
 
     /// Reads [`from_toml_str`](Self::from_toml_str) from a file.
-    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, PolicyConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| read_error(path, &e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| read_error(path, e))?;
         Self::from_toml_str(&text)
     }
 
@@ -126,27 +137,29 @@ impl PolicySet {
 }
 
 /// A file that could not be read.
-pub(crate) fn read_error(path: &Path, e: &std::io::Error) -> ConfigError {
-    ConfigError::new("file", format!("{}: {e}", path.display()))
+pub(crate) fn read_error(path: &Path, e: std::io::Error) -> PolicyConfigError {
+    PolicyConfigError::new(Field::File, format!("cannot read {}", path.display())).with_source(e)
 }
 
-fn malformed(text: &str, e: &toml::de::Error) -> ConfigError {
-    let message = e.message().trim().replace('\n', " ");
-    match e.span() {
+/// A document that is not TOML or does not match the schema: where, and the TOML error as
+/// the source.
+fn malformed(text: &str, e: toml::de::Error) -> PolicyConfigError {
+    let message = match e.span() {
         Some(span) => {
             let before = text.get(..span.start).unwrap_or(text);
             let line = before.matches('\n').count() + 1;
             let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-            ConfigError::new("toml", format!("line {line}, column {column}: {message}"))
+            format!("invalid at line {line}, column {column}")
         }
-        None => ConfigError::new("toml", message),
-    }
+        None => "invalid".to_owned(),
+    };
+    PolicyConfigError::new(Field::Toml, message).with_source(e)
 }
 
 impl RawPolicy {
-    fn into_policy(self) -> Result<Policy, ConfigError> {
+    fn into_policy(self) -> Result<Policy, PolicyConfigError> {
         let name = self.name;
-        let in_policy = |e: ConfigError| e.in_policy(&name);
+        let in_policy = |e: PolicyConfigError| e.in_policy(&name);
         let mut policy = Policy::new(name.as_str()).shadow(self.shadow);
         for tier in self.tiers {
             policy = policy.tier(tier.into_tier().map_err(in_policy)?);
@@ -193,20 +206,20 @@ fn lossy(key: &[u8]) -> String {
 }
 
 impl RawTier {
-    fn into_tier(self) -> Result<Tier, ConfigError> {
-        let in_tier = |e: ConfigError| e.in_tier(&self.name);
+    fn into_tier(self) -> Result<Tier, PolicyConfigError> {
+        let in_tier = |e: PolicyConfigError| e.in_tier(&self.name);
         let algorithm: Algorithm =
             self.algorithm
                 .parse()
                 .map_err(|e: distlimit_core::UnknownAlgorithm| {
-                    in_tier(ConfigError::new("algorithm", e.to_string()))
+                    in_tier(PolicyConfigError::new(Field::Algorithm, e.to_string()))
                 })?;
         let scope = match self.scope.as_str() {
             "key" => Scope::Key,
             "global" => Scope::Global,
             other => {
-                return Err(in_tier(ConfigError::new(
-                    "scope",
+                return Err(in_tier(PolicyConfigError::new(
+                    Field::Scope,
                     format!("unknown scope {other:?}: expected key or global"),
                 )));
             }
@@ -242,10 +255,10 @@ const UNITS: [(&str, u64); 6] = [
 ];
 
 /// Parses `"<whole number><unit>"` with unit `us` (or `µs`), `ms`, `s`, `m`, `h` or `d`.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, PolicyConfigError> {
     let bad = || {
-        ConfigError::new(
-            "per",
+        PolicyConfigError::new(
+            Field::Per,
             format!(
                 "{text:?} is not a duration: expected a whole number and a unit \
                  (us, ms, s, m, h, d), such as \"1s\" or \"15m\""
@@ -303,7 +316,7 @@ mod tests {
             "99999999999999999999d",
         ] {
             let e = parse_duration(bad).unwrap_err();
-            assert_eq!(e.field(), "per", "{bad:?}");
+            assert_eq!(e.field(), Field::Per, "{bad:?}");
         }
     }
 
@@ -311,7 +324,7 @@ mod tests {
     fn malformed_files_say_where() {
         let e = PolicySet::from_toml_str("[[policy]]\nname = \"api\"\ntiers = [\n  { name = ")
             .unwrap_err();
-        assert_eq!(e.field(), "toml");
-        assert!(e.message().starts_with("line 4, column"), "{e}");
+        assert_eq!(e.field(), Field::Toml);
+        assert!(std::error::Error::source(&e).is_some_and(|s| s.is::<toml::de::Error>()));
     }
 }

@@ -1,38 +1,33 @@
 //! [`Limiter`]: checks requests against the active [`PolicySet`] on any [`Store`].
 
-use std::future::Future;
-use std::marker::PhantomData;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use distlimit_core::{
-    Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store, bytes_eq,
-};
+use arc_swap::ArcSwap;
+use distlimit_core::{Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store};
 
-use crate::intern::Name;
-use crate::policy::{GLOBAL_KEY, Policy, Rule, Tier, TierInfo};
-use crate::snapshot::{Published, UseSet, with_current};
-use crate::{CheckError, ConfigError, PolicySet, Scope};
+use crate::error::Field;
+use crate::policy::{Applied, GLOBAL_KEY, Rule, Tier};
+use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 
 /// Checks requests against named policies on a store; the policies change at runtime without
 /// locks.
 ///
-/// The active [`PolicySet`] is published through an [`ArcSwap`](arc_swap::ArcSwap):
-/// [`replace`](Self::replace) and [`update_policy`](Self::update_policy) publish a new one
-/// atomically, and a check decides with one set from start to end, the old one or the new one,
-/// never a mix. Each thread keeps the set it last used while no new one is published, so a check
-/// costs one atomic load and no write for it (see the crate documentation, "Consistency").
+/// The active [`PolicySet`] is published through an [`ArcSwap`]: [`replace`](Self::replace) and
+/// [`update_policy`](Self::update_policy) publish a new one atomically, and a check decides
+/// with the one set it loaded, the old one or the new one, never a mix.
 ///
 /// Every tier of a policy is one [`Request`] under the store policy `"<policy>/<tier>"`; all
 /// tiers of a check go to [`Store::decide_all`] together (all-or-nothing), a single tier to
 /// [`Store::decide_now`] (a store that never waits answers there, without a future) or else
 /// [`Store::decide`]. A single-tier check allocates nothing beyond what the store itself
-/// allocates (on the memory store: nothing); a multi-tier check adds two `Vec`s (its batch of
-/// requests and the verdict's tiers).
+/// allocates (on the memory store: nothing); a multi-tier check adds one `Vec` (its batch of
+/// requests).
 pub struct Limiter<S: ?Sized = dyn Store> {
-    policies: Arc<Published>,
+    policies: ArcSwap<PolicySet>,
+    /// The policies every published set must define ([`Limiter::declare`]); held while a set
+    /// is checked and published, so that a declaration and a replacement never cross.
+    declared: Mutex<Vec<Box<str>>>,
     observer: Option<Arc<dyn Observer>>,
     store: Arc<S>,
 }
@@ -41,7 +36,8 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// A limiter enforcing `policies` on `store`.
     pub fn new(store: Arc<S>, policies: PolicySet) -> Self {
         Self {
-            policies: Published::new(policies),
+            policies: ArcSwap::from_pointee(policies),
+            declared: Mutex::default(),
             observer: None,
             store,
         }
@@ -62,63 +58,55 @@ impl<S: Store + ?Sized> Limiter<S> {
         &self.store
     }
 
-    /// Charges one unit to `key` under `policy`.
-    #[inline]
+    /// Charges one unit to `key` under `policy` ([`check_cost`](Self::check_cost) with 1).
     pub fn check<'a>(
         &'a self,
         policy: &'a str,
         key: &'a [u8],
-    ) -> impl Future<Output = Result<Verdict, CheckError>> + Send + 'a {
+    ) -> impl Future<Output = Result<Verdict, CheckError>> + 'a {
         self.check_cost(policy, key, 1)
     }
 
-    /// Reports whether one unit would pass for `key` under `policy` now, charging nothing.
-    #[inline]
+    /// Reports whether one unit would pass for `key` under `policy` now, charging nothing
+    /// ([`check_cost`](Self::check_cost) with 0).
     pub fn peek<'a>(
         &'a self,
         policy: &'a str,
         key: &'a [u8],
-    ) -> impl Future<Output = Result<Verdict, CheckError>> + Send + 'a {
+    ) -> impl Future<Output = Result<Verdict, CheckError>> + 'a {
         self.check_cost(policy, key, 0)
     }
 
     /// Charges `cost` units to `key` under every tier of `policy`, all-or-nothing.
     ///
-    /// ([`check`](Self::check) and [`peek`](Self::peek) return this very future.) The first
-    /// poll tries [`check_now`](Self::check_now), with the thread's cached policy set: a
-    /// single-tier check on a store that answers [`Store::decide_now`] (the memory store, a
-    /// hybrid store on its fallback) is decided there. A check that must await the store (a
-    /// multi-tier batch, a Redis round trip) then loads the current set and holds it until the
-    /// store answers.
-    ///
-    /// The future is fused: polled again after it returned its verdict, it stays pending and
-    /// charges nothing.
-    #[inline]
-    pub fn check_cost<'a>(
-        &'a self,
-        policy: &'a str,
-        key: &'a [u8],
+    /// Decided without waiting when [`check_now`](Self::check_now) can; otherwise (a multi-tier
+    /// batch, a Redis round trip) the check holds the set it loaded until the store answers.
+    pub async fn check_cost(
+        &self,
+        policy: &str,
+        key: &[u8],
         cost: u64,
-    ) -> impl Future<Output = Result<Verdict, CheckError>> + Send + 'a {
-        Check {
-            limiter: self,
-            policy,
-            key,
-            cost,
-            later: Some(Self::check_later),
-            waiting: None,
+    ) -> Result<Verdict, CheckError> {
+        if let Some(result) = self.check_now(policy, key, cost) {
+            return result;
         }
+        let started = self.observer.as_ref().map(|_| Instant::now());
+        let set = self.policies.load_full();
+        let result = self.decide(&set, policy, key, cost).await;
+        if let Some(started) = started {
+            self.observe(policy, &result, started);
+        }
+        result
     }
 
     /// Decides a check without waiting, if the store can: charges `cost` units to `key` under
     /// every tier of `policy` and returns the verdict, or returns `None`, having charged nothing,
     /// when the store would have to be awaited (then use [`check_cost`](Self::check_cost)).
     ///
-    /// On the memory store, and on a hybrid store while it answers from its fallback, a
-    /// single-tier policy is always decided here; a multi-tier policy, and a store that talks
-    /// to a server, return `None`. A listed key, an unknown policy and an invalid key are
-    /// answered on any store. The observer sees the check like one made with
-    /// [`check_cost`](Self::check_cost).
+    /// On the memory store a single-tier policy is always decided here; a multi-tier policy,
+    /// and a store that talks to a server, return `None`. A listed key, an unknown policy and
+    /// an invalid key are answered on any store. The observer sees the check like one made
+    /// with [`check_cost`](Self::check_cost).
     ///
     /// For synchronous code, and for callers that want to skip creating a future when the
     /// answer is at hand (the tower layer does).
@@ -149,75 +137,76 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// assert_eq!(served, 2);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
     pub fn check_now(
         &self,
         policy: &str,
         key: &[u8],
         cost: u64,
     ) -> Option<Result<Verdict, CheckError>> {
-        self.poll_now(policy, key, cost)
-    }
-
-    /// [`check_now`](Self::check_now), and the first poll of the check's future, answering
-    /// in the type each returns (`A`: `Option` or `Poll`).
-    ///
-    /// Written so that the verdict (about 100 bytes) is built where the caller receives it:
-    /// nothing unwraps and wraps it again, and the observer's path is a function of its own (a
-    /// result that can also come from a call returns through memory). A move through memory of
-    /// a value just written field by field stalls the CPU (see [`Flags`]): each such move cost
-    /// a check 4 to 15 ns.
-    #[inline(always)]
-    fn poll_now<A: Answer>(&self, policy: &str, key: &[u8], cost: u64) -> A {
-        if self.observer.is_some() {
-            return self.poll_now_observed(policy, key, cost);
+        let started = self.observer.as_ref().map(|_| Instant::now());
+        let result = self.decide_now(policy, key, cost)?;
+        if let Some(started) = started {
+            self.observe(policy, &result, started);
         }
-        self.decide_cached(policy, key, cost)
+        Some(result)
     }
 
-    /// [`poll_now`](Self::poll_now) reporting to the observer.
-    #[inline(never)]
-    fn poll_now_observed<A: Answer>(&self, policy: &str, key: &[u8], cost: u64) -> A {
-        let started = Instant::now();
-        match self.decide_cached::<Option<_>>(policy, key, cost) {
-            Some(result) => {
-                self.observe(policy, &result, started);
-                A::ready(result)
-            }
-            None => A::pending(),
-        }
-    }
-
-    /// [`decide_now`](Self::decide_now) with the thread's current set.
-    #[inline(always)]
-    fn decide_cached<A: Answer>(&self, policy: &str, key: &[u8], cost: u64) -> A {
-        with_current(
-            &self.policies,
-            CheckNow {
-                limiter: self,
-                policy,
-                key,
-                cost,
-                answer: PhantomData,
-            },
-        )
-    }
-
-    /// A check that must await the store, from the start: with the current set (the thread's
-    /// cached one, shared), held until the store answers.
-    async fn check_later(
+    /// [`check_now`](Self::check_now) without the observer.
+    fn decide_now(
         &self,
         policy: &str,
         key: &[u8],
         cost: u64,
-    ) -> Result<Verdict, CheckError> {
-        let started = self.observer.as_ref().map(|_| Instant::now());
-        let set = with_current(&self.policies, |set: &Arc<PolicySet>| Arc::clone(set));
-        let result = self.decide_later(&set, policy, key, cost).await;
-        if let Some(started) = started {
-            self.observe(policy, &result, started);
+    ) -> Option<Result<Verdict, CheckError>> {
+        let set = self.policies.load();
+        let (applied, listed) = match lookup(&set, policy, key) {
+            Ok(found) => found,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(listed) = listed {
+            return Some(Ok(Verdict::of_listed(applied, listed)));
         }
-        result
+        let [tier] = &*applied.tiers else {
+            return None;
+        };
+        let request = match tier_request(tier, key, cost) {
+            Ok(request) => request,
+            Err(e) => return Some(Err(e)),
+        };
+        // `*self.store`: the store itself (`Arc<S>` implements `Store` too, forwarding
+        // with a future box of its own).
+        Some(match (*self.store).decide_now(&request)? {
+            Ok(decision) => Ok(Verdict::new(applied, decision, Vec::new())),
+            Err(e) => Err(e.into()),
+        })
+    }
+
+    /// The decision of a check that must await the store, with `set`.
+    async fn decide(
+        &self,
+        set: &PolicySet,
+        policy: &str,
+        key: &[u8],
+        cost: u64,
+    ) -> Result<Verdict, CheckError> {
+        let (applied, listed) = lookup(set, policy, key)?;
+        if let Some(listed) = listed {
+            return Ok(Verdict::of_listed(applied, listed));
+        }
+        if let [tier] = &*applied.tiers {
+            let decision = (*self.store)
+                .decide(&tier_request(tier, key, cost)?)
+                .await?;
+            return Ok(Verdict::new(applied, decision, Vec::new()));
+        }
+        let requests = applied
+            .tiers
+            .iter()
+            .map(|tier| tier_request(tier, key, cost))
+            .collect::<Result<Vec<_>, _>>()?;
+        let all = (*self.store).decide_all(&requests).await?;
+        let decision = Decision::most_restrictive(&all).unwrap_or_else(deny_listed);
+        Ok(Verdict::new(applied, decision, all))
     }
 
     /// Reports a finished check to the observer: its decision, or the store's failure (see
@@ -238,90 +227,9 @@ impl<S: Store + ?Sized> Limiter<S> {
         }
     }
 
-    /// The check, as far as it goes without waiting: a listed key, or a single tier the store
-    /// answers through [`Store::decide_now`].
-    #[inline(always)]
-    fn decide_now<A: Answer>(
-        &self,
-        set: &PolicySet,
-        hint: &mut usize,
-        policy: &str,
-        key: &[u8],
-        cost: u64,
-    ) -> A {
-        let found = match lookup(set, hint, policy, key) {
-            Ok(found) => found,
-            Err(e) => return A::ready(Err(e)),
-        };
-        let decided = match (found.rule, found.tiers) {
-            (Some(Rule::Allow), _) => Decided::Listed(allow_listed()),
-            (Some(Rule::Deny), _) => Decided::Listed(deny_listed()),
-            (_, [tier]) => {
-                let request = match tier_request(tier, found.key, cost) {
-                    Ok(request) => request,
-                    Err(e) => return A::ready(Err(e)),
-                };
-                // `*self.store`: the store itself (`Arc<S>` implements `Store` too, forwarding
-                // with a future box of its own).
-                match (*self.store).decide_now(&request) {
-                    Some(Ok(decision)) => Decided::One(TierDecision {
-                        tier: tier.info(),
-                        decision: rebuilt(&decision),
-                    }),
-                    Some(Err(e)) => return A::ready(Err(e.into())),
-                    None => return A::pending(),
-                }
-            }
-            _ => return A::pending(),
-        };
-        A::ready(Ok(found.verdict(decided)))
-    }
-
-    /// The decision of a check that must await the store, with `set`.
-    async fn decide_later(
-        &self,
-        set: &PolicySet,
-        policy: &str,
-        key: &[u8],
-        cost: u64,
-    ) -> Result<Verdict, CheckError> {
-        let found = lookup(set, &mut 0, policy, key)?;
-        let decided = match (found.rule, found.tiers) {
-            (Some(Rule::Allow), _) => Decided::Listed(allow_listed()),
-            (Some(Rule::Deny), _) => Decided::Listed(deny_listed()),
-            (_, [tier]) => {
-                let request = tier_request(tier, found.key, cost)?;
-                let decision = (*self.store).decide(&request).await?;
-                Decided::One(TierDecision {
-                    tier: tier.info(),
-                    decision,
-                })
-            }
-            (_, tiers) => {
-                let requests = tiers
-                    .iter()
-                    .map(|tier| tier_request(tier, found.key, cost))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let all = (*self.store).decide_all(&requests).await?;
-                let decision = Decision::most_restrictive(&all).unwrap_or_else(deny_listed);
-                let tiers = tiers
-                    .iter()
-                    .zip(all)
-                    .map(|(tier, decision)| TierDecision {
-                        tier: tier.info(),
-                        decision,
-                    })
-                    .collect();
-                Decided::Many(decision, tiers)
-            }
-        };
-        Ok(found.verdict(decided))
-    }
-
     /// Reports a store failure that ends a check to the observer, as
     /// [`Observer::on_store_error`] with the store named [`Limiter::STORE_LABEL`]. Unknown
     /// policies and invalid keys are the caller's errors, not the store's: not reported.
-    #[cold]
     fn report_error(&self, policy: &str, e: &CheckError) {
         if let (Some(observer), CheckError::Store(error)) = (&self.observer, e)
             && !error.is_invalid_input()
@@ -341,16 +249,85 @@ impl<S: Store + ?Sized> Limiter<S> {
         self.policies.load_full()
     }
 
+    /// Declares that `policy` is in use: from now on, a set without it is refused by
+    /// [`replace`](Self::replace) and by the hot reload ([`watch`](crate::watch)), which keep
+    /// the running set, so a reload can never leave a route checking a policy that is gone.
+    ///
+    /// Call it once for every policy name your code checks, when you wire the limiter into a
+    /// route, a layer or a handler (the tower layer declares its policy when it is built).
+    /// Declaring a name twice is the same as once; there is no way to undeclare.
+    ///
+    /// # Errors
+    ///
+    /// The active set does not define `policy` (a [`Field::Policy`] error naming it): the
+    /// policy is not declared, and the code using it should not start.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Field, Limiter, PolicySet};
+    ///
+    /// let api = r#"
+    ///     [[policy]]
+    ///     name = "api"
+    ///     tiers = [ { name = "minute", limit = 60, per = "1m" } ]
+    /// "#;
+    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), PolicySet::from_toml_str(api)?);
+    /// limiter.declare("api")?;
+    /// assert_eq!(limiter.declare("search").unwrap_err().field(), Field::Policy);
+    ///
+    /// // A new version of the file without "api" is refused; "api" keeps working.
+    /// let other = PolicySet::from_toml_str(&api.replace("\"api\"", "\"other\""))?;
+    /// let refused = limiter.replace(other).unwrap_err();
+    /// assert_eq!((refused.field(), refused.policy()), (Field::Policy, Some("api")));
+    /// assert!(limiter.policies().get("api").is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn declare(&self, policy: &str) -> Result<(), PolicyConfigError> {
+        let mut declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.policies.load().get(policy).is_none() {
+            return Err(missing(policy, "not defined in the active set"));
+        }
+        if !declared.iter().any(|d| **d == *policy) {
+            declared.push(policy.into());
+        }
+        Ok(())
+    }
+
+    /// The policies declared with [`declare`](Self::declare), in the order declared.
+    pub fn declared(&self) -> Vec<String> {
+        let declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        declared.iter().map(|d| d.to_string()).collect()
+    }
+
     /// Makes `set` the active policy set, atomically. Checks already running finish with the
     /// set they started with.
-    pub fn replace(&self, set: PolicySet) {
-        self.replace_shared(Arc::new(set));
+    ///
+    /// # Errors
+    ///
+    /// `set` lacks a policy [`declare`](Self::declare)d in use (a [`Field::Policy`] error
+    /// naming the first one missing): nothing changes.
+    pub fn replace(&self, set: PolicySet) -> Result<(), PolicyConfigError> {
+        self.replace_shared(Arc::new(set))
     }
 
     /// [`replace`](Self::replace) with a set already shared (for example one kept to switch
     /// back to, or the same set given to several limiters).
-    pub fn replace_shared(&self, set: Arc<PolicySet>) {
+    ///
+    /// # Errors
+    ///
+    /// As [`replace`](Self::replace).
+    pub fn replace_shared(&self, set: Arc<PolicySet>) -> Result<(), PolicyConfigError> {
+        let declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(name) = declared.iter().find(|d| set.get(d).is_none()) {
+            return Err(missing(
+                name,
+                "declared in use (Limiter::declare) but not defined; the running set is kept",
+            ));
+        }
         self.policies.store(set);
+        Ok(())
     }
 
     /// Sets the limit and window of one tier, keeping its algorithm, name and state (see the
@@ -364,7 +341,7 @@ impl<S: Store + ?Sized> Limiter<S> {
         name: &str,
         limit: u64,
         window: Duration,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), PolicyConfigError> {
         let mut result = Ok(());
         self.policies
             .rcu(|current| match current.with_quota(name, limit, window) {
@@ -381,213 +358,52 @@ impl<S: Store + ?Sized> Limiter<S> {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// The future of [`Limiter::check_cost`]: [`Limiter::poll_now`] in the first poll, and
-    /// when the store must be awaited, the future `later` makes.
-    struct Check<'a, S: ?Sized, L, F> {
-        limiter: &'a Limiter<S>,
-        policy: &'a str,
-        key: &'a [u8],
-        cost: u64,
-        // Makes the future of a check that must wait (`Limiter::check_later`); taken by the
-        // first poll.
-        later: Option<L>,
-        #[pin]
-        waiting: Option<F>,
-    }
-}
-
-impl<'a, S, L, F> Future for Check<'a, S, L, F>
-where
-    S: Store + ?Sized,
-    L: FnOnce(&'a Limiter<S>, &'a str, &'a [u8], u64) -> F,
-    F: Future<Output = Result<Verdict, CheckError>>,
-{
-    type Output = Result<Verdict, CheckError>;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        if let Some(later) = this.later.take() {
-            match this.limiter.poll_now(this.policy, this.key, *this.cost) {
-                Poll::Pending => {
-                    let waiting = later(this.limiter, this.policy, this.key, *this.cost);
-                    this.waiting.set(Some(waiting));
-                }
-                ready => return ready,
-            }
-        }
-        let Some(waiting) = this.waiting.as_mut().as_pin_mut() else {
-            return Poll::Pending;
-        };
-        let result = std::task::ready!(waiting.poll(cx));
-        this.waiting.set(None);
-        Poll::Ready(result)
-    }
-}
-
-/// The answer of a check that may have to wait: `Option` for [`Limiter::check_now`], `Poll`
-/// for the check's future, each built in place (see [`Limiter::poll_now`]).
-trait Answer {
-    /// Decided.
-    fn ready(result: Result<Verdict, CheckError>) -> Self;
-    /// The store must be awaited.
-    fn pending() -> Self;
-}
-
-impl Answer for Option<Result<Verdict, CheckError>> {
-    #[inline(always)]
-    fn ready(result: Result<Verdict, CheckError>) -> Self {
-        Some(result)
-    }
-
-    #[inline(always)]
-    fn pending() -> Self {
-        None
-    }
-}
-
-impl Answer for Poll<Result<Verdict, CheckError>> {
-    #[inline(always)]
-    fn ready(result: Result<Verdict, CheckError>) -> Self {
-        Poll::Ready(result)
-    }
-
-    #[inline(always)]
-    fn pending() -> Self {
-        Poll::Pending
-    }
-}
-
-/// The synchronous part of a check, run with the thread's cached set.
-struct CheckNow<'a, S: ?Sized, A> {
-    limiter: &'a Limiter<S>,
-    policy: &'a str,
-    key: &'a [u8],
-    cost: u64,
-    answer: PhantomData<fn() -> A>,
-}
-
-impl<S: Store + ?Sized, A: Answer> UseSet for CheckNow<'_, S, A> {
-    type Output = A;
-
-    #[inline(always)]
-    fn call(&mut self, set: &Arc<PolicySet>, hint: &mut usize) -> Self::Output {
-        self.limiter
-            .decide_now(set, hint, self.policy, self.key, self.cost)
-    }
-}
-
-/// What a check found in its policy set for a key.
-struct Found<'s, 'k> {
-    policy: &'s Policy,
-    key: Key<'k>,
-    rule: Option<Rule>,
-    tiers: &'s [Tier],
-}
-
-impl Found<'_, '_> {
-    /// The verdict of `decided` under this policy.
-    #[inline(always)]
-    fn verdict(&self, decided: Decided) -> Verdict {
-        let shadow = self.policy.is_shadow();
-        let outcome = match (decided.decision().is_allowed(), shadow) {
-            (true, _) => Outcome::Allowed,
-            (false, false) => Outcome::Denied,
-            (false, true) => Outcome::ShadowDenied,
-        };
-        Verdict {
-            decided,
-            policy: self.policy.static_name(),
-            flags: Flags::new(
-                outcome,
-                shadow,
-                matches!(self.rule, Some(Rule::Override(_))),
-            ),
-        }
-    }
-}
-
-/// Looks up `policy` in `set`, validates `key` and finds what applies to it.
-#[inline(always)]
-fn lookup<'s, 'k>(
-    set: &'s PolicySet,
-    hint: &mut usize,
-    policy: &str,
-    key: &'k [u8],
-) -> Result<Found<'s, 'k>, CheckError> {
-    let found = match set.policy_at(*hint) {
-        Some(p) if bytes_eq(p.name().as_bytes(), policy.as_bytes()) => p,
-        _ => {
-            let Some((i, p)) = set
-                .position(policy)
-                .and_then(|i| Some((i, set.policy_at(i)?)))
-            else {
-                return Err(CheckError::UnknownPolicy(policy.to_owned()));
-            };
-            *hint = i;
-            p
-        }
-    };
-    let key = Key::new(key).map_err(distlimit_core::Error::from)?;
-    let rule = found.rule(key.as_bytes());
-    Ok(Found {
-        policy: found,
-        key,
-        rule,
-        tiers: found.tiers_for(rule),
-    })
-}
-
 impl<S: ?Sized> std::fmt::Debug for Limiter<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Limiter")
-            .field("policies", &self.policies.load_full().len())
+            .field("policies", &self.policies.load().len())
             .field("observer", &self.observer.is_some())
             .finish_non_exhaustive()
     }
 }
 
-/// `decision`, rebuilt from its fields.
-///
-/// The store has just written its decision, field by field; copied as it is, the compiler
-/// moves two adjacent fields with one 16-byte load, which the CPU cannot forward from those two
-/// pending 8-byte stores: the load waits until the store's writes (the key's entry among them,
-/// often a cache miss) reach the cache. Rebuilt (the caps of [`Decision::from_micros`], the
-/// source), each field is read on its own and forwarded at once. Measured in the limiter bench
-/// (paired rounds): about 5 ns less per check through the future (`check`), within noise
-/// through `check_now`.
-#[inline(always)]
-fn rebuilt(decision: &Decision) -> Decision {
-    Decision::from_micros(
-        decision.is_allowed(),
-        decision.limit(),
-        decision.remaining(),
-        decision.reset_after_us(),
-        decision.retry_after_us(),
-    )
-    .with_source(decision.source())
+/// Finds `policy` in `set`, validates `key`, and returns the tiers that apply to it, or the
+/// list it is on.
+fn lookup<'s>(
+    set: &'s PolicySet,
+    policy: &str,
+    key: &[u8],
+) -> Result<(&'s Arc<Applied>, Option<Listed>), CheckError> {
+    let Some(found) = set.get(policy) else {
+        return Err(CheckError::UnknownPolicy(policy.to_owned()));
+    };
+    Key::new(key).map_err(distlimit_core::Error::from)?;
+    let rule = found.rule(key);
+    let listed = match rule {
+        Some(Rule::Allow) => Some(Listed::Allow),
+        Some(Rule::Deny) => Some(Listed::Deny),
+        Some(Rule::Override(_)) | None => None,
+    };
+    Ok((found.applied(rule), listed))
 }
 
-/// The answer of a key on the allow list: nothing counted, nothing limited.
-#[inline]
-fn allow_listed() -> Decision {
-    Decision::allowed(u64::MAX, u64::MAX, Duration::ZERO)
+/// The error of a declared policy missing from a set.
+fn missing(policy: &str, message: &str) -> PolicyConfigError {
+    PolicyConfigError::new(Field::Policy, message).in_policy(policy)
 }
 
 /// The answer of a key on the deny list: never admitted.
-#[inline]
 fn deny_listed() -> Decision {
     Decision::denied(0, 0, Duration::ZERO, NEVER)
 }
 
-/// The store request of `tier` for `key`.
-#[inline]
-fn tier_request<'a>(tier: &'a Tier, key: Key<'a>, cost: u64) -> Result<Request<'a>, CheckError> {
+/// The store request of `tier` for `key` (validated by [`lookup`]).
+fn tier_request<'a>(tier: &'a Tier, key: &'a [u8], cost: u64) -> Result<Request<'a>, CheckError> {
     let key = match tier.scope() {
         Scope::Key => key,
-        Scope::Global => Key::new(GLOBAL_KEY).map_err(distlimit_core::Error::from)?,
+        Scope::Global => GLOBAL_KEY,
     };
+    let key = Key::new(key).map_err(distlimit_core::Error::from)?;
     Ok(Request::new(key, *tier.limit())
         .with_cost(cost)
         .with_policy(tier.store_policy())
@@ -605,153 +421,99 @@ pub enum Listed {
 
 /// The answer to one check: the outcome, the combined decision, and one decision per tier.
 ///
-/// It is plain data: it copies what it reports of the policy (the tiers' names, quotas and
-/// algorithms as the check used them), so it holds no reference to the policy set and can be
-/// kept, cloned and sent anywhere.
+/// It owns what it reports: the tiers' names, quotas and algorithms as the check used them are
+/// shared with the policy set it was decided with (one reference count), so a verdict can be
+/// kept, cloned and sent anywhere, and outlives its limiter.
 #[derive(Clone)]
 pub struct Verdict {
-    decided: Decided,
-    policy: Name,
-    flags: Flags,
-}
-
-/// A verdict's outcome, shadow mode and override flag in one word.
-///
-/// One word rather than three bytes, so that the verdict has no tail of loose bytes: the
-/// verdict is moved a few times on its way out of a check (into the check's result, the
-/// future's output, the caller's variable), and a tail of bytes written one by one but moved as
-/// one 16-byte block stalls each move (store-to-load forwarding fails); that cost the check
-/// about 10 ns.
-#[derive(Clone, Copy)]
-struct Flags(u64);
-
-impl Flags {
-    const DENIED: u64 = 1;
-    const SHADOW_DENIED: u64 = 2;
-    const SHADOW: u64 = 4;
-    const OVERRIDE: u64 = 8;
-
-    #[inline(always)]
-    fn new(outcome: Outcome, shadow: bool, is_override: bool) -> Self {
-        let outcome = match outcome {
-            Outcome::Denied => Self::DENIED,
-            Outcome::ShadowDenied => Self::SHADOW_DENIED,
-            _ => 0,
-        };
-        Self(
-            outcome
-                | if shadow { Self::SHADOW } else { 0 }
-                | if is_override { Self::OVERRIDE } else { 0 },
-        )
-    }
-
-    #[inline(always)]
-    fn outcome(self) -> Outcome {
-        if self.0 & Self::DENIED != 0 {
-            Outcome::Denied
-        } else if self.0 & Self::SHADOW_DENIED != 0 {
-            Outcome::ShadowDenied
-        } else {
-            Outcome::Allowed
-        }
-    }
-
-    #[inline(always)]
-    fn shadow(self) -> bool {
-        self.0 & Self::SHADOW != 0
-    }
-
-    #[inline(always)]
-    fn is_override(self) -> bool {
-        self.0 & Self::OVERRIDE != 0
-    }
-}
-
-/// What the store answered, per tier.
-#[derive(Clone)]
-enum Decided {
-    /// A listed key: no tier was asked. Allowed for the allow list, denied for the deny list
-    /// (no separate byte for which: every variant's payload is whole words, see [`Flags`]).
-    Listed(Decision),
-    /// A policy of one tier.
-    One(TierDecision),
-    /// The most restrictive decision, and one per tier as the store answered them.
-    Many(Decision, Vec<TierDecision>),
-}
-
-impl Decided {
-    #[inline]
-    fn decision(&self) -> &Decision {
-        match self {
-            Decided::Listed(d) | Decided::Many(d, _) => d,
-            Decided::One(one) => &one.decision,
-        }
-    }
-}
-
-/// One tier's decision, with the tier as the check used it.
-#[derive(Clone, Debug)]
-struct TierDecision {
-    tier: TierInfo,
+    applied: Arc<Applied>,
+    outcome: Outcome,
+    listed: Option<Listed>,
     decision: Decision,
+    /// One decision per tier when there are several; empty for one tier (its decision is
+    /// `decision`) and for a listed key.
+    decisions: Vec<Decision>,
 }
 
 impl Verdict {
+    /// The verdict of `applied`'s tiers: `decision` combined, `decisions` per tier when there
+    /// are several.
+    fn new(applied: &Arc<Applied>, decision: Decision, decisions: Vec<Decision>) -> Self {
+        let outcome = match (decision.is_allowed(), applied.shadow) {
+            (true, _) => Outcome::Allowed,
+            (false, false) => Outcome::Denied,
+            (false, true) => Outcome::ShadowDenied,
+        };
+        Self {
+            applied: Arc::clone(applied),
+            outcome,
+            listed: None,
+            decision,
+            decisions,
+        }
+    }
+
+    /// The verdict of a listed key: no tier asked.
+    fn of_listed(applied: &Arc<Applied>, listed: Listed) -> Self {
+        let decision = match listed {
+            Listed::Allow => Decision::allowed(u64::MAX, u64::MAX, Duration::ZERO),
+            Listed::Deny => deny_listed(),
+        };
+        Self {
+            listed: Some(listed),
+            ..Self::new(applied, decision, Vec::new())
+        }
+    }
+
     /// Allowed, denied, or denied in shadow mode (let through and reported).
-    #[inline]
     pub fn outcome(&self) -> Outcome {
-        self.flags.outcome()
+        self.outcome
     }
 
     /// Whether the request may proceed: `false` only for [`Outcome::Denied`]; a shadow denial
     /// passes.
-    #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.outcome() != Outcome::Denied
+        self.outcome != Outcome::Denied
     }
 
     /// The most restrictive decision over the tiers (see [`Decision::most_restrictive`]); its
     /// [`source`](Decision::source) says which store answered. A listed key's decision is
     /// synthetic: allowed with `limit` = `remaining` = `u64::MAX`, or denied with
     /// `retry_after` = [`NEVER`](distlimit_core::NEVER).
-    #[inline]
     pub fn decision(&self) -> &Decision {
-        self.decided.decision()
+        &self.decision
     }
 
     /// The policy's name.
-    #[inline]
     pub fn policy(&self) -> &str {
-        self.policy.as_str()
+        &self.applied.policy
     }
 
     /// Whether the key was on the allow or deny list (then [`tiers`](Self::tiers) is empty).
-    #[inline]
     pub fn listed(&self) -> Option<Listed> {
-        match &self.decided {
-            Decided::Listed(d) if d.is_allowed() => Some(Listed::Allow),
-            Decided::Listed(_) => Some(Listed::Deny),
-            _ => None,
-        }
+        self.listed
     }
 
     /// Whether the key was held to a per-key override instead of the policy's tiers.
-    #[inline]
     pub fn is_override(&self) -> bool {
-        self.flags.is_override()
+        self.applied.is_override
     }
 
     /// One verdict per tier the key was checked against, in order (global tiers first for an
     /// override). Empty for a listed key.
     pub fn tiers(&self) -> TierVerdicts<'_> {
-        let tiers = match &self.decided {
-            Decided::Listed(..) => &[][..],
-            Decided::One(one) => std::slice::from_ref(one),
-            Decided::Many(_, all) => all,
+        let (tiers, decisions) = match (self.listed, &*self.applied.tiers) {
+            (Some(_), _) => (&[][..], &[][..]),
+            (None, [one]) => (
+                std::slice::from_ref(one),
+                std::slice::from_ref(&self.decision),
+            ),
+            (None, tiers) => (tiers, &self.decisions[..]),
         };
         TierVerdicts {
             tiers,
-            shadow: self.flags.shadow(),
+            decisions,
+            shadow: self.applied.shadow,
         }
     }
 }
@@ -771,27 +533,27 @@ impl std::fmt::Debug for Verdict {
 /// and `iter` like a slice.
 #[derive(Clone, Debug)]
 pub struct TierVerdicts<'a> {
-    tiers: &'a [TierDecision],
+    tiers: &'a [Tier],
+    decisions: &'a [Decision],
     shadow: bool,
 }
 
 impl<'a> TierVerdicts<'a> {
     /// The number of tiers left.
-    #[inline]
     pub fn len(&self) -> usize {
-        self.tiers.len()
+        self.tiers.len().min(self.decisions.len())
     }
 
     /// Whether no tier is left.
-    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.tiers.is_empty()
+        self.len() == 0
     }
 
     /// The `index`-th tier left.
     pub fn get(&self, index: usize) -> Option<TierVerdict<'a>> {
         Some(TierVerdict {
             tier: self.tiers.get(index)?,
+            decision: self.decisions.get(index)?,
             shadow: self.shadow,
         })
     }
@@ -813,6 +575,7 @@ impl<'a> Iterator for TierVerdicts<'a> {
     fn next(&mut self) -> Option<Self::Item> {
         let item = self.first()?;
         self.tiers = self.tiers.get(1..).unwrap_or_default();
+        self.decisions = self.decisions.get(1..).unwrap_or_default();
         Some(item)
     }
 
@@ -828,55 +591,48 @@ impl ExactSizeIterator for TierVerdicts<'_> {}
 /// `RateLimit-Policy` and `RateLimit` headers).
 #[derive(Clone, Copy, Debug)]
 pub struct TierVerdict<'a> {
-    tier: &'a TierDecision,
+    tier: &'a Tier,
+    decision: &'a Decision,
     shadow: bool,
 }
 
 impl<'a> TierVerdict<'a> {
     /// The tier's name.
-    #[inline]
     pub fn name(&self) -> &'a str {
-        self.tier.tier.name.as_str()
+        self.tier.name()
     }
 
     /// The tier's limit: units admitted per [`period`](Self::period) (see [`Quota::limit`](distlimit_core::Quota::limit)).
-    #[inline]
     pub fn limit(&self) -> u64 {
-        self.tier.tier.limit
+        self.tier.quota().limit()
     }
 
     /// The tier's period (see [`Quota::period`](distlimit_core::Quota::period)).
-    #[inline]
     pub fn period(&self) -> Duration {
-        Duration::from_micros(self.tier.tier.period_us)
+        Duration::from_micros(self.tier.quota().period_us())
     }
 
     /// The tier's burst: its capacity (see [`Quota::burst`](distlimit_core::Quota::burst)).
-    #[inline]
     pub fn burst(&self) -> u64 {
-        self.tier.tier.burst
+        self.tier.quota().burst()
     }
 
     /// The tier's algorithm.
-    #[inline]
     pub fn algorithm(&self) -> Algorithm {
-        self.tier.tier.algorithm()
+        self.tier.algorithm()
     }
 
     /// Per key or global.
-    #[inline]
     pub fn scope(&self) -> Scope {
-        self.tier.tier.scope()
+        self.tier.scope()
     }
 
     /// What this tier alone answered. All tiers were charged if and only if every one allowed.
-    #[inline]
     pub fn decision(&self) -> &'a Decision {
-        &self.tier.decision
+        self.decision
     }
 
     /// Whether the policy is in shadow mode (a denial here did not block the request).
-    #[inline]
     pub fn is_shadow(&self) -> bool {
         self.shadow
     }

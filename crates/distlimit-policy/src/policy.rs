@@ -2,12 +2,15 @@
 //! validated once, when built.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Key, Limit, MAX_POLICY_LEN, Quota, QuotaError, bytes_eq};
+use distlimit_core::{Algorithm, Key, KeyError, Limit, MAX_POLICY_LEN, Quota, QuotaError};
+use ipnet::{IpNet, Ipv4Net};
 
-use crate::ConfigError;
-use crate::intern::{Name, intern};
+use crate::PolicyConfigError;
+use crate::error::{Field, shown_key};
 
 /// The most tiers one request is checked against (global tiers plus per-key tiers, or global
 /// tiers plus an override's tiers): all of them go to the store in one all-or-nothing batch.
@@ -19,9 +22,6 @@ pub const MAX_TIERS: usize = 8;
 pub const MAX_NAME_LEN: usize = 63;
 
 const _: () = assert!(2 * MAX_NAME_LEN < MAX_POLICY_LEN);
-
-/// Up to this many policies, [`PolicySet::position`] scans the names instead of hashing.
-const SCAN_MAX: usize = 8;
 
 /// Which key a tier counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -59,10 +59,6 @@ pub struct Tier {
     scope: Scope,
     /// `"<policy>/<tier>"` once validated, empty before.
     store_policy: Box<str>,
-    /// The interned name, once validated.
-    static_name: Name,
-    /// The algorithm's index in [`Algorithm::ALL`], once validated.
-    algorithm_index: u64,
 }
 
 impl Tier {
@@ -73,8 +69,6 @@ impl Tier {
             limit,
             scope: Scope::Key,
             store_policy: Box::default(),
-            static_name: Name::EMPTY,
-            algorithm_index: 0,
         }
     }
 
@@ -127,25 +121,8 @@ impl Tier {
         &self.store_policy
     }
 
-    /// What a verdict reports of this tier: copied, with the name interned.
-    #[inline]
-    pub(crate) fn info(&self) -> TierInfo {
-        let quota = self.limit.quota();
-        let global = match self.scope {
-            Scope::Key => 0,
-            Scope::Global => TierInfo::GLOBAL,
-        };
-        TierInfo {
-            kind: self.algorithm_index | global,
-            name: self.static_name,
-            limit: quota.limit(),
-            period_us: quota.period_us(),
-            burst: quota.burst(),
-        }
-    }
-
-    fn validate(&mut self, policy: &str) -> Result<(), ConfigError> {
-        let located = |e: ConfigError| e.in_tier(&self.name);
+    fn validate(&mut self, policy: &str) -> Result<(), PolicyConfigError> {
+        let located = |e: PolicyConfigError| e.in_tier(&self.name);
         check_name(&self.name).map_err(located)?;
         let window = matches!(
             self.limit.algorithm(),
@@ -153,8 +130,8 @@ impl Tier {
         );
         let quota = self.limit.quota();
         if window && quota.burst() != quota.limit() {
-            return Err(located(ConfigError::new(
-                "burst",
+            return Err(located(PolicyConfigError::new(
+                Field::Burst,
                 format!(
                     "{} has no burst (its capacity is the limit); remove the burst or use \
                      token_bucket or gcra",
@@ -163,78 +140,56 @@ impl Tier {
             )));
         }
         self.store_policy = format!("{policy}/{}", self.name).into();
-        self.static_name = intern(&self.name);
-        let algorithm = self.limit.algorithm();
-        self.algorithm_index = Algorithm::ALL
-            .iter()
-            .position(|a| *a == algorithm)
-            .unwrap_or_default() as u64;
         Ok(())
     }
 }
 
-/// A tier as a [`Verdict`](crate::Verdict) reports it: a copy of what it reports (40 bytes,
-/// with the name interned), so that the verdict holds no reference to the policy set.
-///
-/// Only whole words, with the algorithm and the scope packed into one, like
-/// [`Decision`](distlimit_core::Decision)'s flags: moves of a verdict then read back what
-/// whole-word stores wrote (see there).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TierInfo {
-    /// Bits 0 to 7: the algorithm's index in [`Algorithm::ALL`]; bit 8: global scope.
-    kind: u64,
-    pub(crate) name: Name,
-    pub(crate) limit: u64,
-    pub(crate) period_us: u64,
-    pub(crate) burst: u64,
-}
-
-impl TierInfo {
-    const GLOBAL: u64 = 1 << 8;
-
-    pub(crate) fn algorithm(&self) -> Algorithm {
-        Algorithm::ALL
-            .get((self.kind & 0xff) as usize)
-            .copied()
-            .unwrap_or_default()
-    }
-
-    pub(crate) fn scope(&self) -> Scope {
-        if self.kind & Self::GLOBAL != 0 {
-            Scope::Global
-        } else {
-            Scope::Key
-        }
-    }
-}
-
 /// Maps a quota error to the configuration field it is about.
-pub(crate) fn quota_error(e: QuotaError) -> ConfigError {
-    let field = match e {
-        QuotaError::ZeroLimit => return ConfigError::new("limit", "must be at least 1"),
-        QuotaError::ZeroPeriod => return ConfigError::new("per", "must be at least 1µs"),
-        QuotaError::ZeroBurst => return ConfigError::new("burst", "must be at least 1"),
-        QuotaError::TooLarge { what: "limit", .. } => "limit",
-        QuotaError::TooLarge { what: "burst", .. } => "burst",
-        _ => "per",
+pub(crate) fn quota_error(e: QuotaError) -> PolicyConfigError {
+    let (field, message) = match e {
+        QuotaError::ZeroLimit => (Field::Limit, "must be at least 1".to_owned()),
+        QuotaError::ZeroPeriod => (Field::Per, "must be at least 1µs".to_owned()),
+        QuotaError::ZeroBurst => (Field::Burst, "must be at least 1".to_owned()),
+        QuotaError::TooLarge {
+            what: "limit",
+            value,
+            max,
+        } => (
+            Field::Limit,
+            format!("{value} exceeds {max}, the largest limit computed exactly"),
+        ),
+        QuotaError::TooLarge {
+            what: "burst",
+            value,
+            max,
+        } => (
+            Field::Burst,
+            format!(
+                "{value} exceeds {max}, the largest burst this limit and period allow; use a \
+                 smaller burst, or a limit that shares more factors with the period"
+            ),
+        ),
+        QuotaError::TooLarge { value, max, .. } => (
+            Field::Per,
+            format!("{value} µs exceeds {max} µs, the longest period computed exactly"),
+        ),
+        _ => (Field::Limit, "out of range".to_owned()),
     };
-    let message = e.to_string();
-    let message = message.strip_prefix("invalid quota: ").unwrap_or(&message);
-    ConfigError::new(field, message)
+    PolicyConfigError::new(field, message)
 }
 
-fn check_name(name: &str) -> Result<(), ConfigError> {
+fn check_name(name: &str) -> Result<(), PolicyConfigError> {
     if name.is_empty() {
-        return Err(ConfigError::new("name", "must not be empty"));
+        return Err(PolicyConfigError::new(Field::Name, "must not be empty"));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(ConfigError::new(
-            "name",
+        return Err(PolicyConfigError::new(
+            Field::Name,
             format!("{} bytes, at most {MAX_NAME_LEN}", name.len()),
         ));
     }
     if name.contains('/') {
-        return Err(ConfigError::new("name", "must not contain '/'"));
+        return Err(PolicyConfigError::new(Field::Name, "must not contain '/'"));
     }
     Ok(())
 }
@@ -264,9 +219,19 @@ impl Override {
 pub(crate) enum Rule {
     Allow,
     Deny,
-    /// Index into [`Policy::overrides`] and into the compiled tier lists (a `u32`, so that an
-    /// `Option<Rule>` is one word in every verdict).
-    Override(u32),
+    /// Index into [`Policy::overrides`].
+    Override(usize),
+}
+
+/// The tiers a check applies to a key, with what its verdict reports of the policy: a policy's
+/// own tiers, or an override's (the policy's global tiers first). Built with the set and shared
+/// by every [`Verdict`](crate::Verdict) decided with it, so a verdict holds no copy of them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Applied {
+    pub(crate) policy: Box<str>,
+    pub(crate) shadow: bool,
+    pub(crate) is_override: bool,
+    pub(crate) tiers: Box<[Tier]>,
 }
 
 /// A named set of tiers a request is checked against all-or-nothing, with allow and deny lists,
@@ -290,17 +255,17 @@ pub(crate) enum Rule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     name: Box<str>,
-    /// The interned name, once the policy is part of a built set; empty before.
-    static_name: Name,
     shadow: bool,
     tiers: Vec<Tier>,
     allow: Vec<Box<[u8]>>,
     deny: Vec<Box<[u8]>>,
     overrides: Vec<Override>,
     /// Built by [`PolicySet`]: allow, deny and override keys.
-    rules: HashMap<Box<[u8]>, Rule, foldhash::fast::RandomState>,
+    rules: Rules,
+    /// Built by [`PolicySet`]: the policy's tiers as checks apply them.
+    applied: Arc<Applied>,
     /// Built by [`PolicySet`]: per override, the global tiers followed by the override's tiers.
-    override_tiers: Vec<Box<[Tier]>>,
+    override_applied: Vec<Arc<Applied>>,
 }
 
 impl Policy {
@@ -308,14 +273,14 @@ impl Policy {
     pub fn new(name: impl Into<Box<str>>) -> Self {
         Self {
             name: name.into(),
-            static_name: Name::EMPTY,
             shadow: false,
             tiers: Vec::new(),
             allow: Vec::new(),
             deny: Vec::new(),
             overrides: Vec::new(),
-            rules: HashMap::default(),
-            override_tiers: Vec::new(),
+            rules: Rules::default(),
+            applied: Arc::default(),
+            override_applied: Vec::new(),
         }
     }
 
@@ -335,14 +300,19 @@ impl Policy {
         self
     }
 
-    /// Admits `key` without asking the store.
+    /// Admits `key` without asking the store. An IP address or a CIDR network
+    /// (`"10.0.0.0/8"`, `"2001:db8::/32"`) admits every key that is an address or network it
+    /// contains (the keys the tower layer builds: `203.0.113.7`, `2001:db8:1:2::/64`);
+    /// IPv4-mapped IPv6 counts as IPv4. An exact key (or override) comes first, then the most
+    /// specific network on either list.
     #[must_use]
     pub fn allow(mut self, key: impl AsRef<[u8]>) -> Self {
         self.allow.push(key.as_ref().into());
         self
     }
 
-    /// Denies `key` without asking the store, with `retry_after` =
+    /// Denies `key` (an exact key, an IP address or a CIDR network, as for
+    /// [`allow`](Self::allow)) without asking the store, with `retry_after` =
     /// [`NEVER`](distlimit_core::NEVER) (in shadow mode: reported as a shadow denial and let
     /// through, like any denial).
     #[must_use]
@@ -373,12 +343,6 @@ impl Policy {
         &self.name
     }
 
-    /// The interned name (empty before the policy is part of a built set).
-    #[inline]
-    pub(crate) fn static_name(&self) -> Name {
-        self.static_name
-    }
-
     /// Whether the policy is in shadow mode.
     #[inline]
     pub fn is_shadow(&self) -> bool {
@@ -407,20 +371,15 @@ impl Policy {
     }
 
     /// What applies to `key`: a list, an override, or (`None`) the policy's tiers.
-    #[inline]
     pub(crate) fn rule(&self, key: &[u8]) -> Option<Rule> {
-        if self.rules.is_empty() {
-            return None;
-        }
-        self.rules.get(key).copied()
+        self.rules.find(key)
     }
 
-    /// The tiers a key under `rule` is checked against.
-    #[inline]
-    pub(crate) fn tiers_for(&self, rule: Option<Rule>) -> &[Tier] {
+    /// The tiers a key under `rule` is checked against (a listed key: the policy's own).
+    pub(crate) fn applied(&self, rule: Option<Rule>) -> &Arc<Applied> {
         match rule {
-            Some(Rule::Override(i)) => self.override_tiers.get(i as usize).map_or(&[], |t| t),
-            _ => &self.tiers,
+            Some(Rule::Override(i)) => self.override_applied.get(i).unwrap_or(&self.applied),
+            _ => &self.applied,
         }
     }
 
@@ -431,20 +390,20 @@ impl Policy {
         tier: Option<&str>,
         limit: u64,
         window: Duration,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), PolicyConfigError> {
         let index = match tier {
             Some(name) => self
                 .tiers
                 .iter()
                 .position(|t| &*t.name == name)
                 .ok_or_else(|| {
-                    ConfigError::new("tiers", format!("no tier named {name:?}"))
+                    PolicyConfigError::new(Field::Tiers, format!("no tier named {name:?}"))
                         .in_policy(&self.name)
                 })?,
             None if self.tiers.len() == 1 => 0,
             None => {
-                return Err(ConfigError::new(
-                    "tiers",
+                return Err(PolicyConfigError::new(
+                    Field::Tiers,
                     format!(
                         "{} tiers: name one as \"{}/<tier>\"",
                         self.tiers.len(),
@@ -472,14 +431,13 @@ impl Policy {
     }
 
     /// Validates the policy and builds its lookup tables.
-    fn compile(&mut self) -> Result<(), ConfigError> {
+    fn compile(&mut self) -> Result<(), PolicyConfigError> {
         let name = self.name.clone();
-        let located = |e: ConfigError| e.in_policy(&name);
+        let located = |e: PolicyConfigError| e.in_policy(&name);
         check_name(&self.name).map_err(located)?;
-        self.static_name = intern(&self.name);
         if self.tiers.is_empty() {
-            return Err(located(ConfigError::new(
-                "tiers",
+            return Err(located(PolicyConfigError::new(
+                Field::Tiers,
                 "at least one tier is needed",
             )));
         }
@@ -491,26 +449,36 @@ impl Policy {
             .filter(|t| t.scope == Scope::Global)
             .cloned()
             .collect();
-        self.rules.clear();
-        self.override_tiers.clear();
+        self.rules = Rules::default();
+        self.override_applied.clear();
+        self.applied = Arc::new(Applied {
+            policy: name.clone(),
+            shadow: self.shadow,
+            is_override: false,
+            tiers: self.tiers.clone().into(),
+        });
         for key in &self.allow {
-            insert_rule(&mut self.rules, key, Rule::Allow, "allow").map_err(located)?;
+            self.rules
+                .list(key, Rule::Allow, Field::Allow)
+                .map_err(located)?;
         }
         for key in &self.deny {
-            insert_rule(&mut self.rules, key, Rule::Deny, "deny").map_err(located)?;
+            self.rules
+                .list(key, Rule::Deny, Field::Deny)
+                .map_err(located)?;
         }
         for (i, o) in self.overrides.iter_mut().enumerate() {
-            let in_override = |e: ConfigError| e.in_override(&o.key).in_policy(&name);
+            let in_override = |e: PolicyConfigError| e.in_override(&o.key).in_policy(&name);
             if o.tiers.is_empty() {
-                return Err(in_override(ConfigError::new(
-                    "tiers",
+                return Err(in_override(PolicyConfigError::new(
+                    Field::Tiers,
                     "at least one tier is needed",
                 )));
             }
             if let Some(t) = o.tiers.iter().find(|t| t.scope == Scope::Global) {
                 return Err(in_override(
-                    ConfigError::new(
-                        "scope",
+                    PolicyConfigError::new(
+                        Field::Scope,
                         "an override holds per-key tiers; global tiers belong to the policy",
                     )
                     .in_tier(&t.name),
@@ -520,24 +488,25 @@ impl Policy {
             tiers.extend(o.tiers.iter().cloned());
             validate_tiers(&mut tiers, &name).map_err(in_override)?;
             o.tiers = tiers.get(globals.len()..).unwrap_or_default().to_vec();
-            self.override_tiers.push(tiers.into());
-            let index = u32::try_from(i).map_err(|_| {
-                located(ConfigError::new(
-                    "overrides",
-                    format!("more than {} overrides", u32::MAX),
-                ))
-            })?;
-            insert_rule(&mut self.rules, &o.key, Rule::Override(index), "override")
+            let applied = Applied {
+                policy: name.clone(),
+                shadow: self.shadow,
+                is_override: true,
+                tiers: tiers.into(),
+            };
+            self.override_applied.push(Arc::new(applied));
+            self.rules
+                .exact(&o.key, Rule::Override(i), Field::Override)
                 .map_err(located)?;
         }
         Ok(())
     }
 }
 
-fn validate_tiers(tiers: &mut [Tier], policy: &str) -> Result<(), ConfigError> {
+fn validate_tiers(tiers: &mut [Tier], policy: &str) -> Result<(), PolicyConfigError> {
     if tiers.len() > MAX_TIERS {
-        return Err(ConfigError::new(
-            "tiers",
+        return Err(PolicyConfigError::new(
+            Field::Tiers,
             format!(
                 "{} tiers apply to one request, at most {MAX_TIERS}",
                 tiers.len()
@@ -549,36 +518,137 @@ fn validate_tiers(tiers: &mut [Tier], policy: &str) -> Result<(), ConfigError> {
         let Some(tier) = rest.first_mut() else { break };
         tier.validate(policy)?;
         if before.iter().any(|t| t.name == tier.name) {
-            return Err(ConfigError::new("name", "two tiers have this name").in_tier(&tier.name));
+            return Err(
+                PolicyConfigError::new(Field::Name, "two tiers have this name").in_tier(&tier.name),
+            );
         }
     }
     Ok(())
 }
 
-fn insert_rule(
-    rules: &mut HashMap<Box<[u8]>, Rule, foldhash::fast::RandomState>,
-    key: &[u8],
-    rule: Rule,
-    field: &'static str,
-) -> Result<(), ConfigError> {
-    let shown = String::from_utf8_lossy(key);
-    Key::new(key).map_err(|e| {
-        let e = e.to_string();
-        let why = e.strip_prefix("invalid key: ").unwrap_or(&e);
-        ConfigError::new(field, format!("invalid key {shown:?}: {why}"))
-    })?;
-    if let Some(previous) = rules.insert(key.into(), rule) {
-        let previous = match previous {
-            Rule::Allow => "allow",
-            Rule::Deny => "deny",
-            Rule::Override(_) => "override",
-        };
-        return Err(ConfigError::new(
-            field,
-            format!("key {shown:?} is already listed in {previous}"),
-        ));
+/// What the lists and overrides of a policy say about keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Rules {
+    /// Exact keys: overrides, and list entries that are not IP addresses or networks.
+    exact: HashMap<Box<[u8]>, Rule, foldhash::fast::RandomState>,
+    /// List entries that are IP addresses or networks (IPv4-mapped IPv6 as IPv4), the longest
+    /// prefix first: the most specific match wins.
+    networks: Vec<(IpNet, Rule)>,
+}
+
+impl Rules {
+    /// The rule for `key`: an exact entry first, then the most specific network holding the
+    /// key, if the key is an IP address or network (`203.0.113.7`, `2001:db8:1:2::/64`).
+    fn find(&self, key: &[u8]) -> Option<Rule> {
+        if let Some(rule) = self.exact.get(key) {
+            return Some(*rule);
+        }
+        if self.networks.is_empty() {
+            return None;
+        }
+        let key = ip_network(key)?;
+        let (_, rule) = self.networks.iter().find(|(net, _)| net.contains(&key))?;
+        Some(*rule)
     }
-    Ok(())
+
+    /// Adds a list entry: a network if it is an IP address or CIDR, else an exact key.
+    fn list(&mut self, entry: &[u8], rule: Rule, field: Field) -> Result<(), PolicyConfigError> {
+        let Some(net) = list_network(entry).map_err(|why| {
+            PolicyConfigError::new(field, format!("invalid CIDR {:?}: {why}", shown_key(entry)))
+        })?
+        else {
+            return self.exact(entry, rule, field);
+        };
+        if let Some((_, previous)) = self.networks.iter().find(|(n, _)| *n == net) {
+            return Err(listed_twice(entry, *previous, field));
+        }
+        let at = self
+            .networks
+            .partition_point(|(n, _)| n.prefix_len() >= net.prefix_len());
+        self.networks.insert(at, (net, rule));
+        Ok(())
+    }
+
+    /// Adds an exact key.
+    fn exact(&mut self, key: &[u8], rule: Rule, field: Field) -> Result<(), PolicyConfigError> {
+        Key::new(key).map_err(|e| {
+            let why = match e {
+                KeyError::Empty => "empty".to_owned(),
+                KeyError::TooLong { len, max } => format!("{len} bytes, at most {max}"),
+                _ => "not a valid key".to_owned(),
+            };
+            PolicyConfigError::new(field, format!("invalid key {:?}: {why}", shown_key(key)))
+        })?;
+        if let Some(previous) = self.exact.insert(key.into(), rule) {
+            return Err(listed_twice(key, previous, field));
+        }
+        Ok(())
+    }
+}
+
+fn listed_twice(key: &[u8], previous: Rule, field: Field) -> PolicyConfigError {
+    let previous = match previous {
+        Rule::Allow => "allow",
+        Rule::Deny => "deny",
+        Rule::Override(_) => "override",
+    };
+    PolicyConfigError::new(
+        field,
+        format!("key {:?} is already listed in {previous}", shown_key(key)),
+    )
+}
+
+/// A list entry as a network: `Ok(None)` for an exact key, an error for an entry written as a
+/// CIDR (an address of hex digits, dots and colons, `/`, digits) that is not a valid one.
+fn list_network(entry: &[u8]) -> Result<Option<IpNet>, &'static str> {
+    let Ok(text) = std::str::from_utf8(entry) else {
+        return Ok(None);
+    };
+    if let Ok(addr) = text.parse::<IpAddr>() {
+        return Ok(Some(normalized(IpNet::from(addr))));
+    }
+    let Some((addr, prefix)) = text.rsplit_once('/') else {
+        return Ok(None);
+    };
+    let looks_like_cidr = addr.contains(['.', ':'])
+        && addr
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b'.' || b == b':')
+        && !prefix.is_empty()
+        && prefix.bytes().all(|b| b.is_ascii_digit());
+    if !looks_like_cidr {
+        return Ok(None);
+    }
+    if addr.parse::<IpAddr>().is_err() {
+        return Err("not an IP address");
+    }
+    let net: IpNet = text
+        .parse()
+        .map_err(|_| "the prefix length is at most 32 for IPv4 and 128 for IPv6")?;
+    Ok(Some(normalized(net.trunc())))
+}
+
+/// A key as a network, if it is an IP address (a network of one) or a CIDR network.
+fn ip_network(key: &[u8]) -> Option<IpNet> {
+    let text = std::str::from_utf8(key).ok()?;
+    let net = match text.parse::<IpAddr>() {
+        Ok(addr) => IpNet::from(addr),
+        Err(_) => text.parse::<IpNet>().ok()?.trunc(),
+    };
+    Some(normalized(net))
+}
+
+/// `net` with an IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as IPv4 (`10.0.0.0/8`), as
+/// the tower layer keys IPv4-mapped clients.
+fn normalized(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net
+        && let Some(v4) = v6.addr().to_ipv4_mapped()
+        && let Some(prefix) = v6.prefix_len().checked_sub(96)
+        && let Ok(v4) = Ipv4Net::new(v4, prefix)
+    {
+        return IpNet::V4(v4);
+    }
+    net
 }
 
 /// The policies a [`Limiter`](crate::Limiter) enforces, by name: an immutable, validated
@@ -610,14 +680,15 @@ impl PolicySet {
     }
 
     /// Validates `policies` and builds the set.
-    pub fn new(policies: impl IntoIterator<Item = Policy>) -> Result<Self, ConfigError> {
+    pub fn new(policies: impl IntoIterator<Item = Policy>) -> Result<Self, PolicyConfigError> {
         let mut policies: Vec<Policy> = policies.into_iter().collect();
         let mut index = HashMap::default();
         for (i, policy) in policies.iter_mut().enumerate() {
             policy.compile()?;
             if index.insert(policy.name.clone(), i).is_some() {
                 return Err(
-                    ConfigError::new("name", "two policies have this name").in_policy(&policy.name)
+                    PolicyConfigError::new(Field::Name, "two policies have this name")
+                        .in_policy(&policy.name),
                 );
             }
         }
@@ -628,26 +699,6 @@ impl PolicySet {
     #[inline]
     pub fn get(&self, name: &str) -> Option<&Policy> {
         self.policies.get(*self.index.get(name)?)
-    }
-
-    /// The index of policy `name`, for [`policy_at`](Self::policy_at). A set of at most
-    /// `SCAN_MAX` policies is scanned (comparing lengths first, then a few words, without a
-    /// call to `memcmp`), which is cheaper than hashing the name; a larger one is looked up in
-    /// the hash index.
-    #[inline]
-    pub(crate) fn position(&self, name: &str) -> Option<usize> {
-        if self.policies.len() <= SCAN_MAX {
-            return self
-                .policies
-                .iter()
-                .position(|p| bytes_eq(p.name.as_bytes(), name.as_bytes()));
-        }
-        self.index.get(name).copied()
-    }
-
-    #[inline]
-    pub(crate) fn policy_at(&self, index: usize) -> Option<&Policy> {
-        self.policies.get(index)
     }
 
     /// Every policy, in declaration order.
@@ -672,7 +723,7 @@ impl PolicySet {
         name: &str,
         limit: u64,
         window: Duration,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, PolicyConfigError> {
         let (policy, tier) = match name.split_once('/') {
             Some((policy, tier)) => (policy, Some(tier)),
             None => (name, None),
@@ -681,7 +732,9 @@ impl PolicySet {
         let target = policies
             .iter_mut()
             .find(|p| &*p.name == policy)
-            .ok_or_else(|| ConfigError::new("name", "no such policy").in_policy(policy))?;
+            .ok_or_else(|| {
+                PolicyConfigError::new(Field::Name, "no such policy").in_policy(policy)
+            })?;
         target.set_quota(tier, limit, window)?;
         Self::new(policies)
     }
@@ -702,7 +755,7 @@ impl PolicySetBuilder {
     }
 
     /// Validates the policies and builds the set.
-    pub fn build(self) -> Result<PolicySet, ConfigError> {
+    pub fn build(self) -> Result<PolicySet, PolicyConfigError> {
         PolicySet::new(self.policies)
     }
 }
@@ -731,7 +784,7 @@ mod tests {
         let policy = set.get("api").unwrap();
         let rule = policy.rule(b"t");
         assert_eq!(rule, Some(Rule::Override(0)));
-        let tiers = policy.tiers_for(rule);
+        let tiers = &policy.applied(rule).tiers;
         assert_eq!(tiers.len(), 2);
         assert_eq!(tiers[0].store_policy(), "api/all");
         assert_eq!(tiers[1].store_policy(), "api/user");
@@ -751,11 +804,11 @@ mod tests {
             .unwrap();
         let s = Duration::from_secs(1);
         let e = set.with_quota("api", 5, s).unwrap_err();
-        assert_eq!((e.policy(), e.field()), (Some("api"), "tiers"));
+        assert_eq!((e.policy(), e.field()), (Some("api"), Field::Tiers));
         let e = set.with_quota("api/c", 5, s).unwrap_err();
-        assert_eq!(e.field(), "tiers");
+        assert_eq!(e.field(), Field::Tiers);
         let e = set.with_quota("api/b", 0, s).unwrap_err();
-        assert_eq!((e.tier(), e.field()), (Some("b"), "limit"));
+        assert_eq!((e.tier(), e.field()), (Some("b"), Field::Limit));
         let updated = set.with_quota("api/b", 5, s).unwrap();
         assert_eq!(updated.get("api").unwrap().tiers()[1].quota().limit(), 5);
         assert_eq!(set.get("api").unwrap().tiers()[1].quota().limit(), 2);

@@ -1,7 +1,7 @@
 //! Hot reload: [`watch`] polls a TOML file and publishes each valid new version into a
 //! [`Limiter`]; an invalid version keeps the running set and is reported.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -10,7 +10,8 @@ use tokio::sync::watch as channel;
 use tokio::task::JoinHandle;
 
 use crate::config::read_error;
-use crate::{ConfigError, Limiter, PolicySet};
+use crate::error::Field;
+use crate::{Limiter, PolicyConfigError, PolicySet};
 
 /// What the last look at the watched file found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,7 +29,7 @@ pub enum Reload {
     /// keeps the set it had.
     Rejected {
         /// Why.
-        error: ConfigError,
+        error: PolicyConfigError,
     },
 }
 
@@ -47,7 +48,7 @@ impl ConfigWatcher {
 
     /// The error of the file's current content, if it was rejected; `None` once a valid version
     /// is applied.
-    pub fn last_error(&self) -> Option<ConfigError> {
+    pub fn last_error(&self) -> Option<PolicyConfigError> {
         match &*self.status.borrow() {
             Reload::Rejected { error } => Some(error.clone()),
             Reload::Waiting | Reload::Applied { .. } => None,
@@ -80,14 +81,16 @@ impl Drop for ConfigWatcher {
 /// Watches the TOML file at `path`: reads it now and then every `interval`, and whenever its
 /// content changed, parses it and [`replace`](Limiter::replace)s the limiter's set with it.
 ///
-/// A version that does not parse or validate (or a file that cannot be read) changes nothing:
-/// the limiter keeps its set and the watcher reports [`Reload::Rejected`] until the file is
-/// fixed. The file is compared by content (config files are small), so an edit is picked up even
+/// A version that does not parse or validate, defines no policy (an empty or half-written
+/// file), or lacks a policy [declared](Limiter::declare) in use, or a file that cannot be read,
+/// changes nothing: the limiter keeps its set, the refusal is logged at ERROR level (`tracing`)
+/// and the watcher reports [`Reload::Rejected`] until the file is fixed. An applied version is
+/// logged at INFO level. The file is compared by content (config files are small), so an edit is picked up even
 /// when it keeps the size and the modification time. Polling stops when the watcher is dropped,
 /// or when the limiter is.
 ///
-/// Must be called inside a Tokio runtime (it spawns a task there); outside one it returns an
-/// error with field `runtime`.
+/// Must be called inside a Tokio runtime (it spawns a task there); outside one it returns a
+/// [`Field::Runtime`] error.
 ///
 /// ```no_run
 /// # use std::{sync::Arc, time::Duration};
@@ -108,9 +111,10 @@ pub fn watch<S: Store + ?Sized + 'static>(
     limiter: &Arc<Limiter<S>>,
     path: impl Into<PathBuf>,
     interval: Duration,
-) -> Result<ConfigWatcher, ConfigError> {
-    let runtime = tokio::runtime::Handle::try_current()
-        .map_err(|e| ConfigError::new("runtime", e.to_string()))?;
+) -> Result<ConfigWatcher, PolicyConfigError> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+        PolicyConfigError::new(Field::Runtime, "watch needs a Tokio runtime").with_source(e)
+    })?;
     let (tx, status) = channel::channel(Reload::Waiting);
     let task = runtime.spawn(poll(Arc::downgrade(limiter), path.into(), interval, tx));
     Ok(ConfigWatcher { status, task })
@@ -130,13 +134,16 @@ async fn poll<S: Store + ?Sized>(
         };
         match tokio::fs::read(&path).await {
             Ok(bytes) if seen.as_deref() != Some(&bytes) => {
-                let report = match parse(&bytes) {
-                    Ok(set) => {
-                        limiter.replace(set);
+                let report = match parse(&bytes).and_then(|set| limiter.replace(set)) {
+                    Ok(()) => {
                         generation += 1;
+                        tracing::info!(path = %path.display(), generation, "policy file applied");
                         Reload::Applied { generation }
                     }
-                    Err(error) => Reload::Rejected { error },
+                    Err(error) => {
+                        log_rejected(&path, &error);
+                        Reload::Rejected { error }
+                    }
                 };
                 status.send_replace(report);
                 seen = Some(bytes);
@@ -144,11 +151,12 @@ async fn poll<S: Store + ?Sized>(
             Ok(_) => {}
             Err(e) => {
                 seen = None;
-                let error = read_error(&path, &e);
+                let error = read_error(&path, e);
                 status.send_if_modified(|current| {
                     let fresh =
                         !matches!(current, Reload::Rejected { error: old } if *old == error);
                     if fresh {
+                        log_rejected(&path, &error);
                         *current = Reload::Rejected { error };
                     }
                     fresh
@@ -160,8 +168,22 @@ async fn poll<S: Store + ?Sized>(
     }
 }
 
-fn parse(bytes: &[u8]) -> Result<PolicySet, ConfigError> {
+/// Logs a refused version at ERROR level, with its cause.
+fn log_rejected(path: &Path, error: &PolicyConfigError) {
+    match std::error::Error::source(error) {
+        Some(cause) => tracing::error!(
+            path = %path.display(),
+            "policy file rejected, the running policies are kept: {error}: {cause}"
+        ),
+        None => tracing::error!(
+            path = %path.display(),
+            "policy file rejected, the running policies are kept: {error}"
+        ),
+    }
+}
+
+fn parse(bytes: &[u8]) -> Result<PolicySet, PolicyConfigError> {
     let text = std::str::from_utf8(bytes)
-        .map_err(|e| ConfigError::new("file", format!("not UTF-8: {e}")))?;
+        .map_err(|e| PolicyConfigError::new(Field::File, "not UTF-8").with_source(e))?;
     PolicySet::from_toml_str(text)
 }

@@ -154,10 +154,10 @@ async fn a_new_algorithm_starts_fresh_and_going_back_finds_the_old_state_replace
     ] {
         let (l, _) = limiter(from, 3, "1h");
         spend(&l, 3).await;
-        l.replace(set(to, 3, "1h"));
+        l.replace(set(to, 3, "1h")).unwrap();
         assert_eq!(available(&l).await, 3, "{from} -> {to}");
         spend(&l, 1).await;
-        l.replace(set(from, 3, "1h"));
+        l.replace(set(from, 3, "1h")).unwrap();
         // The state is now the new algorithm's: the old one counts as fresh again.
         assert_eq!(available(&l).await, 3, "{to} -> {from}");
     }

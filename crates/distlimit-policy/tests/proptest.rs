@@ -90,8 +90,9 @@ fn policy(index: usize) -> impl Strategy<Value = Policy> {
         })
 }
 
+/// At least one policy: a file without any is refused.
 fn policy_set() -> impl Strategy<Value = PolicySet> {
-    (0usize..4).prop_flat_map(|n| {
+    (1usize..4).prop_flat_map(|n| {
         (0..n)
             .map(policy)
             .collect::<Vec<_>>()

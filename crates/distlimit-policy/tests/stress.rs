@@ -121,7 +121,7 @@ fn every_verdict_matches_exactly_one_published_set() {
                 {
                     thread::yield_now();
                 }
-                limiter.replace(generation(g));
+                limiter.replace(generation(g)).unwrap();
                 published = g;
             }
             published

@@ -11,18 +11,15 @@
 //! * a decision loads the pointer once with `Acquire` (arc-swap: `SeqCst` load) and reads only
 //!   that snapshot: here, one load of the slot index, then `Relaxed` reads of its fields;
 //! * `update_policy` is a read-copy-update: load, copy with one change, compare-and-swap,
-//!   retry on a lost race (arc-swap's `rcu`);
-//! * every publication then bumps a generation with `Release`; a reader keeps the slot it
-//!   loaded with the generation it saw before loading it (`Acquire`), and reloads only when the
-//!   generation moved (the per-thread cache of `snapshot.rs`).
+//!   retry on a lost race (arc-swap's `rcu`).
 //!
 //! What the models prove: a reader never sees a snapshot half built or fields of two
-//! snapshots (every field pair it reads is consistent), and concurrent updates of different
-//! fields are all kept, and a reader's cache never keeps a set older than a publication that
-//! happened before its check. What they do not model: arc-swap's own memory reclamation (its debt
-//! lists), which arc-swap tests itself; slots here are never freed. Two models break the
-//! protocol on purpose (a `Relaxed` publication; the generation bumped before the publication)
-//! and check that loom finds the failure: the models can fail.
+//! snapshots (every field pair it reads is consistent), concurrent updates of different
+//! fields are all kept, and a check that starts after a publication returned decides with the
+//! new snapshot. What they do not model: arc-swap's own memory reclamation (its debt lists),
+//! which arc-swap tests itself; slots here are never freed. One model breaks the protocol on
+//! purpose (a `Relaxed` publication) and checks that loom finds the failure: the models can
+//! fail.
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -41,35 +38,22 @@ struct Slot {
     y_window: AtomicU64,
 }
 
-/// The stand-in for the limiter's `Published` (`ArcSwap<PolicySet>` and its generation): the
-/// published slot, the generation, and an append-only slot pool.
+/// The stand-in for the limiter's `ArcSwap<PolicySet>`: the published slot and an
+/// append-only slot pool.
 struct Cell {
     current: AtomicUsize,
-    /// Bumped after every publication (`snapshot::Published`).
-    generation: AtomicU64,
     next: AtomicUsize,
     slots: [Slot; SLOTS],
     publish: Ordering,
-    /// The wrong order, for the model that must fail: bump the generation, then publish.
-    bump_first: bool,
-}
-
-/// A reader thread's cache (`snapshot::CACHE`'s entry): the generation it last saw and the
-/// slot it loaded then.
-struct ReaderCache {
-    generation: u64,
-    slot: usize,
 }
 
 impl Cell {
     fn new(x: u64, y: u64, publish: Ordering) -> Self {
         let cell = Self {
             current: AtomicUsize::new(0),
-            generation: AtomicU64::new(0),
             next: AtomicUsize::new(1),
             slots: Default::default(),
             publish,
-            bump_first: false,
         };
         cell.write(0, x, y);
         cell
@@ -91,42 +75,16 @@ impl Cell {
         slot
     }
 
-    /// `replace`: publish a complete new snapshot, then bump the generation.
+    /// `replace`: publish a complete new snapshot.
     fn replace(&self, x: u64, y: u64) {
         let slot = self.build(x, y);
-        if self.bump_first {
-            self.generation.fetch_add(1, Ordering::Release);
-            self.current.store(slot, self.publish);
-        } else {
-            self.current.store(slot, self.publish);
-            self.generation.fetch_add(1, Ordering::Release);
-        }
+        self.current.store(slot, self.publish);
     }
 
     /// A decision: one load, then only that snapshot. Returns `(x, y)` after checking that the
     /// snapshot is consistent.
     fn decide(&self) -> (u64, u64) {
         self.read(self.current.load(Ordering::Acquire))
-    }
-
-    /// A reader's first look: the generation, then the slot (`snapshot::miss`).
-    fn cache(&self) -> ReaderCache {
-        let generation = self.generation.load(Ordering::Acquire);
-        ReaderCache {
-            generation,
-            slot: self.current.load(Ordering::Acquire),
-        }
-    }
-
-    /// A decision through the reader's cache (`snapshot::with_current`): reload the slot only
-    /// when the generation moved.
-    fn decide_cached(&self, cache: &mut ReaderCache) -> (u64, u64) {
-        let generation = self.generation.load(Ordering::Acquire);
-        if generation != cache.generation {
-            cache.slot = self.current.load(Ordering::Acquire);
-            cache.generation = generation;
-        }
-        self.read(cache.slot)
     }
 
     /// Reads snapshot `slot`, checking that it is whole.
@@ -159,10 +117,7 @@ impl Cell {
                 .current
                 .compare_exchange(current, slot, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => {
-                    self.generation.fetch_add(1, Ordering::Release);
-                    return;
-                }
+                Ok(_) => return,
                 Err(now) => current = now,
             }
         }
@@ -218,51 +173,36 @@ fn loom_concurrent_updates_are_all_kept() {
     });
 }
 
-/// A reader deciding through its cache while a writer publishes: every read is one whole
-/// snapshot, never older than the one before, and once the reader has seen that the
-/// publication finished (here: a flag set after `replace` returned), it decides with the new
-/// set, not its cached one.
+/// A reader deciding while a writer publishes: once the reader has seen that the publication
+/// finished (here: a flag set after `replace` returned), it decides with the new set.
 #[test]
-fn loom_cached_readers_see_a_finished_publication() {
+fn loom_a_check_after_a_publication_sees_it() {
     loom::model(|| {
         let cell = Arc::new(Cell::new(1, 1, Ordering::Release));
-        cached_reader_after_publication(cell);
+        let done = Arc::new(AtomicUsize::new(0));
+        let reader = {
+            let (cell, done) = (cell.clone(), done.clone());
+            thread::spawn(move || {
+                let first = cell.decide();
+                let finished = done.load(Ordering::Acquire) == 1;
+                let second = cell.decide();
+                assert!(
+                    second.0 >= first.0,
+                    "went back from {first:?} to {second:?}"
+                );
+                if finished {
+                    assert_eq!(
+                        second,
+                        (2, 2),
+                        "a check after the publication used the old set"
+                    );
+                }
+            })
+        };
+        cell.replace(2, 2);
+        done.store(1, Ordering::Release);
+        reader.join().unwrap();
     });
-}
-
-/// The cache with the generation bumped before the publication is wrong: a reader can cache
-/// the old slot under the new generation and keep it; loom finds it.
-#[test]
-#[should_panic(expected = "kept a stale set")]
-fn loom_a_generation_bumped_too_early_is_caught() {
-    loom::model(|| {
-        let mut cell = Cell::new(1, 1, Ordering::Release);
-        cell.bump_first = true;
-        cached_reader_after_publication(Arc::new(cell));
-    });
-}
-
-fn cached_reader_after_publication(cell: Arc<Cell>) {
-    let done = Arc::new(AtomicUsize::new(0));
-    let reader = {
-        let (cell, done) = (cell.clone(), done.clone());
-        thread::spawn(move || {
-            let mut cache = cell.cache();
-            let first = cell.decide_cached(&mut cache);
-            let finished = done.load(Ordering::Acquire) == 1;
-            let second = cell.decide_cached(&mut cache);
-            assert!(
-                second.0 >= first.0,
-                "went back from {first:?} to {second:?}"
-            );
-            if finished {
-                assert_eq!(second, (2, 2), "a cached reader kept a stale set");
-            }
-        })
-    };
-    cell.replace(2, 2);
-    done.store(1, Ordering::Release);
-    reader.join().unwrap();
 }
 
 /// The same protocol with a `Relaxed` publication is wrong, and loom finds the reader that
