@@ -14,11 +14,10 @@ use distlimit_core::Store;
 use distlimit_hybrid::Hybrid;
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
-use distlimit_policy::{ConfigError, ConfigWatcher, Limiter, PolicySet, Reload};
+use distlimit_policy::{ConfigWatcher, Limiter, PolicyConfigError, PolicySet, Reload};
 use distlimit_redis::RedisStore;
 use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
 pub use crate::app::{ApiLimits, DATA_BODY, api_limits, router, shutdown_signal};
 pub use crate::args::Args;
@@ -58,7 +57,7 @@ pub const RELOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 pub enum StartError {
     /// The policy file is invalid.
     #[error("policy: {0}")]
-    Policy(#[from] ConfigError),
+    Policy(#[from] PolicyConfigError),
     /// The policy file does not define [`POLICY`] or [`IP_POLICY`].
     #[error("policy: the file must define the policy \"{0}\" that /api/data uses")]
     MissingPolicy(&'static str),
@@ -109,6 +108,10 @@ impl Demo {
         let metrics = Metrics::new();
         let store = store(args, &metrics).await?;
         let limiter = limiter(store, policies, &metrics);
+        // A reload that drops a policy the routes use is refused, the running set kept.
+        for name in [POLICY, IP_POLICY] {
+            limiter.declare(name)?;
+        }
         let watcher = match &args.policy {
             Some(path) => Some(distlimit_policy::watch(&limiter, path, RELOAD_INTERVAL)?),
             None => None,
@@ -159,7 +162,7 @@ impl Demo {
     }
 
     /// Serves on `listener` with the limits of the flags until `shutdown` completes (see
-    /// [`serve()`]), logging policy reloads.
+    /// [`serve()`]). Policy reloads are logged by the watcher.
     ///
     /// # Errors
     ///
@@ -169,12 +172,8 @@ impl Demo {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> io::Result<()> {
-        let reload_log = self.watcher.as_ref().map(log_reloads);
-        let served = serve(listener, self.router, self.serve_config, shutdown).await;
-        if let Some(task) = reload_log {
-            task.abort();
-        }
-        served
+        let _watcher = self.watcher;
+        serve(listener, self.router, self.serve_config, shutdown).await
     }
 }
 
@@ -204,19 +203,3 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
     Ok(Arc::new(hybrid))
 }
 
-fn log_reloads(watcher: &ConfigWatcher) -> JoinHandle<()> {
-    let mut events = watcher.subscribe();
-    tokio::spawn(async move {
-        while events.changed().await.is_ok() {
-            match &*events.borrow_and_update() {
-                Reload::Applied { generation } => {
-                    tracing::info!("policy file applied (version {generation})");
-                }
-                Reload::Rejected { error } => {
-                    tracing::warn!("policy file rejected, keeping the running policies: {error}");
-                }
-                Reload::Waiting | _ => {}
-            }
-        }
-    })
-}

@@ -236,6 +236,14 @@ async fn a_policy_file_is_applied_and_hot_reloaded() {
         http.get(addr, "/api/data", Some("frank")).await.status,
         StatusCode::TOO_MANY_REQUESTS
     );
+
+    // A valid file without the policy the route uses is refused too: /api/data keeps answering.
+    write_atomically(&path, IP_POLICY_TOML);
+    next_reload(&mut reloads, |r| matches!(r, Reload::Rejected { .. })).await;
+    assert_eq!(
+        http.get(addr, "/api/data", Some("grace")).await.status,
+        StatusCode::OK
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
