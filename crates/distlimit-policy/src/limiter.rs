@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use distlimit_core::{
-    Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store, bytes_eq,
-};
+use distlimit_core::{Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store};
 
 use crate::intern::Name;
 use crate::policy::{GLOBAL_KEY, Policy, Rule, Tier, TierInfo};
@@ -517,7 +515,7 @@ fn lookup<'s, 'k>(
     key: &'k [u8],
 ) -> Result<Found<'s, 'k>, CheckError> {
     let found = match set.policy_at(*hint) {
-        Some(p) if bytes_eq(p.name().as_bytes(), policy.as_bytes()) => p,
+        Some(p) if p.name() == policy => p,
         _ => {
             let Some((i, p)) = set
                 .position(policy)

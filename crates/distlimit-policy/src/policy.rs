@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Key, Limit, MAX_POLICY_LEN, Quota, QuotaError, bytes_eq};
+use distlimit_core::{Algorithm, Key, Limit, MAX_POLICY_LEN, Quota, QuotaError};
 
 use crate::ConfigError;
 use crate::intern::{Name, intern};
@@ -640,7 +640,7 @@ impl PolicySet {
             return self
                 .policies
                 .iter()
-                .position(|p| bytes_eq(p.name.as_bytes(), name.as_bytes()));
+                .position(|p| p.name.as_bytes() == name.as_bytes());
         }
         self.index.get(name).copied()
     }
