@@ -43,27 +43,28 @@ impl Id<'_> {
 /// words are.
 #[inline(always)]
 fn pack<const W: usize>(id: Id<'_>) -> Option<[u64; W]> {
-    let mut bytes = [0u8; 64];
-    if W == 1 {
-        if id.key.len() != 8 || !id.policy.is_empty() {
-            return None;
-        }
-        bytes[..8].copy_from_slice(id.key);
+    let (k, n) = (id.key.len(), id.key.len() + id.policy.len());
+    let fits = if W == 1 {
+        k == 8 && n == 8
     } else {
-        let (k, n) = (id.key.len(), id.key.len() + id.policy.len());
-        if n > 8 * W - 2 {
-            return None;
-        }
-        bytes[..k].copy_from_slice(id.key);
-        bytes[k..n].copy_from_slice(id.policy);
-        bytes[8 * W - 2] = n as u8; // ≤ 62
-        bytes[8 * W - 1] = id.policy.len() as u8;
+        n <= 8 * W - 2
+    };
+    if !fits {
+        return None;
     }
+    // Whole words of the key, then the rest byte by byte: a variable-length copy would be a
+    // `memcpy` call, which made the hot 24-byte key's decision a third slower (compare bench).
     let mut words = [0u64; W];
-    for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
-        let mut b = [0; 8];
-        b.copy_from_slice(chunk);
-        *word = u64::from_le_bytes(b);
+    let mut chunks = id.key.chunks_exact(8);
+    for (word, chunk) in words.iter_mut().zip(&mut chunks) {
+        *word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+    }
+    let tail = chunks.remainder().iter().chain(id.policy);
+    for (at, &byte) in (k / 8 * 8..).zip(tail) {
+        words[at / 8] |= u64::from(byte) << (at % 8 * 8);
+    }
+    if W > 1 {
+        words[W - 1] |= (n as u64) << 48 | (id.policy.len() as u64) << 56;
     }
     Some(words)
 }
@@ -189,7 +190,8 @@ impl<const W: usize, A> Slot for Compact<W, A> {
 
     #[inline(always)]
     fn is(&self, probe: &[u64; W]) -> bool {
-        self.id == *probe
+        // Word by word: array `==` called libc's `memcmp` (12 % of a hot 24-byte key's time).
+        self.id.iter().zip(probe).fold(0, |diff, (a, b)| diff | (a ^ b)) == 0
     }
 
     #[inline]

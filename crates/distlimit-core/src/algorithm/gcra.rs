@@ -29,7 +29,7 @@ impl Gcra {
     /// assert!(state.decide(&quota, 0, 1).is_denied());
     /// # Ok(()) }
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn decide(&mut self, quota: &Quota, now_us: u64, cost: u64) -> Decision {
         super::decide(self, quota, quota.burst(), now_us, cost)
     }

@@ -327,7 +327,7 @@ fn evaluate<M: Model>(m: &M, q: &Quota, capacity: u64, now: u64, cost: u64) -> D
 
 /// Decides `cost` units on `m` and charges them when admitted: [`Limit::decide`] for one
 /// algorithm's state.
-#[inline]
+#[inline(always)]
 fn decide<M: Model>(m: &mut M, q: &Quota, capacity: u64, now: u64, cost: u64) -> Decision {
     let decision = evaluate(m, q, capacity, now, cost);
     if decision.is_allowed() && cost > 0 {
