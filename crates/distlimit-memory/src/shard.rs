@@ -191,7 +191,11 @@ impl<const W: usize, A> Slot for Compact<W, A> {
     #[inline(always)]
     fn is(&self, probe: &[u64; W]) -> bool {
         // Word by word: array `==` called libc's `memcmp` (12 % of a hot 24-byte key's time).
-        self.id.iter().zip(probe).fold(0, |diff, (a, b)| diff | (a ^ b)) == 0
+        self.id
+            .iter()
+            .zip(probe)
+            .fold(0, |diff, (a, b)| diff | (a ^ b))
+            == 0
     }
 
     #[inline]
