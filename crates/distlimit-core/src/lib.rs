@@ -13,7 +13,7 @@ pub use algorithm::{Algorithm, Limit, State, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, NEVER, Source};
 pub use error::{BoxError, Error};
-pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN, bytes_eq};
+pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use observe::{BreakerState, NoopObserver, Observer, Outcome};
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
 pub use store::{MAX_BATCH, Request, Store, StoreExt, validate_batch};

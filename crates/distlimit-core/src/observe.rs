@@ -78,6 +78,12 @@ pub trait Observer: Send + Sync {
     fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
         let _ = (store, from, to);
     }
+
+    /// The store named `store` evicted `evicted` live keys to stay within its key cap: each
+    /// starts over as a fresh key.
+    fn on_evict(&self, store: &'static str, evicted: u64) {
+        let _ = (store, evicted);
+    }
 }
 
 /// An [`Observer`] that ignores everything: the default.
@@ -97,6 +103,10 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 
     fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
         (**self).on_breaker(store, from, to);
+    }
+
+    fn on_evict(&self, store: &'static str, evicted: u64) {
+        (**self).on_evict(store, evicted);
     }
 }
 

@@ -17,7 +17,8 @@
 //!   `new_keys` would compare its near-empty tables with governor's ever-growing map.
 //! * Groups: `hot_key` (one key); `keys_10k`, `keys_100k`, `keys_1m` (N keys, inserted in one
 //!   shuffled order and then visited in another, fixed one); `new_keys` (keys never seen, into a
-//!   fresh store per bounded chunk); `two_threads` (wall time per decision with 1 and 2 threads
+//!   fresh store per bounded chunk); `rare_keys` (the demo's 1 000 000 users, `user-123456`,
+//!   each state expired when its key comes back); `two_threads` (wall time per decision with 1 and 2 threads
 //!   on distinct keys: 10 000 random keys per thread, and `*_hot`: one key per thread); `clock` and `hash` (the two costs distlimit's design choices are about).
 //!   Key types: `u64` (distlimit gets its 8 little-endian bytes) and `string24`
 //!   (`user-{:019}`, exactly 24 bytes).
@@ -250,6 +251,18 @@ impl BenchKey for String {
     }
 }
 
+/// The demo's user ids, `user-123456` (11 bytes).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct UserId(String);
+
+impl BenchKey for UserId {
+    const NAME: &'static str = "user_id";
+
+    fn nth(i: u64) -> Self {
+        UserId(format!("user-{i:06}"))
+    }
+}
+
 /// splitmix64: a fixed, dependency-free shuffle.
 fn shuffle<T>(items: &mut [T], mut seed: u64) {
     for i in (1..items.len()).rev() {
@@ -478,6 +491,64 @@ fn new_keys(c: &mut Criterion) {
     group.finish();
 }
 
+/// The demo's workload: 1 000 000 users (`user-123456`) in a shuffled cycle, each request in
+/// policy `api/burst`, with a quota whose unit refills in 1 ms, so every key's state has expired
+/// when the cycle comes back to it: the path of a key seen rarely, as under the demo's
+/// 1 000 000-user HTTP load (a user every ~20 s, a unit refilled in 1 s).
+fn rare_keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("rare_keys");
+    group.sample_size(20);
+    let keys = shuffled_keys::<UserId>(0, 1_000_000);
+    let quota = Quota::per_second(1_000)
+        .and_then(|q| q.with_burst(100))
+        .unwrap();
+    let rare = |limit: Limit| {
+        move || RareKeys {
+            store: MemoryStore::builder().max_keys(MAX_KEYS).build(),
+            limit,
+        }
+    };
+    bench_cycle(
+        &mut group,
+        "distlimit_tb",
+        rare(Limit::token_bucket(quota)),
+        &keys,
+    );
+    bench_cycle(
+        &mut group,
+        "distlimit_gcra",
+        rare(Limit::gcra(quota)),
+        &keys,
+    );
+    let governor = || {
+        let quota = governor::Quota::per_second(NonZeroU32::new(1_000).unwrap())
+            .allow_burst(NonZeroU32::new(100).unwrap());
+        Governor(governor::RateLimiter::keyed(quota))
+    };
+    bench_cycle(&mut group, "governor", governor, &keys);
+    group.finish();
+}
+
+/// [`Distlimit`] deciding in the demo's policy, `api/burst`.
+struct RareKeys {
+    store: MemoryStore,
+    limit: Limit,
+}
+
+impl Contender<UserId> for RareKeys {
+    #[inline]
+    fn check(&self, key: &UserId) -> bool {
+        let request = Request::new(Key::new(&key.0).unwrap(), self.limit)
+            .with_policy("api/burst")
+            .unwrap();
+        self.store.decide_sync(&request).is_allowed()
+    }
+
+    fn evictions(&self) -> u64 {
+        self.store.evictions()
+    }
+}
+
 fn two_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("two_threads");
     let key_sets: Vec<Vec<u64>> = (0..2)
@@ -547,6 +618,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = hot_key, keys_10k, keys_100k, keys_1m, new_keys, two_threads, clock, hash
+    targets = hot_key, keys_10k, keys_100k, keys_1m, new_keys, rare_keys, two_threads, clock, hash
 }
 criterion_main!(benches);

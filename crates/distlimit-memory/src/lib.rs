@@ -1,57 +1,4 @@
-//! distlimit's in-process store: 64 lock-sharded swiss tables with flood-resistant hashing,
-//! bounded memory and zero allocations per decision on a known key.
-//!
-//! [`MemoryStore`] implements the [`distlimit_core::Store`] contract (so it can stand in for
-//! Redis in tests, or be the fallback of a hybrid store) and offers a synchronous fast path,
-//! [`MemoryStore::decide_sync`], that never allocates, never fails and takes one uncontended
-//! lock for different keys on different shards.
-//!
-//! * **Sharding.** One keyed hash per key (foldhash, seeded at random per store) picks the
-//!   shard and the slot inside it. Keys come from clients, so nobody outside the process can
-//!   aim many keys at one shard or one probe sequence.
-//! * **Compact entries.** A GCRA state is one instant (the theoretical arrival time, which is
-//!   also when the key may be forgotten), stored with the id packed inline: 16 bytes for an
-//!   8-byte key (a `u64` id in binary), 32 bytes for ids up to 22 bytes, 64 up to 54 bytes.
-//!   Other algorithms' states take a 64-byte entry. Measured by `tests/alloc.rs` at 20 000 keys:
-//!   28 bytes per key for GCRA on 8-byte keys, 107 for GCRA on 40-byte keys or a token bucket on
-//!   8-byte keys, 148 for a token bucket on 40-byte keys (table slack included).
-//! * **Bounded memory.** Every entry knows when its state becomes equivalent to a fresh key
-//!   ([`State::expires_at`](distlimit_core::State::expires_at)). An insert that finds its table
-//!   full first drops the expired entries in one sequential pass, then keeps an eighth of the
-//!   table free (rehashing in place, or growing it if live entries fill more than 3/8 of it):
-//!   memory follows the live keys, not the history, at an amortized cost of at most eight
-//!   entries examined per insert. A cap on the number of keys ([`Builder::max_keys`]) evicts a
-//!   live entry the client cannot choose when a flood of unique keys fills a shard.
-//! * **Time.** [`FastClock`] by default (the CPU's time-stamp counter, anchored to the wall
-//!   clock); any [`Clock`], such as a [`ManualClock`](distlimit_core::ManualClock) in tests.
-//!
-//! # Example
-//!
-//! ```
-//! use distlimit_core::{Key, Limit, Quota, Request, StoreExt};
-//! use distlimit_memory::MemoryStore;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = MemoryStore::new();
-//! let limit = Limit::token_bucket(Quota::per_minute(60)?.with_burst(2)?);
-//!
-//! // The synchronous fast path.
-//! let request = Request::new(Key::new("203.0.113.7")?, limit);
-//! assert!(store.decide_sync(&request).is_allowed());
-//! assert!(store.decide_sync(&request).is_allowed());
-//! let denied = store.decide_sync(&request);
-//! assert!(denied.is_denied());
-//! assert!(denied.retry_after().as_millis() <= 1_000);
-//!
-//! // The async contract every store shares.
-//! assert!(store.check("203.0.113.8", limit).await?.is_allowed());
-//! # Ok(()) }
-//! ```
-//!
-//! # Feature flags
-//!
-//! None.
+#![doc = include_str!("../README.md")]
 
 mod clock;
 mod shard;
@@ -61,14 +8,20 @@ mod tests;
 
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use distlimit_core::{Clock, Decision, Error, Request, Store, validate_batch};
+use distlimit_core::{
+    Clock, Decision, Error, NoopObserver, Observer, Request, Store, validate_batch,
+};
 
 pub use clock::FastClock;
 use shard::{Id, Table};
 use sync::RwLock;
+
+/// The store name the memory store reports to its [`Observer`].
+pub const STORE_NAME: &str = "memory";
 
 /// The number of shards.
 pub const SHARDS: usize = 64;
@@ -99,6 +52,7 @@ pub struct MemoryStore<C = FastClock, S = DefaultHasher> {
     clock: C,
     max_keys_per_shard: usize,
     evictions: AtomicU64,
+    observer: Arc<dyn Observer>,
 }
 
 /// Configures a [`MemoryStore`].
@@ -113,11 +67,12 @@ pub struct MemoryStore<C = FastClock, S = DefaultHasher> {
 ///     .build();
 /// assert_eq!(store.max_keys(), 100_032); // rounded up to a multiple of 64 shards
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder<C = FastClock, S = DefaultHasher> {
     clock: C,
     hasher: S,
     max_keys: usize,
+    observer: Arc<dyn Observer>,
 }
 
 impl MemoryStore {
@@ -132,6 +87,7 @@ impl MemoryStore {
             clock: FastClock::new(),
             hasher: DefaultHasher::default(),
             max_keys: DEFAULT_MAX_KEYS,
+            observer: Arc::new(NoopObserver),
         }
     }
 }
@@ -152,9 +108,10 @@ impl Default for MemoryStore {
 impl<C, S> Builder<C, S> {
     /// The most keys the store holds (default [`DEFAULT_MAX_KEYS`]), rounded up to a multiple of
     /// [`SHARDS`]. Each shard holds at most `max_keys / 64`; when a shard is full, inserting a new
-    /// key first drops expired entries it finds nearby and otherwise evicts a live one, which then
-    /// starts over as a fresh key (so it may be admitted up to one extra burst). Keys spread
-    /// evenly, so evictions begin once the store is nearly full.
+    /// key drops its expired entries, or else evicts, of a few entries sampled at positions the
+    /// client cannot choose, the one that becomes fresh soonest (the one with the most units
+    /// left). An evicted key starts over as a fresh key, so it may be admitted up to one extra
+    /// burst; evictions are counted ([`MemoryStore::evictions`], [`Observer::on_evict`]).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -166,6 +123,7 @@ impl<C, S> Builder<C, S> {
             clock,
             hasher: self.hasher,
             max_keys: self.max_keys,
+            observer: self.observer,
         }
     }
 
@@ -176,7 +134,15 @@ impl<C, S> Builder<C, S> {
             clock: self.clock,
             hasher,
             max_keys: self.max_keys,
+            observer: self.observer,
         }
+    }
+
+    /// Where evictions are reported ([`Observer::on_evict`], store [`STORE_NAME`]); none by
+    /// default.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Builds the store.
@@ -189,6 +155,7 @@ impl<C, S> Builder<C, S> {
             clock: self.clock,
             max_keys_per_shard: self.max_keys.div_ceil(SHARDS).max(1),
             evictions: AtomicU64::new(0),
+            observer: self.observer,
         }
     }
 }
@@ -207,10 +174,8 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
 
     /// Decides one request now: the synchronous fast path. Never allocates for a known key and
     /// never fails (the key was validated when the [`Request`] was built).
-    // Always inlined, like `FastClock::now_us`: in a large caller (the policy crate's
-    // `Limiter::check_now`) the compiler kept both as calls, and the two extra frames cost that
-    // check about 3 ns with 10 000 keys (`cargo bench -p distlimit-policy --bench limiter`,
-    // +12.6 to +9.2 ns over this call).
+    // Always inlined (with `FastClock::now_us`): as calls they cost the policy crate's
+    // `check_now` about 3 ns with 10 000 keys (`cargo bench -p distlimit-policy --bench limiter`).
     #[inline(always)]
     pub fn decide_sync(&self, request: &Request<'_>) -> Decision {
         self.decide_at(request, self.clock.now_us())
@@ -239,7 +204,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         request: &Request<'_>,
         now_us: u64,
     ) -> Decision {
-        let (decision, effects) = table.decide(
+        let (decision, evicted) = table.decide(
             hash,
             id,
             request.limit(),
@@ -248,8 +213,9 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             self.max_keys_per_shard,
             &self.hasher,
         );
-        if effects.evicted {
+        if evicted {
             self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.observer.on_evict(STORE_NAME, 1);
         }
         decision
     }
@@ -330,6 +296,15 @@ impl<C, S> MemoryStore<C, S> {
     /// The clock the store reads.
     pub fn clock(&self) -> &C {
         &self.clock
+    }
+}
+
+impl<C: fmt::Debug, S> fmt::Debug for Builder<C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("clock", &self.clock)
+            .field("max_keys", &self.max_keys)
+            .finish_non_exhaustive()
     }
 }
 

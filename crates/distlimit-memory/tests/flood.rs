@@ -1,6 +1,9 @@
 //! Keys chosen by an attacker: colliding keys, floods of unique keys.
 
-use distlimit_core::{Key, Limit, ManualClock, Quota, Request};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use distlimit_core::{Key, Limit, ManualClock, Observer, Quota, Request};
 use distlimit_memory::{MemoryStore, SHARDS};
 
 /// The seed's shard function, FNV-1a 32-bit: unkeyed, so anyone can compute collisions.
@@ -132,4 +135,50 @@ fn the_state_of_a_known_client_survives_a_flood_of_expired_keys() {
         store.decide_sync(&Request::new(victim, limit)).is_denied(),
         "the victim's state was lost"
     );
+}
+
+/// Counts the evictions a store reports.
+#[derive(Default)]
+struct Evictions(AtomicU64);
+
+impl Observer for Evictions {
+    fn on_evict(&self, store: &'static str, evicted: u64) {
+        assert_eq!(store, distlimit_memory::STORE_NAME);
+        self.0.fetch_add(evicted, Ordering::Relaxed);
+    }
+}
+
+/// A slow policy and the key cap: a flood of unique keys, each spending one unit, evicts keys
+/// that were not denied, so denied clients stay denied; every eviction is reported.
+#[test]
+fn denied_keys_stay_denied_through_a_flood_of_unique_keys() {
+    let quota = Quota::per_hour(1).unwrap().with_burst(5).unwrap();
+    for limit in [Limit::gcra(quota), Limit::token_bucket(quota)] {
+        let evictions = Arc::new(Evictions::default());
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(1_700_000_000_000_000))
+            .max_keys(64 * 500)
+            .observer(evictions.clone())
+            .build();
+        let decide = |key: &str| store.decide_sync(&Request::new(Key::new(key).unwrap(), limit));
+        let denied: Vec<String> = (0..20).map(|i| format!("denied-user-{i}")).collect();
+        for key in &denied {
+            while decide(key).is_allowed() {}
+        }
+        for i in 0..200_000 {
+            store.clock().advance(std::time::Duration::from_micros(10));
+            assert!(decide(&format!("user-{i}")).is_allowed());
+        }
+        assert!(store.len() <= store.max_keys());
+        let evicted = store.evictions();
+        assert!(
+            evicted >= 200_000 - 64 * 500,
+            "{limit:?}: {evicted} evictions"
+        );
+        assert_eq!(evictions.0.load(Ordering::Relaxed), evicted);
+        // A victim chosen at random would leave each denied key with probability about
+        // e^(−200 000 / 32 000) ≈ 0.2 %.
+        let still_denied = denied.iter().filter(|key| decide(key).is_denied()).count();
+        assert_eq!(still_denied, 20, "{limit:?}");
+    }
 }

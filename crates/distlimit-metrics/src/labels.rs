@@ -40,3 +40,9 @@ pub(crate) struct TransitionLabels {
     pub(crate) from: &'static str,
     pub(crate) to: &'static str,
 }
+
+/// `distlimit_evictions_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StoreLabels {
+    pub(crate) store: &'static str,
+}

@@ -15,6 +15,7 @@
 //! | `distlimit_store_errors_total` | counter | `store` (the hybrid store's name for its primary's failures, fallback-absorbed included; `limiter` for checks that returned a store error to their caller), `kind` ([`Error::kind`]) |
 //! | `distlimit_breaker_state` | gauge, 1 for the current state, 0 for the others | `store`, `state` (`closed`, `open`, `half_open`) |
 //! | `distlimit_breaker_transitions_total` | counter | `store`, `from`, `to` |
+//! | `distlimit_evictions_total` | counter: live keys a store dropped at its key cap | `store` |
 //!
 //! Label values are bounded: never a key; `store` names come from code; at most
 //! [`max_policies`](MetricsBuilder::max_policies) policy names get their own label value, the
@@ -63,7 +64,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::labels::{BreakerLabels, StoreErrorLabels, TransitionLabels};
+use crate::labels::{BreakerLabels, StoreErrorLabels, StoreLabels, TransitionLabels};
 use crate::policy::{Buckets, PolicyCache, PolicyFamilies};
 
 /// The `Content-Type` of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
@@ -111,6 +112,7 @@ struct Inner {
     store_errors: Family<StoreErrorLabels, Counter>,
     breaker_state: Family<BreakerLabels, Gauge>,
     breaker_transitions: Family<TransitionLabels, Counter>,
+    evictions: Family<StoreLabels, Counter>,
 }
 
 /// Configures [`Metrics`]: see [`Metrics::builder`].
@@ -155,6 +157,7 @@ impl MetricsBuilder {
             store_errors: Family::default(),
             breaker_state: Family::default(),
             breaker_transitions: Family::default(),
+            evictions: Family::default(),
         };
         let mut registry = std::mem::take(&mut inner.registry);
         inner.register(&mut registry);
@@ -206,6 +209,11 @@ impl Inner {
             "breaker_transitions",
             "Circuit breaker state changes",
             self.breaker_transitions.clone(),
+        );
+        registry.register(
+            "evictions",
+            "Live keys a store dropped to stay within its key cap; each starts over as fresh",
+            self.evictions.clone(),
         );
     }
 }
@@ -317,6 +325,13 @@ impl Observer for Metrics {
                 to: to.as_str(),
             })
             .inc();
+    }
+
+    fn on_evict(&self, store: &'static str, evicted: u64) {
+        self.inner
+            .evictions
+            .get_or_create(&StoreLabels { store })
+            .inc_by(evicted);
     }
 }
 

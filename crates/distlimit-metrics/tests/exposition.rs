@@ -58,6 +58,8 @@ fn every_event_shows_up_as_its_series() {
     metrics.on_store_error("redis", "api", &Error::InvalidRequest("empty batch"));
     metrics.on_breaker("redis", BreakerState::Closed, BreakerState::Open);
     metrics.on_breaker("redis", BreakerState::Open, BreakerState::HalfOpen);
+    metrics.on_evict("memory", 1);
+    metrics.on_evict("memory", 2);
 
     let text = metrics.encode();
     let exposition = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -149,11 +151,17 @@ fn every_event_shows_up_as_its_series() {
     assert_eq!(transitions("open", "half_open"), Some(1.0));
     assert_eq!(transitions("half_open", "closed"), None);
 
+    assert_eq!(
+        exposition.value("distlimit_evictions_total", &[("store", "memory")]),
+        Some(3.0)
+    );
+
     for family in [
         "distlimit_decisions",
         "distlimit_near_limit",
         "distlimit_store_errors",
         "distlimit_breaker_transitions",
+        "distlimit_evictions",
     ] {
         assert_eq!(exposition.families[family], "counter", "{family}");
     }

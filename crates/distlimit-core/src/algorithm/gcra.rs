@@ -1,7 +1,7 @@
 //! The generic cell rate algorithm.
 
 use super::{Model, div_ceil};
-use crate::Quota;
+use crate::{Decision, Quota};
 
 /// GCRA state: the theoretical arrival time (TAT) of the next unit, in µs since the epoch.
 ///
@@ -12,6 +12,27 @@ use crate::Quota;
 pub struct Gcra {
     /// The theoretical arrival time.
     pub tat_us: u64,
+}
+
+impl Gcra {
+    /// [`Limit::decide`](crate::Limit::decide) of `cost` units under a GCRA limit of `quota`, on
+    /// this state directly: for stores that keep GCRA states apart from a [`State`](crate::State).
+    ///
+    /// ```
+    /// use distlimit_core::algorithm::Gcra;
+    /// use distlimit_core::Quota;
+    ///
+    /// # fn main() -> Result<(), distlimit_core::QuotaError> {
+    /// let quota = Quota::per_second(1)?;
+    /// let mut state = Gcra::default();
+    /// assert!(state.decide(&quota, 0, 1).is_allowed());
+    /// assert!(state.decide(&quota, 0, 1).is_denied());
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn decide(&mut self, quota: &Quota, now_us: u64, cost: u64) -> Decision {
+        super::decide(self, quota, quota.burst(), now_us, cost)
+    }
 }
 
 /// The emission interval: µs per unit, rounded up so the rate never exceeds the quota.

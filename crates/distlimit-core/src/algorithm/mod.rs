@@ -325,6 +325,17 @@ fn evaluate<M: Model>(m: &M, q: &Quota, capacity: u64, now: u64, cost: u64) -> D
     }
 }
 
+/// Decides `cost` units on `m` and charges them when admitted: [`Limit::decide`] for one
+/// algorithm's state.
+#[inline(always)]
+fn decide<M: Model>(m: &mut M, q: &Quota, capacity: u64, now: u64, cost: u64) -> Decision {
+    let decision = evaluate(m, q, capacity, now, cost);
+    if decision.is_allowed() && cost > 0 {
+        m.consume(q, now, cost);
+    }
+    decision
+}
+
 /// The stored state of one key, for one algorithm.
 ///
 /// The all-zero state of every algorithm ([`State::fresh`]) is a key never seen: a store that
