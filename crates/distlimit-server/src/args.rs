@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use distlimit_hybrid::FailureMode;
 
 /// The rate-limit service's command line (`distlimit-server --help`).
 #[derive(Clone, Debug, Parser)]
@@ -40,6 +41,17 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 50)]
     pub redis_budget_ms: u64,
 
+    /// Time limit of one Redis reply, in milliseconds (the store's own; the budget above bounds
+    /// the whole decision).
+    #[arg(long, value_name = "MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    pub redis_timeout_ms: u64,
+
+    /// What decisions do while Redis cannot decide: `fallback` (this instance enforces its
+    /// share of each limit), `fail-open` (admit) or `fail-closed` (gRPC UNAVAILABLE, HTTP 503,
+    /// and Envoy's `failure_mode_deny` decides).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = FailureModeArg::Fallback)]
+    pub failure_mode: FailureModeArg,
+
     /// Add the rate-limit headers to every answer: `RateLimit` and `RateLimit-Policy`, and the
     /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` trio.
     #[arg(long)]
@@ -64,10 +76,36 @@ pub struct Args {
     pub shutdown_timeout_ms: u64,
 }
 
+/// `--failure-mode`: the hybrid store's [`FailureMode`] for every rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailureModeArg {
+    /// The local fallback store decides, with `1/--instances` of each limit.
+    Fallback,
+    /// Admit unchecked.
+    FailOpen,
+    /// Answer an error.
+    FailClosed,
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(mode: FailureModeArg) -> Self {
+        match mode {
+            FailureModeArg::Fallback => FailureMode::Fallback,
+            FailureModeArg::FailOpen => FailureMode::FailOpen,
+            FailureModeArg::FailClosed => FailureMode::FailClosed,
+        }
+    }
+}
+
 impl Args {
     /// The Redis time budget.
     pub fn redis_budget(&self) -> Duration {
         Duration::from_millis(self.redis_budget_ms)
+    }
+
+    /// The Redis reply timeout.
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_timeout_ms)
     }
 
     /// The reload poll interval.

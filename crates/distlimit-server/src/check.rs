@@ -157,7 +157,7 @@ pub enum CheckError {
     Unavailable(#[source] Error),
 }
 
-/// The name of the metrics label of decisions in shadow mode, and of log lines.
+/// The target of the decision log lines.
 const TARGET: &str = "distlimit_server";
 
 /// Decides requests against the running configuration on one store.
@@ -343,7 +343,7 @@ impl Checker {
         for ((status, slot), decision) in statuses.iter().zip(&applied).zip(&decided) {
             let Some(a) = slot else { continue };
             let outcome = if status.shadow_denied {
-                tracing::info!(target: TARGET, policy = %a.label, "shadow mode: would deny");
+                tracing::debug!(target: TARGET, policy = %a.label, "shadow mode: would deny");
                 Outcome::ShadowDenied
             } else if status.over_limit {
                 Outcome::Denied
@@ -453,10 +453,11 @@ fn resolve<'c>(
         if !config.has_domain(domain) {
             return None;
         }
+        // Named by its keys: the values are in the state's key, not in its name.
         let path = descriptor
             .entries
             .iter()
-            .map(|(k, v)| format!("{k}_{v}"))
+            .map(|(k, _)| *k)
             .collect::<Vec<_>>()
             .join(".");
         let label = format!("{domain}/{path}");

@@ -23,7 +23,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use crate::args::Args;
+pub use crate::args::{Args, FailureModeArg};
 pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
 pub use crate::config::{Config, ConfigError};
 pub use crate::grpc::RateLimitGrpc;
@@ -185,16 +185,21 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
         tracing::info!("store: memory (this process only)");
         return Ok(Arc::new(MemoryStore::new()));
     };
-    let redis = RedisStore::connect(url).await?;
+    let redis = RedisStore::builder(url.as_str())
+        .response_timeout(args.redis_timeout())
+        .connect()
+        .await?;
     tracing::info!(
-        "store: redis ({:?}), memory fallback with 1/{} of each limit",
+        "store: redis ({:?}), failure mode {:?}, memory fallback with 1/{} of each limit",
         redis.mode(),
+        args.failure_mode,
         args.instances
     );
     let hybrid = Hybrid::builder(redis, MemoryStore::new())
         .name(REDIS_STORE)
         .budget(args.redis_budget())
         .instances(args.instances)
+        .default_failure_mode(args.failure_mode.into())
         .observer(Arc::new(metrics.clone()))
         .build()?;
     metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
