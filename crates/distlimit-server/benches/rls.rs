@@ -134,12 +134,17 @@ async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
                 .unwrap(),
         );
     }
-    let limit = Limit::fixed_window(Quota::from_parts(u64::from(u32::MAX), 3_600_000_000, 1).unwrap());
+    let limit =
+        Limit::fixed_window(Quota::from_parts(u64::from(u32::MAX), 3_600_000_000, 1).unwrap());
 
     println!("\n{name}");
     println!(
         "{:>9} | {:>28} | {:>28} | {:>28} | {:>13}",
-        "in flight", "store decide_all", "checker (no gRPC)", "gRPC ShouldRateLimit", "gRPC / store"
+        "in flight",
+        "store decide_all",
+        "checker (no gRPC)",
+        "gRPC ShouldRateLimit",
+        "gRPC / store"
     );
     for in_flight in [1usize, 64, 256] {
         let s = store.clone();
@@ -216,7 +221,14 @@ fn main() {
             Arc::new(distlimit_redis::RedisStore::connect(&url).await.unwrap());
         bench_store(
             "redis (hybrid over RedisStore; the store column is RedisStore alone)",
-            &["--redis", url.as_str(), "--redis-budget-ms", "1000", "--redis-timeout-ms", "1000"],
+            &[
+                "--redis",
+                url.as_str(),
+                "--redis-budget-ms",
+                "1000",
+                "--redis-timeout-ms",
+                "1000",
+            ],
             own,
         )
         .await;
