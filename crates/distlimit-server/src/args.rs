@@ -1,0 +1,132 @@
+//! The command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use distlimit_hybrid::FailureMode;
+
+/// The rate-limit service's command line (`distlimit-server --help`).
+#[derive(Clone, Debug, Parser)]
+#[command(name = "distlimit-server", version, about)]
+pub struct Args {
+    /// envoyproxy/ratelimit's YAML configuration: a file, or a directory whose `.yaml`/`.yml`
+    /// files are read (dot files skipped). Reloaded when it changes. Without it, no domain is
+    /// configured and every descriptor is answered OK.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Address of the gRPC server (Envoy's RLS v3 and grpc.health.v1).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
+    pub grpc: SocketAddr,
+
+    /// Address of the HTTP server (POST /v1/check, /metrics, /ready).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub http: SocketAddr,
+
+    /// Share the limits through this Redis: redis://host:port, rediss://…,
+    /// redis+sentinel://host:port[,host:port…]/service or redis+cluster://host:port[,host:port…].
+    /// Without it, the embedded memory store limits this process alone.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+
+    /// How many instances share the Redis limits: while Redis is unreachable each instance
+    /// enforces 1/N of each limit on its own.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub instances: u64,
+
+    /// Time budget of one Redis decision, in milliseconds; past it the local fallback answers
+    /// and the circuit breaker opens.
+    #[arg(long, value_name = "MS", default_value_t = 50)]
+    pub redis_budget_ms: u64,
+
+    /// Time limit of one Redis reply, in milliseconds (the store's own; the budget above bounds
+    /// the whole decision).
+    #[arg(long, value_name = "MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    pub redis_timeout_ms: u64,
+
+    /// What decisions do while Redis cannot decide: `fallback` (this instance enforces its
+    /// share of each limit), `fail-open` (admit) or `fail-closed` (gRPC UNAVAILABLE, HTTP 503,
+    /// and Envoy's `failure_mode_deny` decides).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = FailureModeArg::Fallback)]
+    pub failure_mode: FailureModeArg,
+
+    /// Add the rate-limit headers to every answer: `RateLimit` and `RateLimit-Policy`, and the
+    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` trio.
+    #[arg(long)]
+    pub response_headers: bool,
+
+    /// How often the configuration path is read for changes, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub reload_interval_ms: u64,
+
+    /// The most connections each server (gRPC, HTTP) holds open at once; further clients wait
+    /// in the kernel's accept queue.
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+
+    /// Time limit of one request, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout_ms: u64,
+
+    /// After SIGTERM or Ctrl-C, how long the requests in flight may take to finish, in
+    /// milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
+}
+
+/// `--failure-mode`: the hybrid store's [`FailureMode`] for every rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailureModeArg {
+    /// The local fallback store decides, with `1/--instances` of each limit.
+    Fallback,
+    /// Admit unchecked.
+    FailOpen,
+    /// Answer an error.
+    FailClosed,
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(mode: FailureModeArg) -> Self {
+        match mode {
+            FailureModeArg::Fallback => FailureMode::Fallback,
+            FailureModeArg::FailOpen => FailureMode::FailOpen,
+            FailureModeArg::FailClosed => FailureMode::FailClosed,
+        }
+    }
+}
+
+impl Args {
+    /// The Redis time budget.
+    pub fn redis_budget(&self) -> Duration {
+        Duration::from_millis(self.redis_budget_ms)
+    }
+
+    /// The Redis reply timeout.
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_timeout_ms)
+    }
+
+    /// The reload poll interval.
+    pub fn reload_interval(&self) -> Duration {
+        Duration::from_millis(self.reload_interval_ms)
+    }
+
+    /// The time limit of one request.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The shutdown deadline.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout_ms)
+    }
+}
+
+impl Default for Args {
+    /// The defaults, as if run without flags.
+    fn default() -> Self {
+        Self::parse_from(["distlimit-server"])
+    }
+}

@@ -1,0 +1,642 @@
+//! envoyproxy/ratelimit's YAML configuration, read as is, and its matching rules.
+//!
+//! One file holds one domain:
+//!
+//! ```yaml
+//! domain: messaging
+//! descriptors:
+//!   - key: message_type
+//!     value: marketing
+//!     descriptors:
+//!       - key: to_number
+//!         rate_limit:
+//!           unit: day
+//!           requests_per_unit: 5
+//!   - key: to_number
+//!     rate_limit:
+//!       unit: day
+//!       requests_per_unit: 100
+//! ```
+//!
+//! A request's descriptor (an ordered list of key/value entries) is matched level by level: at
+//! each level the exact `key`/`value` first, then the values with a `*` wildcard in the order
+//! they were written, then the `key` without a value. A limit applies only where the request's
+//! last entry lands; a descriptor that matches nothing, or lands on a node without a limit, is
+//! not limited.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// A rate limit's time unit. Windows are aligned on multiples of the unit since the Unix epoch,
+/// as envoyproxy/ratelimit aligns them; a month is 30 days and a year 365 days, as there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3 600 seconds.
+    Hour,
+    /// 86 400 seconds.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days.
+    Month,
+    /// 365 days.
+    Year,
+}
+
+impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// The unit's length in seconds.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    /// The lowercase name used in the YAML files (`second`, `minute`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// The unit named `name`, in any case (as envoyproxy/ratelimit reads it).
+    pub fn from_name(name: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|unit| unit.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a matched rule limits to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleLimit {
+    /// `unlimited: true`: always admitted, never counted.
+    Unlimited,
+    /// `requests_per_unit` per `unit`, in fixed windows aligned on the unit. Zero denies every
+    /// request.
+    PerUnit {
+        /// Requests admitted per window.
+        requests_per_unit: u32,
+        /// The window.
+        unit: Unit,
+    },
+}
+
+/// A descriptor's `rate_limit` (with its descriptor's `shadow_mode`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// The limit.
+    pub limit: RuleLimit,
+    /// `name`: what `replaces` refers to.
+    pub name: Option<String>,
+    /// `replaces`: the names of the rules this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    /// `shadow_mode`: counted as usual, but a denial is answered OK (and counted in metrics).
+    pub shadow_mode: bool,
+}
+
+/// Where a descriptor landed: the rule to apply and the state it counts in.
+#[derive(Clone, Copy, Debug)]
+pub struct Match<'c> {
+    /// The rule.
+    pub rule: &'c Rule,
+    /// The matched path below the domain, as envoyproxy/ratelimit names it in its statistics:
+    /// `key_value` for a node with a value (the pattern for a wildcard), `key` for a node
+    /// without, joined by `.` (`message_type_marketing.to_number`).
+    pub path: &'c str,
+    /// `detailed_metric` of the matched node: metrics name the request's own values.
+    pub detailed_metric: bool,
+}
+
+/// A loaded configuration: every domain of every file.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    domains: HashMap<String, Domain>,
+}
+
+#[derive(Clone, Debug)]
+struct Domain {
+    root: Level,
+    file: PathBuf,
+}
+
+/// One level of nested descriptors.
+#[derive(Clone, Debug, Default)]
+struct Level {
+    nodes: Vec<Node>,
+    /// key → value → node index, for values without a wildcard.
+    exact: HashMap<String, HashMap<String, usize>>,
+    /// Nodes whose value holds a `*`, in file order.
+    wildcards: Vec<usize>,
+    /// key → node index, for nodes without a value.
+    key_only: HashMap<String, usize>,
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    key: String,
+    value: String,
+    path: String,
+    rule: Option<Rule>,
+    detailed_metric: bool,
+    children: Level,
+}
+
+impl Config {
+    /// An empty configuration: every descriptor is unmatched.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// Reads `path`: one YAML file, or every `.yaml`/`.yml` file of a directory (dot files
+    /// skipped, symbolic links followed, as a Kubernetes ConfigMap volume lays them out).
+    ///
+    /// # Errors
+    ///
+    /// An unreadable path, or any invalid file (see [`Config::from_sources`]).
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::from_sources(&read_sources(path)?)
+    }
+
+    /// Parses files already read: `(path, contents)` pairs.
+    ///
+    /// # Errors
+    ///
+    /// The first invalid file, naming the file, the line and the field; or a domain defined by
+    /// two files.
+    pub fn from_sources(sources: &[Source]) -> Result<Self, ConfigError> {
+        let mut domains: HashMap<String, Domain> = HashMap::new();
+        for source in sources {
+            let (name, domain) = parse_file(&source.path, &source.contents)?;
+            if let Some(first) = domains.get(&name) {
+                return Err(ConfigError::DuplicateDomain {
+                    domain: name,
+                    first: first.file.clone(),
+                    second: source.path.clone(),
+                });
+            }
+            domains.insert(name, domain);
+        }
+        Ok(Self { domains })
+    }
+
+    /// Parses one YAML document, as if read from a file named `file`.
+    ///
+    /// # Errors
+    ///
+    /// See [`Config::from_sources`].
+    pub fn from_yaml(file: &str, yaml: &str) -> Result<Self, ConfigError> {
+        Self::from_sources(&[Source {
+            path: PathBuf::from(file),
+            contents: yaml.to_owned(),
+        }])
+    }
+
+    /// Whether `domain` is configured.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The configured domains, in no particular order.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
+    /// The rule a descriptor's `entries` (key, value pairs, in order) land on in `domain`, if
+    /// any.
+    pub fn lookup<'c, 'e, I>(&'c self, domain: &str, entries: I) -> Option<Match<'c>>
+    where
+        I: IntoIterator<Item = (&'e str, &'e str)>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let mut level = &self.domains.get(domain)?.root;
+        let entries = entries.into_iter();
+        let last = entries.len().checked_sub(1)?;
+        for (i, (key, value)) in entries.enumerate() {
+            let node = &level.nodes[level.find(key, value)?];
+            if i == last {
+                return node.rule.as_ref().map(|rule| Match {
+                    rule,
+                    path: &node.path,
+                    detailed_metric: node.detailed_metric,
+                });
+            }
+            if node.children.nodes.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+}
+
+impl Level {
+    /// The node `key`/`value` lands on: exact value, then wildcards in order, then key alone.
+    fn find(&self, key: &str, value: &str) -> Option<usize> {
+        if let Some(&i) = self.exact.get(key).and_then(|values| values.get(value)) {
+            return Some(i);
+        }
+        let wildcard = self.wildcards.iter().copied().find(|&i| {
+            let node = &self.nodes[i];
+            node.key == key && wildcard_match(&node.value, value)
+        });
+        wildcard.or_else(|| self.key_only.get(key).copied())
+    }
+}
+
+/// Whether `text` matches `pattern`, where each `*` stands for any run of characters (empty
+/// included) and everything else for itself.
+pub fn wildcard_match(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let Some(first) = parts.next() else {
+        return text.is_empty();
+    };
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let mut parts: Vec<&str> = parts.collect();
+    let Some(last) = parts.pop() else {
+        // No `*` at all.
+        return rest.is_empty();
+    };
+    for part in parts {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// One configuration file as read from disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// Its text.
+    pub contents: String,
+}
+
+/// Reads the YAML files at `path` (a file, or a directory's `.yaml`/`.yml` files in name order,
+/// dot files skipped, symbolic links followed).
+///
+/// # Errors
+///
+/// [`ConfigError::Io`] when the path or a file cannot be read.
+pub fn read_sources(path: &Path) -> Result<Vec<Source>, ConfigError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ConfigError::Io { path, source }
+    };
+    let meta = std::fs::metadata(path).map_err(io(path))?;
+    if !meta.is_dir() {
+        let contents = std::fs::read_to_string(path).map_err(io(path))?;
+        return Ok(vec![Source {
+            path: path.to_path_buf(),
+            contents,
+        }]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(io(path))? {
+        let entry = entry.map_err(io(path))?;
+        let file = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if name.starts_with('.') || !yaml {
+            continue;
+        }
+        // Follows symbolic links: a ConfigMap's files are links into its `..data` directory.
+        match std::fs::metadata(&file) {
+            Ok(meta) if meta.is_file() => files.push(file),
+            Ok(_) => {}
+            // A link whose target vanished mid-swap: the next poll sees the new one.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(io(&file)(error)),
+        }
+    }
+    files.sort();
+    files
+        .into_iter()
+        .map(|file| {
+            let contents = std::fs::read_to_string(&file).map_err(io(&file))?;
+            Ok(Source {
+                path: file,
+                contents,
+            })
+        })
+        .collect()
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A path could not be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A file is not a valid configuration.
+    #[error("{}:{}: {message}", file.display(), line.map_or_else(|| "?".to_owned(), |l| l.to_string()))]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// The line (1-based) the parser was at, when known.
+        line: Option<usize>,
+        /// The field (`descriptors[1].rate_limit.unit`) and what is wrong with it.
+        message: String,
+    },
+    /// Two files define the same domain.
+    #[error("domain \"{domain}\" is defined by both {} and {}", first.display(), second.display())]
+    DuplicateDomain {
+        /// The domain.
+        domain: String,
+        /// The file read first.
+        first: PathBuf,
+        /// The other file.
+        second: PathBuf,
+    },
+}
+
+impl ConfigError {
+    /// The file at fault, if one is.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            ConfigError::Io { path, .. } => Some(path),
+            ConfigError::Invalid { file, .. } => Some(file),
+            ConfigError::DuplicateDomain { second, .. } => Some(second),
+        }
+    }
+
+    /// The line at fault (1-based), if known.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            ConfigError::Invalid { line, .. } => *line,
+            _ => None,
+        }
+    }
+}
+
+// ---- The file format, as envoyproxy/ratelimit reads it. ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    domain: String,
+    #[serde(default)]
+    descriptors: Descriptors,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(try_from = "Vec<RawDescriptor>")]
+struct Descriptors(Vec<RawDescriptor>);
+
+impl TryFrom<Vec<RawDescriptor>> for Descriptors {
+    type Error = String;
+
+    fn try_from(list: Vec<RawDescriptor>) -> Result<Self, String> {
+        for (i, d) in list.iter().enumerate() {
+            if let Some(j) = list[..i]
+                .iter()
+                .position(|e| e.key == d.key && e.value == d.value)
+            {
+                return Err(format!(
+                    "[{i}]: duplicate descriptor (key \"{}\", value \"{}\"), also at [{j}]",
+                    d.key.0, d.value
+                ));
+            }
+        }
+        Ok(Self(list))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    key: NonEmpty,
+    #[serde(default)]
+    value: String,
+    #[serde(default)]
+    rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    descriptors: Descriptors,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default)]
+    detailed_metric: bool,
+}
+
+#[derive(PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+struct NonEmpty(String);
+
+impl TryFrom<String> for NonEmpty {
+    type Error = &'static str;
+
+    fn try_from(s: String) -> Result<Self, &'static str> {
+        if s.is_empty() {
+            Err("must not be empty")
+        } else {
+            Ok(Self(s))
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(try_from = "RawRateLimitFields")]
+struct RawRateLimit {
+    limit: RuleLimit,
+    name: Option<String>,
+    replaces: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimitFields {
+    #[serde(default)]
+    unit: Option<UnitName>,
+    #[serde(default)]
+    requests_per_unit: Option<u32>,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Vec<RawReplace>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplace {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(try_from = "String")]
+struct UnitName(Unit);
+
+impl TryFrom<String> for UnitName {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        Unit::from_name(&s).map(UnitName).ok_or_else(|| {
+            format!(
+                "unknown unit \"{s}\", expected one of second, minute, hour, day, week, month, year"
+            )
+        })
+    }
+}
+
+impl TryFrom<RawRateLimitFields> for RawRateLimit {
+    type Error = String;
+
+    fn try_from(raw: RawRateLimitFields) -> Result<Self, String> {
+        let limit = if raw.unlimited {
+            if raw.unit.is_some() || raw.requests_per_unit.is_some() {
+                return Err("unlimited: true takes neither unit nor requests_per_unit".into());
+            }
+            RuleLimit::Unlimited
+        } else {
+            let Some(UnitName(unit)) = raw.unit else {
+                return Err(
+                    "unit is required (second, minute, hour, day, week, month or year) \
+                     unless unlimited: true"
+                        .into(),
+                );
+            };
+            RuleLimit::PerUnit {
+                requests_per_unit: raw.requests_per_unit.unwrap_or(0),
+                unit,
+            }
+        };
+        let mut replaces = Vec::with_capacity(raw.replaces.len());
+        for replace in raw.replaces {
+            if replace.name.is_empty() {
+                return Err("replaces: a name must not be empty".into());
+            }
+            if raw.name.as_deref() == Some(replace.name.as_str()) {
+                return Err(format!(
+                    "replaces: \"{}\" is this rate limit's own name",
+                    replace.name
+                ));
+            }
+            replaces.push(replace.name);
+        }
+        Ok(Self {
+            limit,
+            name: raw.name.filter(|n| !n.is_empty()),
+            replaces,
+        })
+    }
+}
+
+fn parse_file(file: &Path, yaml: &str) -> Result<(String, Domain), ConfigError> {
+    let raw: RawFile = serde_yaml_ng::from_str(yaml).map_err(|error| ConfigError::Invalid {
+        file: file.to_path_buf(),
+        line: error.location().map(|l| l.line()),
+        message: error.to_string(),
+    })?;
+    if raw.domain.is_empty() {
+        return Err(ConfigError::Invalid {
+            file: file.to_path_buf(),
+            line: None,
+            message: "domain: must not be empty".into(),
+        });
+    }
+    let root = build_level(raw.descriptors.0, "");
+    Ok((
+        raw.domain,
+        Domain {
+            root,
+            file: file.to_path_buf(),
+        },
+    ))
+}
+
+fn build_level(descriptors: Vec<RawDescriptor>, parent: &str) -> Level {
+    let mut level = Level::default();
+    for raw in descriptors {
+        let key = raw.key.0;
+        let segment = if raw.value.is_empty() {
+            key.clone()
+        } else {
+            format!("{key}_{}", raw.value)
+        };
+        let path = if parent.is_empty() {
+            segment
+        } else {
+            format!("{parent}.{segment}")
+        };
+        let children = build_level(raw.descriptors.0, &path);
+        let rule = raw.rate_limit.map(|r| Rule {
+            limit: r.limit,
+            name: r.name,
+            replaces: r.replaces,
+            shadow_mode: raw.shadow_mode,
+        });
+        let index = level.nodes.len();
+        if raw.value.is_empty() {
+            level.key_only.insert(key.clone(), index);
+        } else if raw.value.contains('*') {
+            level.wildcards.push(index);
+        } else {
+            level
+                .exact
+                .entry(key.clone())
+                .or_default()
+                .insert(raw.value.clone(), index);
+        }
+        level.nodes.push(Node {
+            key,
+            value: raw.value,
+            path,
+            rule,
+            detailed_metric: raw.detailed_metric,
+            children,
+        });
+    }
+    level
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,487 @@
+//! The matcher against the configuration examples of envoyproxy/ratelimit's README.
+
+use super::*;
+
+fn limit(rpu: u32, unit: Unit) -> RuleLimit {
+    RuleLimit::PerUnit {
+        requests_per_unit: rpu,
+        unit,
+    }
+}
+
+/// The limit and path `entries` land on.
+fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> Option<(RuleLimit, String)> {
+    config
+        .lookup(domain, entries.iter().copied())
+        .map(|m| (m.rule.limit, m.path.to_owned()))
+}
+
+fn parse(yaml: &str) -> Config {
+    match Config::from_yaml("test.yaml", yaml) {
+        Ok(config) => config,
+        Err(error) => panic!("{error}"),
+    }
+}
+
+const EXAMPLE_1: &str = "
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+";
+
+#[test]
+fn example_1_exact_values() {
+    let config = parse(EXAMPLE_1);
+    assert_eq!(
+        find(&config, "mongo_cps", &[("database", "users")]),
+        Some((limit(500, Unit::Second), "database_users".into()))
+    );
+    assert_eq!(
+        find(&config, "mongo_cps", &[("database", "default")]),
+        Some((limit(500, Unit::Second), "database_default".into()))
+    );
+    assert_eq!(find(&config, "mongo_cps", &[("database", "other")]), None);
+    assert_eq!(
+        find(&config, "other_domain", &[("database", "users")]),
+        None
+    );
+}
+
+pub(crate) const EXAMPLE_2: &str = "
+domain: messaging
+descriptors:
+  # Only allow 5 marketing messages a day
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+
+  # Only allow 100 messages a day to any unique phone number
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+";
+
+#[test]
+fn example_2_nested_descriptors() {
+    let config = parse(EXAMPLE_2);
+    assert_eq!(
+        find(
+            &config,
+            "messaging",
+            &[("message_type", "marketing"), ("to_number", "2061111111")]
+        ),
+        Some((
+            limit(5, Unit::Day),
+            "message_type_marketing.to_number".into()
+        ))
+    );
+    assert_eq!(
+        find(&config, "messaging", &[("to_number", "2061111111")]),
+        Some((limit(100, Unit::Day), "to_number".into()))
+    );
+    // The placeholder level has no limit of its own.
+    assert_eq!(
+        find(&config, "messaging", &[("message_type", "marketing")]),
+        None
+    );
+    // Another message type matches no rule.
+    assert_eq!(
+        find(
+            &config,
+            "messaging",
+            &[
+                ("message_type", "transactional"),
+                ("to_number", "2061111111")
+            ]
+        ),
+        None
+    );
+}
+
+#[test]
+fn example_3_exact_value_before_key_alone() {
+    let config = parse(
+        "
+domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+",
+    );
+    assert_eq!(
+        find(
+            &config,
+            "edge_proxy_per_ip",
+            &[("remote_address", "50.0.0.1")]
+        ),
+        Some((limit(10, Unit::Second), "remote_address".into()))
+    );
+    assert_eq!(
+        find(
+            &config,
+            "edge_proxy_per_ip",
+            &[("remote_address", "50.0.0.5")]
+        ),
+        Some((limit(0, Unit::Second), "remote_address_50.0.0.5".into()))
+    );
+}
+
+#[test]
+fn example_4_a_limit_applies_only_at_the_last_entry() {
+    let shallow = parse(
+        "
+domain: example4
+descriptors:
+  - key: key
+    value: value
+    rate_limit:
+      requests_per_unit: 300
+      unit: second
+",
+    );
+    let request = [("key", "value"), ("subkey", "subvalue")];
+    assert_eq!(find(&shallow, "example4", &request), None);
+    let nested = parse(
+        "
+domain: example4
+descriptors:
+  - key: key
+    value: value
+    descriptors:
+      - key: subkey
+        rate_limit:
+          requests_per_unit: 300
+          unit: second
+",
+    );
+    assert_eq!(
+        find(&nested, "example4", &request),
+        Some((limit(300, Unit::Second), "key_value.subkey".into()))
+    );
+    // One entry short of the configured depth: no limit.
+    assert_eq!(find(&nested, "example4", &[("key", "value")]), None);
+}
+
+#[test]
+fn example_5_unlimited() {
+    let config = parse(
+        "
+domain: internal
+descriptors:
+  - key: ldap
+    rate_limit:
+      unlimited: true
+
+  - key: azure
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+",
+    );
+    assert_eq!(
+        find(&config, "internal", &[("ldap", "x")]),
+        Some((RuleLimit::Unlimited, "ldap".into()))
+    );
+    assert_eq!(
+        find(&config, "internal", &[("azure", "x")]),
+        Some((limit(100, Unit::Minute), "azure".into()))
+    );
+}
+
+pub(crate) const EXAMPLE_6: &str = "
+domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 10
+          unit: second
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 20
+          unit: second
+";
+
+#[test]
+fn example_6_shadow_mode() {
+    let config = parse(EXAMPLE_6);
+    let a = config.lookup(
+        "example6",
+        [("service", "auth-service"), ("user", "user-a")],
+    );
+    let b = config.lookup(
+        "example6",
+        [("service", "auth-service"), ("user", "user-b")],
+    );
+    assert!(a.is_some_and(|m| m.rule.shadow_mode && m.rule.limit == limit(10, Unit::Second)));
+    assert!(b.is_some_and(|m| !m.rule.shadow_mode && m.rule.limit == limit(20, Unit::Second)));
+}
+
+pub(crate) const EXAMPLE_7: &str = "
+domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+";
+
+#[test]
+fn example_7_names_and_replaces_are_read() {
+    let config = parse(EXAMPLE_7);
+    let first = config.lookup("example7", [("key_1", "value_1"), ("user", "bkthomps")]);
+    let second = config.lookup("example7", [("key_2", "value_2"), ("user", "bkthomps")]);
+    assert!(first.is_some_and(|m| m.rule.name.as_deref() == Some("specific_limit")));
+    assert!(second.is_some_and(|m| m.rule.replaces == ["specific_limit"]));
+}
+
+#[test]
+fn example_8_detailed_metric() {
+    let config = parse(
+        "
+domain: example8
+descriptors:
+  - key: key1
+    detailed_metric: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+",
+    );
+    let other = config.lookup("example8", [("key1", "unspecified_value")]);
+    assert!(other.is_some_and(|m| m.detailed_metric && m.rule.limit == limit(10, Unit::Minute)));
+    let exact = config.lookup("example8", [("key1", "value1")]);
+    assert!(exact.is_some_and(|m| !m.detailed_metric && m.rule.limit == limit(20, Unit::Minute)));
+}
+
+pub(crate) const EXAMPLE_9: &str = "
+domain: example9
+descriptors:
+  - key: key1
+    value: value*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+";
+
+#[test]
+fn example_9_wildcards() {
+    let config = parse(EXAMPLE_9);
+    for value in ["value_1", "value_2", "value"] {
+        assert_eq!(
+            find(&config, "example9", &[("key1", value)]),
+            Some((limit(20, Unit::Minute), "key1_value*".into())),
+            "{value}"
+        );
+    }
+    assert_eq!(find(&config, "example9", &[("key1", "other")]), None);
+}
+
+#[test]
+fn wildcards_match_in_file_order_between_exact_and_key_alone() {
+    let config = parse(
+        "
+domain: d
+descriptors:
+  - key: path
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: path
+    value: /api/*/orders
+    rate_limit: { unit: second, requests_per_unit: 2 }
+  - key: path
+    value: /api/*
+    rate_limit: { unit: second, requests_per_unit: 3 }
+  - key: path
+    value: /api/v1/orders
+    rate_limit: { unit: second, requests_per_unit: 4 }
+",
+    );
+    let rpu = |value: &str| {
+        config
+            .lookup("d", [("path", value)])
+            .map(|m| match m.rule.limit {
+                RuleLimit::PerUnit {
+                    requests_per_unit, ..
+                } => requests_per_unit,
+                RuleLimit::Unlimited => u32::MAX,
+            })
+    };
+    assert_eq!(rpu("/api/v1/orders"), Some(4));
+    assert_eq!(rpu("/api/v2/orders"), Some(2));
+    assert_eq!(rpu("/api/v2/users"), Some(3));
+    assert_eq!(rpu("/health"), Some(1));
+}
+
+#[test]
+fn wildcard_patterns() {
+    assert!(wildcard_match("a*", "a"));
+    assert!(wildcard_match("a*", "abc"));
+    assert!(wildcard_match("*c", "abc"));
+    assert!(wildcard_match("a*c", "abbbc"));
+    assert!(wildcard_match("a*b*c", "a-b-c"));
+    assert!(wildcard_match("*", ""));
+    assert!(wildcard_match("abc", "abc"));
+    assert!(!wildcard_match("abc", "abcd"));
+    assert!(!wildcard_match("a*c", "ab"));
+    assert!(!wildcard_match("a*bc", "abc-"));
+    assert!(!wildcard_match("ab*ba", "aba"));
+}
+
+#[test]
+fn a_descriptor_without_limit_or_children_passes() {
+    let config = parse(
+        "
+domain: d
+descriptors:
+  - key: k
+",
+    );
+    assert_eq!(find(&config, "d", &[("k", "v")]), None);
+    assert_eq!(find(&config, "d", &[]), None);
+}
+
+/// The error of an invalid file.
+fn error(yaml: &str) -> ConfigError {
+    match Config::from_yaml("bad.yaml", yaml) {
+        Ok(_) => panic!("accepted:\n{yaml}"),
+        Err(error) => error,
+    }
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    let e = error(
+        "domain: d
+descriptors:
+  - key: k
+    rate_limit:
+      unit: secnd
+      requests_per_unit: 5
+",
+    );
+    let text = e.to_string();
+    assert!(text.starts_with("bad.yaml:5:"), "{text}");
+    assert!(text.contains("descriptors[0].rate_limit"), "{text}");
+    assert!(text.contains("unknown unit \"secnd\""), "{text}");
+
+    let e = error(
+        "domain: d
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 5
+      burst: 3
+",
+    );
+    let text = e.to_string();
+    assert!(text.contains("unknown field `burst`"), "{text}");
+    assert_eq!(e.line(), Some(7), "{text}");
+}
+
+#[test]
+fn invalid_files_are_refused() {
+    let cases = [
+        ("descriptors: []\n", "domain"),
+        ("domain: ''\n", "domain"),
+        ("domain: d\ndescriptors:\n  - value: v\n", "key"),
+        (
+            "domain: d\ndescriptors:\n  - key: ''\n",
+            "must not be empty",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { requests_per_unit: 5 }\n",
+            "unit is required",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unlimited: true, unit: second }\n",
+            "unlimited",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: -1 }\n",
+            "requests_per_unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+            "duplicate descriptor",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, name: a, replaces: [{ name: a }] }\n",
+            "own name",
+        ),
+        ("domain: [1, 2]\n", "domain"),
+        ("{{{", "bad.yaml"),
+    ];
+    for (yaml, expected) in cases {
+        let text = error(yaml).to_string();
+        assert!(text.starts_with("bad.yaml:"), "{yaml}: {text}");
+        assert!(text.contains(expected), "{yaml}: {text}");
+    }
+}
+
+#[test]
+fn two_files_of_one_domain_are_refused() {
+    let source = |name: &str| Source {
+        path: PathBuf::from(name),
+        contents: EXAMPLE_9.to_owned(),
+    };
+    let e = Config::from_sources(&[source("a.yaml"), source("b.yaml")]);
+    assert!(matches!(e, Err(ConfigError::DuplicateDomain { .. })));
+}
+
+#[test]
+fn units_read_in_any_case() {
+    for unit in Unit::ALL {
+        assert_eq!(Unit::from_name(&unit.name().to_uppercase()), Some(unit));
+    }
+    assert_eq!(Unit::Week.seconds(), 604_800);
+    assert_eq!(Unit::from_name("fortnight"), None);
+}

@@ -1,0 +1,185 @@
+//! Envoy's rate limit service, v3: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
+//! on the messages of the `envoy-types` crate (generated from Envoy's published protos).
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ResponseUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus as PbStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use tonic::{Request, Response, Status};
+
+use crate::check::{
+    CheckError, CheckRequest, CheckResponse, Checker, Descriptor, DescriptorStatus, LimitOverride,
+};
+use crate::config::Unit;
+
+/// The gRPC service: Envoy's `RateLimitService` answered by a [`Checker`].
+#[derive(Clone, Debug)]
+pub struct RateLimitGrpc {
+    checker: Arc<Checker>,
+    headers: bool,
+}
+
+impl RateLimitGrpc {
+    /// The service on `checker`; with `headers`, answers carry the rate-limit response headers
+    /// (see [`CheckResponse::headers`]).
+    pub fn new(checker: Arc<Checker>, headers: bool) -> Self {
+        Self { checker, headers }
+    }
+
+    /// The tonic server of this service.
+    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimitGrpc {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let request = request.into_inner();
+        let check = to_check(&request)?;
+        let answer = self.checker.check(&check).await.map_err(to_status)?;
+        Ok(Response::new(to_response(&answer, self.headers)))
+    }
+}
+
+/// Reads an Envoy request.
+///
+/// # Errors
+///
+/// `INVALID_ARGUMENT` for a limit override without a known unit, or negative hits.
+pub fn to_check(request: &RateLimitRequest) -> Result<CheckRequest<'_>, Status> {
+    let descriptors = request
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| to_descriptor(i, d))
+        .collect::<Result<Vec<_>, Status>>()?;
+    Ok(CheckRequest {
+        domain: &request.domain,
+        descriptors,
+        hits: u64::from(request.hits_addend),
+    })
+}
+
+fn to_descriptor(i: usize, d: &RateLimitDescriptor) -> Result<Descriptor<'_>, Status> {
+    if d.is_negative_hits {
+        return Err(Status::invalid_argument(format!(
+            "descriptor {i}: is_negative_hits is not supported"
+        )));
+    }
+    let limit = match &d.limit {
+        None => None,
+        Some(o) => Some(LimitOverride {
+            requests_per_unit: o.requests_per_unit,
+            unit: override_unit(o.unit).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "descriptor {i}: the limit override has no valid unit ({})",
+                    o.unit
+                ))
+            })?,
+        }),
+    };
+    Ok(Descriptor {
+        entries: d
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect(),
+        limit,
+        hits: d.hits_addend.map(|h| h.value),
+    })
+}
+
+fn override_unit(unit: i32) -> Option<Unit> {
+    match RateLimitUnit::try_from(unit).ok()? {
+        RateLimitUnit::Second => Some(Unit::Second),
+        RateLimitUnit::Minute => Some(Unit::Minute),
+        RateLimitUnit::Hour => Some(Unit::Hour),
+        RateLimitUnit::Day => Some(Unit::Day),
+        RateLimitUnit::Month => Some(Unit::Month),
+        RateLimitUnit::Year => Some(Unit::Year),
+        RateLimitUnit::Unknown => None,
+    }
+}
+
+fn response_unit(unit: Unit) -> ResponseUnit {
+    match unit {
+        Unit::Second => ResponseUnit::Second,
+        Unit::Minute => ResponseUnit::Minute,
+        Unit::Hour => ResponseUnit::Hour,
+        Unit::Day => ResponseUnit::Day,
+        Unit::Week => ResponseUnit::Week,
+        Unit::Month => ResponseUnit::Month,
+        Unit::Year => ResponseUnit::Year,
+    }
+}
+
+/// The gRPC status of an error: `INVALID_ARGUMENT` or `UNAVAILABLE`.
+pub fn to_status(error: CheckError) -> Status {
+    match error {
+        CheckError::InvalidArgument(message) => Status::invalid_argument(message),
+        CheckError::Unavailable(error) => Status::unavailable(error.to_string()),
+    }
+}
+
+/// Writes an answer as Envoy reads it.
+pub fn to_response(answer: &CheckResponse, headers: bool) -> RateLimitResponse {
+    let overall = if answer.over_limit {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    RateLimitResponse {
+        overall_code: overall as i32,
+        statuses: answer.statuses.iter().map(to_status_message).collect(),
+        response_headers_to_add: if headers {
+            answer
+                .headers()
+                .into_iter()
+                .map(|(key, value)| HeaderValue {
+                    key: key.to_owned(),
+                    value,
+                    ..HeaderValue::default()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        ..RateLimitResponse::default()
+    }
+}
+
+fn to_status_message(status: &DescriptorStatus) -> PbStatus {
+    let code = if status.over_limit {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    PbStatus {
+        code: code as i32,
+        current_limit: status.current_limit.as_ref().map(|l| RateLimit {
+            name: l.name.clone(),
+            requests_per_unit: l.requests_per_unit,
+            unit: response_unit(l.unit) as i32,
+        }),
+        limit_remaining: status.limit_remaining,
+        duration_until_reset: status.duration_until_reset.map(|d| PbDuration {
+            seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+        }),
+        ..PbStatus::default()
+    }
+}

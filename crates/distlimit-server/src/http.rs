@@ -1,0 +1,201 @@
+//! The HTTP side: `POST /v1/check` (the decision as JSON), `GET /metrics`, `GET /ready`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use crate::check::{CheckError, CheckRequest, CheckResponse, Checker, Descriptor};
+
+/// The largest `POST /v1/check` body, in bytes.
+pub const MAX_BODY: usize = 256 * 1024;
+
+/// A `POST /v1/check` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonCheck {
+    /// The configuration's domain.
+    pub domain: String,
+    /// The descriptors: each a list of entries.
+    pub descriptors: Vec<Vec<JsonEntry>>,
+    /// Units each descriptor spends (default 1; 0 is read as 1).
+    #[serde(default)]
+    pub hits: u32,
+}
+
+/// One entry of a descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonEntry {
+    /// The entry's key.
+    pub key: String,
+    /// The entry's value.
+    pub value: String,
+}
+
+/// The answer of `POST /v1/check`.
+#[derive(Debug, Serialize)]
+pub struct JsonAnswer {
+    /// `OK` or `OVER_LIMIT`.
+    pub overall_code: &'static str,
+    /// One per descriptor.
+    pub statuses: Vec<JsonStatus>,
+}
+
+/// One descriptor's answer.
+#[derive(Debug, Serialize)]
+pub struct JsonStatus {
+    /// `OK` or `OVER_LIMIT`.
+    pub code: &'static str,
+    /// The limit applied; absent when none matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_limit: Option<JsonLimit>,
+    /// Requests left in the window (4294967295 when unlimited).
+    pub limit_remaining: u32,
+    /// Milliseconds until the window ends; absent when not limited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_until_reset_ms: Option<u64>,
+}
+
+/// A limit, as in `current_limit`.
+#[derive(Debug, Serialize)]
+pub struct JsonLimit {
+    /// The rule's name or path.
+    pub name: String,
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year`.
+    pub unit: &'static str,
+}
+
+/// What the HTTP handlers share.
+#[derive(Clone, Debug)]
+pub struct HttpState {
+    /// The decisions.
+    pub checker: Arc<Checker>,
+    /// Whether answers carry the rate-limit headers.
+    pub headers: bool,
+    /// False once shutdown began: `/ready` answers 503.
+    pub ready: Arc<AtomicBool>,
+    /// The time limit of one check.
+    pub timeout: Duration,
+}
+
+/// The routes.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/metrics", get(metrics))
+        .route("/ready", get(ready))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+fn json(status: StatusCode, body: String) -> Response {
+    (status, [(CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    json(status, serde_json::json!({ "error": message }).to_string())
+}
+
+async fn check(
+    State(state): State<HttpState>,
+    body: Result<axum::Json<JsonCheck>, JsonRejection>,
+) -> Response {
+    let body = match body {
+        Ok(axum::Json(body)) => body,
+        Err(rejection) => return error(rejection.status(), &rejection.body_text()),
+    };
+    let request = CheckRequest {
+        domain: &body.domain,
+        descriptors: body
+            .descriptors
+            .iter()
+            .map(|entries| Descriptor {
+                entries: entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                    .collect(),
+                ..Descriptor::default()
+            })
+            .collect(),
+        hits: u64::from(body.hits),
+    };
+    let answer = match tokio::time::timeout(state.timeout, state.checker.check(&request)).await {
+        Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "no decision in time"),
+        Ok(Err(CheckError::InvalidArgument(message))) => {
+            return error(StatusCode::BAD_REQUEST, &message);
+        }
+        Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Ok(Ok(answer)) => answer,
+    };
+    let status = if answer.over_limit {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    let mut response = json(status, to_json(&answer));
+    if state.headers {
+        for (name, value) in answer.headers() {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                response
+                    .headers_mut()
+                    .insert(HeaderName::from_static(name), value);
+            }
+        }
+    }
+    response
+}
+
+/// The JSON text of an answer.
+pub fn to_json(answer: &CheckResponse) -> String {
+    let code = |over: bool| if over { "OVER_LIMIT" } else { "OK" };
+    let body = JsonAnswer {
+        overall_code: code(answer.over_limit),
+        statuses: answer
+            .statuses
+            .iter()
+            .map(|s| JsonStatus {
+                code: code(s.over_limit),
+                current_limit: s.current_limit.as_ref().map(|l| JsonLimit {
+                    name: l.name.clone(),
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit.name(),
+                }),
+                limit_remaining: s.limit_remaining,
+                duration_until_reset_ms: s
+                    .duration_until_reset
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            })
+            .collect(),
+    };
+    serde_json::to_string(&body).unwrap_or_default()
+}
+
+async fn metrics(State(state): State<HttpState>) -> Response {
+    (
+        [(CONTENT_TYPE, distlimit_metrics::CONTENT_TYPE)],
+        state.checker.metrics().encode(),
+    )
+        .into_response()
+}
+
+async fn ready(State(state): State<HttpState>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        json(StatusCode::OK, r#"{"status":"ready"}"#.into())
+    } else {
+        json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"status":"shutting down"}"#.into(),
+        )
+    }
+}

@@ -1,0 +1,232 @@
+#![doc = include_str!("../README.md")]
+
+mod args;
+pub mod check;
+pub mod config;
+pub mod grpc;
+pub mod http;
+pub mod net;
+pub mod reload;
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use distlimit_core::Store;
+use distlimit_hybrid::Hybrid;
+use distlimit_memory::MemoryStore;
+use distlimit_metrics::Metrics;
+use distlimit_redis::RedisStore;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use crate::args::{Args, FailureModeArg};
+pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
+pub use crate::config::{Config, ConfigError};
+pub use crate::grpc::RateLimitGrpc;
+pub use crate::reload::{Reload, Watcher};
+
+/// The name of the Redis store in metrics and logs.
+pub const REDIS_STORE: &str = "redis";
+
+/// How many requests one gRPC connection runs at once.
+pub const GRPC_CONCURRENCY_PER_CONNECTION: usize = 1024;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error("config: {0}")]
+    Config(#[from] ConfigError),
+    /// Redis could not be reached or the URL is invalid.
+    #[error("redis: {0}")]
+    Redis(#[from] distlimit_core::Error),
+    /// The hybrid store's configuration was refused.
+    #[error("hybrid store: {0}")]
+    Hybrid(#[from] distlimit_hybrid::ConfigError),
+}
+
+/// The service, built from [`Args`] and ready to [`serve`](Server::serve).
+#[derive(Debug)]
+pub struct Server {
+    checker: Arc<Checker>,
+    watcher: Option<Watcher>,
+    args: Args,
+}
+
+impl Server {
+    /// Reads the configuration (starting its hot reload), builds the store (memory, or Redis
+    /// behind a circuit breaker with a memory fallback) and the metrics. Needs a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// An invalid configuration, or an unreachable Redis.
+    pub async fn build(args: &Args) -> Result<Self, StartError> {
+        let (config, sources) = match &args.config {
+            Some(path) => {
+                let sources = config::read_sources(path)?;
+                (Config::from_sources(&sources)?, sources)
+            }
+            None => (Config::empty(), Vec::new()),
+        };
+        tracing::info!(domains = config.domains().count(), "configuration loaded");
+        let metrics = Metrics::new();
+        let store = store(args, &metrics).await?;
+        let checker = Arc::new(Checker::new(store, config, metrics));
+        let watcher = args.config.as_ref().map(|path| {
+            reload::watch(
+                checker.clone(),
+                path.clone(),
+                args.reload_interval(),
+                sources,
+            )
+        });
+        Ok(Self {
+            checker,
+            watcher,
+            args: args.clone(),
+        })
+    }
+
+    /// The decisions.
+    pub fn checker(&self) -> &Arc<Checker> {
+        &self.checker
+    }
+
+    /// Configuration reload events (`None` without `--config`).
+    pub fn reloads(&self) -> Option<watch::Receiver<Reload>> {
+        self.watcher.as_ref().map(Watcher::subscribe)
+    }
+
+    /// Serves gRPC (Envoy's RLS v3 and `grpc.health.v1`) on `grpc` and HTTP on `http` until
+    /// `shutdown` completes; then both stop accepting, `/ready` and the health service report
+    /// not serving, and the requests in flight get `--shutdown-timeout-ms` to finish.
+    ///
+    /// # Errors
+    ///
+    /// Those of the listeners.
+    pub async fn serve(
+        self,
+        grpc: TcpListener,
+        http: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> io::Result<()> {
+        let args = &self.args;
+        let ready = Arc::new(AtomicBool::new(true));
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_serving::<RateLimitServiceServer<RateLimitGrpc>>()
+            .await;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        {
+            let ready = ready.clone();
+            let health = health.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                tracing::info!("shutting down");
+                ready.store(false, Ordering::Release);
+                health
+                    .set_not_serving::<RateLimitServiceServer<RateLimitGrpc>>()
+                    .await;
+                let _ = stop_tx.send(true);
+            });
+        }
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+
+        let rls = RateLimitGrpc::new(self.checker.clone(), args.response_headers);
+        let max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
+        let grpc_server = tonic::transport::Server::builder()
+            .timeout(args.request_timeout())
+            .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .add_service(health_service)
+            .add_service(rls.into_server())
+            .serve_with_incoming_shutdown(
+                net::CappedListener::new(grpc, max_connections).into_stream(),
+                stopped(stop_rx.clone()),
+            );
+        let router = http::router(http::HttpState {
+            checker: self.checker.clone(),
+            headers: args.response_headers,
+            ready,
+            timeout: args.request_timeout(),
+        });
+        let http_server = axum::serve(net::CappedListener::new(http, max_connections), router)
+            .with_graceful_shutdown(stopped(stop_rx.clone()));
+        let both = async {
+            let (grpc, http) = tokio::join!(grpc_server, http_server);
+            grpc.map_err(io::Error::other)?;
+            http
+        };
+        let deadline = args.shutdown_timeout();
+        let expired = async {
+            stopped(stop_rx).await;
+            tokio::time::sleep(deadline).await;
+        };
+        tokio::select! {
+            served = both => served,
+            () = expired => {
+                tracing::warn!(?deadline, "requests still in flight at the shutdown deadline were dropped");
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartError> {
+    let Some(url) = &args.redis else {
+        tracing::info!("store: memory (this process only)");
+        return Ok(Arc::new(MemoryStore::new()));
+    };
+    let redis = RedisStore::builder(url.as_str())
+        .response_timeout(args.redis_timeout())
+        .connect()
+        .await?;
+    tracing::info!(
+        "store: redis ({:?}), failure mode {:?}, memory fallback with 1/{} of each limit",
+        redis.mode(),
+        args.failure_mode,
+        args.instances
+    );
+    let hybrid = Hybrid::builder(redis, MemoryStore::new())
+        .name(REDIS_STORE)
+        .budget(args.redis_budget())
+        .instances(args.instances)
+        .default_failure_mode(args.failure_mode.into())
+        .observer(Arc::new(metrics.clone()))
+        .build()?;
+    metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
+    Ok(Arc::new(hybrid))
+}
+
+/// Completes at Ctrl-C or SIGTERM. A signal that cannot be listened to is never awaited.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

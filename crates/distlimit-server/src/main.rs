@@ -1,0 +1,36 @@
+//! `distlimit-server`: the rate-limit service. `distlimit-server --help` lists the flags.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use distlimit_server::{Args, Server, shutdown_signal};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let server = Server::build(&args).await?;
+    let grpc = tokio::net::TcpListener::bind(args.grpc).await?;
+    let http = tokio::net::TcpListener::bind(args.http).await?;
+    // Scripts and tests read the bound addresses (with port 0) from these lines.
+    tracing::info!("grpc listening on {}", grpc.local_addr()?);
+    tracing::info!("http listening on http://{}", http.local_addr()?);
+    server.serve(grpc, http, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

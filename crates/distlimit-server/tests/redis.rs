@@ -1,0 +1,131 @@
+//! Several server instances on one real Redis, and a Redis outage.
+//!
+//! Each test starts its own `redis-server` on a free loopback port; without one it is skipped,
+//! unless `DISTLIMIT_REQUIRE_REDIS=1`, which turns the skip into a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use distlimit_test::server::RedisServer;
+use support::*;
+
+const LIMIT: u32 = 50;
+
+fn config() -> tempfile::TempDir {
+    config_dir(&format!(
+        "
+domain: shared
+descriptors:
+  - key: tenant
+    rate_limit: {{ unit: hour, requests_per_unit: {LIMIT} }}
+"
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_admit_exactly_the_limit() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = config();
+    // A budget no debug build on a loaded machine runs out of: this test is about exactness,
+    // not about the breaker.
+    let flags = [
+        "--redis",
+        url.as_str(),
+        "--instances",
+        "2",
+        "--redis-budget-ms",
+        "5000",
+    ];
+    let a = Running::with_config(dir.path(), &flags).await;
+    let b = Running::with_config(dir.path(), &flags).await;
+    align(3_600, Duration::from_secs(10)).await;
+    // 16 clients, 8 per instance, sending 3 x LIMIT requests between them at once.
+    let mut tasks = Vec::new();
+    for c in 0..16u32 {
+        let addr = if c % 2 == 0 { a.grpc } else { b.grpc };
+        tasks.push(tokio::spawn(async move {
+            let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://{addr}"))
+                .await
+                .unwrap();
+            let mut admitted = 0;
+            for _ in 0..(3 * LIMIT).div_ceil(16) {
+                let answer = call(&mut client, request("shared", vec![descriptor(&[("tenant", "t1")])])).await;
+                if answer.overall_code == OK {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert_eq!(admitted, LIMIT, "{}", a.checker.metrics().encode());
+    let metrics = a.checker.metrics().encode();
+    assert!(!metrics.contains(r#"source="fallback""#), "{metrics}");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_is_answered_by_the_fallback_without_errors() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = config();
+    let server =
+        Running::with_config(dir.path(), &["--redis", url.as_str(), "--instances", "5"]).await;
+    let mut client = server.client().await;
+    let tenant = || request("shared", vec![descriptor(&[("tenant", "outage")])]);
+    assert_eq!(call(&mut client, tenant()).await.overall_code, OK);
+    redis.kill();
+    // The fallback holds this instance's share: 50 / 5 = 10 per hour.
+    let mut codes = Vec::new();
+    for _ in 0..15 {
+        let answer = client.should_rate_limit(tenant()).await;
+        codes.push(
+            answer
+                .expect("no gRPC error during the outage")
+                .into_inner()
+                .overall_code,
+        );
+    }
+    assert_eq!(codes.iter().filter(|&&c| c == OK).count(), 10, "{codes:?}");
+    let metrics = server.checker.metrics().encode();
+    assert!(metrics.contains(r#"source="fallback""#), "{metrics}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_answers_unavailable_while_redis_is_down() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = config();
+    let flags = ["--redis", url.as_str(), "--failure-mode", "fail-closed"];
+    let server = Running::with_config(dir.path(), &flags).await;
+    let mut client = server.client().await;
+    let tenant = || request("shared", vec![descriptor(&[("tenant", "closed")])]);
+    assert_eq!(call(&mut client, tenant()).await.overall_code, OK);
+    redis.kill();
+    for _ in 0..3 {
+        let status = client.should_rate_limit(tenant()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    }
+    // A request without a limited descriptor needs no store.
+    let free = call(
+        &mut client,
+        request("shared", vec![descriptor(&[("nothing", "x")])]),
+    )
+    .await;
+    assert_eq!(free.overall_code, OK);
+    server.stop().await;
+}
