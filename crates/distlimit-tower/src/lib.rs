@@ -89,6 +89,7 @@ pub use client_ip::{
 };
 pub use future::ResponseFuture;
 pub use headers::RateLimitHeaders;
+pub use ipnet::IpNet;
 pub use key::{DEFAULT_MAX_HEADER_KEY_LEN, KeyExtractor};
 pub use layer::{DEFAULT_TIMEOUT, OnError, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::{PolicySelector, RouteTable};
