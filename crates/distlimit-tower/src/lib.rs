@@ -87,6 +87,7 @@ pub use body::RateLimitBody;
 pub use client_ip::{
     Cidr, CidrError, ClientIp, ClientIpResolver, ForwardedHeader, IpKey, TrustedProxies,
 };
+pub use distlimit_core::{Quota, QuotaError};
 pub use future::ResponseFuture;
 pub use headers::RateLimitHeaders;
 pub use ipnet::IpNet;
