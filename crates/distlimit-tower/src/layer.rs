@@ -139,8 +139,8 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
             }
         };
         let cost = self.cost.as_deref().map_or(1, |cost| cost(&info));
-        // A store that answers at once (the memory store, a hybrid store on its fallback)
-        // decides here: no future to box, no clone of the inner service.
+        // A store that answers at once (`Store::decide_now`; the memory store does) decides
+        // here: no future to box, no clone of the inner service.
         if let Some(result) = self.limiter.check_now(&policy, key.as_bytes(), cost) {
             return Start::Decided(self.step(&policy, result));
         }
@@ -194,7 +194,7 @@ impl OwnedKey {
 ///    `tracing`.
 ///
 /// The policy and key are found in `call`, from the request's head. A store that answers
-/// without waiting (the memory store, a hybrid store on its fallback) decides there too
+/// without waiting (`Store::decide_now`; the memory store does) decides there too
 /// ([`Limiter::check_now`](distlimit_policy::Limiter::check_now)), so the request goes on with
 /// nothing allocated and no clone of the inner service; otherwise the request allocates one
 /// boxed future (the limiter's check, which borrows the limiter, the policy and the key). Keys
