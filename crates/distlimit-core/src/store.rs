@@ -183,13 +183,19 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
 ///             .iter()
 ///             .map(|r| r.limit().evaluate(map.get(&id(r)), now, r.cost()))
 ///             .collect();
-///         if decisions.iter().all(Decision::is_allowed) {
-///             for r in requests {
-///                 let state = map
-///                     .entry(id(r))
-///                     .or_insert_with(|| State::fresh(r.limit().algorithm()));
-///                 r.limit().decide(state, now, r.cost());
-///             }
+///         if !decisions.iter().all(Decision::is_allowed) {
+///             // Nothing is charged: those that alone would pass are answered as peeks.
+///             let peek = |(d, r): (Decision, &Request<'_>)| match d.is_allowed() {
+///                 true => r.limit().evaluate(map.get(&id(r)), now, 0),
+///                 false => d,
+///             };
+///             return Ok(decisions.into_iter().zip(requests).map(peek).collect());
+///         }
+///         for r in requests {
+///             let state = map
+///                 .entry(id(r))
+///                 .or_insert_with(|| State::fresh(r.limit().algorithm()));
+///             r.limit().decide(state, now, r.cost());
 ///         }
 ///         Ok(decisions)
 ///     }
@@ -214,7 +220,9 @@ pub trait Store: Send + Sync {
     ///
     /// The answer has one decision per request, in order: what that request alone would have
     /// been answered. The batch was admitted (and charged) if and only if every decision is
-    /// allowed; [`Decision::most_restrictive`] folds them into one.
+    /// allowed; [`Decision::most_restrictive`] folds them into one. In a denied batch nothing
+    /// is charged, so a request that alone would pass is answered as its peek (cost 0) would
+    /// be: `remaining` and `reset_after` describe its state as it is.
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error>;
 
     /// Decides one request without waiting, when the store can: `Some` holds exactly what

@@ -236,7 +236,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             .collect();
         let guard_of = |shard: usize| shard_ids.binary_search(&shard).unwrap_or(0);
 
-        let decisions: Vec<Decision> = requests
+        let mut decisions: Vec<Decision> = requests
             .iter()
             .zip(&located)
             .map(|(r, &(id, hash, shard))| {
@@ -245,7 +245,16 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
                     .evaluate(hash, id, r.limit(), now, r.cost())
             })
             .collect();
-        if decisions.iter().all(Decision::is_allowed) {
+        if !decisions.iter().all(Decision::is_allowed) {
+            // Nothing is charged: a request that alone would pass reports its state as it is.
+            for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
+                if d.is_allowed() {
+                    *d = guards[guard_of(shard)]
+                        .1
+                        .evaluate(hash, id, r.limit(), now, 0);
+                }
+            }
+        } else {
             for (r, &(id, hash, shard)) in requests.iter().zip(&located) {
                 if r.cost() == 0 {
                     continue;

@@ -52,10 +52,10 @@ async fn tiers_are_all_or_nothing_and_the_decision_is_the_most_restrictive() {
         .collect();
     assert_eq!(tiers, [("second", false), ("minute", true)]);
     assert_eq!(v.tiers().get(1).unwrap().limit(), 5);
-    // What the minute tier alone would have answered: 1 left after this request...
-    assert_eq!(v.tiers().get(1).unwrap().decision().remaining(), 1);
+    // The batch was denied, so the minute tier was not charged: it reports its state as it
+    // is, 2 left, as a peek does.
+    assert_eq!(v.tiers().get(1).unwrap().decision().remaining(), 2);
     assert_eq!(v.decision().retry_after(), Duration::from_micros(333_334));
-    // ...but the batch was denied, so it was not charged: 2 are left.
     let peek = l.peek("api", b"u").await.unwrap();
     assert_eq!(peek.tiers().get(1).unwrap().decision().remaining(), 2);
 

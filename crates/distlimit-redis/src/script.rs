@@ -395,7 +395,8 @@ where
 
 /// Decides a batch all-or-nothing: every request is evaluated at one instant, and all are charged
 /// only if all are admitted. One decision per request, in order: what that request alone would
-/// have been answered (see [`Store::decide_all`](distlimit_core::Store::decide_all)). One round
+/// have been answered, as a peek in a denied batch (see
+/// [`Store::decide_all`](distlimit_core::Store::decide_all)). One round
 /// trip (two when the server lost the script).
 ///
 /// An empty batch, one above [`MAX_BATCH`] or a Redis key twice is an [`Error::InvalidRequest`];

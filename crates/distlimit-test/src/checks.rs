@@ -93,8 +93,8 @@ async fn decide_all_like_model<S: Store + ?Sized>(
     assert_eq!(
         got, expected,
         "{ctx}: decide_all at {now} µs: the store's decisions (left) differ from the reference \
-         model (right): each must be what its request alone would get, and the batch charged \
-         only if all are allowed"
+         model (right): each must be what its request alone would get (a peek's answer in a \
+         denied batch), and the batch charged only if all are allowed"
     );
     got
 }
@@ -528,7 +528,8 @@ pub async fn check_key_bytes_are_opaque<S: Store + ?Sized>(store: &S, clock: &Ma
 
 /// `decide_all` is all-or-nothing: tiers of different algorithms are all charged when every one
 /// admits; when one denies (by exhaustion, cost above capacity, or a denied peek) nobody is
-/// charged, as peeks afterwards show, and every decision is what its request alone would get.
+/// charged, as peeks afterwards show, and every decision is what its request alone would get
+/// (in a denied batch, what its peek gets).
 /// Also full batches of [`MAX_BATCH`] requests.
 pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
     const CHECK: &str = "decide_all_is_all_or_nothing";
@@ -562,6 +563,11 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
             assert!(
                 ds[0].is_allowed() && ds[1].is_denied() && ds[2].is_allowed(),
                 "{ctx}: batch {round}: a and c alone pass, b is exhausted: got {ds:?}"
+            );
+            assert!(
+                ds[0].remaining() == 7 && ds[2].remaining() == 2,
+                "{ctx}: batch {round} charges nobody, so a and c report their state as it is \
+                 (7 and 2 left, as a peek would), got {ds:?}"
             );
         }
         let pa = peek_like_model(store, &model, &a, la, now, &ctx).await;

@@ -76,13 +76,19 @@
 //!             .iter()
 //!             .map(|r| r.limit().evaluate(states.get(&id(r)), now, r.cost()))
 //!             .collect();
-//!         if decisions.iter().all(Decision::is_allowed) {
-//!             for r in requests {
-//!                 let state = states
-//!                     .entry(id(r))
-//!                     .or_insert_with(|| State::fresh(r.limit().algorithm()));
-//!                 r.limit().decide(state, now, r.cost());
-//!             }
+//!         if !decisions.iter().all(Decision::is_allowed) {
+//!             // Nothing is charged: those that alone would pass are answered as peeks.
+//!             let peek = |(d, r): (Decision, &Request<'_>)| match d.is_allowed() {
+//!                 true => r.limit().evaluate(states.get(&id(r)), now, 0),
+//!                 false => d,
+//!             };
+//!             return Ok(decisions.into_iter().zip(requests).map(peek).collect());
+//!         }
+//!         for r in requests {
+//!             let state = states
+//!                 .entry(id(r))
+//!                 .or_insert_with(|| State::fresh(r.limit().algorithm()));
+//!             r.limit().decide(state, now, r.cost());
 //!         }
 //!         Ok(decisions)
 //!     }

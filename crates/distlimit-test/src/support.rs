@@ -227,8 +227,9 @@ impl Model {
         limit.evaluate(self.states.get(key), now, cost)
     }
 
-    /// All-or-nothing, as [`Store::decide_all`] must be: every request's own answer; charged only
-    /// if all are allowed.
+    /// All-or-nothing, as [`Store::decide_all`] must be: every request's own answer, charged
+    /// only if all are allowed; in a denied batch, a request that alone would pass is answered
+    /// as a peek (its state as it is, since nothing was charged).
     pub(crate) fn decide_all(&mut self, requests: &[Request<'_>], now: u64) -> Vec<Decision> {
         let decisions: Vec<Decision> = requests
             .iter()
@@ -238,8 +239,16 @@ impl Model {
             for r in requests {
                 self.decide(r.key().as_bytes(), *r.limit(), now, r.cost());
             }
+            return decisions;
         }
         decisions
+            .into_iter()
+            .zip(requests)
+            .map(|(d, r)| match d.is_allowed() {
+                true => self.evaluate(r.key().as_bytes(), *r.limit(), now, 0),
+                false => d,
+            })
+            .collect()
     }
 }
 

@@ -13,16 +13,27 @@ use std::str::FromStr;
 
 use http::HeaderMap;
 use http::header::{FORWARDED, HeaderName};
+use ipnet::IpNet;
 
-/// An IP network in CIDR notation, such as `10.0.0.0/8` or `2001:db8::/32`.
+/// An IP network in CIDR notation, such as `10.0.0.0/8` or `2001:db8::/32`: a thin wrapper of
+/// [`ipnet::IpNet`] (re-exported as [`IpNet`](crate::IpNet)) that parses the forms operators
+/// write and compares the way the resolver sees clients.
 ///
 /// A bare address is a network of one (`/32` or `/128`). Host bits below the prefix are
-/// cleared. IPv4-mapped IPv6 networks (`::ffff:10.0.0.0/104`) are stored as IPv4.
+/// cleared. IPv4-mapped IPv6 networks (`::ffff:10.0.0.0/104`) are stored as IPv4, as the
+/// resolver treats IPv4-mapped clients as IPv4.
+///
+/// ```
+/// use distlimit_tower::{Cidr, IpNet};
+///
+/// let net: Cidr = "10.1.2.3/8".parse().unwrap();
+/// assert_eq!(net.to_string(), "10.0.0.0/8");
+/// assert!(net.contains("::ffff:10.9.9.9".parse().unwrap()));
+/// let ipnet: IpNet = net.into();
+/// assert_eq!(ipnet.prefix_len(), 8);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Cidr {
-    network: IpAddr,
-    prefix: u8,
-}
+pub struct Cidr(IpNet);
 
 /// Why a [`Cidr`] could not be parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -40,36 +51,47 @@ impl Cidr {
     /// The network of `addr` with the first `prefix` bits kept, or `None` when `prefix` is too
     /// long for the address family.
     pub fn new(addr: IpAddr, prefix: u8) -> Option<Self> {
-        let (addr, prefix) = match addr {
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) if prefix >= 96 => (IpAddr::V4(v4), prefix - 96),
-                _ => (IpAddr::V6(v6), prefix),
-            },
-            v4 => (v4, prefix),
-        };
-        if prefix > max_prefix(addr) {
-            return None;
-        }
-        Some(Self {
-            network: mask(addr, prefix),
-            prefix,
-        })
+        IpNet::new(addr, prefix).ok().map(Self::from)
     }
 
     /// The network address (host bits cleared).
     pub fn network(&self) -> IpAddr {
-        self.network
+        self.0.network()
     }
 
     /// The prefix length in bits.
     pub fn prefix(&self) -> u8 {
-        self.prefix
+        self.0.prefix_len()
     }
 
     /// Whether `ip` (IPv4-mapped IPv6 counts as IPv4) lies in this network.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = normalize(ip);
-        ip.is_ipv4() == self.network.is_ipv4() && mask(ip, self.prefix) == self.network
+        self.0.contains(&normalize(ip))
+    }
+
+    /// The network as an [`IpNet`].
+    pub fn as_ipnet(&self) -> &IpNet {
+        &self.0
+    }
+}
+
+impl From<IpNet> for Cidr {
+    /// The network with host bits cleared, an IPv4-mapped IPv6 network as IPv4.
+    fn from(net: IpNet) -> Self {
+        let net = match net {
+            IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+                Some(v4) => IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96).unwrap_or(net),
+                None => net,
+            },
+            _ => net,
+        };
+        Self(net.trunc())
+    }
+}
+
+impl From<Cidr> for IpNet {
+    fn from(cidr: Cidr) -> Self {
+        cidr.0
     }
 }
 
@@ -77,26 +99,25 @@ impl FromStr for Cidr {
     type Err = CidrError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // The address goes through std's parser first: it refuses octets with leading zeros
+        // (`010.0.0.0`, octal to some tools), which ipnet's parser reads as decimal.
         let (addr, prefix) = match s.split_once('/') {
             Some((addr, prefix)) => (addr, Some(prefix)),
             None => (s, None),
         };
         let addr: IpAddr = addr.parse().map_err(|_| CidrError::Address(s.to_owned()))?;
-        let prefix = match prefix {
-            // `u8::from_str` accepts a leading `+`; a prefix is digits only.
-            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => p
-                .parse::<u8>()
-                .map_err(|_| CidrError::Prefix(s.to_owned()))?,
-            Some(_) => return Err(CidrError::Prefix(s.to_owned())),
-            None => max_prefix(addr),
+        let net = match prefix {
+            // A bare address is a network of one.
+            None => IpNet::from(addr),
+            Some(_) => s.parse().map_err(|_| CidrError::Prefix(s.to_owned()))?,
         };
-        Self::new(addr, prefix).ok_or_else(|| CidrError::Prefix(s.to_owned()))
+        Ok(Self::from(net))
     }
 }
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
+        self.0.fmt(f)
     }
 }
 
@@ -336,8 +357,9 @@ fn parse_node(node: &str) -> Option<IpAddr> {
     Some(normalize(ip))
 }
 
+/// A port: 1 to 5 digits, at most 65535 (`u16::from_str` alone would accept a leading `+`).
 fn is_port(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit())
+    (1..=5).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u16>().is_ok()
 }
 
 /// IPv4-mapped IPv6 (`::ffff:192.0.2.1`) as IPv4.
@@ -345,25 +367,6 @@ pub(crate) fn normalize(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
-    }
-}
-
-fn max_prefix(ip: IpAddr) -> u8 {
-    if ip.is_ipv4() { 32 } else { 128 }
-}
-
-fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => {
-            let bits = u32::from(v4);
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            IpAddr::V4(Ipv4Addr::from(bits & mask))
-        }
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6);
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            IpAddr::V6(Ipv6Addr::from(bits & mask))
-        }
     }
 }
 
@@ -385,10 +388,8 @@ impl ClientIp {
 
     /// The network the client is grouped in for rate limiting (`/64` for IPv6 by default).
     pub fn network(&self) -> Cidr {
-        Cidr {
-            network: mask(self.addr, self.prefix),
-            prefix: self.prefix,
-        }
+        // `prefix` is clamped to the family's length when the resolver is configured.
+        Cidr::new(self.addr, self.prefix).unwrap_or(Cidr(IpNet::from(self.addr)))
     }
 
     /// The rate-limit key: `203.0.113.7` for a whole address, `2001:db8:1:2::/64` for a group
@@ -400,7 +401,7 @@ impl ClientIp {
             len: 0,
         };
         let network = self.network();
-        match network.network {
+        match network.network() {
             // The common case, by hand: `fmt` machinery costs more than the rest of the key.
             IpAddr::V4(v4) => {
                 for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -409,15 +410,15 @@ impl ClientIp {
                     }
                     key.push_decimal(octet);
                 }
-                if network.prefix < 32 {
+                if network.prefix() < 32 {
                     key.push(b'/');
-                    key.push_decimal(network.prefix);
+                    key.push_decimal(network.prefix());
                 }
             }
             IpAddr::V6(v6) => {
                 let mut cursor = &mut key.buf[..];
                 // The buffer fits the longest form, so the writes cannot fail.
-                let _ = if network.prefix == 128 {
+                let _ = if network.prefix() == 128 {
                     write!(cursor, "{v6}")
                 } else {
                     write!(cursor, "{network}")
@@ -513,6 +514,16 @@ mod tests {
             "::ffff:10.0.0.0/104".parse::<Cidr>().unwrap(),
             "10.0.0.0/8".parse().unwrap()
         );
+        // Through ipnet and back.
+        let net: IpNet = "2001:db8::1/32".parse().unwrap();
+        let c = Cidr::from(net);
+        assert_eq!(c.to_string(), "2001:db8::/32");
+        assert_eq!(IpNet::from(c), net.trunc());
+        assert_eq!(Cidr::new(ip("10.0.0.1"), 33), None);
+        assert_eq!(
+            Cidr::new(ip("::ffff:10.0.0.1"), 104).unwrap().to_string(),
+            "10.0.0.0/8"
+        );
         let all: Cidr = "0.0.0.0/0".parse().unwrap();
         assert!(all.contains(ip("255.1.2.3")) && !all.contains(ip("::1")));
         for bad in [
@@ -521,13 +532,24 @@ mod tests {
             "10.0.0.0/",
             "10.0.0.0/+8",
             "10.0.0.0/-1",
+            "10.0.0.0/8/8",
+            "10.0.0.0/ 8",
+            "::/",
         ] {
             assert!(
                 matches!(bad.parse::<Cidr>(), Err(CidrError::Prefix(_))),
                 "{bad}"
             );
         }
-        for bad in ["", "10.0.0", "example.com/8", "10.0.0.0.0/8", "[::1]/128"] {
+        for bad in [
+            "",
+            "10.0.0",
+            "example.com/8",
+            "10.0.0.0.0/8",
+            "[::1]/128",
+            "010.0.0.0/8",
+            "10.0.0.1 /8",
+        ] {
             assert!(
                 matches!(bad.parse::<Cidr>(), Err(CidrError::Address(_))),
                 "{bad}"
@@ -567,6 +589,10 @@ mod tests {
             ("[2001:db8::1]:443", "2001:db8::1"),
             ("[2001:db8::1]", "2001:db8::1"),
             ("::ffff:1.2.3.4", "1.2.3.4"),
+            ("1.2.3.4:65535", "1.2.3.4"),
+            ("1.2.3.4:0", "1.2.3.4"),
+            ("1.2.3.4:00080", "1.2.3.4"),
+            ("[2001:db8::1]:65535", "2001:db8::1"),
         ] {
             let h = headers("x-forwarded-for", &[v]);
             assert_eq!(r.resolve(ip("10.0.0.1"), &h).addr(), ip(want), "{v}");
@@ -582,6 +608,17 @@ mod tests {
             "1.2.3.4, ",
             "1.2.3.4,,10.0.0.2",
             "1.2.3.4:99999999",
+            // Ports above 65535, or not plain digits, are garbage like any other.
+            "1.2.3.4:65536",
+            "1.2.3.4:99999",
+            "[2001:db8::1]:65536",
+            "1.2.3.4:+80",
+            "1.2.3.4:",
+            "1.2.3.4:080a",
+            "1.2.3.4:000080",
+            "[2001:db8::1]:",
+            "[2001:db8::1]80",
+            "1.2.3.4:80:80",
             "[1.2.3.4]",
             "unknown",
             "1.2.3.4 5.6.7.8",
@@ -624,6 +661,8 @@ mod tests {
             ("for=\"1.2.3.4", "10.0.0.1"),
             ("for=\"1.2.3.\\4\"", "10.0.0.1"),
             ("for=[2001:db8::1]", "2001:db8::1"),
+            ("for=\"192.0.2.60:65536\"", "10.0.0.1"),
+            ("for=\"[2001:db8::1]:99999\"", "10.0.0.1"),
             ("for", "10.0.0.1"),
         ] {
             let h = headers("forwarded", &[v]);

@@ -7,8 +7,9 @@
 //! Retry-After: 1
 //! ```
 //!
-//! Each tier of the checked policy is one item named `"<policy>/<tier>"`. `q` is the tier's
-//! limit and `w` its period in seconds (rounded up). `r` is what remains (in a denial, which
+//! Each tier of the checked policy is one item named `"<policy>/<tier>"`. `q` is the limit
+//! enforced (on a hybrid store's fallback, this instance's share, except for a token bucket or
+//! GCRA whose burst differs from its limit) and `w` the period in seconds (rounded up). `r` is what remains (in a denial, which
 //! charges no tier, what remains without this request); `t` is the seconds until
 //! more quota is available: for a denied tier its exact retry time, for an admitted one the time
 //! until it is back to full capacity, both rounded up (a 300 ms wait is `1`, never `0`), and
@@ -97,21 +98,19 @@ impl Computed {
                 }
                 push_sf_string(s, policy, tier.name());
             }
-            // Writing to a String cannot fail.
-            let _ = write!(
-                rp,
-                ";q={};w={}",
-                tier.limit(),
-                ceil_secs(tier.period()).max(1)
-            );
-            // In a denial nothing was charged, but a tier that would have admitted reports what
-            // would remain after this request: add its unit back.
-            let remaining = if denied && d.is_allowed() {
-                d.remaining().saturating_add(1).min(d.limit())
+            // What is enforced: the decision's capacity, which on a hybrid store's fallback is
+            // this instance's share. Where capacity and limit differ (a token bucket or GCRA
+            // with its own burst), the share's limit is not in the decision: the policy's.
+            let q = if tier.burst() == tier.limit() {
+                d.limit()
             } else {
-                d.remaining()
+                tier.limit()
             };
-            let _ = write!(rl, ";r={remaining}");
+            // Writing to a String cannot fail.
+            let _ = write!(rp, ";q={q};w={}", ceil_secs(tier.period()).max(1));
+            // In a denial nothing was charged: the store answers the tiers that would have
+            // admitted as peeks (`Store::decide_all`), their state as it is.
+            let _ = write!(rl, ";r={}", d.remaining());
             let t = if d.is_denied() {
                 (!d.is_never()).then(|| ceil_secs(d.retry_after()))
             } else {
@@ -212,7 +211,7 @@ mod tests {
 
     use std::sync::Arc;
 
-    use distlimit_core::{Limit, ManualClock, Quota};
+    use distlimit_core::{Algorithm, Limit, ManualClock, Quota};
     use distlimit_memory::MemoryStore;
     use distlimit_policy::{Limiter, Policy, PolicySet, Tier};
 
@@ -291,6 +290,45 @@ mod tests {
         c.apply(&mut headers);
         assert_eq!(headers[RETRY_AFTER], "1");
         assert!(headers.contains_key(RATELIMIT) && headers.contains_key(RATELIMIT_POLICY));
+    }
+
+    /// In a denial, a tier that did not deny reports its state as it is (nothing was charged):
+    /// `r` and `t` without this request, for every algorithm.
+    #[tokio::test]
+    async fn tiers_that_did_not_deny_report_their_uncharged_state() {
+        let quota = Quota::new(10, Duration::from_secs(100)).unwrap();
+        // (algorithm, `r;t` of tier `a` at 10 s, at 20 s, at 100 s) after two units at 0 s.
+        let cases = [
+            (Algorithm::TokenBucket, "r=9;t=10", "r=10;t=0", "r=10;t=0"),
+            (Algorithm::Gcra, "r=9;t=10", "r=10;t=0", "r=10;t=0"),
+            (Algorithm::FixedWindow, "r=8;t=90", "r=8;t=80", "r=10;t=0"),
+            (Algorithm::SlidingLog, "r=8;t=90", "r=8;t=80", "r=10;t=0"),
+            (
+                Algorithm::SlidingWindow,
+                "r=8;t=190",
+                "r=8;t=180",
+                "r=8;t=100",
+            ),
+        ];
+        for (algorithm, at_10, at_20, at_100) in cases {
+            let (limiter, clock) = limiter([Policy::new("p")
+                .tier(Tier::new("deny", tb(2, Duration::from_secs(3600))))
+                .tier(Tier::new("a", Limit::new(algorithm, quota)))]);
+            for _ in 0..2 {
+                assert!(limiter.check("p", b"k").await.unwrap().is_allowed());
+            }
+            for (advance, want) in [(10, at_10), (10, at_20), (80, at_100)] {
+                clock.advance(Duration::from_secs(advance));
+                let v = limiter.check("p", b"k").await.unwrap();
+                assert!(!v.is_allowed(), "{algorithm}");
+                let c = Computed::new(&v, true, false);
+                let rl = text(&c.ratelimit);
+                let (deny, a) = rl.split_once(", ").unwrap();
+                assert!(deny.starts_with(r#""p/deny";r=0;t="#), "{algorithm}: {rl}");
+                assert_eq!(a, format!(r#""p/a";{want}"#), "{algorithm}");
+                assert_eq!(c.violated, ["p/deny"], "{algorithm}");
+            }
+        }
     }
 
     #[tokio::test]

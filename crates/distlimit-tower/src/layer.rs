@@ -9,7 +9,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use distlimit_core::Store;
+#[cfg(feature = "memory")]
+use distlimit_core::{Limit, Quota};
+#[cfg(feature = "memory")]
+use distlimit_memory::MemoryStore;
 use distlimit_policy::{CheckError, Limiter, Verdict};
+#[cfg(feature = "memory")]
+use distlimit_policy::{Policy, PolicySet, Tier};
 use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -133,8 +139,8 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
             }
         };
         let cost = self.cost.as_deref().map_or(1, |cost| cost(&info));
-        // A store that answers at once (the memory store, a hybrid store on its fallback)
-        // decides here: no future to box, no clone of the inner service.
+        // A store that answers at once (`Store::decide_now`; the memory store does) decides
+        // here: no future to box, no clone of the inner service.
         if let Some(result) = self.limiter.check_now(&policy, key.as_bytes(), cost) {
             return Start::Decided(self.step(&policy, result));
         }
@@ -188,7 +194,7 @@ impl OwnedKey {
 ///    `tracing`.
 ///
 /// The policy and key are found in `call`, from the request's head. A store that answers
-/// without waiting (the memory store, a hybrid store on its fallback) decides there too
+/// without waiting (`Store::decide_now`; the memory store does) decides there too
 /// ([`Limiter::check_now`](distlimit_policy::Limiter::check_now)), so the request goes on with
 /// nothing allocated and no clone of the inner service; otherwise the request allocates one
 /// boxed future (the limiter's check, which borrows the limiter, the policy and the key). Keys
@@ -248,6 +254,49 @@ impl RateLimitLayer {
                 timeout: Some(DEFAULT_TIMEOUT),
             },
         }
+    }
+}
+
+#[cfg(feature = "memory")]
+impl RateLimitLayer {
+    /// The policy [`per_client`](Self::per_client) enforces; rate-limit headers name its tier
+    /// `"default/client"`.
+    pub const PER_CLIENT_POLICY: &'static str = "default";
+    /// The tier of [`PER_CLIENT_POLICY`](Self::PER_CLIENT_POLICY).
+    pub const PER_CLIENT_TIER: &'static str = "client";
+
+    /// Configures a layer that gives every client `quota`, on an embedded memory store: the
+    /// shortest way to one limit per client on one service (feature `memory`, on by default).
+    ///
+    /// Clients are keyed by IP (the socket peer; see [`client_ip`](RateLimitLayerBuilder::client_ip)
+    /// behind a proxy) unless [`key`](RateLimitLayerBuilder::key) names another key, such as a
+    /// header with the IP as fallback. The quota is enforced by GCRA: `limit` per `period`,
+    /// up to `burst` at once (8 bytes of state per client). The builder is the one
+    /// [`builder`](Self::builder) returns, so growing into Redis, several tiers or policy files
+    /// means replacing this call and keeping the rest.
+    ///
+    /// ```
+    /// use distlimit_tower::{KeyExtractor, Quota, RateLimitLayer};
+    /// use http::HeaderName;
+    ///
+    /// // 60 requests a minute per client, up to 10 at once.
+    /// let per_ip = RateLimitLayer::per_client(Quota::per_minute(60)?.with_burst(10)?).build();
+    ///
+    /// // Keyed by the `X-Api-Key` header, by IP where it is missing.
+    /// let per_key = RateLimitLayer::per_client(Quota::per_second(5)?)
+    ///     .key(KeyExtractor::header(HeaderName::from_static("x-api-key")))
+    ///     .build();
+    /// # let _ = (per_ip, per_key);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn per_client(quota: Quota) -> RateLimitLayerBuilder<MemoryStore> {
+        let tier = Tier::new(Self::PER_CLIENT_TIER, Limit::gcra(quota));
+        let policy = Policy::new(Self::PER_CLIENT_POLICY).tier(tier);
+        // Cannot fail: fixed valid names and one GCRA tier of a valid quota. Were it to, the
+        // empty set would answer every request 500 (unknown policy, logged), never admit it.
+        let policies = PolicySet::new([policy]).unwrap_or_default();
+        let limiter = Arc::new(Limiter::new(Arc::new(MemoryStore::new()), policies));
+        Self::builder(limiter, Self::PER_CLIENT_POLICY)
     }
 }
 

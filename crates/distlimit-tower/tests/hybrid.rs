@@ -47,6 +47,30 @@ async fn the_policy_failure_mode_decides_during_an_outage() {
 }
 
 #[tokio::test]
+async fn the_fallback_advertises_the_share_it_enforces() {
+    let primary =
+        FaultyStore::new(frozen_store()).with_default(Fault::Fail(FaultKind::Unavailable));
+    // Two instances: during the outage each enforces 1 of `api`'s 2 per 600 ms.
+    let store = Hybrid::builder(primary, frozen_store())
+        .instances(2)
+        .build()
+        .unwrap();
+    let addr = serve(RateLimitLayer::new(limiter(store), routes())).await;
+
+    assert_eq!(
+        get_path(addr, "/api/data", &[]).await.status,
+        StatusCode::OK
+    );
+    let denied = get_path(addr, "/api/data", &[]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some(r#""api/second";q=1;w=1"#)
+    );
+    assert_eq!(denied.header("ratelimit"), Some(r#""api/second";r=0;t=1"#));
+}
+
+#[tokio::test]
 async fn a_fail_open_policy_passes_everything_during_an_outage() {
     let primary =
         FaultyStore::new(frozen_store()).with_default(Fault::Fail(FaultKind::Unavailable));

@@ -95,6 +95,9 @@ async fn garbage_falls_back_to_the_peer() {
         "203.0.113.1,,",
         "unknown",
         "[::1",
+        // A port above 65535 makes the entry garbage, not an address.
+        "203.0.113.1:65536",
+        "[2001:db8::1]:99999",
     ] {
         let headers = [("x-forwarded-for", xff)];
         assert_eq!(
@@ -109,6 +112,7 @@ async fn garbage_falls_back_to_the_peer() {
         "proto=http",
         "for=\"203.0.113.1",
         "for=203.0.113.1;for=203.0.113.2",
+        "for=\"203.0.113.1:65536\"",
     ] {
         let headers = [("forwarded", fwd)];
         assert_eq!(
@@ -143,6 +147,8 @@ fn entry() -> impl Strategy<Value = Entry> {
         Just("1.2.3".to_owned()),
         Just("[::1".to_owned()),
         Just("1.2.3.4:99999999".to_owned()),
+        (any::<Ipv4Addr>(), 65536..100_000u32).prop_map(|(v4, port)| format!("{v4}:{port}")),
+        (any::<Ipv6Addr>(), 65536..100_000u32).prop_map(|(v6, port)| format!("[{v6}]:{port}")),
         Just("[1.2.3.4]".to_owned()),
         Just("1.2.3.4 5.6.7.8".to_owned()),
     ];

@@ -1,5 +1,6 @@
 -- All-or-nothing decisions on KEYS[1..n]: every request is evaluated first (no writes), and only
--- if every one is allowed (and bit 0 of ARGV[2] is set) are the admitted states written.
+-- if every one is allowed (and bit 0 of ARGV[2] is set) are the admitted states written; otherwise
+-- the requests that alone would pass are answered as peeks (cost 0), since nothing was charged.
 -- ARGV: time ('' = the server's TIME), flags (see below), then six values per key: algorithm
 -- (1 token bucket, 2 gcra, 3 fixed window, 4 sliding log, 5 sliding window), cost, and four
 -- parameter slots (unused ones '0').
@@ -15,24 +16,16 @@ end
 -- ARGV[2]: bit 0 commit, bit 1 append the time decided at (8 bytes, after the decisions).
 local flags = tonumber(ARGV[2])
 local commit, report = flags % 2 == 1, flags >= 2
-local out, states, resets = {}, {}, {}
+local decide = {['1'] = decide_token_bucket, ['2'] = decide_gcra, ['3'] = decide_fixed_window,
+  ['4'] = decide_sliding_log, ['5'] = decide_sliding_window}
+local out, states, resets, allowed = {}, {}, {}, {}
 for j = 1, #KEYS do
   local key, i = KEYS[j], 3 + (j - 1) * 6
-  local algorithm, cost = ARGV[i], tonumber(ARGV[i + 1])
-  local a, l, r, rs, rt, state
-  if algorithm == '1' then
-    a, l, r, rs, rt, state = decide_token_bucket(key, ARGV, i + 2, now, cost)
-  elseif algorithm == '2' then
-    a, l, r, rs, rt, state = decide_gcra(key, ARGV, i + 2, now, cost)
-  elseif algorithm == '3' then
-    a, l, r, rs, rt, state = decide_fixed_window(key, ARGV, i + 2, now, cost)
-  elseif algorithm == '4' then
-    a, l, r, rs, rt, state = decide_sliding_log(key, ARGV, i + 2, now, cost)
-  elseif algorithm == '5' then
-    a, l, r, rs, rt, state = decide_sliding_window(key, ARGV, i + 2, now, cost)
-  else
+  local algorithm = ARGV[i]
+  if not decide[algorithm] then
     return redis.error_reply('DISTLIMIT_ARGS unknown algorithm ' .. tostring(algorithm))
   end
+  local a, l, r, rs, rt, state = decide[algorithm](key, ARGV, i + 2, now, tonumber(ARGV[i + 1]))
   if not a then
     return redis.error_reply(l)
   end
@@ -40,12 +33,21 @@ for j = 1, #KEYS do
     commit = false
   end
   out[j] = struct.pack('>ddddd', a, l, r, rs, rt)
-  states[j], resets[j] = state, rs
+  states[j], resets[j], allowed[j] = state, rs, a == 1
 end
 if commit then
   for j = 1, #KEYS do
     if states[j] then
       redis.call('SET', KEYS[j], states[j], 'PX', string.format('%d', math.ceil(resets[j] / 1000) + slack))
+    end
+  end
+else
+  -- Nothing is charged: a request that alone would pass reports its state as it is (a peek).
+  for j = 1, #KEYS do
+    if allowed[j] then
+      local i = 3 + (j - 1) * 6
+      local a, l, r, rs, rt = decide[ARGV[i]](KEYS[j], ARGV, i + 2, now, 0)
+      out[j] = struct.pack('>ddddd', a, l, r, rs, rt)
     end
   end
 end
