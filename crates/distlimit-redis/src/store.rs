@@ -314,6 +314,20 @@ impl RedisStore {
         }
         if denied {
             self.refund(&grouped, &charged).await;
+            // Nothing was charged in the end: a refunded group reports its states as they are now
+            // (a peek), as a denied batch does everywhere. If that read fails, the charged
+            // answers stand: the batch is denied either way.
+            for (range, _) in &charged {
+                let group = &grouped[range.clone()];
+                if let Ok(peeks) = backend
+                    .call(&EvaluateGroup { requests: group }, self.time(), timeouts)
+                    .await
+                {
+                    for (slot, peek) in decisions[range.clone()].iter_mut().zip(peeks) {
+                        *slot = peek;
+                    }
+                }
+            }
         }
         // Back to the batch's order.
         let mut out: Vec<(usize, Decision)> = order.into_iter().zip(decisions).collect();
