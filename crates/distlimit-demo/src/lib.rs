@@ -202,4 +202,3 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
     metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
     Ok(Arc::new(hybrid))
 }
-

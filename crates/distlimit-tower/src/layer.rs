@@ -13,7 +13,7 @@ use distlimit_core::Store;
 use distlimit_core::{Limit, Quota};
 #[cfg(feature = "memory")]
 use distlimit_memory::MemoryStore;
-use distlimit_policy::{CheckError, Limiter, Verdict};
+use distlimit_policy::{CheckError, Limiter, PolicyConfigError, Verdict};
 #[cfg(feature = "memory")]
 use distlimit_policy::{Policy, PolicySet, Tier};
 use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri};
@@ -404,11 +404,33 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
         self
     }
 
-    /// The layer.
+    /// The layer. Every policy the layer names ([`PolicySelector::policies`]) that the
+    /// limiter's set defines is declared on the limiter ([`Limiter::declare`]), so a reload that
+    /// drops one is refused. A policy the set does not define is answered per request as a
+    /// store failure ([`OnError`]); [`try_build`](Self::try_build) refuses it instead.
     pub fn build(self) -> RateLimitLayer {
+        for policy in self.config.policy.policies() {
+            // An undefined policy is reported by every check that uses it (see above).
+            let _ = self.config.limiter.declare(&policy);
+        }
         RateLimitLayer {
             config: Arc::new(self.config),
         }
+    }
+
+    /// The layer, once every policy it names is defined in the limiter's set and declared
+    /// ([`Limiter::declare`]): a reload that drops one is refused, the running set kept.
+    ///
+    /// # Errors
+    ///
+    /// The first policy the limiter's active set does not define.
+    pub fn try_build(self) -> Result<RateLimitLayer, PolicyConfigError> {
+        for policy in self.config.policy.policies() {
+            self.config.limiter.declare(&policy)?;
+        }
+        Ok(RateLimitLayer {
+            config: Arc::new(self.config),
+        })
     }
 }
 

@@ -55,6 +55,21 @@ impl PolicySelector {
         Self(Kind::Custom(Arc::new(f)))
     }
 
+    /// The policies this selector can name: the fixed one, or every policy of the route table
+    /// (a custom closure names none that can be known in advance).
+    pub fn policies(&self) -> Vec<Arc<str>> {
+        match &self.0 {
+            Kind::Fixed(p) => vec![p.clone()],
+            Kind::Routes(t) => t
+                .routes
+                .iter()
+                .map(|r| r.policy.clone())
+                .chain(t.fallback.clone())
+                .collect(),
+            Kind::Custom(_) => Vec::new(),
+        }
+    }
+
     /// The policy for a request (cloning an `Arc`: no allocation for fixed and routed policies).
     pub fn select(&self, req: &RequestInfo<'_>) -> Option<Arc<str>> {
         match &self.0 {
