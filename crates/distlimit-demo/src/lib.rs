@@ -202,3 +202,9 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
     metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
     Ok(Arc::new(hybrid))
 }
+
+/// The workspace README's Rust examples, compiled (and run where they are not `no_run`) as
+/// this crate's doctests, so the README's code stays code that builds.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct WorkspaceReadme;
