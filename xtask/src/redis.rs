@@ -11,8 +11,8 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::Instant;
 
-pub(crate) use distlimit_test::server::{Setups, Stack};
 use distlimit_test::server::{RedisServer, find_on_path};
+pub(crate) use distlimit_test::server::{Setups, Stack};
 
 use crate::Result;
 use crate::step::{Step, format_duration, shell_quote};
@@ -81,7 +81,11 @@ fn ensure_tool(name: &str, debian_package: &str, elsewhere: &str) -> Result<Path
     println!("==> `{name}` is not on PATH; installing the package `{debian_package}` with apt-get");
     for step in [
         Step::new("apt-get update", "apt-get", &["update"]),
-        Step::new("apt-get install", "apt-get", &["install", "-y", debian_package]),
+        Step::new(
+            "apt-get install",
+            "apt-get",
+            &["install", "-y", debian_package],
+        ),
     ] {
         step.env("DEBIAN_FRONTEND", "noninteractive").run()?;
     }
@@ -164,7 +168,9 @@ pub(crate) fn smoke() -> Result<()> {
     let port = server.port();
     drop(server);
     if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-        return Err(format!("port {port} still accepts connections after the server was stopped").into());
+        return Err(
+            format!("port {port} still accepts connections after the server was stopped").into(),
+        );
     }
     println!("==> stopped; port {port} no longer answers");
     Ok(())

@@ -231,7 +231,15 @@ mod tests {
         let step = test_cluster_step(&extra);
         assert_eq!(
             step.args,
-            ["test", "--workspace", "--tests", "--release", "--", CLUSTER_FILTER, "--nocapture"]
+            [
+                "test",
+                "--workspace",
+                "--tests",
+                "--release",
+                "--",
+                CLUSTER_FILTER,
+                "--nocapture"
+            ]
         );
         assert_eq!(
             test_cluster_step(&[]).args,

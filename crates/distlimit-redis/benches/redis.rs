@@ -138,8 +138,14 @@ fn main() {
                 };
                 for &shape in shapes {
                     let cpu = Cpu::sample(&mut admin).await;
-                    let mut row =
-                        redis_benchmark(&bench_bin, &multiplexed, server.port(), limit, shape, count);
+                    let mut row = redis_benchmark(
+                        &bench_bin,
+                        &multiplexed,
+                        server.port(),
+                        limit,
+                        shape,
+                        count,
+                    );
                     row.redis_cpu = cpu.busy(&mut admin).await;
                     rows.push(row);
                 }

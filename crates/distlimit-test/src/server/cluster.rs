@@ -111,7 +111,11 @@ impl Cluster {
             Some(status) => format!("failed ({status})"),
             None => format!("did not finish within {CREATE_TIMEOUT:?}"),
         };
-        let log = self.nodes.first().map(RedisServer::log_tail).unwrap_or_default();
+        let log = self
+            .nodes
+            .first()
+            .map(RedisServer::log_tail)
+            .unwrap_or_default();
         Err(format!(
             "`{} --cluster create ...` {failure}; its output:\n{output}{log}",
             cli.display()

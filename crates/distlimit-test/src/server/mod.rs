@@ -305,7 +305,9 @@ impl RedisServer {
 
     /// `cluster node redis-server on 127.0.0.1:41234 (pid 123)`, for messages.
     pub fn name(&self) -> String {
-        let pid = self.pid().map_or("stopped".to_owned(), |p| format!("pid {p}"));
+        let pid = self
+            .pid()
+            .map_or("stopped".to_owned(), |p| format!("pid {p}"));
         format!("{} redis-server on {} ({pid})", self.role, self.addr())
     }
 
@@ -743,7 +745,10 @@ mod tests {
 
         server.kill();
         assert!(server.pid().is_none());
-        assert!(!pid_file(pid).exists(), "a reaped server is not the watchdog's");
+        assert!(
+            !pid_file(pid).exists(),
+            "a reaped server is not the watchdog's"
+        );
         assert!(server.command(&["PING"]).is_err());
         assert!(server.pause().is_err());
 

@@ -23,14 +23,15 @@ const QUORUM: usize = 2;
 /// How long the whole set may take to be ready, from the first start to the last check.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A primary, its replica and three sentinels, torn down together on drop.
+/// A primary, its replica and three sentinels, torn down together on drop (the sentinels first,
+/// so none of them sees the data nodes go and reacts).
 #[derive(Debug)]
 pub struct Sentinel {
+    sentinels: Vec<RedisServer>,
     /// The primary at startup (a test may fail it over).
     primary: RedisServer,
     /// The replica at startup.
     replica: RedisServer,
-    sentinels: Vec<RedisServer>,
 }
 
 impl Sentinel {
@@ -120,7 +121,11 @@ impl Sentinel {
 
     /// `primary ..., replica ..., sentinels ...`, for a startup line.
     pub fn describe(&self) -> String {
-        let ports: Vec<String> = self.sentinels.iter().map(|s| s.port().to_string()).collect();
+        let ports: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| s.port().to_string())
+            .collect();
         format!(
             "primary {}, replica {}, sentinels on 127.0.0.1:{} (service `{SERVICE}`)",
             self.primary.addr(),
@@ -140,7 +145,7 @@ impl Sentinel {
         ]
     }
 
-    /// Every server: sentinels first, so none of them sees the data nodes go and reacts.
+    /// Every server.
     pub(crate) fn servers_mut(&mut self) -> impl Iterator<Item = &mut RedisServer> {
         self.sentinels
             .iter_mut()

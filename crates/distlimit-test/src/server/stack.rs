@@ -140,7 +140,10 @@ impl Stack {
 
 /// The result of a setup thread.
 fn join<T>(handle: Option<thread::ScopedJoinHandle<'_, Setup<T>>>) -> Option<Setup<T>> {
-    handle.map(|h| h.join().unwrap_or_else(|_| Err("the setup thread panicked".to_owned())))
+    handle.map(|h| {
+        h.join()
+            .unwrap_or_else(|_| Err("the setup thread panicked".to_owned()))
+    })
 }
 
 /// A started setup with its description line, or why it did not start.
