@@ -79,4 +79,4 @@ async fn on_redis(clock: ManualClock) -> OnRedis {
     }
 }
 
-distlimit_test::conformance_tests!(|clock| on_redis(clock));
+distlimit_test::conformance_tests!(on_redis);

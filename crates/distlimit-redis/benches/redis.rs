@@ -42,6 +42,7 @@
 
 use std::cell::Cell;
 use std::fmt::Write as _;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::rc::Rc;

@@ -128,7 +128,7 @@ impl Cluster {
         let mut primaries = 0;
         for (i, node) in self.nodes.iter().enumerate() {
             let at = |why: String| NotReady::at(i, format!("node {}: {why}", node.addr()));
-            let info: String = node.query(&redis::cmd("CLUSTER").arg("INFO")).map_err(at)?;
+            let info: String = node.query(redis::cmd("CLUSTER").arg("INFO")).map_err(at)?;
             for (field, wanted) in [
                 ("cluster_state", "ok"),
                 ("cluster_slots_ok", SLOTS),

@@ -347,7 +347,7 @@ impl RedisServer {
         }
     }
 
-    /// A new synchronous connection, with [`COMMAND_TIMEOUT`] for connecting, reading and
+    /// A new synchronous connection, with a 5 s timeout for connecting, reading and
     /// writing.
     pub fn connection(&self) -> Result<redis::Connection, String> {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
