@@ -10,7 +10,7 @@
 //! - [`step`]: a [`Step`](step::Step) is one command with its environment;
 //!   [`run_all`](step::run_all) runs a list fail-fast, times each step and prints a summary.
 //! - [`tasks`]: what `test`, `test-cluster`, `loom` and `bench` run, including the lists of loom
-//!   packages, bench targets and cluster test packages to extend.
+//!   packages and bench targets, and the test name filter of `test-cluster`.
 //! - [`redis`]: finding (or installing) `redis-server` and `openssl`, then starting the Redis
 //!   setups with the harness of `distlimit_test::server` (its `Stack` passes their addresses
 //!   to the tests as `DISTLIMIT_REDIS_*` variables), and `redis-up`.
