@@ -10,11 +10,10 @@
 //! - [`step`]: a [`Step`](step::Step) is one command with its environment;
 //!   [`run_all`](step::run_all) runs a list fail-fast, times each step and prints a summary.
 //! - [`tasks`]: what `test`, `test-cluster`, `loom` and `bench` run, including the lists of loom
-//!   packages, bench targets and cluster test packages to extend.
-//! - [`redis`]: finding (or installing) `redis-server`, free loopback ports,
-//!   [`RedisServer`](redis::RedisServer) (a child process killed by PID on drop), the Sentinel
-//!   and Cluster setups, and [`Stack`](redis::Stack), which starts them for the tests and passes
-//!   their addresses on as `DISTLIMIT_REDIS_*` variables.
+//!   packages and bench targets, and the test name filter of `test-cluster`.
+//! - [`redis`]: finding (or installing) `redis-server` and `openssl`, then starting the Redis
+//!   setups with the harness of `distlimit_test::server` (its `Stack` passes their addresses
+//!   to the tests as `DISTLIMIT_REDIS_*` variables), and `redis-up`.
 
 // A CLI talks to its user on stdout; the workspace-wide lint is meant for the library crates.
 #![allow(clippy::print_stdout)]
@@ -34,8 +33,7 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The command line printed by `cargo xtask help` and after a usage error.
 ///
-/// Left out on purpose: `redis-smoke` (starts and stops one server), `__reaper` (internal, see
-/// `redis::reaper`).
+/// Left out on purpose: `redis-smoke` (starts and stops one server).
 const USAGE: &str = "\
 Usage: cargo xtask <command> [args]
 
@@ -44,15 +42,16 @@ Commands:
                     doc (RUSTDOCFLAGS=-D warnings), build the tests, then start Redis
                     (standalone, Sentinel, 6-node Cluster on free loopback ports; redis-server
                     is installed with apt-get if missing and possible), test --workspace with
-                    DISTLIMIT_REDIS_* and DISTLIMIT_REQUIRE_REDIS=1 set, stop Redis, then the
-                    loom models
+                    DISTLIMIT_REDIS_* and DISTLIMIT_REQUIRE_REDIS=1 set, stop Redis, then
+                    `test-cluster`, then the loom models
   ci                same as `test` (the CI entry point)
   loom              loom models only: release build, --cfg distlimit_loom, target dir target/loom
                     (LOOM_MAX_PREEMPTIONS defaults to 3; set it to override)
   bench [args...]   criterion benches; args go to criterion, e.g. `bench --save-baseline main`
   test-cluster [args...]
-                    start only the Redis Cluster and run the tests of distlimit-redis against it;
-                    args go to cargo test, e.g. `test-cluster -- cluster`
+                    start only the Redis Cluster and run the workspace tests whose names contain
+                    `cluster` against it (`test` runs this too); args go to cargo test, those
+                    after `--` to the test binaries, e.g. `test-cluster -- --nocapture`
   redis-up          start the Redis setups of `test`, print their variables as `export` lines,
                     keep them up until Ctrl-C, `kill <pid>` or (when stdin is a pipe) stdin closes
   help              this text
@@ -111,10 +110,6 @@ fn run(args: &[String]) -> Result<()> {
         "redis-up" => {
             no_args(command, rest)?;
             tasks::redis_up()
-        }
-        redis::REAPER_COMMAND => {
-            no_args(command, rest)?;
-            redis::reaper_main()
         }
         "redis-smoke" => {
             no_args(command, rest)?;

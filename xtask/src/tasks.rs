@@ -5,14 +5,16 @@
 //! [`test()`] runs the checks that need no server first (fmt, clippy, doc, and building the
 //! tests), so a mistake fails fast and no server idles through a long compile. Only then does it
 //! start the Redis setups ([`redis::Stack`]), run the [`TEST_STEP`] with their addresses in its
-//! environment (see the `ENV_*` constants in [`crate::redis`]; `DISTLIMIT_REQUIRE_REDIS=1` turns
-//! a skipped Redis test into a failure), and stop them again, pass or fail, before the loom
-//! models. A new check is one more [`Step`] in [`test_steps`].
+//! environment (the `ENV_*` constants of `distlimit_test::server`; `DISTLIMIT_REQUIRE_REDIS=1`
+//! turns a skipped Redis test into a failure), and stop them again, pass or fail. Then the
+//! [`TEST_CLUSTER_STEP`] runs exactly what `cargo xtask test-cluster` runs, with only the Cluster
+//! up, so that command cannot break unnoticed; then the loom models. A new check is one more
+//! [`Step`] in [`test_steps`].
 
 use std::env;
 
 use crate::Result;
-use crate::redis::{self, Setups, Stack};
+use crate::redis::{self, Setups};
 use crate::step::{Step, Summary, append_flags, project_root};
 
 /// The step of [`test_steps`] that runs with the Redis servers up.
@@ -24,8 +26,13 @@ const REDIS_UP: &str = "redis up";
 /// Summary row for stopping them.
 const REDIS_DOWN: &str = "redis down";
 
-/// Packages whose tests `cargo xtask test-cluster` runs against the cluster.
-pub(crate) const CLUSTER_TEST_PACKAGES: &[&str] = &["distlimit-redis"];
+/// The step of [`test_steps`] that runs the Cluster tests with only the Cluster up, as
+/// `cargo xtask test-cluster` does.
+pub(crate) const TEST_CLUSTER_STEP: &str = "test-cluster";
+
+/// The test name filter of `test-cluster`: every test whose name contains it needs the Cluster
+/// and nothing else (`DISTLIMIT_REQUIRE_REDIS=1` fails any that reaches for another setup).
+pub(crate) const CLUSTER_FILTER: &str = "cluster";
 
 /// Packages with loom models: tests under `src/tests/loom_*.rs`, compiled only with
 /// `--cfg distlimit_loom`, whose names contain `loom`.
@@ -51,30 +58,36 @@ pub(crate) fn test() -> Result<()> {
     let steps = test_steps();
     let mut rows = Vec::new();
     for step in &steps {
-        if step.name == TEST_STEP {
-            rows.extend([REDIS_UP, TEST_STEP, REDIS_DOWN].map(str::to_owned));
+        if setups_of(step).is_some() {
+            rows.extend([REDIS_UP, &step.name, REDIS_DOWN].map(str::to_owned));
         } else {
             rows.push(step.name.clone());
         }
     }
     let mut summary = Summary::new(rows);
-    let result = steps.iter().try_for_each(|step| {
-        if step.name == TEST_STEP {
-            with_redis(&mut summary, Setups::ALL, step)
-        } else {
-            summary.step(step)
-        }
+    let result = steps.iter().try_for_each(|step| match setups_of(step) {
+        Some(setups) => with_redis(&mut summary, setups, step),
+        None => summary.step(step),
     });
     summary.finish(result)
 }
 
+/// The Redis setups `step` of [`test_steps`] runs with, if any.
+fn setups_of(step: &Step) -> Option<Setups> {
+    match step.name.as_str() {
+        TEST_STEP => Some(Setups::ALL),
+        TEST_CLUSTER_STEP => Some(Setups::CLUSTER),
+        _ => None,
+    }
+}
+
 /// Starts `setups`, runs `step` with their variables, and stops them whether it passed or not.
 fn with_redis(summary: &mut Summary, setups: Setups, step: &Step) -> Result<()> {
-    let stack = summary.action(REDIS_UP, || Stack::start(setups))?;
+    let stack = summary.action(REDIS_UP, || redis::start(setups))?;
     let step = step.clone().envs(stack.env());
     let tested = summary.step(&step);
     summary.action(REDIS_DOWN, || {
-        stack.stop();
+        redis::stop(stack);
         Ok(())
     })?;
     tested
@@ -96,27 +109,35 @@ pub(crate) fn test_steps() -> Vec<Step> {
         Step::cargo("build tests", &["test", "--workspace", "--no-run"]),
         // Includes the doctests; runs with the Redis servers up (see `test`).
         Step::cargo(TEST_STEP, &["test", "--workspace"]),
+        // Exactly what `cargo xtask test-cluster` runs, with only the Cluster up.
+        test_cluster_step(&[]),
     ];
     steps.extend(loom_steps());
     steps
 }
 
-/// `cargo xtask test-cluster [args...]`: starts only the cluster and runs the tests of
-/// [`CLUSTER_TEST_PACKAGES`] against it.
+/// `cargo xtask test-cluster [args...]`: starts only the Cluster and runs the workspace's tests
+/// whose names contain [`CLUSTER_FILTER`] against it.
 pub(crate) fn test_cluster(extra: &[String]) -> Result<()> {
     let step = test_cluster_step(extra);
-    let mut summary = Summary::new([REDIS_UP, TEST_STEP, REDIS_DOWN]);
+    let mut summary = Summary::new([REDIS_UP, TEST_CLUSTER_STEP, REDIS_DOWN]);
     let result = with_redis(&mut summary, Setups::CLUSTER, &step);
     summary.finish(result)
 }
 
-/// The test step of `test-cluster`: `cargo test -p <package>... <extra>`, `extra` passed as it is
-/// (`-- cluster` filters by test name, `--release` goes to cargo).
+/// The test step of `test-cluster`: `cargo test --workspace --tests <cargo args> -- cluster
+/// <test args>`, where `extra` is `<cargo args> [-- <test args>]` (`--release`, or
+/// `-- --nocapture`). `--workspace --tests` builds exactly what `cargo xtask test` builds, so
+/// within it this step compiles nothing.
 pub(crate) fn test_cluster_step(extra: &[String]) -> Step {
-    let packages = CLUSTER_TEST_PACKAGES
-        .iter()
-        .flat_map(|package| ["-p", package]);
-    Step::cargo(TEST_STEP, &["test"]).args(packages).args(extra)
+    let (cargo_args, test_args) = match extra.iter().position(|arg| arg == "--") {
+        Some(i) => (&extra[..i], &extra[i + 1..]),
+        None => (extra, &[][..]),
+    };
+    Step::cargo(TEST_CLUSTER_STEP, &["test", "--workspace", "--tests"])
+        .args(cargo_args)
+        .args(["--", CLUSTER_FILTER])
+        .args(test_args)
 }
 
 /// `cargo xtask redis-up`: the servers of `test`, for running tests by hand.
@@ -175,11 +196,18 @@ mod tests {
     fn test_runs_the_checks_in_order_and_ends_with_loom() {
         let names: Vec<String> = test_steps().into_iter().map(|s| s.name).collect();
         assert_eq!(
-            names[..5],
-            ["fmt", "clippy", "doc", "build tests", TEST_STEP]
+            names[..6],
+            [
+                "fmt",
+                "clippy",
+                "doc",
+                "build tests",
+                TEST_STEP,
+                TEST_CLUSTER_STEP
+            ]
         );
-        assert_eq!(names.len(), 5 + LOOM_PACKAGES.len());
-        assert!(names[5..].iter().all(|name| name.starts_with("loom ")));
+        assert_eq!(names.len(), 6 + LOOM_PACKAGES.len());
+        assert!(names[6..].iter().all(|name| name.starts_with("loom ")));
     }
 
     #[test]
@@ -199,13 +227,32 @@ mod tests {
 
     #[test]
     fn test_cluster_passes_its_arguments_through() {
-        let extra = ["--".to_owned(), "cluster".to_owned()];
+        let extra = ["--release", "--", "--nocapture"].map(str::to_owned);
         let step = test_cluster_step(&extra);
-        assert_eq!(step.args[0], "test");
-        for package in CLUSTER_TEST_PACKAGES {
-            assert!(step.args.windows(2).any(|w| w == ["-p", *package]));
-        }
-        assert_eq!(step.args[step.args.len() - 2..], extra);
+        assert_eq!(
+            step.args,
+            [
+                "test",
+                "--workspace",
+                "--tests",
+                "--release",
+                "--",
+                CLUSTER_FILTER,
+                "--nocapture"
+            ]
+        );
+        assert_eq!(
+            test_cluster_step(&[]).args,
+            ["test", "--workspace", "--tests", "--", CLUSTER_FILTER]
+        );
+    }
+
+    #[test]
+    fn test_runs_exactly_what_test_cluster_runs() {
+        let steps = test_steps();
+        let in_test = steps.iter().find(|s| s.name == TEST_CLUSTER_STEP);
+        assert_eq!(in_test.map(|s| &s.args), Some(&test_cluster_step(&[]).args));
+        assert_eq!(in_test.and_then(setups_of), Some(Setups::CLUSTER));
     }
 
     #[test]

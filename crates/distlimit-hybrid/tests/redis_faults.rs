@@ -157,8 +157,12 @@ async fn sigkill_under_load_then_restart() {
     let store = store(&server, cool_off).await;
     let load = Load::start(&store);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let killed = Instant::now();
+    // Bracketed: a decision started before `killing` may still be answered by Redis; one
+    // started after `killed` cannot be (`kill` returns once the process is reaped and its port
+    // closed), even if this thread was preempted around the kill.
+    let killing = Instant::now();
     server.kill();
+    let killed = Instant::now();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let samples = load.stop().await;
 
@@ -172,7 +176,7 @@ async fn sigkill_under_load_then_restart() {
     );
     assert!(samples.iter().any(|s| s.source == Some(Source::Primary)));
     assert_eq!(store.breaker_state(), BreakerState::Open);
-    print_phase("sigkill", "before", &samples, None, Some(killed));
+    print_phase("sigkill", "before", &samples, None, Some(killing));
     print_phase("sigkill", "after the kill", &samples, Some(killed), None);
 
     // The fallback enforces this instance's share: burst 8 over 4 instances is 2 here.

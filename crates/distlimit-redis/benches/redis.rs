@@ -3,9 +3,9 @@
 //! one private `redis-server`.
 //!
 //! Run with `cargo bench -p distlimit-redis --bench redis` (or `cargo xtask bench`). It starts
-//! `redis-server` (from `DISTLIMIT_REDIS_SERVER_BIN`, else `PATH`) on a free loopback port with
-//! `--save '' --appendonly no`, finds `redis-benchmark` next to it (else on `PATH`), and kills the
-//! server by its PID at the end, also when the bench panics. Everything runs on one
+//! `redis-server` (from `DISTLIMIT_REDIS_SERVER_BIN`, else `PATH`) with the workspace's harness
+//! (`distlimit_test::server`: a free loopback port, no persistence, killed by its PID at the end,
+//! also when the bench panics), and finds `redis-benchmark` next to it (else on `PATH`). Everything runs on one
 //! current-thread tokio runtime (like `redis-benchmark`'s one event loop), so the client uses
 //! one core and the server another.
 //!
@@ -42,15 +42,15 @@
 
 use std::cell::Cell;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use distlimit_core::{Algorithm, Key, Limit, Quota, Request, Store};
 use distlimit_redis::{RedisStore, script};
+use distlimit_test::server::{self, RedisServer};
 use redis::aio::{ConnectionLike, ConnectionManager};
 
 /// Distinct identities the decisions pick from at random.
@@ -72,15 +72,15 @@ const MAIN: [Algorithm; 2] = [Algorithm::TokenBucket, Algorithm::Gcra];
 
 fn main() {
     // `cargo bench` passes `--bench`; any other argument is a filter-free no-op here.
-    let server = Server::start();
-    let bench_bin = redis_benchmark_bin(&server.bin);
-    let url = format!("redis://127.0.0.1:{}", server.port);
+    let server = RedisServer::start()
+        .expect("no redis-server: set DISTLIMIT_REDIS_SERVER_BIN or put it on PATH");
+    let bench_bin = redis_benchmark_bin(server.bin());
+    let url = server.url();
     let quota = Quota::per_second(100).unwrap();
     println!(
-        "redis-server {} on 127.0.0.1:{} (pid {}), redis-benchmark {}",
-        server_version(&server.bin),
-        server.port,
-        server.child.id(),
+        "redis-server {} on {}, redis-benchmark {}",
+        server_version(server.bin()),
+        server.name(),
         bench_bin.display()
     );
     println!("load before: {}", uptime());
@@ -139,8 +139,14 @@ fn main() {
                 };
                 for &shape in shapes {
                     let cpu = Cpu::sample(&mut admin).await;
-                    let mut row =
-                        redis_benchmark(&bench_bin, &multiplexed, server.port, limit, shape, count);
+                    let mut row = redis_benchmark(
+                        &bench_bin,
+                        &multiplexed,
+                        server.port(),
+                        limit,
+                        shape,
+                        count,
+                    );
                     row.redis_cpu = cpu.busy(&mut admin).await;
                     rows.push(row);
                 }
@@ -751,91 +757,10 @@ fn print_tables(rows: &[Row], stats: &[(Algorithm, f64, f64)], raw: &Row) {
     );
 }
 
-/// A private `redis-server` on a free loopback port, killed by its PID on drop.
-struct Server {
-    bin: PathBuf,
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let bin = std::env::var_os("DISTLIMIT_REDIS_SERVER_BIN")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| find_on_path("redis-server"))
-            .expect("no redis-server: set DISTLIMIT_REDIS_SERVER_BIN or put it on PATH");
-        for _ in 0..5 {
-            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let child = Command::new(&bin)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("could not start redis-server");
-            let mut server = Server {
-                bin: bin.clone(),
-                child,
-                port,
-            };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if server.child.try_wait().unwrap().is_some() {
-                    break; // most likely the port was taken meanwhile: try another
-                }
-                if ping(port) {
-                    return server;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            server.kill();
-        }
-        panic!("could not start redis-server on a free loopback port");
-    }
-
-    fn kill(&mut self) {
-        // Exactly the PID we spawned, never a process found by name.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn ping(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(
-        &(Ipv4Addr::LOCALHOST, port).into(),
-        Duration::from_millis(200),
-    ) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut buf = [0u8; 7];
-    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
+/// `redis-benchmark` of the same installation as `server`.
 fn redis_benchmark_bin(server: &Path) -> PathBuf {
-    let sibling = server.with_file_name("redis-benchmark");
-    if sibling.is_file() {
-        return sibling;
-    }
-    find_on_path("redis-benchmark").expect("no redis-benchmark next to redis-server or on PATH")
+    server::tool_bin(server, "redis-benchmark")
+        .expect("no redis-benchmark next to redis-server or on PATH")
 }
 
 fn server_version(bin: &Path) -> String {

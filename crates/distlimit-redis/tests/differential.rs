@@ -8,16 +8,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlimit_core::algorithm::{FixedWindow, Gcra, SlidingLog, SlidingWindow, TokenBucket};
 use distlimit_core::{Algorithm, Decision, Error, Limit, Quota, State};
 use distlimit_redis::script::{
     self, CLIENT_TTL_SLACK, ScriptRequest, TimeSource, decide, decide_all,
 };
+use distlimit_test::server::{self, RedisServer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -30,98 +29,19 @@ use redis::{Cmd, RedisFuture, Value};
 struct Server {
     url: String,
     /// The server started by this test, killed (by its PID) on drop.
-    child: Option<Child>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn required() -> bool {
-    std::env::var("DISTLIMIT_REQUIRE_REDIS").is_ok_and(|v| v == "1")
-}
-
-fn ping(url: &str) -> Result<(), String> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let mut conn = client
-        .get_connection_with_timeout(Duration::from_secs(1))
-        .map_err(|e| e.to_string())?;
-    let pong: String = redis::cmd("PING")
-        .query(&mut conn)
-        .map_err(|e| e.to_string())?;
-    if pong == "PONG" {
-        Ok(())
-    } else {
-        Err(format!("PING answered {pong:?}"))
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
+    _own: Option<RedisServer>,
 }
 
 /// The server for a test, or `None` (skip) when there is none and none is required.
 fn server() -> Option<Server> {
-    if let Ok(url) = std::env::var("DISTLIMIT_REDIS_URL") {
-        if let Err(e) = ping(&url) {
-            panic!("DISTLIMIT_REDIS_URL={url} is set but the server does not answer: {e}");
-        }
-        return Some(Server { url, child: None });
+    if let Ok(url) = std::env::var(server::ENV_URL) {
+        return Some(Server { url, _own: None });
     }
-    let bin =
-        std::env::var("DISTLIMIT_REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned());
-    let mut last_error = String::new();
-    for _ in 0..5 {
-        let port = free_port();
-        let spawned = Command::new(&bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match spawned {
-            Ok(child) => child,
-            Err(e) => {
-                last_error = format!("cannot start {bin}: {e}");
-                break;
-            }
-        };
-        let mut server = Server {
-            url: format!("redis://127.0.0.1:{port}/"),
-            child: Some(child),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            match ping(&server.url) {
-                Ok(()) => return Some(server),
-                Err(e) => last_error = e,
-            }
-            let exited = server
-                .child
-                .as_mut()
-                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
-            if exited {
-                // Most likely the port was taken meanwhile: try another one.
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    assert!(
-        !required(),
-        "DISTLIMIT_REQUIRE_REDIS=1 but no Redis server could be started or reached: {last_error}"
-    );
-    eprintln!("skipping: no Redis server ({last_error}); set DISTLIMIT_REDIS_URL");
-    None
+    let own = RedisServer::start()?;
+    Some(Server {
+        url: own.url(),
+        _own: Some(own),
+    })
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -983,19 +903,29 @@ fn server_time_is_read_inside_the_script() {
             "tat {tat} outside [{before}, {after}] + T"
         );
 
+        // Each later answer is short of the full interval by the server time passed since the
+        // first decision, which the server's TIME before the first and after this one brackets.
         let second = decide(&mut conn, &key, &limit, 1, TimeSource::Server)
             .await
             .unwrap();
+        let passed = server_time(&mut conn).await - before;
         assert!(second.is_allowed() && second.remaining() == 0, "{second:?}");
         let reset = second.reset_after().as_micros() as u64;
-        assert!(reset <= 2 * t && reset > 2 * t - 1_000_000, "{second:?}");
+        assert!(
+            (2 * t - passed..=2 * t).contains(&reset),
+            "{second:?}, {passed} µs after the first"
+        );
 
         let third = decide(&mut conn, &key, &limit, 1, TimeSource::Server)
             .await
             .unwrap();
+        let passed = server_time(&mut conn).await - before;
         assert!(third.is_denied(), "{third:?}");
         let retry = third.retry_after().as_micros() as u64;
-        assert!(retry <= t && retry > t - 1_000_000, "{third:?}");
+        assert!(
+            (t - passed..=t).contains(&retry),
+            "{third:?}, {passed} µs after the first"
+        );
         // Consistent with each other: the later answer waits no longer than the earlier reset.
         assert!(
             third.reset_after() <= second.reset_after(),
@@ -1013,6 +943,7 @@ fn server_time_is_read_inside_the_script() {
             ScriptRequest::new(&k1, tb, 1),
             ScriptRequest::new(&k2, fw, 1),
         ];
+        let before = server_time(&mut conn).await;
         let ds = decide_all(&mut conn, &requests, TimeSource::Server)
             .await
             .unwrap();
@@ -1020,9 +951,13 @@ fn server_time_is_read_inside_the_script() {
         let ds = decide_all(&mut conn, &requests, TimeSource::Server)
             .await
             .unwrap();
+        let passed = server_time(&mut conn).await - before;
         assert!(ds.iter().all(Decision::is_denied), "{ds:?}");
         let retry = ds[0].retry_after().as_micros() as u64;
-        assert!(retry <= 3_600_000_000 && retry > 3_599_000_000, "{ds:?}");
+        assert!(
+            (3_600_000_000 - passed..=3_600_000_000).contains(&retry),
+            "{ds:?}, {passed} µs after the first"
+        );
         assert!(ds[1].retry_after() <= Duration::from_secs(3_600), "{ds:?}");
     });
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Algorithm, Clock, Decision, Error, ManualClock, Request, State, Store, validate_batch,
+    Algorithm, Clock, Decision, Error, KeyError, MAX_KEY_LEN, ManualClock, Request, State, Store,
+    validate_batch,
 };
 use distlimit_test::new_clock;
 use parking_lot::Mutex;
@@ -38,9 +39,21 @@ enum Bug {
     StatePerAlgorithm,
     /// Reads the state, yields, then writes it back: not atomic.
     NonAtomic,
+    /// Admitted decisions report one unit more `remaining` than is left.
+    RemainingOffByOne,
+    /// Keys compared ignoring ASCII letter case.
+    CaseInsensitiveKeys,
+    /// A key idle past its state's expiry comes back exhausted instead of fresh, as a store
+    /// would whose expiry restarts the window but keeps the count.
+    ExpiredKeysExhausted,
+    /// Refuses keys of exactly `MAX_KEY_LEN` bytes (it reserves a byte of its own).
+    ShortensMaxKeyLen,
+    /// One state per key whatever the policy name.
+    IgnoresPolicy,
 }
 
-type MapKey = (Vec<u8>, Option<Algorithm>);
+/// Key bytes, the policy name, and the algorithm when states are kept per algorithm.
+type MapKey = (Vec<u8>, String, Option<Algorithm>);
 
 struct BuggyStore {
     clock: ManualClock,
@@ -64,10 +77,27 @@ impl BuggyStore {
         let bytes = match self.bug {
             Bug::LossyUtf8Keys => String::from_utf8_lossy(bytes).into_owned().into_bytes(),
             Bug::TruncatesAtNul => bytes.split(|&b| b == 0).next().unwrap_or_default().to_vec(),
+            Bug::CaseInsensitiveKeys => bytes.to_ascii_lowercase(),
             _ => bytes.to_vec(),
         };
+        let policy = match self.bug {
+            Bug::IgnoresPolicy => String::new(),
+            _ => r.policy().to_owned(),
+        };
         let algorithm = (self.bug == Bug::StatePerAlgorithm).then(|| r.limit().algorithm());
-        (bytes, algorithm)
+        (bytes, policy, algorithm)
+    }
+
+    /// The stored state of `r`'s key, as this store reads it at `now`.
+    fn read(&self, states: &HashMap<MapKey, State>, r: &Request<'_>, now: u64) -> Option<State> {
+        let state = states.get(&self.map_key(r))?.clone();
+        let limit = r.limit();
+        if self.bug == Bug::ExpiredKeysExhausted && now >= state.expires_at(limit.quota()) {
+            let mut exhausted = State::fresh(limit.algorithm());
+            limit.decide(&mut exhausted, now, limit.capacity());
+            return Some(exhausted);
+        }
+        Some(state)
     }
 
     fn now(&self) -> u64 {
@@ -90,16 +120,15 @@ impl BuggyStore {
             .iter()
             .map(|r| {
                 r.limit()
-                    .evaluate(states.get(&self.map_key(r)), now, r.cost())
+                    .evaluate(self.read(&states, r, now).as_ref(), now, r.cost())
             })
             .collect();
         let all = decisions.iter().all(Decision::is_allowed);
         let mut writes = Vec::new();
         for (r, d) in requests.iter().zip(&decisions) {
             let key = self.map_key(r);
-            let mut state = states
-                .get(&key)
-                .cloned()
+            let mut state = self
+                .read(&states, r, now)
                 .unwrap_or_else(|| State::fresh(r.limit().algorithm()));
             if all || (self.bug == Bug::NotAllOrNothing && d.is_allowed()) {
                 let cost = if self.bug == Bug::ChargesPeeks {
@@ -130,6 +159,15 @@ impl Store for BuggyStore {
         if self.bug != Bug::NoBatchValidation {
             validate_batch(requests)?;
         }
+        if self.bug == Bug::ShortensMaxKeyLen
+            && let Some(r) = requests
+                .iter()
+                .find(|r| r.key().as_bytes().len() >= MAX_KEY_LEN)
+        {
+            let len = r.key().as_bytes().len();
+            let max = MAX_KEY_LEN - 1;
+            return Err(Error::InvalidKey(KeyError::TooLong { len, max }));
+        }
         let now = self.now();
         let (decisions, writes) = self.plan(requests, now);
         if self.bug == Bug::NonAtomic {
@@ -151,6 +189,9 @@ impl Store for BuggyStore {
                     d.reset_after(),
                     Duration::from_secs(1),
                 ),
+                Bug::RemainingOffByOne if d.is_allowed() => {
+                    Decision::allowed(d.limit(), d.remaining() + 1, d.reset_after())
+                }
                 _ => d,
             })
             .collect())
@@ -239,6 +280,36 @@ caught!(
     Bug::TruncatesAtNul,
     check_key_bytes_are_opaque,
     "check `key_bytes_are_opaque`"
+);
+caught!(
+    remaining_off_by_one,
+    Bug::RemainingOffByOne,
+    check_fresh_key_admits_capacity,
+    "check `fresh_key_admits_capacity`"
+);
+caught!(
+    case_insensitive_keys,
+    Bug::CaseInsensitiveKeys,
+    check_keys_are_independent,
+    "check `keys_are_independent`"
+);
+caught!(
+    expired_keys_come_back_exhausted,
+    Bug::ExpiredKeysExhausted,
+    check_idle_key_decides_as_fresh,
+    "check `idle_key_decides_as_fresh`"
+);
+caught!(
+    max_len_keys_refused,
+    Bug::ShortensMaxKeyLen,
+    check_store_ext_validates_keys,
+    "check `store_ext_validates_keys`"
+);
+caught!(
+    policy_names_ignored,
+    Bug::IgnoresPolicy,
+    check_policies_are_independent,
+    "check `policies_are_independent`"
 );
 caught!(
     state_per_algorithm,
