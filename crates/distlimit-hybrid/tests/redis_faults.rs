@@ -29,6 +29,9 @@ const BUDGET: Duration = Duration::from_millis(50);
 const INSTANCES: u64 = 4;
 /// Tasks deciding concurrently in the load phases.
 const TASKS: usize = 8;
+/// Budgets one task may wait before the default opening rule (3 failures over at least 50 ms)
+/// opens the breaker, with the default 50 ms budget: `1 + ceil(50 ms / 50 ms)`.
+const WAITS_BEFORE_OPEN: u64 = 2;
 /// The most decisions one load task makes.
 const PER_TASK: usize = 20_000;
 /// The longest a load phase may run, whatever happens.
@@ -232,11 +235,13 @@ async fn sigstop_the_budget_trips_the_breaker() {
 
     assert_eq!(samples.iter().filter(|s| s.source.is_none()).count(), 0);
     let stats = store.stats();
-    // The calls that waited out the budget: one per task in flight when Redis stopped (each
-    // task waits for its call), then one probe per cool-off.
+    // The calls that waited out the budget: before the breaker opens, each task waits at most
+    // `1 + ceil(50 ms / budget)` budgets (the default opening rule: a run of failures lasting
+    // 50 ms; two with the 50 ms budget), then one probe per cool-off.
     let calls = stats.timeouts;
     assert!(calls >= 1, "the budget ran out: {stats:?}");
-    let bound = TASKS as u64 + (elapsed.as_millis() / cool_off.as_millis()) as u64 + 1;
+    let bound =
+        WAITS_BEFORE_OPEN * TASKS as u64 + (elapsed.as_millis() / cool_off.as_millis()) as u64 + 1;
     assert!(
         calls <= bound,
         "{calls} calls waited for the hung Redis (bound {bound})"
@@ -270,8 +275,9 @@ async fn client_pause_a_slow_server_trips_the_budget() {
 
     assert_eq!(samples.iter().filter(|s| s.source.is_none()).count(), 0);
     assert!(calls >= 1);
-    // As with SIGSTOP: the calls in flight, then one probe per cool-off wait out the budget.
-    let bound = TASKS as u64 + (elapsed.as_millis() / cool_off.as_millis()) as u64 + 1;
+    // As with SIGSTOP: each task's waits before the breaker opens, then one probe per cool-off.
+    let bound =
+        WAITS_BEFORE_OPEN * TASKS as u64 + (elapsed.as_millis() / cool_off.as_millis()) as u64 + 1;
     assert!(
         calls <= bound,
         "{calls} calls waited for the paused Redis (bound {bound})"
