@@ -19,12 +19,8 @@ pub const NEVER: Duration = Duration::from_micros(u64::MAX);
 ///   allowed, [`NEVER`] when the cost exceeds the capacity.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
-    /// Bit 0: allowed; bits 8 to 15: the [`Source`]. One word rather than two bytes and six of
-    /// padding: a decision is written once and then moved (out of a store, into a verdict, out
-    /// of a future), and a move reads it in 8- or 16-byte blocks. A block read over bytes that
-    /// were written one by one (or never) cannot be forwarded from the CPU's store buffer and
-    /// stalls; with the two bytes, a limiter check stalled several times (about 15 ns).
-    flags: u64,
+    allowed: bool,
+    source: Source,
     limit: u64,
     remaining: u64,
     reset_after_us: u64,
@@ -37,7 +33,8 @@ impl Decision {
     #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
-            flags: flags(true, Source::Primary),
+            allowed: true,
+            source: Source::Primary,
             limit,
             remaining: remaining.min(limit),
             reset_after_us: micros(reset_after),
@@ -55,7 +52,8 @@ impl Decision {
         retry_after: Duration,
     ) -> Self {
         Self {
-            flags: flags(false, Source::Primary),
+            allowed: false,
+            source: Source::Primary,
             limit,
             remaining: remaining.min(limit),
             reset_after_us: micros(reset_after),
@@ -97,7 +95,8 @@ impl Decision {
         retry_after_us: u64,
     ) -> Self {
         Self {
-            flags: flags(allowed, Source::Primary),
+            allowed,
+            source: Source::Primary,
             limit,
             remaining,
             reset_after_us,
@@ -110,26 +109,21 @@ impl Decision {
     /// with [`with_source`](Self::with_source).
     #[inline]
     pub fn source(&self) -> Source {
-        match (self.flags >> SOURCE_SHIFT) & 0xff {
-            1 => Source::Fallback,
-            2 => Source::BlockedCache,
-            3 => Source::FailOpen,
-            _ => Source::Primary,
-        }
+        self.source
     }
 
     /// The same decision, attributed to `source`.
     #[inline]
     #[must_use]
     pub fn with_source(mut self, source: Source) -> Self {
-        self.flags = flags(self.is_allowed(), source);
+        self.source = source;
         self
     }
 
     /// Whether the request was admitted (and charged).
     #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.flags & ALLOWED != 0
+        self.allowed
     }
 
     /// Whether the request was denied (and not charged).
@@ -197,24 +191,13 @@ impl Decision {
                 acc.limit = d.limit;
             }
             if d.is_denied() {
-                acc.flags &= !ALLOWED;
+                acc.allowed = false;
             }
             acc.reset_after_us = acc.reset_after_us.max(d.reset_after_us);
             acc.retry_after_us = acc.retry_after_us.max(d.retry_after_us);
         }
         Some(acc)
     }
-}
-
-/// [`Decision::flags`]: allowed.
-const ALLOWED: u64 = 1;
-/// [`Decision::flags`]: where the source starts.
-const SOURCE_SHIFT: u32 = 8;
-
-/// The flags word of a decision.
-#[inline(always)]
-fn flags(allowed: bool, source: Source) -> u64 {
-    u64::from(allowed) | (source as u64) << SOURCE_SHIFT
 }
 
 impl fmt::Debug for Decision {

@@ -70,14 +70,8 @@ pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
 }
 
 /// Which algorithm counts a key's consumption.
-///
-/// A whole word (`repr(u64)`), so that a [`Limit`] (and a `Request`, which holds one) has no
-/// padding bytes: moves of a request copied the byte and its padding with overlapping 4-byte
-/// loads and stores, and a load over two of those stores stalls the CPU (the store cannot be
-/// forwarded), about 5 ns per limiter check.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-#[repr(u64)]
 pub enum Algorithm {
     /// A bucket of `burst` tokens refilled continuously at `limit / period`, exactly: tokens are
     /// counted in units of `1 / P'` token with `P' = period / gcd(limit, period)` (in µs), so no
