@@ -187,7 +187,11 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
         tracing::info!("store: memory (this process only)");
         return Ok(Arc::new(MemoryStore::new()));
     };
-    let redis = RedisStore::connect(url).await?;
+    // Redis' own reply timeout never cuts a call the budget still allows.
+    let redis = RedisStore::builder(url.as_str())
+        .response_timeout(args.redis_budget().max(distlimit_redis::DEFAULT_RESPONSE_TIMEOUT))
+        .connect()
+        .await?;
     tracing::info!(
         "store: redis ({:?}), memory fallback with 1/{} of each limit",
         redis.mode(),
