@@ -2,7 +2,8 @@
 
 mod app;
 mod args;
-pub mod serve;
+/// Serving with the hardened defaults of every server this project ships ([`distlimit_serve`]).
+pub use distlimit_serve as serve;
 
 use std::future::Future;
 use std::io;
@@ -19,9 +20,9 @@ use distlimit_redis::RedisStore;
 use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
 
-pub use crate::app::{ApiLimits, DATA_BODY, api_limits, router, shutdown_signal};
+pub use crate::app::{ApiLimits, DATA_BODY, api_limits, router};
 pub use crate::args::Args;
-pub use crate::serve::{ServeConfig, serve};
+pub use distlimit_serve::{ServeConfig, serve, shutdown_signal};
 
 /// The policy limiting each user of `/api/data`; a `--policy` file must define it.
 pub const POLICY: &str = "api";

@@ -25,9 +25,11 @@ use tokio::sync::watch;
 
 pub use crate::args::{Args, FailureModeArg};
 pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
-pub use crate::config::{Config, ConfigError};
+pub use crate::config::{Config, RateLimitConfigError};
 pub use crate::grpc::RateLimitGrpc;
 pub use crate::reload::{Reload, Watcher};
+/// Completes at Ctrl-C or SIGTERM; installed when called, so an early signal is not lost.
+pub use distlimit_serve::shutdown_signal;
 
 /// The name of the Redis store in metrics and logs.
 pub const REDIS_STORE: &str = "redis";
@@ -41,7 +43,7 @@ pub const GRPC_CONCURRENCY_PER_CONNECTION: usize = 1024;
 pub enum StartError {
     /// The configuration is invalid.
     #[error("config: {0}")]
-    Config(#[from] ConfigError),
+    Config(#[from] RateLimitConfigError),
     /// Redis could not be reached or the URL is invalid.
     #[error("redis: {0}")]
     Redis(#[from] distlimit_core::Error),
@@ -158,8 +160,13 @@ impl Server {
             ready,
             timeout: args.request_timeout(),
         });
-        let http_server = axum::serve(net::CappedListener::new(http, max_connections), router)
-            .with_graceful_shutdown(stopped(stop_rx.clone()));
+        let serve_config = distlimit_serve::ServeConfig {
+            max_connections,
+            shutdown_timeout: args.shutdown_timeout(),
+            ..distlimit_serve::ServeConfig::default()
+        };
+        let http_server =
+            distlimit_serve::serve(http, router, serve_config, stopped(stop_rx.clone()));
         let both = async {
             let (grpc, http) = tokio::join!(grpc_server, http_server);
             grpc.map_err(io::Error::other)?;
@@ -204,29 +211,4 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
         .build()?;
     metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
     Ok(Arc::new(hybrid))
-}
-
-/// Completes at Ctrl-C or SIGTERM. A signal that cannot be listened to is never awaited.
-pub async fn shutdown_signal() {
-    let interrupt = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
-    }
 }

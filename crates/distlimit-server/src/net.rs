@@ -1,5 +1,6 @@
-//! Listeners that hold at most a fixed number of connections open: past the cap, new clients
-//! wait in the kernel's accept queue instead of costing this process memory and tasks.
+//! The gRPC port's listener: at most a fixed number of connections open; past the cap, new
+//! clients wait in the kernel's accept queue instead of costing this process memory and tasks.
+//! (The HTTP port is served by `distlimit-serve`, with the same cap.)
 
 use std::io;
 use std::net::SocketAddr;
@@ -130,18 +131,5 @@ impl CappedListener {
             }
         });
         ReceiverStream::new(rx)
-    }
-}
-
-impl axum::serve::Listener for CappedListener {
-    type Io = CappedStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (CappedStream, SocketAddr) {
-        self.accept_capped().await
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
     }
 }

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::check::Checker;
-use crate::config::{Config, ConfigError, Source, read_sources};
+use crate::config::{Config, RateLimitConfigError, Source, read_sources};
 
 /// The last thing a reload did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub fn watch(
             let read = tokio::task::spawn_blocking(move || read_sources(&read_path))
                 .await
                 .unwrap_or_else(|join| {
-                    Err(ConfigError::Io {
+                    Err(RateLimitConfigError::Io {
                         path: path.clone(),
                         source: std::io::Error::other(join.to_string()),
                     })
@@ -109,7 +109,7 @@ pub fn watch(
                         line = error.line(),
                         "configuration refused, the running one is kept: {message}"
                     );
-                    if matches!(error, ConfigError::Io { .. }) {
+                    if matches!(error, RateLimitConfigError::Io { .. }) {
                         seen = Err(message.clone());
                     }
                     tx.send_replace(Reload::Rejected { error: message });

@@ -7,7 +7,7 @@ mod support;
 use std::path::Path;
 
 use clap::Parser;
-use distlimit_server::{Args, ConfigError, Reload, Server, StartError};
+use distlimit_server::{Args, RateLimitConfigError, Reload, Server, StartError};
 use support::*;
 
 fn limit_of(rpu: u32) -> String {
@@ -150,7 +150,7 @@ async fn a_bad_file_at_start_is_a_clear_error() {
     let path = dir.path().join("config.yaml");
     let args = Args::parse_from(["distlimit-server", "--config", path.to_str().unwrap()]);
     let error = Server::build(&args).await.unwrap_err();
-    let StartError::Config(ConfigError::Invalid {
+    let StartError::Config(RateLimitConfigError::Invalid {
         file,
         line,
         message,

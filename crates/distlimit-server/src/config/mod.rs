@@ -190,7 +190,7 @@ impl Config {
     /// # Errors
     ///
     /// An unreadable path, or any invalid file (see [`Config::from_sources`]).
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    pub fn load(path: &Path) -> Result<Self, RateLimitConfigError> {
         Self::from_sources(&read_sources(path)?)
     }
 
@@ -200,12 +200,12 @@ impl Config {
     ///
     /// The first invalid file, naming the file, the line and the field; or a domain defined by
     /// two files.
-    pub fn from_sources(sources: &[Source]) -> Result<Self, ConfigError> {
+    pub fn from_sources(sources: &[Source]) -> Result<Self, RateLimitConfigError> {
         let mut domains: HashMap<String, Domain> = HashMap::new();
         for source in sources {
             let (name, domain) = parse_file(&source.path, &source.contents)?;
             if let Some(first) = domains.get(&name) {
-                return Err(ConfigError::DuplicateDomain {
+                return Err(RateLimitConfigError::DuplicateDomain {
                     domain: name,
                     first: first.file.clone(),
                     second: source.path.clone(),
@@ -221,7 +221,7 @@ impl Config {
     /// # Errors
     ///
     /// See [`Config::from_sources`].
-    pub fn from_yaml(file: &str, yaml: &str) -> Result<Self, ConfigError> {
+    pub fn from_yaml(file: &str, yaml: &str) -> Result<Self, RateLimitConfigError> {
         Self::from_sources(&[Source {
             path: PathBuf::from(file),
             contents: yaml.to_owned(),
@@ -318,11 +318,11 @@ pub struct Source {
 ///
 /// # Errors
 ///
-/// [`ConfigError::Io`] when the path or a file cannot be read.
-pub fn read_sources(path: &Path) -> Result<Vec<Source>, ConfigError> {
+/// [`RateLimitConfigError::Io`] when the path or a file cannot be read.
+pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| ConfigError::Io { path, source }
+        move |source| RateLimitConfigError::Io { path, source }
     };
     let meta = std::fs::metadata(path).map_err(io(path))?;
     if !meta.is_dir() {
@@ -367,7 +367,7 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, ConfigError> {
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum RateLimitConfigError {
     /// A path could not be read.
     #[error("{}: {source}", path.display())]
     Io {
@@ -398,20 +398,20 @@ pub enum ConfigError {
     },
 }
 
-impl ConfigError {
+impl RateLimitConfigError {
     /// The file at fault, if one is.
     pub fn file(&self) -> Option<&Path> {
         match self {
-            ConfigError::Io { path, .. } => Some(path),
-            ConfigError::Invalid { file, .. } => Some(file),
-            ConfigError::DuplicateDomain { second, .. } => Some(second),
+            RateLimitConfigError::Io { path, .. } => Some(path),
+            RateLimitConfigError::Invalid { file, .. } => Some(file),
+            RateLimitConfigError::DuplicateDomain { second, .. } => Some(second),
         }
     }
 
     /// The line at fault (1-based), if known.
     pub fn line(&self) -> Option<usize> {
         match self {
-            ConfigError::Invalid { line, .. } => *line,
+            RateLimitConfigError::Invalid { line, .. } => *line,
             _ => None,
         }
     }
@@ -570,14 +570,15 @@ impl TryFrom<RawRateLimitFields> for RawRateLimit {
     }
 }
 
-fn parse_file(file: &Path, yaml: &str) -> Result<(String, Domain), ConfigError> {
-    let raw: RawFile = serde_yaml_ng::from_str(yaml).map_err(|error| ConfigError::Invalid {
-        file: file.to_path_buf(),
-        line: error.location().map(|l| l.line()),
-        message: error.to_string(),
-    })?;
+fn parse_file(file: &Path, yaml: &str) -> Result<(String, Domain), RateLimitConfigError> {
+    let raw: RawFile =
+        serde_yaml_ng::from_str(yaml).map_err(|error| RateLimitConfigError::Invalid {
+            file: file.to_path_buf(),
+            line: error.location().map(|l| l.line()),
+            message: error.to_string(),
+        })?;
     if raw.domain.is_empty() {
-        return Err(ConfigError::Invalid {
+        return Err(RateLimitConfigError::Invalid {
             file: file.to_path_buf(),
             line: None,
             message: "domain: must not be empty".into(),

@@ -389,7 +389,7 @@ descriptors:
 }
 
 /// The error of an invalid file.
-fn error(yaml: &str) -> ConfigError {
+fn error(yaml: &str) -> RateLimitConfigError {
     match Config::from_yaml("bad.yaml", yaml) {
         Ok(_) => panic!("accepted:\n{yaml}"),
         Err(error) => error,
@@ -474,7 +474,10 @@ fn two_files_of_one_domain_are_refused() {
         contents: EXAMPLE_9.to_owned(),
     };
     let e = Config::from_sources(&[source("a.yaml"), source("b.yaml")]);
-    assert!(matches!(e, Err(ConfigError::DuplicateDomain { .. })));
+    assert!(matches!(
+        e,
+        Err(RateLimitConfigError::DuplicateDomain { .. })
+    ));
 }
 
 #[test]

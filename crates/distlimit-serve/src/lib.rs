@@ -1,10 +1,4 @@
-//! Serving an axum [`Router`] on a TCP listener with the limits a public server needs: a
-//! header-read timeout, an idle timeout, a connection cap that fits the descriptor limit,
-//! accept errors logged with backoff, and a graceful shutdown with a deadline.
-//!
-//! Every server this project ships uses [`ServeConfig::default`]; the demo exposes each field as
-//! a command-line flag.
-
+#![doc = include_str!("../README.md")]
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -382,5 +376,46 @@ impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.0.touch();
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Completes at Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called, not
+/// when the future is first polled, so a signal right after the service logs that it listens is
+/// not lost (nor does it kill the process). A signal that cannot be listened to is never
+/// awaited. Needs a Tokio runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        async move {
+            let interrupt = async {
+                match &mut interrupt {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let terminate = async {
+                match &mut terminate {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = interrupt => {}
+                () = terminate => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
