@@ -190,7 +190,10 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
     };
     // Redis' own reply timeout never cuts a call the budget still allows.
     let redis = RedisStore::builder(url.as_str())
-        .response_timeout(args.redis_budget().max(distlimit_redis::DEFAULT_RESPONSE_TIMEOUT))
+        .response_timeout(
+            args.redis_budget()
+                .max(distlimit_redis::DEFAULT_RESPONSE_TIMEOUT),
+        )
         .connect()
         .await?;
     tracing::info!(
