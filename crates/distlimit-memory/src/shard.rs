@@ -5,11 +5,13 @@
 //! 8-byte key in the unnamed policy, 32 bytes for ids up to 22 bytes, 64 up to 54 bytes. Every
 //! other state takes a 64-byte [`Wide`] entry. [`Part`] is the one table code for every entry
 //! type, through the [`Slot`] trait; [`Home`] says which table a request's state lives in.
+//! Each entry also records, in 11 spare bits, which quota its state was written under (an index
+//! into the shard's [`Stamps`]), so a state read under a changed quota is carried over.
 
 use std::hash::{BuildHasher, Hasher};
 
 use distlimit_core::algorithm::Gcra;
-use distlimit_core::{Algorithm, Decision, Limit, State};
+use distlimit_core::{Algorithm, Decision, Limit, Quota, State};
 use hashbrown::HashTable;
 
 /// Entries sampled per table when the shard is at its key cap; the victim is the one that
@@ -96,13 +98,72 @@ struct Align32;
 #[repr(align(64))]
 struct Align64;
 
+/// Instants (a GCRA state's arrival time, a wide entry's expiry) take the low 53 bits of their
+/// word; the 11 bits above hold the [`Stamps`] index of the quota the state was written under,
+/// so a compact entry stays 16 bytes (memory per key is what users measure).
+const STAMP_SHIFT: u32 = 53;
+/// The largest instant a word holds: times up to 2^53 µs, as in core's contract.
+const INSTANT_MASK: u64 = (1 << STAMP_SHIFT) - 1;
+/// Stamp indices `1..=MAX_STAMPS`; 0 is "no stamp", read as written under the current quota.
+const MAX_STAMPS: usize = (1 << (64 - STAMP_SHIFT)) - 1;
+
+/// An instant and a stamp index in one word.
+#[inline(always)]
+fn stamped(instant: u64, stamp: u64) -> u64 {
+    instant.min(INSTANT_MASK) | stamp << STAMP_SHIFT
+}
+
+/// The quotas states were written under, interned per shard: entries keep an 11-bit index, so a
+/// state read under a changed quota is carried over (`Limit::decide_from`) instead of being
+/// read in the new quota's units. Once `MAX_STAMPS` distinct quotas were seen in a shard, new
+/// ones are not recorded (index 0): such states read as written under the quota they are next
+/// decided with.
+#[derive(Debug, Default)]
+struct Stamps {
+    quotas: Vec<Quota>,
+    index: std::collections::HashMap<Quota, u64>,
+}
+
+impl Stamps {
+    /// The quota of stamp index `stamp`, `None` for "no stamp".
+    #[inline(always)]
+    fn get(&self, stamp: u64) -> Option<&Quota> {
+        let i = usize::try_from(stamp.checked_sub(1)?).ok()?;
+        self.quotas.get(i)
+    }
+
+    /// The index of `quota`, interned on first use (0 when the registry is full).
+    fn of(&mut self, quota: &Quota) -> u64 {
+        if let Some(&i) = self.index.get(quota) {
+            return i;
+        }
+        if self.quotas.len() >= MAX_STAMPS {
+            return 0;
+        }
+        self.quotas.push(*quota);
+        let i = self.quotas.len() as u64;
+        self.index.insert(*quota, i);
+        i
+    }
+}
+
 /// A GCRA state next to its id packed into `W` words; the zero-sized `A` sets the alignment.
 #[derive(Debug)]
 #[repr(C)]
 struct Compact<const W: usize, A> {
     id: [u64; W],
-    state: Gcra,
+    /// The theoretical arrival time and the stamp index (see [`stamped`]).
+    word: u64,
     align: [A; 0],
+}
+
+impl<const W: usize, A> Compact<W, A> {
+    #[inline(always)]
+    fn state(&self) -> Gcra {
+        Gcra {
+            tat_us: self.word & INSTANT_MASK,
+        }
+    }
 }
 
 /// 16 bytes: an 8-byte key in the unnamed policy.
@@ -162,7 +223,8 @@ impl KeyBuf {
 #[derive(Debug)]
 struct Wide {
     key: KeyBuf,
-    expires_at: u64,
+    /// The instant from which it may be forgotten, and the stamp index (see [`stamped`]).
+    expires: u64,
     state: State,
 }
 
@@ -200,7 +262,7 @@ impl<const W: usize, A> Slot for Compact<W, A> {
 
     #[inline]
     fn expires_at(&self) -> u64 {
-        self.state.tat_us
+        self.word & INSTANT_MASK
     }
 
     fn hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
@@ -223,7 +285,7 @@ impl Slot for Wide {
 
     #[inline]
     fn expires_at(&self) -> u64 {
-        self.expires_at
+        self.expires & INSTANT_MASK
     }
 
     fn hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
@@ -341,21 +403,58 @@ impl<const W: usize, A> Part<Compact<W, A>> {
         limit: &Limit,
         now: u64,
         cost: u64,
+        stamps: &mut Stamps,
     ) -> Option<Decision> {
         let entry = self.get_mut(hash, id)?;
-        Some(entry.state.decide(limit.quota(), now, cost))
+        let quota = limit.quota();
+        let stamp = entry.word >> STAMP_SHIFT;
+        match stamps.get(stamp) {
+            Some(from) if from != quota => {
+                // Written under another quota: carried over, kept even when denied.
+                let mut state = entry.state().carried(from, quota, now);
+                let decision = state.decide(quota, now, cost);
+                if cost > 0 {
+                    entry.word = stamped(state.tat_us, stamps.of(quota));
+                }
+                Some(decision)
+            }
+            _ => {
+                let mut state = entry.state();
+                let decision = state.decide(quota, now, cost);
+                if decision.is_allowed() && cost > 0 {
+                    let stamp = if stamp == 0 { stamps.of(quota) } else { stamp };
+                    entry.word = stamped(state.tat_us, stamp);
+                }
+                Some(decision)
+            }
+        }
     }
 
-    fn evaluate(&self, hash: u64, id: Id<'_>, limit: &Limit, now: u64, cost: u64) -> Decision {
-        let mut state = self.get(hash, id).map_or_else(Gcra::default, |e| e.state);
-        state.decide(limit.quota(), now, cost)
+    fn evaluate(
+        &self,
+        hash: u64,
+        id: Id<'_>,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &Stamps,
+    ) -> Decision {
+        let quota = limit.quota();
+        let mut state = match self.get(hash, id) {
+            None => Gcra::default(),
+            Some(entry) => match stamps.get(entry.word >> STAMP_SHIFT) {
+                Some(from) if from != quota => entry.state().carried(from, quota, now),
+                _ => entry.state(),
+            },
+        };
+        state.decide(quota, now, cost)
     }
 
     fn insert_gcra<S: BuildHasher>(
         &mut self,
         hash: u64,
         id: Id<'_>,
-        state: Gcra,
+        word: u64,
         now: u64,
         hasher: &S,
     ) {
@@ -364,7 +463,7 @@ impl<const W: usize, A> Part<Compact<W, A>> {
                 hash,
                 Compact {
                     id,
-                    state,
+                    word,
                     align: [],
                 },
                 now,
@@ -420,6 +519,8 @@ pub(crate) struct Table {
     short: Part<ShortEntry>,
     long: Part<LongEntry>,
     wide: Part<Wide>,
+    /// The quotas the states were written under.
+    stamps: Stamps,
     /// Inserts since expired entries were last dropped at the key cap.
     inserts: usize,
 }
@@ -440,10 +541,18 @@ impl Table {
         cost: u64,
     ) -> Decision {
         match Home::of(id, limit) {
-            Home::Word => self.word.evaluate(hash, id, limit, now, cost),
-            Home::Short => self.short.evaluate(hash, id, limit, now, cost),
-            Home::Long => self.long.evaluate(hash, id, limit, now, cost),
-            Home::Wide => limit.evaluate(self.wide.get(hash, id).map(|e| &e.state), now, cost),
+            Home::Word => self.word.evaluate(hash, id, limit, now, cost, &self.stamps),
+            Home::Short => self
+                .short
+                .evaluate(hash, id, limit, now, cost, &self.stamps),
+            Home::Long => self.long.evaluate(hash, id, limit, now, cost, &self.stamps),
+            Home::Wide => match self.wide.get(hash, id) {
+                None => limit.evaluate(None, now, cost),
+                Some(e) => {
+                    let from = self.stamps.get(e.expires >> STAMP_SHIFT);
+                    limit.evaluate_from(Some(&e.state), from, now, cost)
+                }
+            },
         }
     }
 
@@ -462,14 +571,30 @@ impl Table {
     ) -> (Decision, bool) {
         let home = Home::of(id, limit);
         let known = match home {
-            Home::Word => self.word.decide(hash, id, limit, now, cost),
-            Home::Short => self.short.decide(hash, id, limit, now, cost),
-            Home::Long => self.long.decide(hash, id, limit, now, cost),
+            Home::Word => self
+                .word
+                .decide(hash, id, limit, now, cost, &mut self.stamps),
+            Home::Short => self
+                .short
+                .decide(hash, id, limit, now, cost, &mut self.stamps),
+            Home::Long => self
+                .long
+                .decide(hash, id, limit, now, cost, &mut self.stamps),
             Home::Wide => self.wide.get_mut(hash, id).map(|entry| {
-                let decision = limit.decide(&mut entry.state, now, cost);
-                if decision.is_allowed() && cost > 0 {
-                    // `State::expires_at` (property-tested equal in core), without a division.
-                    entry.expires_at = now.saturating_add(decision.reset_after_us());
+                let stamps = &mut self.stamps;
+                let stamp = entry.expires >> STAMP_SHIFT;
+                let before = stamps.get(stamp).copied();
+                let mut written = before;
+                let decision = limit.decide_from(&mut entry.state, &mut written, now, cost);
+                if written != before || (decision.is_allowed() && cost > 0) {
+                    // `State::expires_at` (property-tested equal in core), without a division:
+                    // the reset of an admission, or of the carried state when denied.
+                    let stamp = if written == before {
+                        stamp
+                    } else {
+                        stamps.of(limit.quota())
+                    };
+                    entry.expires = stamped(now.saturating_add(decision.reset_after_us()), stamp);
                 }
                 decision
             }),
@@ -510,15 +635,25 @@ impl Table {
         }
         let evicted = self.len() >= max_len && self.evict(now, max_len);
         self.inserts += 1;
+        let stamp = self.stamps.of(limit.quota());
         match (home, state) {
-            (Home::Word, State::Gcra(gcra)) => self.word.insert_gcra(hash, id, gcra, now, hasher),
-            (Home::Short, State::Gcra(gcra)) => self.short.insert_gcra(hash, id, gcra, now, hasher),
-            (Home::Long, State::Gcra(gcra)) => self.long.insert_gcra(hash, id, gcra, now, hasher),
+            (Home::Word, State::Gcra(gcra)) => {
+                let word = stamped(gcra.tat_us, stamp);
+                self.word.insert_gcra(hash, id, word, now, hasher)
+            }
+            (Home::Short, State::Gcra(gcra)) => {
+                let word = stamped(gcra.tat_us, stamp);
+                self.short.insert_gcra(hash, id, word, now, hasher)
+            }
+            (Home::Long, State::Gcra(gcra)) => {
+                let word = stamped(gcra.tat_us, stamp);
+                self.long.insert_gcra(hash, id, word, now, hasher)
+            }
             (_, state) => {
-                let expires_at = now.saturating_add(decision.reset_after_us());
+                let expires = stamped(now.saturating_add(decision.reset_after_us()), stamp);
                 let entry = Wide {
                     key: KeyBuf::new(id),
-                    expires_at,
+                    expires,
                     state,
                 };
                 self.wide.insert(hash, entry, now, hasher);
@@ -665,46 +800,52 @@ mod tests {
     const KEYS: [&[u8]; 4] = [b"8 bytes!", b"client", &[7; 40], &[9; 60]];
 
     proptest! {
-        /// The table decides like `Limit::decide` on a state per id, whatever the sequence of
-        /// keys, policies, algorithms, quotas, costs and times, and holds an id once: states move
-        /// between tables when the algorithm changes. (Time going back is core's arithmetic,
-        /// property-tested there; a store may forget an expired state, so here time moves on.)
+        /// The table decides like `Limit::decide_from` on a state per id and the quota it was
+        /// written under, whatever the sequence of keys, policies, algorithms, quotas (changed
+        /// between requests), costs and times, and holds an id once: states move between tables
+        /// when the algorithm changes. (Time going back is core's arithmetic, property-tested
+        /// there; a store may forget an expired state, so here time moves on.)
         #[test]
         fn the_table_agrees_with_the_reference(
-            limit in 1u64..1_000,
-            period in 1u64..100_000_000,
-            burst in 1u64..1_000,
+            quotas in proptest::collection::vec((1u64..1_000, 1u64..100_000_000, 1u64..1_000), 2),
             start in 0u64..1u64 << 50,
             steps in proptest::collection::vec(
-                (0usize..4, any::<bool>(), 0usize..3, 0u64..3_000_000, 0u64..1_200),
+                (0usize..4, any::<bool>(), 0usize..4, 0u64..3_000_000, 0u64..1_200, 0usize..2),
                 1..60,
             ),
         ) {
-            let Ok(quota) = Quota::from_parts(limit, period, burst) else {
+            let quotas: Vec<Quota> = quotas
+                .into_iter()
+                .filter_map(|(l, p, b)| Quota::from_parts(l, p, b).ok())
+                .collect();
+            if quotas.len() < 2 {
                 return Ok(());
+            }
+            let limits = |q: Quota| {
+                [Limit::gcra(q), Limit::token_bucket(q), Limit::fixed_window(q), Limit::sliding_window(q)]
             };
-            let limits = [Limit::gcra(quota), Limit::token_bucket(quota), Limit::fixed_window(quota)];
             let h = Hasher::default();
             let mut table = Table::default();
-            let mut reference: Vec<((usize, bool), State)> = Vec::new();
+            let mut reference: Vec<((usize, bool), State, Option<Quota>)> = Vec::new();
             let mut now = start;
-            for (key, named, algorithm, advance, cost) in steps {
+            for (key, named, algorithm, advance, cost, quota) in steps {
                 now += advance;
-                let limit = limits[algorithm];
+                let limit = limits(quotas[quota])[algorithm];
                 let cost = cost % (limit.capacity() + 2);
                 let id = Id { key: KEYS[key], policy: if named { b"api/burst" } else { b"" } };
                 let hash = id.hash(&h);
-                let state = match reference.iter_mut().find(|(k, _)| *k == (key, named)) {
-                    Some((_, state)) => state,
+                let i = match reference.iter().position(|(k, _, _)| *k == (key, named)) {
+                    Some(i) => i,
                     None => {
-                        reference.push(((key, named), State::fresh(limit.algorithm())));
-                        &mut reference.last_mut().unwrap().1
+                        reference.push(((key, named), State::fresh(limit.algorithm()), None));
+                        reference.len() - 1
                     }
                 };
+                let (_, state, written) = &mut reference[i];
                 let peek = table.evaluate(hash, id, &limit, now, cost);
-                prop_assert_eq!(peek, limit.evaluate(Some(state), now, cost));
+                prop_assert_eq!(peek, limit.evaluate_from(Some(state), written.as_ref(), now, cost));
                 let (got, evicted) = table.decide(hash, id, &limit, now, cost, usize::MAX, &h);
-                prop_assert_eq!(got, limit.decide(state, now, cost));
+                prop_assert_eq!(got, limit.decide_from(state, written, now, cost));
                 prop_assert!(!evicted);
                 prop_assert!(table.len() <= reference.len());
             }

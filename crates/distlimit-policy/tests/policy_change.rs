@@ -49,45 +49,48 @@ const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 
 #[tokio::test]
-async fn token_bucket_and_gcra_keep_the_time_until_full() {
+async fn token_bucket_and_gcra_carry_the_units_spent() {
     for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
-        // Raised: an empty bucket stays empty and refills at the new rate.
+        // Raised: the units spent carry over, the rest of the new burst passes at once.
         let (l, _) = limiter(algorithm, 2, "1s");
         spend(&l, 2).await;
         l.update_policy("p", 10, SECOND).unwrap();
+        assert_eq!(available(&l).await, 8, "{algorithm}");
+
+        // The case: 1 per hour spent and denied, raised to 60 per minute: admitted at
+        // once, then refilled at the new rate.
+        let (l, clock) = limiter(algorithm, 1, "1h");
+        spend(&l, 1).await;
+        assert!(!l.check("p", b"k").await.unwrap().is_allowed());
+        l.update_policy("p", 60, MINUTE).unwrap();
+        spend(&l, 59).await;
+        let v = l.check("p", b"k").await.unwrap();
+        assert!(!v.is_allowed(), "{algorithm}");
+        assert_eq!(v.decision().retry_after(), SECOND, "{algorithm}");
+        clock.advance(SECOND);
+        spend(&l, 1).await;
+
+        // Lowered from half full: the units spent are capped at the new burst, never a fresh
+        // bucket.
+        let (l, _) = limiter(algorithm, 10, "1s");
+        spend(&l, 5).await;
+        l.update_policy("p", 2, SECOND).unwrap();
+        assert_eq!(available(&l).await, 0, "{algorithm}");
+
+        // Window lengthened (10/s to 10/min), all spent: still all spent, refilling at the new
+        // rate (one every 6 s) from the first request under it.
+        let (l, clock) = limiter(algorithm, 10, "1s");
+        spend(&l, 10).await;
+        l.update_policy("p", 10, MINUTE).unwrap();
         let v = l.check("p", b"k").await.unwrap();
         assert!(!v.is_allowed(), "{algorithm}");
         assert_eq!(
             v.decision().retry_after(),
-            Duration::from_millis(100),
+            Duration::from_secs(6),
             "{algorithm}"
         );
-
-        // Raised from half full: half of the new capacity is left.
-        let (l, _) = limiter(algorithm, 10, "1s");
-        spend(&l, 5).await;
-        l.update_policy("p", 20, SECOND).unwrap();
-        assert_eq!(available(&l).await, 10, "{algorithm}");
-
-        // Lowered from half full: half of the new capacity, not a fresh bucket.
-        let (l, _) = limiter(algorithm, 10, "1s");
-        spend(&l, 5).await;
-        l.update_policy("p", 2, SECOND).unwrap();
+        clock.advance(Duration::from_secs(6));
         assert_eq!(available(&l).await, 1, "{algorithm}");
-
-        // Window lengthened (10/s to 10/min): the key was full again in 1 s and still is; at
-        // the new rate 1 s refills 1/6 of a unit, so 9 whole units are available at once.
-        let (l, clock) = limiter(algorithm, 10, "1s");
-        spend(&l, 10).await;
-        l.update_policy("p", 10, MINUTE).unwrap();
-        assert_eq!(available(&l).await, 9, "{algorithm}");
-        assert_eq!(
-            l.peek("p", b"k").await.unwrap().decision().reset_after(),
-            SECOND,
-            "{algorithm}"
-        );
-        clock.advance(SECOND);
-        assert_eq!(available(&l).await, 10, "{algorithm}");
     }
 }
 
@@ -126,7 +129,7 @@ async fn window_algorithms_keep_the_units_counted() {
 }
 
 #[tokio::test]
-async fn a_shortened_window_keeps_the_log_but_aligned_windows_start_their_new_window() {
+async fn a_shortened_window_keeps_the_log_and_carries_the_count_into_the_new_window() {
     // 5/h to 5/min, 30 minutes into the hour. The log keeps entries of the last minute.
     let (l, clock) = limiter(Algorithm::SlidingLog, 5, "1h");
     spend(&l, 3).await;
@@ -135,12 +138,15 @@ async fn a_shortened_window_keeps_the_log_but_aligned_windows_start_their_new_wi
     clock.advance(MINUTE);
     assert_eq!(available(&l).await, 5);
 
-    // The aligned algorithms: the current minute started after the hour the count belongs to,
-    // so it starts empty, as it would at its own boundary a minute later.
+    // The aligned algorithms: the count of the hour carries into the current minute (a shorter
+    // window is never a fresh one), and leaves with it.
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
-        let (l, _) = limiter(algorithm, 5, "1h");
+        let (l, clock) = limiter(algorithm, 5, "1h");
         spend(&l, 3).await;
         l.update_policy("p", 5, MINUTE).unwrap();
+        assert_eq!(available(&l).await, 2, "{algorithm}");
+        spend(&l, 1).await;
+        clock.advance(2 * MINUTE);
         assert_eq!(available(&l).await, 5, "{algorithm}");
     }
 }

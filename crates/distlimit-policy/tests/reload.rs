@@ -51,10 +51,12 @@ async fn edits_are_applied_and_bad_versions_kept_out() {
     assert!(limiter.check("api", b"k").await.unwrap().is_allowed());
     assert!(!limiter.check("api", b"k").await.unwrap().is_allowed());
 
-    // Raised: the key's state carries over, its empty bucket stays empty (a fresh key has 2).
+    // Raised: the unit the key spent carries over: one of the new two passes, then it is
+    // denied (a fresh key has 2).
     write(&path, &config(2));
     assert_eq!(next(&mut rx).await, Reload::Applied { generation: 2 });
     assert_eq!(limit_of(&limiter), 2);
+    assert!(limiter.check("api", b"k").await.unwrap().is_allowed());
     assert!(!limiter.check("api", b"k").await.unwrap().is_allowed());
     assert_eq!(
         limiter

@@ -74,11 +74,21 @@
 //!
 //! | algorithm | value | bytes |
 //! |---|---|---|
-//! | token bucket | `0x01`, deficit (units of `1 / P'` token below full), last update (µs) | 17 |
-//! | GCRA | `0x02`, theoretical arrival time (µs) | 9 |
-//! | fixed window | `0x03`, window start (µs), count | 17 |
+//! | token bucket | `0x01`, deficit (units of `1 / P'` token below full), last update (µs); burst, `L'`, `P'` | 41 |
+//! | GCRA | `0x02`, theoretical arrival time (µs); burst, `T` | 25 |
+//! | fixed window | `0x03`, window start (µs), count; period | 25 |
 //! | sliding log | `0x04`, then per admitted instant: instant (µs), cost (≥ 1) | 1 + 16 n |
-//! | sliding window | `0x05`, current window start (µs), previous count, current count | 25 |
+//! | sliding window | `0x05`, current window start (µs), previous count, current count; period | 33 |
+//!
+//! The values after the `;` are the *stamp*: the parameters the state was written under. A state
+//! read under other parameters is carried over exactly as
+//! [`State::carried`](distlimit_core::State::carried) (the units spent carry over, capped at the
+//! new capacity), and the first request with a cost under the new parameters writes the
+//! converted state, even when it is denied (it charges nothing; the key then refills at the new
+//! rate), as [`Limit::decide_from`](distlimit_core::Limit::decide_from) does. A value without a
+//! stamp (17, 9, 17 and 25 bytes, written before stamps) reads as written under the parameters it
+//! is read with. The refund script gives back only to a state stamped with the charge's
+//! parameters, and keeps the stamp.
 //!
 //! The sliding log is one string of `(instant, cost)` pairs, instants strictly increasing, rewritten
 //! by each admitted request: the expired prefix is dropped and a request at an instant not newer

@@ -151,11 +151,14 @@ struct Step {
     mixed: (usize, Cost),
     /// A batch over some of the batch keys (indices into the five), each with its cost.
     batch: Vec<(usize, Cost)>,
+    /// Which of the two quotas the single and mixed keys use this step (the batch keys swap
+    /// theirs with it): the quota changes between requests, and states carry over.
+    quota: usize,
 }
 
 #[derive(Clone, Debug)]
 struct Case {
-    /// `quotas[0]` for the single keys; the batch keys alternate between both.
+    /// `quotas[step.quota]` for the single keys; the batch keys alternate between both.
     quotas: [Quota; 2],
     start: u64,
     steps: Vec<Step>,
@@ -220,12 +223,14 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         proptest::collection::vec(cost_strategy(), 5..=5),
         (0..5usize, cost_strategy()),
         batch,
+        prop_oneof![4 => Just(0usize), 1 => Just(1usize)],
     )
-        .prop_map(|(advance, costs, mixed, batch)| Step {
+        .prop_map(|(advance, costs, mixed, batch, quota)| Step {
             advance,
             costs,
             mixed,
             batch,
+            quota,
         })
 }
 
@@ -270,12 +275,28 @@ fn fields(value: &[u8]) -> (u8, Vec<u64>) {
     (value[0], numbers)
 }
 
-/// Checks that the value stored at `key` is exactly the model's `state`: the same fields (the
-/// log's entries in the same order), or no key for a state never written.
+/// The stamp a script writes after a state of `algorithm` written under `quota`: the
+/// parameters it converts from (see the prelude).
+fn stamp(algorithm: Algorithm, quota: &Quota) -> Vec<u64> {
+    match algorithm {
+        Algorithm::TokenBucket => {
+            let (rate, unit) = quota.refill_units();
+            vec![quota.burst(), rate, unit]
+        }
+        Algorithm::Gcra => vec![quota.burst(), quota.emission_interval_us()],
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => vec![quota.period_us()],
+        _ => vec![],
+    }
+}
+
+/// Checks that the value stored at `key` is exactly the model's `state` and the quota it was
+/// `written` under: the same fields (the log's entries in the same order) and stamp, or no key
+/// for a state never written.
 async fn check_stored(
     conn: &mut MultiplexedConnection,
     key: &[u8],
     state: &State,
+    written: Option<&Quota>,
 ) -> Result<(), TestCaseError> {
     let value: Option<Vec<u8>> = redis::cmd("GET")
         .arg(key)
@@ -290,7 +311,16 @@ async fn check_stored(
         );
         return Ok(());
     };
-    let (tag, f) = fields(&value);
+    let (tag, mut f) = fields(&value);
+    if tag != 4 {
+        let want = stamp(
+            state.algorithm(),
+            written.expect("a stored state was written"),
+        );
+        prop_assert!(f.len() > want.len(), "state {:?}", value);
+        let got = f.split_off(f.len() - want.len());
+        prop_assert_eq!(got, want, "the stamp of {:?}", value);
+    }
     let stored = match (tag, f.as_slice()) {
         (1, &[deficit, last_us]) => State::TokenBucket(TokenBucket { deficit, last_us }),
         (2, &[tat_us]) => State::Gcra(Gcra { tat_us }),
@@ -334,19 +364,12 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), T
         .collect();
     let mixed_key = format!("{p}:mixed").into_bytes();
 
-    let single_limits: Vec<Limit> = Algorithm::ALL
-        .iter()
-        .map(|&a| limit_of(a, case.quotas[0]))
-        .collect();
-    let batch_limits: Vec<Limit> = Algorithm::ALL
-        .iter()
-        .enumerate()
-        .map(|(j, &a)| limit_of(a, case.quotas[j % 2]))
-        .collect();
-
     let mut single_states: Vec<State> = Algorithm::ALL.iter().map(|&a| State::fresh(a)).collect();
     let mut batch_states: Vec<State> = Algorithm::ALL.iter().map(|&a| State::fresh(a)).collect();
     let mut mixed_state = State::fresh(Algorithm::TokenBucket);
+    let mut single_written: Vec<Option<Quota>> = vec![None; 5];
+    let mut batch_written: Vec<Option<Quota>> = vec![None; 5];
+    let mut mixed_written: Option<Quota> = None;
     let mut last_retry: Vec<Option<u64>> = vec![None; 5];
 
     let mut now = case.start;
@@ -365,11 +388,21 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), T
             Advance::Periods(k) => now + period * k,
         };
         let time = TimeSource::Client(now);
+        let single_limits: Vec<Limit> = Algorithm::ALL
+            .iter()
+            .map(|&a| limit_of(a, case.quotas[step.quota]))
+            .collect();
+        let batch_limits: Vec<Limit> = Algorithm::ALL
+            .iter()
+            .enumerate()
+            .map(|(j, &a)| limit_of(a, case.quotas[(j + step.quota) % 2]))
+            .collect();
 
         for (j, cost) in step.costs.iter().enumerate() {
             let limit = single_limits[j];
             let cost = cost.units(limit.capacity());
-            let expected = limit.decide(&mut single_states[j], now, cost);
+            let expected =
+                limit.decide_from(&mut single_states[j], &mut single_written[j], now, cost);
             let got = decide(conn, &single_keys[j], &limit, cost, time).await;
             let got = got.map_err(|e| TestCaseError::fail(format!("step {n}: {e}")))?;
             prop_assert_eq!(
@@ -384,14 +417,20 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), T
             );
             last_retry[j] =
                 (got.is_denied() && !got.is_never()).then(|| got.retry_after().as_micros() as u64);
-            check_stored(conn, &single_keys[j], &single_states[j]).await?;
+            check_stored(
+                conn,
+                &single_keys[j],
+                &single_states[j],
+                single_written[j].as_ref(),
+            )
+            .await?;
         }
 
         // One key, the algorithm changing from step to step.
         let (which, cost) = &step.mixed;
         let limit = single_limits[*which];
         let cost = cost.units(limit.capacity());
-        let expected = limit.decide(&mut mixed_state, now, cost);
+        let expected = limit.decide_from(&mut mixed_state, &mut mixed_written, now, cost);
         let got = decide(conn, &mixed_key, &limit, cost, time)
             .await
             .map_err(|e| TestCaseError::fail(format!("step {n} (mixed): {e}")))?;
@@ -404,7 +443,7 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), T
             now,
             cost
         );
-        check_stored(conn, &mixed_key, &mixed_state).await?;
+        check_stored(conn, &mixed_key, &mixed_state, mixed_written.as_ref()).await?;
 
         // A batch, all-or-nothing.
         let requests: Vec<ScriptRequest<'_>> = step
@@ -418,17 +457,26 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), T
         let mut expected: Vec<Decision> = requests
             .iter()
             .zip(&step.batch)
-            .map(|(r, (j, _))| r.limit.evaluate(Some(&batch_states[*j]), now, r.cost))
+            .map(|(r, (j, _))| {
+                let written = batch_written[*j].as_ref();
+                r.limit
+                    .evaluate_from(Some(&batch_states[*j]), written, now, r.cost)
+            })
             .collect();
         if expected.iter().all(Decision::is_allowed) {
             for (r, (j, _)) in requests.iter().zip(&step.batch) {
-                r.limit.decide(&mut batch_states[*j], now, r.cost);
+                r.limit
+                    .decide_from(&mut batch_states[*j], &mut batch_written[*j], now, r.cost);
             }
         } else {
-            // Nothing charged: those that alone would pass are answered as peeks.
+            // Nothing charged (nor carried over): those that alone would pass are answered as
+            // peeks.
             for ((d, r), (j, _)) in expected.iter_mut().zip(&requests).zip(&step.batch) {
                 if d.is_allowed() {
-                    *d = r.limit.evaluate(Some(&batch_states[*j]), now, 0);
+                    let written = batch_written[*j].as_ref();
+                    *d = r
+                        .limit
+                        .evaluate_from(Some(&batch_states[*j]), written, now, 0);
                 }
             }
         }
@@ -444,7 +492,13 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), T
             requests
         );
         for (j, _) in &step.batch {
-            check_stored(conn, &batch_keys[*j], &batch_states[*j]).await?;
+            check_stored(
+                conn,
+                &batch_keys[*j],
+                &batch_states[*j],
+                batch_written[*j].as_ref(),
+            )
+            .await?;
         }
     }
 
@@ -625,20 +679,31 @@ fn tag_of(algorithm: Algorithm) -> u8 {
 /// Values that are not a readable state of `algorithm`, nor a valid state of another one.
 fn corrupt_values(algorithm: Algorithm) -> Vec<Vec<u8>> {
     let tag = tag_of(algorithm);
-    let fields = match algorithm {
-        Algorithm::Gcra => 1,
-        Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingLog => 2,
-        _ => 3,
+    // The fields of an unstamped value, and of the stamp (see the prelude).
+    let (fields, stamp) = match algorithm {
+        Algorithm::Gcra => (1, 2),
+        Algorithm::TokenBucket => (2, 3),
+        Algorithm::FixedWindow => (2, 1),
+        Algorithm::SlidingLog => (2, 0),
+        _ => (3, 1),
     };
+    // A length neither with nor without the stamp.
+    let wrong = if stamp == 1 { fields + 2 } else { fields + 1 };
     let mut values = vec![
         b"garbage".to_vec(),
         Vec::new(),
         b"12345".to_vec(),
         vec![9; 17],
-        state_bytes(tag, &vec![1.0; fields + 1]),
+        state_bytes(tag, &vec![1.0; wrong]),
     ];
     if algorithm != Algorithm::SlidingLog {
         values.push(vec![tag]);
+        // A stamp that is no parameter: zero, or not an integer.
+        for bad in [0.0, 1.5] {
+            let mut f = vec![7.0; fields + stamp];
+            f[fields + stamp - 1] = bad;
+            values.push(state_bytes(tag, &f));
+        }
     }
     for bad in [f64::NAN, f64::INFINITY, -1.0, 1.5, 9_007_199_254_740_992.0] {
         let mut f = vec![7.0; fields];
@@ -740,6 +805,97 @@ fn a_state_of_another_algorithm_counts_as_fresh() {
                     assert_eq!(got, expected, "{a} then {b}: {limit:?} cost {cost}");
                 }
             }
+        }
+    });
+}
+
+/// The case through the scripts: 1 per hour spent and denied, then 60 per minute with a
+/// burst of 100: the one unit spent carries over and the key passes at once; lowered back, the
+/// 99 spent are capped at the one unit and the key is denied (no fresh bucket), also while it
+/// keeps asking (the carried state is written by the first denial).
+#[test]
+fn a_raised_limit_frees_a_denied_key_and_a_lowered_one_never_refreshes() {
+    let Some(server) = server() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let mut conn = connect(&server.url).await;
+        let p = prefix("carry");
+        let hourly = Quota::per_hour(1).unwrap();
+        let raised = Quota::per_minute(60).unwrap().with_burst(100).unwrap();
+        for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+            let key = format!("{p}:{algorithm}").into_bytes();
+            let (old, new) = (limit_of(algorithm, hourly), limit_of(algorithm, raised));
+            let t0 = 1_700_000_000_000_000;
+            let at = |us: u64| TimeSource::Client(t0 + us);
+            assert!(
+                decide(&mut conn, &key, &old, 1, at(0))
+                    .await
+                    .unwrap()
+                    .is_allowed()
+            );
+            assert!(
+                decide(&mut conn, &key, &old, 1, at(1))
+                    .await
+                    .unwrap()
+                    .is_denied()
+            );
+            let d = decide(&mut conn, &key, &new, 1, at(2)).await.unwrap();
+            assert!(d.is_allowed(), "{algorithm}: {d:?}");
+            assert_eq!(d.remaining(), 98, "{algorithm}");
+            let d = decide(&mut conn, &key, &new, 97, at(3)).await.unwrap();
+            assert!(d.is_allowed(), "{algorithm}: {d:?}");
+            // Lowered again: the 99 spent are capped at the one unit, not a fresh bucket.
+            for s in 1..5u64 {
+                let d = decide(&mut conn, &key, &old, 1, at(s * 30_000_000))
+                    .await
+                    .unwrap();
+                assert!(d.is_denied(), "{algorithm} after {s} × 30 s: {d:?}");
+            }
+        }
+    });
+}
+
+/// A value written before stamps (no parameters after the fields) reads as written under the
+/// quota it is read with, and the next write stamps it.
+#[test]
+fn unstamped_values_read_under_the_current_quota() {
+    let Some(server) = server() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let mut conn = connect(&server.url).await;
+        let p = prefix("unstamped");
+        let quota = Quota::per_second(4).unwrap();
+        let now: u64 = 1_700_000_000_000_000;
+        for algorithm in Algorithm::ALL {
+            let limit = limit_of(algorithm, quota);
+            // 3 of 4 units spent, at `now`.
+            let fields = match algorithm {
+                Algorithm::TokenBucket => {
+                    let unit = quota.refill_units().1 as f64;
+                    vec![3.0 * unit, now as f64]
+                }
+                Algorithm::Gcra => vec![(now + 750_000) as f64],
+                Algorithm::FixedWindow => vec![(now - now % 1_000_000) as f64, 3.0],
+                Algorithm::SlidingWindow => vec![(now - now % 1_000_000) as f64, 0.0, 3.0],
+                _ => vec![now as f64, 3.0],
+            };
+            let key = format!("{p}:{algorithm}").into_bytes();
+            let value = state_bytes(tag_of(algorithm), &fields);
+            let _: () = query(&mut conn, redis::cmd("SET").arg(&key).arg(&value)).await;
+            let d = decide(&mut conn, &key, &limit, 1, TimeSource::Client(now))
+                .await
+                .unwrap();
+            assert!(d.is_allowed(), "{algorithm}: {d:?}");
+            assert_eq!(d.remaining(), 0, "{algorithm}: 3 of 4 spent, then 1");
+            let stored = get(&mut conn, &key).await.unwrap();
+            let stamped = match algorithm {
+                Algorithm::TokenBucket => 41,
+                Algorithm::Gcra | Algorithm::FixedWindow => 25,
+                Algorithm::SlidingWindow => 33,
+                // One entry: the request merged into the logged instant.
+                _ => 1 + 16,
+            };
+            assert_eq!(stored.len(), stamped, "{algorithm}");
         }
     });
 }
@@ -896,7 +1052,8 @@ fn server_time_is_read_inside_the_script() {
         assert_eq!(first, Decision::allowed(2, 1, Duration::from_micros(t)));
         // The stored theoretical arrival time is the server's TIME plus T.
         let value = get(&mut conn, &key).await.unwrap();
-        assert_eq!((value.len(), value[0]), (9, 2));
+        // The tag, the arrival time, then the stamp: the burst and T.
+        assert_eq!((value.len(), value[0]), (25, 2));
         let tat = f64::from_be_bytes(value[1..9].try_into().unwrap()) as u64;
         assert!(
             (before + t..=after + t).contains(&tat),

@@ -208,23 +208,27 @@ pub(crate) async fn decide_all<S: Store + ?Sized>(
     }
 }
 
-/// The reference model for many keys: [`Limit::decide`] on a local [`State`] per key.
+/// The reference model for many keys: [`Limit::decide_from`] on a local [`State`] per key and
+/// the quota it was written under.
 #[derive(Debug, Default)]
 pub(crate) struct Model {
-    states: HashMap<Vec<u8>, State>,
+    states: HashMap<Vec<u8>, (State, Option<Quota>)>,
 }
 
 impl Model {
     pub(crate) fn decide(&mut self, key: &[u8], limit: Limit, now: u64, cost: u64) -> Decision {
-        let state = self
+        let (state, written) = self
             .states
             .entry(key.to_vec())
-            .or_insert_with(|| State::fresh(limit.algorithm()));
-        limit.decide(state, now, cost)
+            .or_insert_with(|| (State::fresh(limit.algorithm()), None));
+        limit.decide_from(state, written, now, cost)
     }
 
     pub(crate) fn evaluate(&self, key: &[u8], limit: Limit, now: u64, cost: u64) -> Decision {
-        limit.evaluate(self.states.get(key), now, cost)
+        match self.states.get(key) {
+            Some((state, written)) => limit.evaluate_from(Some(state), written.as_ref(), now, cost),
+            None => limit.evaluate(None, now, cost),
+        }
     }
 
     /// All-or-nothing, as [`Store::decide_all`] must be: every request's own answer, charged
@@ -276,6 +280,8 @@ pub(crate) struct Walk<'a> {
     case: String,
     key: &'a [u8],
     pub(crate) state: State,
+    /// The quota `state` was written under.
+    pub(crate) written: Option<Quota>,
     start: u64,
     history: Vec<Step>,
     /// `retry_after` of the last denial that can pass some day, to aim the next step at it.
@@ -295,6 +301,7 @@ impl<'a> Walk<'a> {
             case,
             key,
             state: State::fresh(algorithm),
+            written: None,
             start,
             history: Vec::new(),
             last_retry: None,
@@ -310,7 +317,7 @@ impl<'a> Walk<'a> {
         cost: u64,
         via: Via,
     ) -> Decision {
-        let expected = limit.decide(&mut self.state, now, cost);
+        let expected = limit.decide_from(&mut self.state, &mut self.written, now, cost);
         let req = request(self.key, limit, cost);
         let ctx = format!(
             "check `{}` ({}): step {}",
@@ -332,7 +339,7 @@ impl<'a> Walk<'a> {
         assert_eq!(
             got,
             expected,
-            "{}: the store's decision (left) differs from the reference model Limit::decide (right)\n{}",
+            "{}: the store's decision (left) differs from the reference model Limit::decide_from (right)\n{}",
             ctx,
             self.recent()
         );

@@ -28,6 +28,24 @@ impl FixedWindow {
     }
 }
 
+impl FixedWindow {
+    /// This state, written under `from`, as a state of `to`: the count of `from`'s window that
+    /// holds `now`, capped at `to`'s limit, counted in `to`'s window that holds `now`.
+    pub(crate) fn carried(&self, from: &Quota, to: &Quota, now: u64) -> Self {
+        if from.period_us() == to.period_us() {
+            return *self;
+        }
+        let (_, spent) = self.current(from, now);
+        if spent == 0 {
+            return FixedWindow::default();
+        }
+        FixedWindow {
+            start_us: now - now % to.period_us(),
+            count: spent.min(to.limit()),
+        }
+    }
+}
+
 impl Model for FixedWindow {
     #[inline]
     fn available(&self, q: &Quota, now: u64) -> u64 {

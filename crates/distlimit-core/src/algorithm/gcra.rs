@@ -35,6 +35,24 @@ impl Gcra {
     }
 }
 
+impl Gcra {
+    /// This state, written under `from`, as a state of `to` that has spent at `now` the whole
+    /// units it had spent under `from`, capped at `to`'s burst (see
+    /// [`State::carried`](crate::State::carried)): for stores that keep GCRA states apart.
+    pub fn carried(&self, from: &Quota, to: &Quota, now: u64) -> Self {
+        if (from.burst(), emission_interval(from)) == (to.burst(), emission_interval(to)) {
+            return *self;
+        }
+        let spent = div_ceil(self.tat_us.saturating_sub(now), emission_interval(from));
+        match spent.min(to.burst()) {
+            0 => *self,
+            units => Gcra {
+                tat_us: now.saturating_add(units.saturating_mul(emission_interval(to))),
+            },
+        }
+    }
+}
+
 /// The emission interval: µs per unit, rounded up so the rate never exceeds the quota.
 fn emission_interval(q: &Quota) -> u64 {
     q.emission_interval_us()

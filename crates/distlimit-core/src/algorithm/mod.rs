@@ -43,6 +43,13 @@
 //! * Splitting equal-time requests differently (`3` vs `1 + 2` at the same instant) ends in the
 //!   same state.
 //! * Time going backwards refills nothing.
+//!
+//! A state's numbers are counted in units of the quota it was written under (GCRA's `T`, the
+//! token bucket's `1 / P'`, the windows' period). Read under another quota, it is carried over
+//! ([`State::carried`], [`Limit::decide_from`]): what the key had spent under the old quota, in
+//! whole units rounded up, it has spent under the new one, capped at the new capacity, so a
+//! raised limit frees a denied key at once and a lowered one never hands out a fresh bucket.
+//! Stores record the quota (or the parameters that matter) next to each state.
 
 mod fixed_window;
 mod gcra;
@@ -251,6 +258,74 @@ impl Limit {
         decision
     }
 
+    /// [`decide`](Self::decide) on a state written under the quota `written` (`None`: unknown,
+    /// read as written under this limit's quota), keeping `written` up to date: it becomes this
+    /// limit's quota whenever the state is rewritten.
+    ///
+    /// A state of this algorithm written under another quota is first
+    /// [carried over](State::carried) at `now_us`. A request with a cost keeps the carried state
+    /// even when it is denied (it charges nothing, it re-expresses the state under this quota),
+    /// so the conversion happens once, at the first such request under the new quota, and the
+    /// state refills at the new rate from then on. A peek (cost 0) and a cost above the capacity
+    /// change nothing.
+    ///
+    /// ```
+    /// use distlimit_core::{Limit, Quota, State};
+    ///
+    /// # fn main() -> Result<(), distlimit_core::QuotaError> {
+    /// let hourly = Limit::gcra(Quota::per_hour(1)?);
+    /// let (mut state, mut written) = (State::fresh(hourly.algorithm()), None);
+    /// assert!(hourly.decide_from(&mut state, &mut written, 0, 1).is_allowed());
+    /// assert!(hourly.decide_from(&mut state, &mut written, 1, 1).is_denied());
+    /// // Raised to 60 per minute with a burst of 100: the one unit spent carries over.
+    /// let raised = Limit::gcra(Quota::per_minute(60)?.with_burst(100)?);
+    /// let decision = raised.decide_from(&mut state, &mut written, 2, 1);
+    /// assert!(decision.is_allowed());
+    /// assert_eq!(decision.remaining(), 98);
+    /// # Ok(()) }
+    /// ```
+    pub fn decide_from(
+        &self,
+        state: &mut State,
+        written: &mut Option<Quota>,
+        now_us: u64,
+        cost: u64,
+    ) -> Decision {
+        if let Some(from) = written
+            && state.algorithm() == self.algorithm
+            && *from != self.quota
+        {
+            let carried = state.carried(from, &self.quota, now_us);
+            if cost == 0 || cost > self.capacity() {
+                return self.evaluate(Some(&carried), now_us, cost);
+            }
+            *state = carried;
+            *written = Some(self.quota);
+            return self.decide(state, now_us, cost);
+        }
+        let decision = self.decide(state, now_us, cost);
+        if decision.is_allowed() && cost > 0 {
+            *written = Some(self.quota);
+        }
+        decision
+    }
+
+    /// What [`decide_from`](Self::decide_from) would answer, without changing anything.
+    pub fn evaluate_from(
+        &self,
+        state: Option<&State>,
+        written: Option<&Quota>,
+        now_us: u64,
+        cost: u64,
+    ) -> Decision {
+        match (state, written) {
+            (Some(s), Some(from)) if s.algorithm() == self.algorithm && *from != self.quota => {
+                self.evaluate(Some(&s.carried(from, &self.quota, now_us)), now_us, cost)
+            }
+            _ => self.evaluate(state, now_us, cost),
+        }
+    }
+
     /// What [`decide`](Self::decide) would answer, without changing anything. `None`, or a state
     /// of another algorithm, stands for a fresh key.
     #[inline(always)]
@@ -383,6 +458,20 @@ impl State {
             State::FixedWindow(s) => s.expires_at(quota),
             State::SlidingLog(s) => s.expires_at(quota),
             State::SlidingWindow(s) => s.expires_at(quota),
+        }
+    }
+
+    /// This state, written under `from`, as a state of `to` at `now`: what the key had spent
+    /// under `from` (in whole units, rounded up) it has spent under `to`, capped at `to`'s
+    /// capacity. Unchanged when the parameters the algorithm counts in are equal, and for the
+    /// sliding log (its entries are instants, judged under `to` as they are).
+    pub fn carried(&self, from: &Quota, to: &Quota, now_us: u64) -> State {
+        match self {
+            State::TokenBucket(s) => State::TokenBucket(s.carried(from, to, now_us)),
+            State::Gcra(s) => State::Gcra(s.carried(from, to, now_us)),
+            State::FixedWindow(s) => State::FixedWindow(s.carried(from, to, now_us)),
+            State::SlidingLog(s) => State::SlidingLog(s.clone()),
+            State::SlidingWindow(s) => State::SlidingWindow(s.carried(from, to, now_us)),
         }
     }
 

@@ -48,6 +48,31 @@ impl SlidingWindow {
     }
 }
 
+impl SlidingWindow {
+    /// This state, written under `from`, as a state of `to`: the units `from` counts at `now`
+    /// (the previous window's weighted count rounded up, plus the current count), capped at `to`'s
+    /// limit, as the current count of `to`'s window that holds `now`.
+    pub(crate) fn carried(&self, from: &Quota, to: &Quota, now: u64) -> Self {
+        if from.period_us() == to.period_us() {
+            return *self;
+        }
+        let period = from.period_us();
+        let (gr, steps) = from.window_granule();
+        let (start, prev, cur) = self.at(from, now);
+        let elapsed = now.saturating_sub(start).min(period);
+        let weight = div_ceil(period - elapsed, gr);
+        let spent = div_ceil(prev.saturating_mul(weight), steps).saturating_add(cur);
+        if spent == 0 {
+            return SlidingWindow::default();
+        }
+        SlidingWindow {
+            start_us: now - now % to.period_us(),
+            previous: 0,
+            current: spent.min(to.limit()),
+        }
+    }
+}
+
 /// The earliest `e` in `0..period` at which the weight `⌈(period − e) / gr⌉` is at most `x`,
 /// for `1 ≤ x ≤ steps`: `⌈(period − e) / gr⌉ ≤ x ⇔ period − e ≤ x × gr` (as `x` is an integer),
 /// so `e ≥ period − x × gr` (`x × gr < period + gr`: no overflow).

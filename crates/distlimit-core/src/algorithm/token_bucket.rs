@@ -11,9 +11,10 @@ use crate::Quota;
 /// period_us`), and a bucket holds `burst × P' ≤ 2^52` units. A round quota counts in small units:
 /// `Quota::per_day(1_000_000)` has `P' = 86 400`, `L' = 1`.
 ///
-/// The all-zero state is a full bucket, whatever the quota, so a changed quota never hands out a
-/// fresh bucket: the deficit carries over, counted in the units of the new quota (a change of
-/// burst alone keeps them; a change of limit or period may rescale them).
+/// The all-zero state is a full bucket, whatever the quota. Units depend on the quota: a state
+/// read under another quota than it was written under is first converted by
+/// [`State::carried`](crate::State::carried) (the tokens spent carry over, capped at the new
+/// burst).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TokenBucket {
     /// Units (`1 / P'` of a token) missing from a full bucket at `last_us`.
@@ -32,6 +33,22 @@ impl TokenBucket {
         // Lua scripts' overflow-free form `elapsed ≥ ⌈deficit / L'⌉ ? 0 : deficit − elapsed × L'`,
         // without a division on the hot path.
         self.deficit.saturating_sub(elapsed.saturating_mul(rate))
+    }
+}
+
+impl TokenBucket {
+    /// This state, written under `from`, as a state of `to` that has spent at `now` the whole
+    /// tokens it had spent under `from` (refilled at `from`'s rate until `now`), capped at `to`'s
+    /// burst; it refills at `to`'s rate from `now` on.
+    pub(crate) fn carried(&self, from: &Quota, to: &Quota, now: u64) -> Self {
+        if (from.burst(), from.refill_units()) == (to.burst(), to.refill_units()) {
+            return *self;
+        }
+        let spent = div_ceil(self.deficit_at(from, now), from.refill_units().1);
+        TokenBucket {
+            deficit: spent.min(to.burst()).saturating_mul(to.refill_units().1),
+            last_us: self.last_us.max(now),
+        }
     }
 }
 

@@ -1,22 +1,40 @@
 -- GCRA (distlimit_core::algorithm::Gcra). Parameters: burst, T = ceil(period / limit) (µs per
--- unit). State: tag 2, then the theoretical arrival time (µs).
+-- unit). State: tag 2, then the theoretical arrival time (µs), then the burst and T it was
+-- written under (a 9-byte value without them reads as written under the current ones).
 local function decide_gcra(key, A, i, now, cost)
   local burst, t = tonumber(A[i]), tonumber(A[i + 1])
-  local tat = 0
+  local tat, wb, wt = 0, burst, t
   local v = redis.call('GET', key)
   if v then
-    local ok = string.byte(v) == 2 and #v == 9
+    local len = #v
+    local ok = string.byte(v) == 2 and (len == 25 or len == 9)
     if ok then
-      tat = struct.unpack('>d', v, 2)
+      if len == 25 then
+        tat, wb, wt = struct.unpack('>ddd', v, 2)
+      else
+        tat = struct.unpack('>d', v, 2)
+      end
       ok = tat >= 0 and tat < 9007199254740992 and tat % 1 == 0
+        and wb >= 1 and wb < 9007199254740992 and wb % 1 == 0
+        and wt >= 1 and wt < 9007199254740992 and wt % 1 == 0
     end
     if not ok then
       local fresh, err = other(v, 2, 'gcra', key)
       if not fresh then
         return nil, err
       end
-      tat = 0
+      tat, wb, wt = 0, burst, t
     end
+  end
+  -- Written under another burst or T: the whole units spent then (rounded up), capped at the
+  -- burst, are spent now (State::carried); kept even when denied.
+  local carried = wb ~= burst or wt ~= t
+  if carried and tat > now then
+    local spent = math.ceil((tat - now) / wt)
+    if spent > burst then
+      spent = burst
+    end
+    tat = now + spent * t
   end
   -- The debt: µs of emission the key is ahead of now (an idle key skips the division).
   local debt, avail = tat - now, burst
@@ -36,13 +54,16 @@ local function decide_gcra(key, A, i, now, cost)
     local reset = debt + cost * t
     if cost > 0 then
       -- The new tat, max(tat, now) + cost * T, is now + reset.
-      return 1, burst, avail - cost, reset, 0, struct.pack('>Bd', 2, now + reset)
+      return 1, burst, avail - cost, reset, 0, struct.pack('>Bddd', 2, now + reset, burst, t)
     end
     return 1, burst, avail, reset, 0
   end
   local retry = debt - (burst - want) * t
   if retry < 1 then
     retry = 1
+  end
+  if carried and cost > 0 then
+    return 0, burst, avail, debt, retry, struct.pack('>Bddd', 2, tat, burst, t)
   end
   return 0, burst, avail, debt, retry
 end

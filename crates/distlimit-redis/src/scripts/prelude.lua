@@ -20,12 +20,17 @@
 --   allowed (1 or 0), limit, remaining, reset_after_us, retry_after_us[, new state]
 -- exactly as Limit::evaluate; the new state (a string) only when allowed with cost > 0, for the
 -- caller to write with a TTL of ceil(reset_after_us / 1000) ms (the reset_after of an admitted
--- request is State::expires_at - now, at least 1 µs). A value it cannot read makes it return
+-- request is State::expires_at - now, at least 1 µs). A denied request with a cost also returns
+-- a state when it carried one over from other parameters (its reset_after is then that state's
+-- expires_at - now, at least 1 µs: a denial leaves units spent). A value it cannot read makes it return
 -- nil, message.
 --
--- State values: a tag byte, then big-endian doubles holding integers in [0, 2^53):
--- 1 token bucket (17 bytes), 2 gcra (9), 3 fixed window (17), 4 sliding log (1 + 16 n),
--- 5 sliding window (25).
+-- State values: a tag byte, then big-endian doubles holding integers in [0, 2^53), then the
+-- parameters the state was written under (its stamp; a state read under other parameters is
+-- carried over, as distlimit_core::State::carried, and rewritten by the first request with a
+-- cost, even a denied one): 1 token bucket (41 bytes), 2 gcra (25), 3 fixed window (25),
+-- 4 sliding log (1 + 16 n, no stamp), 5 sliding window (33). Values of the unstamped lengths
+-- (17, 9, 17, 25) read as written under the current parameters.
 
 -- A key written in client-time mode lives this much longer than its state needs (see
 -- CLIENT_TTL_SLACK in script.rs): Redis expires keys on its own clock, not the client's.
@@ -36,8 +41,9 @@ local CLIENT_SLACK_MS = 60000
 -- model), else nil and the DISTLIMIT_CORRUPT error.
 local function other(v, own, name, key)
   local tag, len = string.byte(v), #v
-  if tag ~= own and ((tag == 1 or tag == 3) and len == 17 or tag == 2 and len == 9
-      or tag == 5 and len == 25 or tag == 4 and len % 16 == 1) then
+  if tag ~= own and (tag == 1 and (len == 41 or len == 17) or tag == 2 and (len == 25 or len == 9)
+      or tag == 3 and (len == 25 or len == 17) or tag == 5 and (len == 33 or len == 25)
+      or tag == 4 and len % 16 == 1) then
     return true
   end
   return nil, 'DISTLIMIT_CORRUPT unreadable ' .. name .. ' state at key ' .. key

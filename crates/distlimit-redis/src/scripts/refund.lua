@@ -25,7 +25,10 @@ for j = 1, #KEYS do
   local new
   if type(v) == 'string' and cost > 0 then
     local tag, len = string.byte(v), #v
-    if algorithm == '1' and tag == 1 and len == 17 then
+    -- Only states stamped with the charge's parameters (see the prelude): a state carried
+    -- over to other parameters since is left alone. The stamp is kept as it is.
+    if algorithm == '1' and tag == 1 and len == 41 and string.sub(v, 18) == struct.pack('>ddd',
+        tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])) then
       -- Token bucket: the deficit is additive; at most elapsed * rate of the charge refilled.
       local rate, unit = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
       local charged, credit = cost * unit, 0
@@ -46,15 +49,17 @@ for j = 1, #KEYS do
         if deficit < 0 then
           deficit = 0
         end
-        new = struct.pack('>Bdd', 1, deficit, last)
+        new = struct.pack('>Bdd', 1, deficit, last) .. string.sub(v, 18)
       end
-    elseif algorithm == '2' and tag == 2 and len == 9 then
+    elseif algorithm == '2' and tag == 2 and len == 25
+        and string.sub(v, 10) == struct.pack('>dd', tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])) then
       -- GCRA: the theoretical arrival time moved by cost * T, less any time it was idle since.
       local credit = cost * tonumber(ARGV[i + 3]) - elapsed
       if credit > 0 then
-        new = struct.pack('>Bd', 2, struct.unpack('>d', v, 2) - credit)
+        new = struct.pack('>Bd', 2, struct.unpack('>d', v, 2) - credit) .. string.sub(v, 10)
       end
-    elseif algorithm == '3' and tag == 3 and len == 17 then
+    elseif algorithm == '3' and tag == 3 and len == 25
+        and string.sub(v, 18) == struct.pack('>d', tonumber(ARGV[i + 3])) then
       -- Fixed window: only while the charge's window is the stored one.
       local period = tonumber(ARGV[i + 3])
       local start, count = struct.unpack('>dd', v, 2)
@@ -63,9 +68,10 @@ for j = 1, #KEYS do
         if count < 0 then
           count = 0
         end
-        new = struct.pack('>Bdd', 3, start, count)
+        new = struct.pack('>Bdd', 3, start, count) .. string.sub(v, 18)
       end
-    elseif algorithm == '5' and tag == 5 and len == 25 then
+    elseif algorithm == '5' and tag == 5 and len == 33
+        and string.sub(v, 26) == struct.pack('>d', tonumber(ARGV[i + 3])) then
       -- Sliding window: the charge is in the current window's count, or the previous one's.
       local period = tonumber(ARGV[i + 3])
       local start, prev, cur = struct.unpack('>ddd', v, 2)
@@ -75,13 +81,13 @@ for j = 1, #KEYS do
         if cur < 0 then
           cur = 0
         end
-        new = struct.pack('>Bddd', 5, start, prev, cur)
+        new = struct.pack('>Bddd', 5, start, prev, cur) .. string.sub(v, 26)
       elseif start == s + period then
         prev = prev - cost
         if prev < 0 then
           prev = 0
         end
-        new = struct.pack('>Bddd', 5, start, prev, cur)
+        new = struct.pack('>Bddd', 5, start, prev, cur) .. string.sub(v, 26)
       end
     elseif algorithm == '4' and tag == 4 and len % 16 == 1 then
       -- Sliding log: the charge is in the first entry at or after its instant (its own, or the

@@ -1,25 +1,64 @@
 -- Sliding window counter (distlimit_core::algorithm::SlidingWindow). Parameters: limit,
 -- period (µs), granule gr and steps, from Quota::window_granule. State: tag 5, then the current
--- window's start (µs), the previous window's count and the current one's.
+-- window's start (µs), the previous window's count and the current one's, and the period it
+-- was written under (a 25-byte value without it reads as written under the current one).
 local function decide_sliding_window(key, A, i, now, cost)
   local limit, period = tonumber(A[i]), tonumber(A[i + 1])
   local gr, steps = tonumber(A[i + 2]), tonumber(A[i + 3])
-  local start, prev, cur = 0, 0, 0
+  local start, prev, cur, wp = 0, 0, 0, period
   local v = redis.call('GET', key)
   if v then
-    local ok = string.byte(v) == 5 and #v == 25
+    local len = #v
+    local ok = string.byte(v) == 5 and (len == 33 or len == 25)
     if ok then
-      start, prev, cur = struct.unpack('>ddd', v, 2)
+      if len == 33 then
+        start, prev, cur, wp = struct.unpack('>dddd', v, 2)
+      else
+        start, prev, cur = struct.unpack('>ddd', v, 2)
+      end
       ok = start >= 0 and start < 9007199254740992 and start % 1 == 0
         and prev >= 0 and prev < 9007199254740992 and prev % 1 == 0
         and cur >= 0 and cur < 9007199254740992 and cur % 1 == 0
+        and wp >= 1 and wp < 9007199254740992 and wp % 1 == 0
     end
     if not ok then
       local fresh, err = other(v, 5, 'sliding_window', key)
       if not fresh then
         return nil, err
       end
+      start, prev, cur, wp = 0, 0, 0, period
+    end
+  end
+  -- Written under another period: the units the old windows count at now (the previous count
+  -- weighed with the old granule, rounded up, plus the current count; State::carried), capped
+  -- at the limit, become the current count of the new window holding now; kept even when
+  -- denied.
+  local carried = wp ~= period
+  if carried then
+    local s = now - now % wp
+    if s > start then
+      if s - start == wp then
+        prev, cur = cur, 0
+      else
+        prev, cur = 0, 0
+      end
+      start = s
+    end
+    local elapsed = now - start
+    if elapsed < 0 then
+      elapsed = 0
+    elseif elapsed > wp then
+      elapsed = wp
+    end
+    local wgr = math.ceil(wp / 1048576)
+    local spent = math.ceil(prev * math.ceil((wp - elapsed) / wgr) / math.ceil(wp / wgr)) + cur
+    if spent == 0 then
       start, prev, cur = 0, 0, 0
+    else
+      if spent > limit then
+        spent = limit
+      end
+      start, prev, cur = now - now % period, 0, spent
     end
   end
   local s = now - now % period
@@ -67,7 +106,8 @@ local function decide_sliding_window(key, A, i, now, cost)
   end
   if want <= avail then
     if cost > 0 then
-      return 1, limit, avail - cost, reset, 0, struct.pack('>Bddd', 5, start, prev, cur + cost)
+      return 1, limit, avail - cost, reset, 0,
+        struct.pack('>Bdddd', 5, start, prev, cur + cost, period)
     end
     return 1, limit, avail, reset, 0
   end
@@ -86,6 +126,9 @@ local function decide_sliding_window(key, A, i, now, cost)
       local retry = start + at - now
       if retry < 1 then
         retry = 1
+      end
+      if carried and cost > 0 then
+        return 0, limit, avail, reset, retry, struct.pack('>Bdddd', 5, start, prev, cur, period)
       end
       return 0, limit, avail, reset, retry
     end
@@ -115,6 +158,9 @@ local function decide_sliding_window(key, A, i, now, cost)
   end
   if retry < 1 then
     retry = 1
+  end
+  if carried and cost > 0 then
+    return 0, limit, avail, reset, retry, struct.pack('>Bdddd', 5, start, prev, cur, period)
   end
   return 0, limit, avail, reset, retry
 end

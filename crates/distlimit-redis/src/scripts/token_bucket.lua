@@ -1,23 +1,54 @@
 -- Token bucket (distlimit_core::algorithm::TokenBucket). Parameters: burst, L' (units refilled
 -- per µs), P' (units per token), from Quota::refill_units. State: tag 1, then the deficit
--- (units below full) and the last update (µs).
+-- (units below full) and the last update (µs), then the burst, L' and P' it was written under
+-- (a 17-byte value without them reads as written under the current ones).
 local function decide_token_bucket(key, A, i, now, cost)
   local burst, rate, unit = tonumber(A[i]), tonumber(A[i + 1]), tonumber(A[i + 2])
-  local deficit, last = 0, 0
+  local deficit, last, wb, wr, wu = 0, 0, burst, rate, unit
   local v = redis.call('GET', key)
   if v then
-    local ok = string.byte(v) == 1 and #v == 17
+    local len = #v
+    local ok = string.byte(v) == 1 and (len == 41 or len == 17)
     if ok then
-      deficit, last = struct.unpack('>dd', v, 2)
+      if len == 41 then
+        deficit, last, wb, wr, wu = struct.unpack('>ddddd', v, 2)
+      else
+        deficit, last = struct.unpack('>dd', v, 2)
+      end
       ok = deficit >= 0 and deficit < 9007199254740992 and deficit % 1 == 0
         and last >= 0 and last < 9007199254740992 and last % 1 == 0
+        and wb >= 1 and wb < 9007199254740992 and wb % 1 == 0
+        and wr >= 1 and wr < 9007199254740992 and wr % 1 == 0
+        and wu >= 1 and wu < 9007199254740992 and wu % 1 == 0
     end
     if not ok then
       local fresh, err = other(v, 1, 'token_bucket', key)
       if not fresh then
         return nil, err
       end
-      deficit, last = 0, 0
+      deficit, last, wb, wr, wu = 0, 0, burst, rate, unit
+    end
+  end
+  -- Written under another burst, L' or P': the whole tokens spent then at `now` (refilled at
+  -- the old rate, rounded up), capped at the burst, are spent now (State::carried); kept even
+  -- when denied.
+  local carried = wb ~= burst or wr ~= rate or wu ~= unit
+  if carried then
+    local d = deficit
+    if last < now and deficit > 0 then
+      if now - last < math.ceil(deficit / wr) then
+        d = deficit - (now - last) * wr
+      else
+        d = 0
+      end
+    end
+    d = math.ceil(d / wu)
+    if d > burst then
+      d = burst
+    end
+    deficit = d * unit
+    if now > last then
+      last = now
     end
   end
   -- The deficit d at now, and the wait before anything refills. Nothing refills before `last`
@@ -54,7 +85,8 @@ local function decide_token_bucket(key, A, i, now, cost)
     end
     if cost > 0 then
       -- wait > 0 exactly when last > now: the update time stays max(last, now).
-      return 1, burst, avail - cost, reset, 0, struct.pack('>Bdd', 1, need, now + wait)
+      return 1, burst, avail - cost, reset, 0,
+        struct.pack('>Bddddd', 1, need, now + wait, burst, rate, unit)
     end
     return 1, burst, avail, reset, 0
   end
@@ -69,6 +101,10 @@ local function decide_token_bucket(key, A, i, now, cost)
   end
   if retry < 1 then
     retry = 1
+  end
+  if carried and cost > 0 then
+    return 0, burst, avail, reset, retry,
+      struct.pack('>Bddddd', 1, deficit, last, burst, rate, unit)
   end
   return 0, burst, avail, reset, retry
 end
