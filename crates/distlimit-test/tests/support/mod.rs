@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlimit_core::{Clock, Decision, Error, ManualClock, Request, State, Store, validate_batch};
+use distlimit_core::{
+    Clock, Decision, Error, ManualClock, Quota, Request, State, Store, validate_batch,
+};
 use parking_lot::Mutex;
 
 /// The states, shareable between clients with clocks of their own (like one Redis server).
@@ -13,9 +15,13 @@ use parking_lot::Mutex;
 type Id = (String, Vec<u8>);
 
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Backend(Arc<Mutex<HashMap<Id, State>>>);
+pub(crate) struct Backend(Arc<Mutex<HashMap<Id, Stored>>>);
 
-/// `Limit::evaluate` for every request, then `Limit::decide` for all of them if all pass.
+/// A state and the quota it was written under (for carry-over on a quota change).
+type Stored = (State, Option<Quota>);
+
+/// `Limit::evaluate_from` for every request, then `Limit::decide_from` for all of them if all
+/// pass; in a denied batch, those that alone would pass are answered as peeks.
 #[derive(Debug)]
 pub(crate) struct ReferenceStore {
     clock: ManualClock,
@@ -40,24 +46,41 @@ impl ReferenceStore {
 #[async_trait]
 impl Store for ReferenceStore {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        Ok(self.decide_all(std::slice::from_ref(request)).await?[0])
+        validate_batch(std::slice::from_ref(request))?;
+        let mut states = self.backend.0.lock();
+        let now = self.clock.now_us();
+        let (state, written) = states
+            .entry(id(request))
+            .or_insert_with(|| (State::fresh(request.limit().algorithm()), None));
+        Ok(request
+            .limit()
+            .decide_from(state, written, now, request.cost()))
     }
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(requests)?;
         let mut states = self.backend.0.lock();
         let now = self.clock.now_us();
-        let decisions: Vec<Decision> = requests
-            .iter()
-            .map(|r| r.limit().evaluate(states.get(&id(r)), now, r.cost()))
-            .collect();
-        if decisions.iter().all(Decision::is_allowed) {
-            for r in requests {
-                let state = states
-                    .entry(id(r))
-                    .or_insert_with(|| State::fresh(r.limit().algorithm()));
-                r.limit().decide(state, now, r.cost());
+        let evaluate = |r: &Request<'_>, cost: u64| match states.get(&id(r)) {
+            Some((state, written)) => {
+                r.limit()
+                    .evaluate_from(Some(state), written.as_ref(), now, cost)
             }
+            None => r.limit().evaluate(None, now, cost),
+        };
+        let decisions: Vec<Decision> = requests.iter().map(|r| evaluate(r, r.cost())).collect();
+        if !decisions.iter().all(Decision::is_allowed) {
+            let peek = |(d, r): (Decision, &Request<'_>)| match d.is_allowed() {
+                true => evaluate(r, 0),
+                false => d,
+            };
+            return Ok(decisions.into_iter().zip(requests).map(peek).collect());
+        }
+        for r in requests {
+            let (state, written) = states
+                .entry(id(r))
+                .or_insert_with(|| (State::fresh(r.limit().algorithm()), None));
+            r.limit().decide_from(state, written, now, r.cost());
         }
         Ok(decisions)
     }
