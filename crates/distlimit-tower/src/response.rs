@@ -141,3 +141,115 @@ impl Rejection {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::fmt::Write as _;
+    use std::sync::Arc;
+
+    use distlimit_core::{Limit, ManualClock, Quota};
+    use distlimit_memory::MemoryStore;
+    use distlimit_policy::{Limiter, Policy, PolicySet, Tier};
+    use http_body::Body as _;
+
+    use super::*;
+
+    /// Status, headers in order, and body of an answer, as text.
+    fn render(rejection: Rejection, grpc: bool) -> String {
+        let response = rejection.into_response::<String>(grpc);
+        let mut out = format!("{}\n", response.status().as_u16());
+        for (name, value) in response.headers() {
+            let _ = writeln!(out, "{name}: {}", value.to_str().unwrap());
+        }
+        let mut body = std::pin::pin!(response.into_body());
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        while let std::task::Poll::Ready(Some(Ok(frame))) = body.as_mut().poll_frame(&mut cx) {
+            out.push_str(std::str::from_utf8(frame.data_ref().unwrap()).unwrap());
+        }
+        out
+    }
+
+    fn denial(name: &str, tier: &str, list: bool, full: bool, legacy: bool) -> Rejection {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = MemoryStore::builder().clock(clock).build();
+        let quota = Quota::new(1, Duration::from_millis(1500)).unwrap();
+        let policy = Policy::new(name)
+            .tier(Tier::new(tier, Limit::token_bucket(quota)))
+            .tier(Tier::new(
+                "day",
+                Limit::fixed_window(Quota::per_day(9).unwrap()),
+            ))
+            .deny("blocked");
+        let limiter = Limiter::new(Arc::new(store), PolicySet::new([policy]).unwrap());
+        let key: &[u8] = if list { b"blocked" } else { b"k" };
+        let verdict = loop {
+            let verdict = futures_now(limiter.check(name, key)).unwrap();
+            if !verdict.is_allowed() {
+                break verdict;
+            }
+        };
+        Rejection::Denied(Box::new(Computed::new(&verdict, full, legacy)))
+    }
+
+    fn futures_now<F: std::future::Future>(future: F) -> F::Output {
+        let waker = std::task::Waker::noop();
+        match std::pin::pin!(future).poll(&mut std::task::Context::from_waker(waker)) {
+            std::task::Poll::Ready(output) => output,
+            std::task::Poll::Pending => panic!("the memory store never waits"),
+        }
+    }
+
+    /// Every answer's status, headers (in order) and body, byte for byte: escaped names,
+    /// legacy headers, a listed key, gRPC.
+    #[test]
+    fn answers_are_byte_for_byte() {
+        let cases = [
+            render(denial("api", "second", false, true, false), false),
+            render(denial("api", "second", false, false, false), false),
+            render(denial("api", "second", false, true, true), false),
+            render(
+                denial("a\"b\\c\n\u{1}\u{7f}", "é x", false, true, false),
+                false,
+            ),
+            render(denial("api", "second", true, true, true), false),
+            render(denial("api", "second", false, true, true), true),
+            render(
+                Rejection::Unavailable {
+                    retry_after: Duration::from_millis(1500),
+                },
+                false,
+            ),
+            render(
+                Rejection::Unavailable {
+                    retry_after: Duration::from_millis(1500),
+                },
+                true,
+            ),
+            render(
+                Rejection::Misconfigured {
+                    detail: "The rate limiter cannot identify the client.",
+                },
+                false,
+            ),
+            render(Rejection::Misconfigured { detail: "x" }, true),
+        ];
+        let want = [
+            "429\nretry-after: 2\nratelimit: \"api/second\";r=0;t=2, \"api/day\";r=8;t=6400\nratelimit-policy: \"api/second\";q=1;w=2, \"api/day\";q=9;w=86400\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; retry after the number of seconds in retry_after.\",\"retry_after\":2,\"violated-policies\":[\"api/second\"]}",
+            "429\nretry-after: 2\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; retry after the number of seconds in retry_after.\",\"retry_after\":2,\"violated-policies\":[\"api/second\"]}",
+            "429\nretry-after: 2\nratelimit: \"api/second\";r=0;t=2, \"api/day\";r=8;t=6400\nratelimit-policy: \"api/second\";q=1;w=2, \"api/day\";q=9;w=86400\nx-ratelimit-limit: 1\nx-ratelimit-remaining: 0\nx-ratelimit-reset: 2\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; retry after the number of seconds in retry_after.\",\"retry_after\":2,\"violated-policies\":[\"api/second\"]}",
+            "429\nretry-after: 2\nratelimit: \"a\\\"b\\\\c???/? x\";r=0;t=2, \"a\\\"b\\\\c???/day\";r=8;t=6400\nratelimit-policy: \"a\\\"b\\\\c???/? x\";q=1;w=2, \"a\\\"b\\\\c???/day\";q=9;w=86400\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; retry after the number of seconds in retry_after.\",\"retry_after\":2,\"violated-policies\":[\"a\\\"b\\\\c\\n\\u0001\u{7f}/é x\"]}",
+            "429\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; this request cannot pass under the current policy.\",\"violated-policies\":[\"api\"]}",
+            "200\ncontent-type: application/grpc\nretry-after: 2\nratelimit: \"api/second\";r=0;t=2, \"api/day\";r=8;t=6400\nratelimit-policy: \"api/second\";q=1;w=2, \"api/day\";q=9;w=86400\nx-ratelimit-limit: 1\nx-ratelimit-remaining: 0\nx-ratelimit-reset: 2\ngrpc-status: 8\ngrpc-message: rate limit exceeded\ngrpc-retry-pushback-ms: 1500\n",
+            "503\ncontent-type: application/problem+json\nretry-after: 2\n{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"The rate limiter is unavailable; retry later.\",\"retry_after\":2}",
+            "200\ncontent-type: application/grpc\ngrpc-status: 14\ngrpc-message: rate limiter unavailable\nretry-after: 2\ngrpc-retry-pushback-ms: 1500\n",
+            "500\ncontent-type: application/problem+json\n{\"type\":\"about:blank\",\"title\":\"Internal Server Error\",\"status\":500,\"detail\":\"The rate limiter cannot identify the client.\"}",
+            "200\ncontent-type: application/grpc\ngrpc-status: 13\ngrpc-message: rate limiter misconfigured\n",
+        ];
+        for (got, want) in cases.iter().zip(want) {
+            assert_eq!(got, want);
+        }
+    }
+}
