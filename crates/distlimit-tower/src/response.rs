@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use http::{HeaderMap, Response, StatusCode};
-use serde::Serialize;
+use http::{Response, StatusCode};
 
 use crate::RateLimitBody;
-use crate::headers::{Computed, ceil_secs};
+use crate::headers::{Computed, ceil_secs, push_json_string, push_u64};
 
 /// `application/problem+json` (RFC 9457).
 pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -39,19 +38,6 @@ pub(crate) enum Rejection {
     Misconfigured { detail: &'static str },
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_after: Option<u64>,
-    #[serde(rename = "violated-policies", skip_serializing_if = "<[_]>::is_empty")]
-    violated_policies: &'a [String],
-}
-
 impl Rejection {
     /// The answer, as a gRPC status when `grpc`.
     pub(crate) fn into_response<B>(self, grpc: bool) -> Response<RateLimitBody<B>> {
@@ -59,12 +45,16 @@ impl Rejection {
     }
 
     fn http<B>(self) -> Response<RateLimitBody<B>> {
-        let mut headers = HeaderMap::new();
+        let mut response = Response::new(RateLimitBody::empty());
+        let headers = response.headers_mut();
+        // At most seven headers (a denial with the legacy trio): the map allocates once.
+        headers.reserve(7);
         let (status, kind, detail, retry_after, violated) = match self {
             Rejection::Denied(mut computed) => {
                 let retry_after = computed.retry_after_secs();
                 let violated = std::mem::take(&mut computed.violated);
-                (*computed).apply(&mut headers);
+                (*computed).apply(headers);
+                headers.insert(CONTENT_TYPE, PROBLEM_JSON);
                 let detail = if retry_after.is_some() {
                     "Too many requests; retry after the number of seconds in retry_after."
                 } else {
@@ -78,38 +68,52 @@ impl Rejection {
                     violated,
                 )
             }
-            Rejection::Unavailable { retry_after } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "about:blank",
-                "The rate limiter is unavailable; retry later.",
-                Some(ceil_secs(retry_after).max(1)),
-                Vec::new(),
-            ),
-            Rejection::Misconfigured { detail } => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "about:blank",
-                detail,
-                None,
-                Vec::new(),
-            ),
+            Rejection::Unavailable { retry_after } => {
+                let secs = ceil_secs(retry_after).max(1);
+                headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+                headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "about:blank",
+                    "The rate limiter is unavailable; retry later.",
+                    Some(secs),
+                    String::new(),
+                )
+            }
+            Rejection::Misconfigured { detail } => {
+                headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "about:blank",
+                    detail,
+                    None,
+                    String::new(),
+                )
+            }
         };
-        let problem = Problem {
-            kind,
-            title: status.canonical_reason().unwrap_or_default(),
-            status: status.as_u16(),
-            detail,
-            retry_after,
-            violated_policies: &violated,
-        };
-        // Serializing a struct of strings and integers cannot fail.
-        let body = serde_json::to_vec(&problem).unwrap_or_default();
-        headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+        // The problem document (RFC 9457), members in this order, as serde_json would write it.
+        let title = status.canonical_reason().unwrap_or_default();
+        let mut body = String::with_capacity(kind.len() + detail.len() + violated.len() + 128);
+        body.push_str(r#"{"type":"#);
+        push_json_string(&mut body, &[kind]);
+        body.push_str(r#","title":"#);
+        push_json_string(&mut body, &[title]);
+        body.push_str(r#","status":"#);
+        push_u64(&mut body, status.as_u16().into());
+        body.push_str(r#","detail":"#);
+        push_json_string(&mut body, &[detail]);
         if let Some(secs) = retry_after {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+            body.push_str(r#","retry_after":"#);
+            push_u64(&mut body, secs);
         }
-        let mut response = Response::new(RateLimitBody::full(Bytes::from(body)));
+        if !violated.is_empty() {
+            body.push_str(r#","violated-policies":["#);
+            body.push_str(&violated);
+            body.push(']');
+        }
+        body.push('}');
+        *response.body_mut() = RateLimitBody::full(Bytes::from(body));
         *response.status_mut() = status;
-        *response.headers_mut() = headers;
         response
     }
 
