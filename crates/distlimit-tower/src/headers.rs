@@ -247,18 +247,24 @@ pub(crate) fn push_u64(out: &mut String, n: u64) {
 /// escaped, anything else replaced by `?`.
 fn push_sf_string(out: &mut String, policy: &str, tier: &str) {
     out.push('"');
-    for c in policy
-        .chars()
-        .chain(std::iter::once('/'))
-        .chain(tier.chars())
-    {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+    for part in [policy, "/", tier] {
+        // Names are nearly always plain: copied whole.
+        if part
+            .bytes()
+            .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
+        {
+            out.push_str(part);
+            continue;
+        }
+        for c in part.chars() {
+            match c {
+                '"' | '\\' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                ' '..='~' => out.push(c),
+                _ => out.push('?'),
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
         }
     }
     out.push('"');
