@@ -15,7 +15,6 @@
 //! until it is back to full capacity, both rounded up (a 300 ms wait is `1`, never `0`), and
 //! omitted for a request that can never pass. Shadow-mode tiers are not shown to clients.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use distlimit_core::Decision;
@@ -61,8 +60,9 @@ pub(crate) struct Computed {
     pub(crate) legacy: Option<[HeaderValue; 3]>,
     /// The wait of a denial (at least 1 µs); `None` when allowed or when it can never pass.
     pub(crate) retry_after: Option<Duration>,
-    /// The tiers that denied, for the problem body (`violated-policies`).
-    pub(crate) violated: Vec<String>,
+    /// The tiers that denied (the policy, for a deny-listed key), as the items of the problem
+    /// body's `violated-policies` array: JSON strings separated by commas.
+    pub(crate) violated: String,
 }
 
 impl Computed {
@@ -74,17 +74,29 @@ impl Computed {
         if denied {
             out.retry_after = retry_after(verdict);
             if verdict.listed() == Some(Listed::Deny) {
-                out.violated.push(verdict.policy().to_owned());
+                push_json_string(&mut out.violated, &[verdict.policy()]);
             }
         }
         let policy = verdict.policy();
-        let mut rl = String::new();
-        let mut rp = String::new();
+        // One allocation each: a tier's items are its two names and a few numbers.
+        let capacity = if full {
+            verdict
+                .tiers()
+                .map(|t| policy.len() + t.name().len() + 48)
+                .sum()
+        } else {
+            0
+        };
+        let mut rl = String::with_capacity(capacity);
+        let mut rp = String::with_capacity(capacity);
         let mut restrictive: Option<Decision> = None;
         for tier in verdict.tiers().filter(|t| !t.is_shadow()) {
             let d = tier.decision();
             if denied && d.is_denied() {
-                out.violated.push(format!("{policy}/{}", tier.name()));
+                if !out.violated.is_empty() {
+                    out.violated.push(',');
+                }
+                push_json_string(&mut out.violated, &[policy, "/", tier.name()]);
             }
             if restrictive.is_none_or(|r| d.remaining() < r.remaining()) {
                 restrictive = Some(*d);
@@ -106,18 +118,22 @@ impl Computed {
             } else {
                 tier.limit()
             };
-            // Writing to a String cannot fail.
-            let _ = write!(rp, ";q={q};w={}", ceil_secs(tier.period()).max(1));
+            rp.push_str(";q=");
+            push_u64(&mut rp, q);
+            rp.push_str(";w=");
+            push_u64(&mut rp, ceil_secs(tier.period()).max(1));
             // In a denial nothing was charged: the store answers the tiers that would have
             // admitted as peeks (`Store::decide_all`), their state as it is.
-            let _ = write!(rl, ";r={}", d.remaining());
+            rl.push_str(";r=");
+            push_u64(&mut rl, d.remaining());
             let t = if d.is_denied() {
                 (!d.is_never()).then(|| ceil_secs(d.retry_after()))
             } else {
                 Some(ceil_secs(d.reset_after()))
             };
             if let Some(t) = t {
-                let _ = write!(rl, ";t={t}");
+                rl.push_str(";t=");
+                push_u64(&mut rl, t);
             }
         }
         if full && !rl.is_empty() {
@@ -184,22 +200,71 @@ fn retry_after(verdict: &Verdict) -> Option<Duration> {
     Some(wait.max(Duration::from_micros(1)))
 }
 
+/// Appends `parts`, concatenated, as a JSON string escaped as serde_json escapes: `"`, `\\`
+/// and control characters; anything else as it is.
+pub(crate) fn push_json_string(out: &mut String, parts: &[&str]) {
+    out.reserve(parts.iter().map(|p| p.len()).sum::<usize>() + 2);
+    out.push('"');
+    for part in parts {
+        // Unescaped runs are copied whole (an escaped byte is ASCII, never inside a UTF-8
+        // sequence, so the runs are whole characters).
+        let mut run = 0;
+        for (i, b) in part.bytes().enumerate() {
+            let escaped = match b {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                0x08 => "\\b",
+                0x0c => "\\f",
+                0..0x20 => "",
+                _ => continue,
+            };
+            out.push_str(&part[run..i]);
+            run = i + 1;
+            if escaped.is_empty() {
+                out.push_str("\\u00");
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xf)]));
+            } else {
+                out.push_str(escaped);
+            }
+        }
+        out.push_str(&part[run..]);
+    }
+    out.push('"');
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `n` in decimal.
+pub(crate) fn push_u64(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
 /// Appends `"<policy>/<tier>"` as a structured-field String: printable ASCII only, `"` and `\`
 /// escaped, anything else replaced by `?`.
 fn push_sf_string(out: &mut String, policy: &str, tier: &str) {
     out.push('"');
-    for c in policy
-        .chars()
-        .chain(std::iter::once('/'))
-        .chain(tier.chars())
-    {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+    for part in [policy, "/", tier] {
+        // Names are nearly always plain: copied whole.
+        if part
+            .bytes()
+            .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
+        {
+            out.push_str(part);
+            continue;
+        }
+        for c in part.chars() {
+            match c {
+                '"' | '\\' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                ' '..='~' => out.push(c),
+                _ => out.push('?'),
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
         }
     }
     out.push('"');
@@ -278,7 +343,7 @@ mod tests {
         let c = Computed::new(&v, false, false);
         assert_eq!(c.retry_after, Some(Duration::from_millis(300)));
         assert_eq!(c.retry_after_secs(), Some(1));
-        assert_eq!(c.violated, ["api/second"]);
+        assert_eq!(c.violated, r#""api/second""#);
         assert!(c.ratelimit.is_none() && c.policy.is_none() && c.legacy.is_none());
         let c = Computed::new(&v, true, false);
         let rl = text(&c.ratelimit);
@@ -326,7 +391,7 @@ mod tests {
                 let (deny, a) = rl.split_once(", ").unwrap();
                 assert!(deny.starts_with(r#""p/deny";r=0;t="#), "{algorithm}: {rl}");
                 assert_eq!(a, format!(r#""p/a";{want}"#), "{algorithm}");
-                assert_eq!(c.violated, ["p/deny"], "{algorithm}");
+                assert_eq!(c.violated, r#""p/deny""#, "{algorithm}");
             }
         }
     }
@@ -351,7 +416,7 @@ mod tests {
         assert!(!v.is_allowed());
         let c = Computed::new(&v, true, true);
         assert_eq!(c.retry_after, None);
-        assert_eq!(c.violated, ["listed"]);
+        assert_eq!(c.violated, r#""listed""#);
         assert!(c.ratelimit.is_none());
     }
 }

@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use http::{HeaderMap, Response, StatusCode};
-use serde::Serialize;
+use http::{Response, StatusCode};
 
 use crate::RateLimitBody;
-use crate::headers::{Computed, ceil_secs};
+use crate::headers::{Computed, ceil_secs, push_u64};
 
 /// `application/problem+json` (RFC 9457).
 pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -39,19 +38,6 @@ pub(crate) enum Rejection {
     Misconfigured { detail: &'static str },
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_after: Option<u64>,
-    #[serde(rename = "violated-policies", skip_serializing_if = "<[_]>::is_empty")]
-    violated_policies: &'a [String],
-}
-
 impl Rejection {
     /// The answer, as a gRPC status when `grpc`.
     pub(crate) fn into_response<B>(self, grpc: bool) -> Response<RateLimitBody<B>> {
@@ -59,12 +45,16 @@ impl Rejection {
     }
 
     fn http<B>(self) -> Response<RateLimitBody<B>> {
-        let mut headers = HeaderMap::new();
+        let mut response = Response::new(RateLimitBody::empty());
+        let headers = response.headers_mut();
+        // At most seven headers (a denial with the legacy trio): the map allocates once.
+        headers.reserve(7);
         let (status, kind, detail, retry_after, violated) = match self {
             Rejection::Denied(mut computed) => {
                 let retry_after = computed.retry_after_secs();
                 let violated = std::mem::take(&mut computed.violated);
-                (*computed).apply(&mut headers);
+                (*computed).apply(headers);
+                headers.insert(CONTENT_TYPE, PROBLEM_JSON);
                 let detail = if retry_after.is_some() {
                     "Too many requests; retry after the number of seconds in retry_after."
                 } else {
@@ -78,38 +68,55 @@ impl Rejection {
                     violated,
                 )
             }
-            Rejection::Unavailable { retry_after } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "about:blank",
-                "The rate limiter is unavailable; retry later.",
-                Some(ceil_secs(retry_after).max(1)),
-                Vec::new(),
-            ),
-            Rejection::Misconfigured { detail } => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "about:blank",
-                detail,
-                None,
-                Vec::new(),
-            ),
+            Rejection::Unavailable { retry_after } => {
+                let secs = ceil_secs(retry_after).max(1);
+                headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+                headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "about:blank",
+                    "The rate limiter is unavailable; retry later.",
+                    Some(secs),
+                    String::new(),
+                )
+            }
+            Rejection::Misconfigured { detail } => {
+                headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "about:blank",
+                    detail,
+                    None,
+                    String::new(),
+                )
+            }
         };
-        let problem = Problem {
-            kind,
-            title: status.canonical_reason().unwrap_or_default(),
-            status: status.as_u16(),
-            detail,
-            retry_after,
-            violated_policies: &violated,
-        };
-        // Serializing a struct of strings and integers cannot fail.
-        let body = serde_json::to_vec(&problem).unwrap_or_default();
-        headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+        // The problem document (RFC 9457), members in this order, as serde_json would write it.
+        let title = status.canonical_reason().unwrap_or_default();
+        let mut body = String::with_capacity(kind.len() + detail.len() + violated.len() + 128);
+        // `kind`, `title` and `detail` are this crate's and `http`'s constants, with nothing
+        // to escape in JSON (the tests pin every answer's bytes).
+        body.push_str(r#"{"type":""#);
+        body.push_str(kind);
+        body.push_str(r#"","title":""#);
+        body.push_str(title);
+        body.push_str(r#"","status":"#);
+        push_u64(&mut body, status.as_u16().into());
+        body.push_str(r#","detail":""#);
+        body.push_str(detail);
+        body.push('"');
         if let Some(secs) = retry_after {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+            body.push_str(r#","retry_after":"#);
+            push_u64(&mut body, secs);
         }
-        let mut response = Response::new(RateLimitBody::full(Bytes::from(body)));
+        if !violated.is_empty() {
+            body.push_str(r#","violated-policies":["#);
+            body.push_str(&violated);
+            body.push(']');
+        }
+        body.push('}');
+        *response.body_mut() = RateLimitBody::full(Bytes::from(body));
         *response.status_mut() = status;
-        *response.headers_mut() = headers;
         response
     }
 
@@ -139,5 +146,117 @@ impl Rejection {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::fmt::Write as _;
+    use std::sync::Arc;
+
+    use distlimit_core::{Limit, ManualClock, Quota};
+    use distlimit_memory::MemoryStore;
+    use distlimit_policy::{Limiter, Policy, PolicySet, Tier};
+    use http_body::Body as _;
+
+    use super::*;
+
+    /// Status, headers in order, and body of an answer, as text.
+    fn render(rejection: Rejection, grpc: bool) -> String {
+        let response = rejection.into_response::<String>(grpc);
+        let mut out = format!("{}\n", response.status().as_u16());
+        for (name, value) in response.headers() {
+            let _ = writeln!(out, "{name}: {}", value.to_str().unwrap());
+        }
+        let mut body = std::pin::pin!(response.into_body());
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        while let std::task::Poll::Ready(Some(Ok(frame))) = body.as_mut().poll_frame(&mut cx) {
+            out.push_str(std::str::from_utf8(frame.data_ref().unwrap()).unwrap());
+        }
+        out
+    }
+
+    fn denial(name: &str, tier: &str, list: bool, full: bool, legacy: bool) -> Rejection {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = MemoryStore::builder().clock(clock).build();
+        let quota = Quota::new(1, Duration::from_millis(1500)).unwrap();
+        let policy = Policy::new(name)
+            .tier(Tier::new(tier, Limit::token_bucket(quota)))
+            .tier(Tier::new(
+                "day",
+                Limit::fixed_window(Quota::per_day(9).unwrap()),
+            ))
+            .deny("blocked");
+        let limiter = Limiter::new(Arc::new(store), PolicySet::new([policy]).unwrap());
+        let key: &[u8] = if list { b"blocked" } else { b"k" };
+        let verdict = loop {
+            let verdict = futures_now(limiter.check(name, key)).unwrap();
+            if !verdict.is_allowed() {
+                break verdict;
+            }
+        };
+        Rejection::Denied(Box::new(Computed::new(&verdict, full, legacy)))
+    }
+
+    fn futures_now<F: std::future::Future>(future: F) -> F::Output {
+        let waker = std::task::Waker::noop();
+        match std::pin::pin!(future).poll(&mut std::task::Context::from_waker(waker)) {
+            std::task::Poll::Ready(output) => output,
+            std::task::Poll::Pending => panic!("the memory store never waits"),
+        }
+    }
+
+    /// Every answer's status, headers (in order) and body, byte for byte: escaped names,
+    /// legacy headers, a listed key, gRPC.
+    #[test]
+    fn answers_are_byte_for_byte() {
+        let cases = [
+            render(denial("api", "second", false, true, false), false),
+            render(denial("api", "second", false, false, false), false),
+            render(denial("api", "second", false, true, true), false),
+            render(
+                denial("a\"b\\c\n\u{1}\u{7f}", "é x", false, true, false),
+                false,
+            ),
+            render(denial("api", "second", true, true, true), false),
+            render(denial("api", "second", false, true, true), true),
+            render(
+                Rejection::Unavailable {
+                    retry_after: Duration::from_millis(1500),
+                },
+                false,
+            ),
+            render(
+                Rejection::Unavailable {
+                    retry_after: Duration::from_millis(1500),
+                },
+                true,
+            ),
+            render(
+                Rejection::Misconfigured {
+                    detail: "The rate limiter cannot identify the client.",
+                },
+                false,
+            ),
+            render(Rejection::Misconfigured { detail: "x" }, true),
+        ];
+        let want = [
+            "429\nretry-after: 2\nratelimit: \"api/second\";r=0;t=2, \"api/day\";r=8;t=6400\nratelimit-policy: \"api/second\";q=1;w=2, \"api/day\";q=9;w=86400\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; retry after the number of seconds in retry_after.\",\"retry_after\":2,\"violated-policies\":[\"api/second\"]}",
+            "429\nretry-after: 2\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; retry after the number of seconds in retry_after.\",\"retry_after\":2,\"violated-policies\":[\"api/second\"]}",
+            "429\nretry-after: 2\nratelimit: \"api/second\";r=0;t=2, \"api/day\";r=8;t=6400\nratelimit-policy: \"api/second\";q=1;w=2, \"api/day\";q=9;w=86400\nx-ratelimit-limit: 1\nx-ratelimit-remaining: 0\nx-ratelimit-reset: 2\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; retry after the number of seconds in retry_after.\",\"retry_after\":2,\"violated-policies\":[\"api/second\"]}",
+            "429\nretry-after: 2\nratelimit: \"a\\\"b\\\\c???/? x\";r=0;t=2, \"a\\\"b\\\\c???/day\";r=8;t=6400\nratelimit-policy: \"a\\\"b\\\\c???/? x\";q=1;w=2, \"a\\\"b\\\\c???/day\";q=9;w=86400\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; retry after the number of seconds in retry_after.\",\"retry_after\":2,\"violated-policies\":[\"a\\\"b\\\\c\\n\\u0001\u{7f}/é x\"]}",
+            "429\ncontent-type: application/problem+json\n{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Too many requests; this request cannot pass under the current policy.\",\"violated-policies\":[\"api\"]}",
+            "200\ncontent-type: application/grpc\nretry-after: 2\nratelimit: \"api/second\";r=0;t=2, \"api/day\";r=8;t=6400\nratelimit-policy: \"api/second\";q=1;w=2, \"api/day\";q=9;w=86400\nx-ratelimit-limit: 1\nx-ratelimit-remaining: 0\nx-ratelimit-reset: 2\ngrpc-status: 8\ngrpc-message: rate limit exceeded\ngrpc-retry-pushback-ms: 1500\n",
+            "503\ncontent-type: application/problem+json\nretry-after: 2\n{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"The rate limiter is unavailable; retry later.\",\"retry_after\":2}",
+            "200\ncontent-type: application/grpc\ngrpc-status: 14\ngrpc-message: rate limiter unavailable\nretry-after: 2\ngrpc-retry-pushback-ms: 1500\n",
+            "500\ncontent-type: application/problem+json\n{\"type\":\"about:blank\",\"title\":\"Internal Server Error\",\"status\":500,\"detail\":\"The rate limiter cannot identify the client.\"}",
+            "200\ncontent-type: application/grpc\ngrpc-status: 13\ngrpc-message: rate limiter misconfigured\n",
+        ];
+        for (got, want) in cases.iter().zip(want) {
+            assert_eq!(got, want);
+        }
     }
 }
