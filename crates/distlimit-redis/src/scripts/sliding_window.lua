@@ -2,6 +2,28 @@
 -- period (µs), granule gr and steps, from Quota::window_granule. State: tag 5, then the current
 -- window's start (µs), the previous window's count and the current one's, and the period it
 -- was written under (a 25-byte value without it reads as written under the current one).
+-- Moves a state to the window of `period` holding `now`: the current count becomes the previous
+-- one after exactly one window, both reset after a longer gap. Also the time elapsed in that
+-- window, clamped to [0, period] (before the start, the clock went back: the start's weight).
+local function roll_window(start, prev, cur, now, period)
+  local s = now - now % period
+  if s > start then
+    if s - start == period then
+      prev, cur = cur, 0
+    else
+      prev, cur = 0, 0
+    end
+    start = s
+  end
+  local elapsed = now - start
+  if elapsed < 0 then
+    elapsed = 0
+  elseif elapsed > period then
+    elapsed = period
+  end
+  return start, prev, cur, elapsed
+end
+
 local function decide_sliding_window(key, A, i, now, cost)
   local limit, period = tonumber(A[i]), tonumber(A[i + 1])
   local gr, steps = tonumber(A[i + 2]), tonumber(A[i + 3])
@@ -35,21 +57,8 @@ local function decide_sliding_window(key, A, i, now, cost)
   -- denied.
   local carried = wp ~= period
   if carried then
-    local s = now - now % wp
-    if s > start then
-      if s - start == wp then
-        prev, cur = cur, 0
-      else
-        prev, cur = 0, 0
-      end
-      start = s
-    end
-    local elapsed = now - start
-    if elapsed < 0 then
-      elapsed = 0
-    elseif elapsed > wp then
-      elapsed = wp
-    end
+    local elapsed
+    start, prev, cur, elapsed = roll_window(start, prev, cur, now, wp)
     local wgr = math.ceil(wp / 1048576)
     local spent = math.ceil(prev * math.ceil((wp - elapsed) / wgr) / math.ceil(wp / wgr)) + cur
     if spent == 0 then
@@ -61,22 +70,8 @@ local function decide_sliding_window(key, A, i, now, cost)
       start, prev, cur = now - now % period, 0, spent
     end
   end
-  local s = now - now % period
-  if s > start then
-    if s - start == period then
-      prev, cur = cur, 0
-    else
-      prev, cur = 0, 0
-    end
-    start = s
-  end
-  -- Before the start (the clock went back) the weight is that of the window start.
-  local elapsed = now - start
-  if elapsed < 0 then
-    elapsed = 0
-  elseif elapsed > period then
-    elapsed = period
-  end
+  local elapsed
+  start, prev, cur, elapsed = roll_window(start, prev, cur, now, period)
   local budget = limit * steps - prev * math.ceil((period - elapsed) / gr)
   if budget < 0 then
     budget = 0
