@@ -55,7 +55,7 @@ impl Limit {
     /// Returns `units` unspent units to `state` at `now_us`: the inverse of consuming them. The
     /// token bucket gets the tokens back, capped at its burst; GCRA moves its arrival time back
     /// by `units × T`, never before `now_us`. A state of another algorithm (a fresh key) is
-    /// left as it is.
+    /// left as it is. More than the capacity counts as the capacity (no key can owe more).
     pub fn give_back(
         &self,
         state: &mut State,
@@ -63,6 +63,7 @@ impl Limit {
         units: u64,
     ) -> Result<(), LeaseUnsupported> {
         self.check_lease()?;
+        let units = units.min(self.capacity());
         match state {
             State::TokenBucket(s) if self.algorithm == Algorithm::TokenBucket => {
                 s.give_back(&self.quota, now_us, units)
