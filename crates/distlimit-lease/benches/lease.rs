@@ -1,0 +1,2 @@
+//! Placeholder, replaced by the side-by-side bench.
+fn main() {}
