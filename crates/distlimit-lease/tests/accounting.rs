@@ -276,3 +276,46 @@ async fn a_quiet_key_takes_single_units_and_a_hot_key_larger_leases() {
     let calls = store.stats().store_calls - before;
     assert!(calls < 40, "{calls} store calls for 10 000 decisions");
 }
+
+/// Records the lease events an observer receives.
+#[derive(Default)]
+struct Recorder {
+    taken: AtomicU64,
+    returned: AtomicU64,
+    held: AtomicU64,
+}
+
+impl distlimit_core::Observer for Recorder {
+    fn on_lease_taken(&self, _store: &'static str, _policy: &str, units: u64) {
+        self.taken.fetch_add(units, Ordering::Relaxed);
+    }
+    fn on_lease_returned(&self, _store: &'static str, _policy: &str, units: u64) {
+        self.returned.fetch_add(units, Ordering::Relaxed);
+    }
+    fn on_lease_units(&self, _store: &'static str, held: u64) {
+        self.held.store(held, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test]
+async fn the_observer_sees_what_the_stats_count() {
+    let clock = Arc::new(ManualClock::new(START));
+    let recorder = Arc::new(Recorder::default());
+    let store = Leased::for_policies(["hot"])
+        .clock(clock.clone())
+        .observer(recorder.clone())
+        .build(MemoryStore::builder().clock(clock.clone()).build());
+    let limit = Limit::token_bucket(Quota::per_second(1_000).unwrap());
+    // Half the limit: leases hold more than they spend, and the sweep returns the rest.
+    for i in 0..3_000u64 {
+        store.decide(&request("k", limit)).await.unwrap();
+        clock.advance(Duration::from_micros(2_000 + i % 7));
+    }
+    clock.advance(Duration::from_secs(1));
+    store.sweep().await;
+    let stats = store.stats();
+    assert!(stats.taken > 0 && stats.returned > 0, "{stats:?}");
+    assert_eq!(recorder.taken.load(Ordering::Relaxed), stats.taken);
+    assert_eq!(recorder.returned.load(Ordering::Relaxed), stats.returned);
+    assert_eq!(recorder.held.load(Ordering::Relaxed), 0);
+}
