@@ -328,6 +328,10 @@ impl<S: LeaseStore> Leased<S> {
         let now = self.clock.now_us();
         let (back, want) = slot.account.lock().begin(limit, now, cost, self.horizon_us);
         bump(&self.counters.store_calls, 1);
+        // Units on their way back are no longer held. If this future is dropped mid-call (a
+        // caller's timeout), they and any units granted are neither held nor spent: an
+        // under-admission, never more than the limit.
+        self.counters.held.fetch_sub(back, Ordering::Relaxed);
         let result = self.inner.exchange(request, back, want).await;
         let policy = request.policy();
         match result {
@@ -346,19 +350,17 @@ impl<S: LeaseStore> Leased<S> {
                     slot.account
                         .lock()
                         .granted(limit, now, cost, want, grant, self.horizon_us);
-                // Held: + granted − given back − spent by this request.
-                let spent = if decision.is_allowed() { cost } else { 0 };
-                held.fetch_sub(back + spent, Ordering::Relaxed);
+                // Held: + granted − spent by this request.
+                if decision.is_allowed() {
+                    held.fetch_sub(cost, Ordering::Relaxed);
+                }
                 self.observer
                     .on_lease_units(STORE_NAME, held.load(Ordering::Relaxed));
                 Ok(decision)
             }
             Err(e) => {
                 // The give-back's fate is unknown: those units are no longer held.
-                if back > 0 {
-                    bump(&self.counters.lost, back);
-                    self.counters.held.fetch_sub(back, Ordering::Relaxed);
-                }
+                bump(&self.counters.lost, back);
                 Err(e)
             }
         }
