@@ -35,6 +35,8 @@ pub(crate) struct Account {
     denied_until_us: u64,
     /// When the key is full again, as the store said at the last take.
     reset_at_us: u64,
+    /// The units the store had left after the last take.
+    store_remaining: u64,
     /// The last time a request used the lease.
     pub(crate) used_us: u64,
 }
@@ -69,7 +71,7 @@ impl Account {
             self.spent_since_take += cost;
             return Local::Spent(Decision::allowed(
                 limit.capacity(),
-                self.units,
+                self.remaining(),
                 std::time::Duration::from_micros(self.reset_at_us.saturating_sub(now)),
             ));
         }
@@ -79,11 +81,17 @@ impl Account {
         Local::Ask
     }
 
+    /// What this instance can admit now as far as it knows: its units, and what the store had
+    /// left at the last take (capped at the capacity by `Decision`).
+    fn remaining(&self) -> u64 {
+        self.units.saturating_add(self.store_remaining)
+    }
+
     fn denial(&self, limit: &Limit, now: u64, retry_us: u64) -> Decision {
         Decision::from_micros(
             false,
             limit.capacity(),
-            self.units,
+            self.remaining(),
             self.reset_at_us.saturating_sub(now),
             retry_us,
         )
@@ -137,6 +145,7 @@ impl Account {
         self.spent_since_take = 0;
         self.last_want = want.max(1);
         self.reset_at_us = now.saturating_add(grant.decision.reset_after_us());
+        self.store_remaining = grant.decision.remaining();
         if grant.granted == 0 {
             // Nothing available: the store's exact wait for one unit.
             self.denied_until_us = now.saturating_add(grant.decision.retry_after_us());
