@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Clock, Key, Limit, ManualClock, Quota, Request, Store, StoreExt};
+use distlimit_core::{
+    Algorithm, Clock, Error, Key, LeaseStore, Limit, ManualClock, Quota, Request, Store, StoreExt,
+};
 use distlimit_lease::Leased;
 use distlimit_memory::MemoryStore;
 use proptest::prelude::*;
@@ -318,4 +320,98 @@ async fn the_observer_sees_what_the_stats_count() {
     assert_eq!(recorder.taken.load(Ordering::Relaxed), stats.taken);
     assert_eq!(recorder.returned.load(Ordering::Relaxed), stats.returned);
     assert_eq!(recorder.held.load(Ordering::Relaxed), 0);
+}
+
+/// The memory store, failing every call while `down`.
+struct Switch {
+    store: Inner,
+    down: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Store for Switch {
+    async fn decide(&self, request: &Request<'_>) -> Result<distlimit_core::Decision, Error> {
+        self.check()?;
+        self.store.decide(request).await
+    }
+
+    async fn decide_all(
+        &self,
+        requests: &[Request<'_>],
+    ) -> Result<Vec<distlimit_core::Decision>, Error> {
+        self.check()?;
+        self.store.decide_all(requests).await
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for Switch {
+    async fn exchange(
+        &self,
+        request: &Request<'_>,
+        give_back: u64,
+        want: u64,
+    ) -> Result<distlimit_core::Grant, Error> {
+        self.check()?;
+        self.store.exchange(request, give_back, want).await
+    }
+}
+
+impl Switch {
+    fn check(&self) -> Result<(), Error> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(Error::Unavailable {
+                store: "switch",
+                source: "down".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_failing_store_leaves_what_is_held_to_spend_then_its_error() {
+    let clock = Arc::new(ManualClock::new(START));
+    let store = Leased::for_policies(["hot"])
+        .clock(clock.clone())
+        .build(Switch {
+            store: MemoryStore::builder().clock(clock.clone()).build(),
+            down: Default::default(),
+        });
+    let limit = Limit::gcra(Quota::per_hour(1_000).unwrap());
+    // Grow the lease: 1, 2, 4, 8 units per store call; 12 spent, 3 held.
+    for _ in 0..12 {
+        assert!(
+            store
+                .decide(&request("k", limit))
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let held = store.stats().held;
+    assert!(held > 0, "{:?}", store.stats());
+    store.inner().down.store(true, Ordering::Relaxed);
+    for _ in 0..held {
+        assert!(
+            store
+                .decide(&request("k", limit))
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let err = store.decide(&request("k", limit)).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    // An ended lease whose give-back fails: its units are counted lost, never spent.
+    store.inner().down.store(false, Ordering::Relaxed);
+    for _ in 0..3 {
+        store.decide(&request("k", limit)).await.unwrap();
+    }
+    let held = store.stats().held;
+    store.inner().down.store(true, Ordering::Relaxed);
+    clock.advance(Duration::from_millis(101));
+    assert!(store.decide(&request("k", limit)).await.is_err());
+    assert_eq!(store.stats().lost, held);
+    assert_eq!(store.stats().held, 0);
 }
