@@ -46,6 +46,7 @@ pub(crate) const BENCH_TARGETS: &[(&str, &str)] = &[
     ("distlimit-policy", "limiter"),
     ("distlimit-hybrid", "hybrid"),
     ("distlimit-demo", "http"),
+    ("distlimit-lease", "lease"),
 ];
 
 /// Preemption bound for loom unless `LOOM_MAX_PREEMPTIONS` is already set: 3 finds the bugs our

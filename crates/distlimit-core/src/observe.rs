@@ -84,6 +84,23 @@ pub trait Observer: Send + Sync {
     fn on_evict(&self, store: &'static str, evicted: u64) {
         let _ = (store, evicted);
     }
+
+    /// The lease client named `store` withdrew `units` units for `policy` in one store call (0
+    /// when the store had none available).
+    fn on_lease_taken(&self, store: &'static str, policy: &str, units: u64) {
+        let _ = (store, policy, units);
+    }
+
+    /// The lease client named `store` gave back `units` unspent units of ended leases for
+    /// `policy`.
+    fn on_lease_returned(&self, store: &'static str, policy: &str, units: u64) {
+        let _ = (store, policy, units);
+    }
+
+    /// The lease client named `store` holds `held` units in leases now, all keys together.
+    fn on_lease_units(&self, store: &'static str, held: u64) {
+        let _ = (store, held);
+    }
 }
 
 /// An [`Observer`] that ignores everything: the default.
@@ -107,6 +124,18 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 
     fn on_evict(&self, store: &'static str, evicted: u64) {
         (**self).on_evict(store, evicted);
+    }
+
+    fn on_lease_taken(&self, store: &'static str, policy: &str, units: u64) {
+        (**self).on_lease_taken(store, policy, units);
+    }
+
+    fn on_lease_returned(&self, store: &'static str, policy: &str, units: u64) {
+        (**self).on_lease_returned(store, policy, units);
+    }
+
+    fn on_lease_units(&self, store: &'static str, held: u64) {
+        (**self).on_lease_units(store, held);
     }
 }
 

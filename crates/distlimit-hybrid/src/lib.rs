@@ -3,6 +3,7 @@
 mod blocked;
 mod breaker;
 mod config;
+mod lease;
 mod share;
 mod sync;
 

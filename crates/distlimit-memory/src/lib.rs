@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, NoopObserver, Observer, Request, Store, validate_batch,
+    Clock, Decision, Error, Grant, LeaseStore, NoopObserver, Observer, Request, Store,
+    validate_batch,
 };
 
 pub use clock::FastClock;
@@ -265,6 +266,37 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         Ok(decisions)
     }
 
+    /// Gives back `give_back` unspent units of `request`'s key, then withdraws up to `want`
+    /// available units, atomically under the key's shard lock: [`LeaseStore::exchange`] without
+    /// waiting. The token bucket and GCRA only (else [`Error::InvalidRequest`]).
+    pub fn exchange_sync(
+        &self,
+        request: &Request<'_>,
+        give_back: u64,
+        want: u64,
+    ) -> Result<Grant, Error> {
+        request.limit().check_lease()?;
+        let now = self.clock.now_us();
+        let (id, hash, shard) = self.locate(request);
+        let mut table = self.shards[shard].0.write();
+        table.give_back(hash, id, request.limit(), now, give_back);
+        let (grant, evicted) = table.take(
+            hash,
+            id,
+            request.limit(),
+            now,
+            want,
+            self.max_keys_per_shard,
+            &self.hasher,
+        );
+        drop(table);
+        if evicted {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.observer.on_evict(STORE_NAME, 1);
+        }
+        Ok(grant)
+    }
+
     /// Drops every expired entry now and returns memory left behind by a flood. Never needed for
     /// correctness or to bound memory (a full table drops its expired entries before it grows); it
     /// locks each shard in turn.
@@ -341,5 +373,19 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
     #[inline(always)]
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         Some(Ok(self.decide_sync(request)))
+    }
+}
+
+/// Leases decided under the shard lock, exactly as [`Limit::take`](distlimit_core::Limit::take)
+/// and [`Limit::give_back`](distlimit_core::Limit::give_back).
+#[async_trait]
+impl<C: Clock, S: BuildHasher + Send + Sync> LeaseStore for MemoryStore<C, S> {
+    async fn exchange(
+        &self,
+        request: &Request<'_>,
+        give_back: u64,
+        want: u64,
+    ) -> Result<Grant, Error> {
+        self.exchange_sync(request, give_back, want)
     }
 }

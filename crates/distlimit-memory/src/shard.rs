@@ -11,7 +11,7 @@
 use std::hash::{BuildHasher, Hasher};
 
 use distlimit_core::algorithm::Gcra;
-use distlimit_core::{Algorithm, Decision, Limit, Quota, State};
+use distlimit_core::{Algorithm, Decision, Grant, Limit, Quota, State};
 use hashbrown::HashTable;
 
 /// Entries sampled per table when the shard is at its key cap; the victim is the one that
@@ -410,10 +410,11 @@ impl<const W: usize, A> Part<Compact<W, A>> {
         let stamp = entry.word >> STAMP_SHIFT;
         match stamps.get(stamp) {
             Some(from) if from != quota => {
-                // Written under another quota: carried over, kept even when denied.
+                // Written under another quota: carried over, kept even when denied, but not by
+                // a peek or a cost above the capacity (`Limit::decide_from`).
                 let mut state = entry.state().carried(from, quota, now);
                 let decision = state.decide(quota, now, cost);
-                if cost > 0 {
+                if cost > 0 && cost <= quota.burst() {
                     entry.word = stamped(state.tat_us, stamps.of(quota));
                 }
                 Some(decision)
@@ -448,6 +449,32 @@ impl<const W: usize, A> Part<Compact<W, A>> {
             },
         };
         state.decide(quota, now, cost)
+    }
+
+    /// Gives `units` back to `id`'s GCRA entry, if the table holds one: carried over first when
+    /// written under another quota, as `Limit::give_back_from`.
+    fn give_back(
+        &mut self,
+        hash: u64,
+        id: Id<'_>,
+        quota: &Quota,
+        now: u64,
+        units: u64,
+        stamps: &mut Stamps,
+    ) {
+        let Some(entry) = self.get_mut(hash, id) else {
+            return;
+        };
+        let mut stamp = entry.word >> STAMP_SHIFT;
+        let mut state = entry.state();
+        if let Some(from) = stamps.get(stamp)
+            && from != quota
+        {
+            state = state.carried(from, quota, now);
+            stamp = stamps.of(quota);
+        }
+        state.give_back(quota, now, units);
+        entry.word = stamped(state.tat_us, stamp);
     }
 
     fn insert_gcra<S: BuildHasher>(
@@ -602,6 +629,69 @@ impl Table {
         match known {
             Some(decision) => (decision, false),
             None => self.decide_fresh(hash, id, home, limit, now, cost, max_len, hasher),
+        }
+    }
+
+    /// Withdraws up to `want` available units, as `Limit::take_from`: a peek, then one
+    /// admitted request of the units granted. True with it if a live key was evicted.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn take<S: BuildHasher>(
+        &mut self,
+        hash: u64,
+        id: Id<'_>,
+        limit: &Limit,
+        now: u64,
+        want: u64,
+        max_len: usize,
+        hasher: &S,
+    ) -> (Grant, bool) {
+        let peek = self.evaluate(hash, id, limit, now, 0);
+        let granted = want.min(peek.remaining());
+        if granted == 0 {
+            return (
+                Grant {
+                    granted,
+                    decision: peek,
+                },
+                false,
+            );
+        }
+        let (decision, evicted) = self.decide(hash, id, limit, now, granted, max_len, hasher);
+        (Grant { granted, decision }, evicted)
+    }
+
+    /// Gives `units` back to `id`'s state, as `Limit::give_back_from`; a key without a state of
+    /// this algorithm is full already.
+    pub(crate) fn give_back(&mut self, hash: u64, id: Id<'_>, limit: &Limit, now: u64, units: u64) {
+        if units == 0 {
+            return;
+        }
+        let quota = limit.quota();
+        let stamps = &mut self.stamps;
+        match Home::of(id, limit) {
+            Home::Word => self.word.give_back(hash, id, quota, now, units, stamps),
+            Home::Short => self.short.give_back(hash, id, quota, now, units, stamps),
+            Home::Long => self.long.give_back(hash, id, quota, now, units, stamps),
+            Home::Wide => {
+                if let Some(entry) = self.wide.get_mut(hash, id)
+                    && entry.state.algorithm() == limit.algorithm()
+                {
+                    let stamp = entry.expires >> STAMP_SHIFT;
+                    let before = stamps.get(stamp).copied();
+                    let mut written = before;
+                    if limit
+                        .give_back_from(&mut entry.state, &mut written, now, units)
+                        .is_ok()
+                    {
+                        let stamp = if written == before {
+                            stamp
+                        } else {
+                            stamps.of(quota)
+                        };
+                        entry.expires = stamped(entry.state.expires_at(quota), stamp);
+                    }
+                }
+            }
         }
     }
 

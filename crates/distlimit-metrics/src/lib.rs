@@ -16,6 +16,10 @@
 //! | `distlimit_breaker_state` | gauge, 1 for the current state, 0 for the others | `store`, `state` (`closed`, `open`, `half_open`) |
 //! | `distlimit_breaker_transitions_total` | counter | `store`, `from`, `to` |
 //! | `distlimit_evictions_total` | counter: live keys a store dropped at its key cap | `store` |
+//! | `distlimit_lease_takes_total` | counter: store calls of a lease client that withdrew units | `store` (`lease`) |
+//! | `distlimit_lease_taken_units_total` | counter: units withdrawn by a lease client | `store` |
+//! | `distlimit_lease_returned_units_total` | counter: unspent units given back | `store` |
+//! | `distlimit_lease_held_units` | gauge: units held in leases now | `store` |
 //!
 //! Label values are bounded: never a key; `store` names come from code; at most
 //! [`max_policies`](MetricsBuilder::max_policies) policy names get their own label value, the
@@ -50,6 +54,7 @@
 //! None.
 
 mod labels;
+mod lease;
 mod policy;
 
 use std::fmt;
@@ -65,6 +70,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::labels::{BreakerLabels, StoreErrorLabels, StoreLabels, TransitionLabels};
+use crate::lease::LeaseFamilies;
 use crate::policy::{Buckets, PolicyCache, PolicyFamilies};
 
 /// The `Content-Type` of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
@@ -113,6 +119,7 @@ struct Inner {
     breaker_state: Family<BreakerLabels, Gauge>,
     breaker_transitions: Family<TransitionLabels, Counter>,
     evictions: Family<StoreLabels, Counter>,
+    lease: LeaseFamilies,
 }
 
 /// Configures [`Metrics`]: see [`Metrics::builder`].
@@ -158,6 +165,7 @@ impl MetricsBuilder {
             breaker_state: Family::default(),
             breaker_transitions: Family::default(),
             evictions: Family::default(),
+            lease: LeaseFamilies::default(),
         };
         let mut registry = std::mem::take(&mut inner.registry);
         inner.register(&mut registry);
@@ -215,6 +223,7 @@ impl Inner {
             "Live keys a store dropped to stay within its key cap; each starts over as fresh",
             self.evictions.clone(),
         );
+        self.lease.register(registry);
     }
 }
 
@@ -332,6 +341,18 @@ impl Observer for Metrics {
             .evictions
             .get_or_create(&StoreLabels { store })
             .inc_by(evicted);
+    }
+
+    fn on_lease_taken(&self, store: &'static str, _policy: &str, units: u64) {
+        self.inner.lease.taken(store, units);
+    }
+
+    fn on_lease_returned(&self, store: &'static str, _policy: &str, units: u64) {
+        self.inner.lease.returned(store, units);
+    }
+
+    fn on_lease_units(&self, store: &'static str, held: u64) {
+        self.inner.lease.held(store, held);
     }
 }
 

@@ -171,6 +171,14 @@ impl RedisStore {
         self.inner.layout.redis_key(policy, key)
     }
 
+    /// Runs one script call (an `Op` of another module: leases) on this store's connections.
+    pub(crate) async fn run<O: crate::connection::Op>(&self, op: &O) -> Result<O::Output, Error> {
+        self.inner
+            .backend
+            .call(op, self.time(), self.inner.timeouts)
+            .await
+    }
+
     /// Where the scripts read the time: Redis' `TIME`, or the configured client clock now.
     fn time(&self) -> TimeSource {
         match &self.inner.clock {

@@ -53,6 +53,7 @@
 
 mod fixed_window;
 mod gcra;
+mod lease;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;

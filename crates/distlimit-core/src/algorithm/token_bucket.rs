@@ -26,7 +26,7 @@ pub struct TokenBucket {
 impl TokenBucket {
     /// The deficit at `now`: the stored one minus what refilled since `last_us`.
     #[inline]
-    fn deficit_at(&self, q: &Quota, now: u64) -> u64 {
+    pub(crate) fn deficit_at(&self, q: &Quota, now: u64) -> u64 {
         let (rate, _) = q.refill_units();
         let elapsed = now.saturating_sub(self.last_us);
         // `elapsed × L'` saturates at u64::MAX, which empties any deficit: the same answer as the
