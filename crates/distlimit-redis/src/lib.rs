@@ -1,11 +1,15 @@
 #![doc = include_str!("../README.md")]
 
+mod coalesce;
 mod config;
 mod connection;
 mod layout;
 pub mod script;
 mod store;
 
-pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, RedisStoreBuilder};
+pub use config::{
+    DEFAULT_COALESCE_IN_FLIGHT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT,
+    RedisStoreBuilder,
+};
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
 pub use store::{Mode, RedisStore};
