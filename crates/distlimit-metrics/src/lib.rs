@@ -16,6 +16,9 @@
 //! | `distlimit_breaker_state` | gauge, 1 for the current state, 0 for the others | `store`, `state` (`closed`, `open`, `half_open`) |
 //! | `distlimit_breaker_transitions_total` | counter | `store`, `from`, `to` |
 //! | `distlimit_evictions_total` | counter: live keys a store dropped at its key cap | `store` |
+//! | `distlimit_store_call_decisions` | histogram, 1 to 128: decisions per coalesced call to the server | `store` |
+//! | `distlimit_store_calls_in_flight` | gauge: calls in flight on the store's connections | `store` |
+//! | `distlimit_store_callers_waiting` | gauge: decisions queued for the next call | `store` |
 //!
 //! Label values are bounded: never a key; `store` names come from code; at most
 //! [`max_policies`](MetricsBuilder::max_policies) policy names get their own label value, the
@@ -51,6 +54,7 @@
 
 mod labels;
 mod policy;
+mod redis;
 
 use std::fmt;
 use std::sync::Arc;
@@ -113,6 +117,7 @@ struct Inner {
     breaker_state: Family<BreakerLabels, Gauge>,
     breaker_transitions: Family<TransitionLabels, Counter>,
     evictions: Family<StoreLabels, Counter>,
+    calls: redis::CallFamilies,
 }
 
 /// Configures [`Metrics`]: see [`Metrics::builder`].
@@ -158,6 +163,7 @@ impl MetricsBuilder {
             breaker_state: Family::default(),
             breaker_transitions: Family::default(),
             evictions: Family::default(),
+            calls: redis::CallFamilies::new(),
         };
         let mut registry = std::mem::take(&mut inner.registry);
         inner.register(&mut registry);
@@ -215,6 +221,7 @@ impl Inner {
             "Live keys a store dropped to stay within its key cap; each starts over as fresh",
             self.evictions.clone(),
         );
+        self.calls.register(registry);
     }
 }
 
@@ -332,6 +339,14 @@ impl Observer for Metrics {
             .evictions
             .get_or_create(&StoreLabels { store })
             .inc_by(evicted);
+    }
+
+    fn on_coalesced(&self, store: &'static str, decisions: usize) {
+        self.inner.calls.on_coalesced(store, decisions);
+    }
+
+    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
+        self.inner.calls.on_connections(store, in_use, waiting);
     }
 }
 

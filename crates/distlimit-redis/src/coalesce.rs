@@ -79,8 +79,8 @@ pub(crate) struct Group {
     time: TimeSource,
     /// 0 for one request; `2n + 1` a batch of `n` that commits, `2n` one that cannot.
     shape: u64,
-    /// Per request: algorithm id, cost, the algorithm's parameters.
-    args: Vec<u64>,
+    /// Per request: its limit (algorithm id and four parameter slots) and its cost.
+    requests: Vec<([u64; 5], u64)>,
     expect: Vec<Expect>,
 }
 
@@ -98,7 +98,7 @@ impl Group {
             ends: Vec::with_capacity(1),
             time,
             shape: 0,
-            args: Vec::with_capacity(6),
+            requests: Vec::with_capacity(1),
             expect: Vec::with_capacity(1),
         };
         group.push(redis_key, limit, cost)?;
@@ -120,7 +120,7 @@ impl Group {
             ends: Vec::with_capacity(requests.len()),
             time,
             shape: 0,
-            args: Vec::with_capacity(6 * requests.len()),
+            requests: Vec::with_capacity(requests.len()),
             expect: Vec::with_capacity(requests.len()),
         };
         for (i, r) in requests.iter().enumerate() {
@@ -138,11 +138,10 @@ impl Group {
     fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
         let kind = Kind::of(limit.algorithm())?;
         let (expect, cost) = Expect::new(limit, cost);
-        let (params, count) = parameters(kind, limit);
+        let ([p1, p2, p3, p4], _) = parameters(kind, limit);
         self.keys.extend_from_slice(redis_key);
         self.ends.push(self.keys.len());
-        self.args.extend_from_slice(&[kind.id(), cost]);
-        self.args.extend_from_slice(&params[..count]);
+        self.requests.push(([kind.id(), p1, p2, p3, p4], cost));
         self.expect.push(expect);
         Ok(())
     }
@@ -153,7 +152,7 @@ impl Group {
 
     /// About what the group adds to a call, in bytes.
     fn bytes(&self) -> usize {
-        self.keys.len() + 8 * (self.args.len() + 2)
+        self.keys.len() + 16 * (self.requests.len() + 1)
     }
 
     fn key_slices(&self) -> impl Iterator<Item = &[u8]> {
@@ -188,17 +187,42 @@ impl Call<'_> {
                 cmd.arg(key);
             }
         }
+        cmd.arg(self.arguments());
+        cmd
+    }
+
+    /// `ARGV[1]` of the coalesced script: big-endian doubles (see `coalesced.lua`). Every value
+    /// is an integer below 2^53 (quota bounds, [`script::MAX_CLIENT_TIME_US`]), exact in a double.
+    fn arguments(&self) -> Vec<u8> {
+        let mut limits: Vec<[u64; 5]> = Vec::new();
+        let mut body: Vec<f64> = Vec::new();
         for group in &self.groups {
-            match group.time {
-                TimeSource::Server => cmd.arg(""),
-                TimeSource::Client(now) => cmd.arg(now),
-            };
-            cmd.arg(group.shape);
-            for arg in &group.args {
-                cmd.arg(*arg);
+            body.push(match group.time {
+                TimeSource::Server => -1.0,
+                TimeSource::Client(now) => exact(now),
+            });
+            body.push(exact(group.shape));
+            for (limit, cost) in &group.requests {
+                let index = match limits.iter().position(|l| l == limit) {
+                    Some(i) => i,
+                    None => {
+                        limits.push(*limit);
+                        limits.len() - 1
+                    }
+                };
+                body.push(exact(index as u64 + 1));
+                body.push(exact(*cost));
             }
         }
-        cmd
+        let mut out = Vec::with_capacity(8 * (1 + 5 * limits.len() + body.len()));
+        out.extend_from_slice(&exact(limits.len() as u64).to_be_bytes());
+        for value in limits.iter().flatten() {
+            out.extend_from_slice(&exact(*value).to_be_bytes());
+        }
+        for value in body {
+            out.extend_from_slice(&value.to_be_bytes());
+        }
+        out
     }
 
     /// The reply's parts: per group its decisions, or its own error.
@@ -257,6 +281,12 @@ impl Call<'_> {
         }
         Ok(out)
     }
+}
+
+/// `x` as a double: exact for the integers below 2^53 the script is sent.
+#[allow(clippy::cast_precision_loss)]
+fn exact(x: u64) -> f64 {
+    x as f64
 }
 
 /// A group's error message from the script (`DISTLIMIT_CORRUPT …`, `WRONGTYPE …`), classified

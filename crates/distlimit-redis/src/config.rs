@@ -19,7 +19,7 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// The most coalesced script calls in flight on one multiplexed connection unless
 /// [`coalesce_in_flight`](RedisStoreBuilder::coalesce_in_flight) says otherwise.
-pub const DEFAULT_COALESCE_IN_FLIGHT: usize = 4;
+pub const DEFAULT_COALESCE_IN_FLIGHT: usize = 2;
 
 pub(crate) const STORE: &str = "redis";
 
