@@ -12,9 +12,9 @@
 //! * Quota: 100 per second on random keys out of [`KEY_SPACE`] (12-digit identities, as
 //!   `redis-benchmark -r` writes them), so nearly every decision is admitted and writes its state
 //!   (`SET … PX`): the expensive path.
-//! * `ours`: `RedisStore::decide` (default key layout, server time) from 1, 16 and 256 tokio tasks
-//!   each looping decisions, over the default multiplexed connection (`ConnectionManager`) and over
-//!   the pool mode with as many connections as there are tasks (its rows show the `PING`s the pool
+//! * `ours`: `RedisStore::decide` (default key layout, server time) from 1, 64 and 256 tokio tasks
+//!   each looping decisions, over the default multiplexed connection (`ConnectionManager`) with
+//!   coalescing off and on (the default), side by side, and over the pool mode with as many connections as there are tasks (its rows show the `PING`s the pool
 //!   sent per decision, from `INFO commandstats`: 0 since the pool's manager does not ping). Each run
 //!   stops after a fixed number of decisions or [`RUN_LIMIT`], whichever comes first.
 //! * `ceiling`: `redis-benchmark -c C -P 1 -r 100000 evalsha <sha> 1 <key> <ARGV>` with exactly
@@ -30,7 +30,10 @@
 //! * `Redis main thread CPU`: `INFO cpu` (`used_cpu_*_main_thread`) over each run: near 100% means
 //!   Redis itself is the bottleneck, the true ceiling.
 //! * `inside Redis`: `CONFIG RESETSTAT`, [`STAT_DECISIONS`] decisions per algorithm, then
-//!   `INFO commandstats`' `cmdstat_evalsha` `usec_per_call`.
+//!   `INFO commandstats`' `cmdstat_evalsha`: `usec_per_call` with one script per decision
+//!   (coalescing off, 64 in flight), and `usec` over decisions in coalesced calls as full as
+//!   they get (one call in flight, 256 tasks); next to them the floor, a Lua loop doing only a
+//!   `GET` and a `SET … PXAT` per key.
 
 // A benchmark binary: it prints its table, and setup that cannot fail in practice aborts loudly.
 #![allow(
@@ -119,12 +122,8 @@ fn main() {
                 };
                 if n > 1 {
                     // Side by side: one multiplexed connection without and with coalescing.
-                    for (store, conn) in [(&uncoalesced, UNCOALESCED), (&multiplexed, COALESCED)] {
-                        let cpu = Cpu::sample(&mut admin).await;
-                        let mut row = run_store(store, conn, limit, n, count).await;
-                        row.redis_cpu = cpu.busy(&mut admin).await;
-                        rows.push(row);
-                    }
+                    let pair = [(&uncoalesced, UNCOALESCED), (&multiplexed, COALESCED)];
+                    rows.extend(interleaved(&pair, &mut admin, limit, n, count).await);
                 }
                 let pooled = RedisStore::builder(&url)
                     .pool(n)
@@ -168,7 +167,7 @@ fn main() {
 
     // The scripts' cost inside Redis, every algorithm: one script per decision (uncoalesced,
     // 64 in flight), and coalesced calls as full as they get (one call in flight, 256 callers).
-    let stats: Vec<Stat> = rt.block_on(async {
+    let stats: (Vec<Stat>, f64) = rt.block_on(async {
         let uncoalesced = RedisStore::builder(&url)
             .coalesce(false)
             .response_timeout(Duration::from_secs(2))
@@ -188,44 +187,93 @@ fn main() {
             let limit = Limit::new(algorithm, quota);
             let mut stat = Stat {
                 algorithm,
-                single_usec: f64::NAN,
-                coalesced_usec: f64::NAN,
+                single_usec: f64::INFINITY,
+                coalesced_usec: f64::INFINITY,
                 per_call: f64::NAN,
             };
-            for (store, in_flight) in [(&uncoalesced, 64), (&full, 256)] {
-                let _: () = redis::cmd("CONFIG")
-                    .arg("RESETSTAT")
-                    .query_async(&mut admin)
-                    .await
-                    .unwrap();
-                let row = run_store(store, "stats", limit, in_flight, STAT_DECISIONS).await;
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query_async(&mut admin)
-                    .await
-                    .unwrap();
-                let (calls, usec) = usec_per_call(&info, "cmdstat_evalsha");
-                // Every decision since the reset (the warm-up's too) ran in these calls.
-                let decisions = (row.decisions + row.errors + WARMUP) as f64;
-                if in_flight == 64 {
-                    stat.single_usec = usec;
-                } else {
-                    stat.coalesced_usec = usec * calls / decisions;
-                    stat.per_call = decisions / calls;
+            // Interleaved rounds; the least disturbed round of each counts (Redis' time per
+            // call is wall time, which a loaded machine stretches by preempting Redis).
+            for _ in 0..ROUNDS {
+                for (store, in_flight) in [(&uncoalesced, 64), (&full, 256)] {
+                    let _: () = redis::cmd("CONFIG")
+                        .arg("RESETSTAT")
+                        .query_async(&mut admin)
+                        .await
+                        .unwrap();
+                    let (l, e, _) =
+                        measure_store(store, limit, in_flight, STAT_DECISIONS / ROUNDS, 3).await;
+                    let info: String = redis::cmd("INFO")
+                        .arg("commandstats")
+                        .query_async(&mut admin)
+                        .await
+                        .unwrap();
+                    let (calls, usec) = usec_per_call(&info, "cmdstat_evalsha");
+                    let decisions = (l.len() + e) as f64;
+                    if in_flight == 64 {
+                        stat.single_usec = stat.single_usec.min(usec);
+                    } else if usec * calls / decisions < stat.coalesced_usec {
+                        stat.coalesced_usec = usec * calls / decisions;
+                        stat.per_call = decisions / calls;
+                    }
                 }
             }
             out.push(stat);
         }
-        out
+        let floor = floor_usec(&mut admin).await;
+        (out, floor)
     });
+    let (stats, floor) = stats;
     println!("load after: {}", uptime());
     print_tables(&rows, &stats, &raw_row(&rows));
+    println!(
+        "- the floor of a decision inside Redis: {floor:.2} µs for a bare GET and SET … PXAT of one key \
+         from Lua, {FLOOR_KEYS} keys per call (what any script that reads and writes a key pays)"
+    );
+}
+
+/// Keys per call of the floor measurement (about a full coalesced call).
+const FLOOR_KEYS: usize = 128;
+
+/// µs inside Redis per key of a Lua loop that only reads and writes each of [`FLOOR_KEYS`] random
+/// keys (`GET`, `SET … PXAT` of a 25-byte value 10 ms ahead), passed as `KEYS` like the decisions':
+/// the cost of Redis' own commands, which no script can go below.
+async fn floor_usec(admin: &mut redis::aio::MultiplexedConnection) -> f64 {
+    const CALLS: usize = 800;
+    let script = "local t = redis.call('TIME') \
+        local at = string.format('%d', t[1] * 1000 + math.ceil(t[2] / 1000) + 10) \
+        for j = 1, #KEYS do redis.call('GET', KEYS[j]) \
+        redis.call('SET', KEYS[j], 'abcdefghijklmnopqrstuvwxy', 'PXAT', at) end return 1";
+    let sha = load(admin, script).await;
+    let rng = Cell::new(0x0123_4567_89AB_CDEF);
+    let mut least = f64::INFINITY;
+    for _ in 0..ROUNDS {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(admin)
+            .await
+            .unwrap();
+        for _ in 0..CALLS / ROUNDS {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&sha).arg(FLOOR_KEYS);
+            for _ in 0..FLOOR_KEYS {
+                cmd.arg(format!("floor:{{{:012}}}:", next(&rng) % KEY_SPACE));
+            }
+            let _: redis::Value = cmd.query_async(admin).await.unwrap();
+        }
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(admin)
+            .await
+            .unwrap();
+        least = least.min(usec_per_call(&info, "cmdstat_evalsha").1 / FLOOR_KEYS as f64);
+    }
+    least
 }
 
 /// Time inside Redis per decision, from `INFO commandstats`.
 struct Stat {
     algorithm: Algorithm,
-    /// `usec_per_call` of one script per decision.
+    /// `usec_per_call` of one script per decision (the least of [`ROUNDS`] interleaved runs).
     single_usec: f64,
     /// µs inside Redis per decision in coalesced calls (`usec` of all calls / decisions).
     coalesced_usec: f64,
@@ -319,6 +367,57 @@ async fn run_store(
         errors,
         elapsed,
     )
+}
+
+/// Rounds for [`interleaved`] and the inside-Redis measurements.
+const ROUNDS: usize = 5;
+
+/// `count` decisions from `in_flight` tasks on each store, measured in [`ROUNDS`] interleaved
+/// rounds (each round starting with another store), so that the load of a shared machine drifts
+/// over all of them alike; Redis' main-thread CPU over each store's runs.
+async fn interleaved(
+    stores: &[(&RedisStore, &str)],
+    admin: &mut redis::aio::MultiplexedConnection,
+    limit: Limit,
+    in_flight: usize,
+    count: usize,
+) -> Vec<Row> {
+    let mut results: Vec<(Vec<u64>, usize, Duration, f64)> = stores
+        .iter()
+        .map(|_| (Vec::new(), 0, Duration::ZERO, 0.0))
+        .collect();
+    for (store, _) in stores {
+        measure_store(store, limit, in_flight, WARMUP, 0).await;
+    }
+    for round in 0..ROUNDS {
+        for i in 0..stores.len() {
+            let i = (i + round) % stores.len();
+            let cpu = Cpu::sample(admin).await;
+            let (l, e, d) = measure_store(
+                stores[i].0,
+                limit,
+                in_flight,
+                count / ROUNDS,
+                round as u64 + 1,
+            )
+            .await;
+            let busy = cpu.busy(admin).await;
+            let r = &mut results[i];
+            r.0.extend(l);
+            r.1 += e;
+            r.2 += d;
+            r.3 += busy * d.as_secs_f64();
+        }
+    }
+    stores
+        .iter()
+        .zip(results)
+        .map(|((_, conn), (l, e, d, busy))| {
+            let mut row = summarize("ours", limit.algorithm().name(), conn, in_flight, l, e, d);
+            row.redis_cpu = busy / d.as_secs_f64();
+            row
+        })
+        .collect()
 }
 
 /// `count` decisions from `in_flight` tasks on random keys (seeded by `seed`): the latencies of

@@ -16,7 +16,7 @@
 //! anywhere in this driver (see [`connection`](crate::connection)). A caller that gave up while
 //! still queued is left out of the next call, so its decision is never applied.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
@@ -334,17 +334,30 @@ struct Waiter {
     reply: oneshot::Sender<Result<Vec<Decision>, Error>>,
 }
 
+/// The callers of one hash slot (every key of a standalone server counts as one slot).
+#[derive(Default)]
 struct Queue {
     waiting: VecDeque<Waiter>,
     in_flight: usize,
 }
 
-/// The calls in flight to one server, and the decisions waiting for one.
+/// Every slot's queue; a slot with nothing in flight and nobody waiting has none.
+#[derive(Default)]
+struct Queues {
+    by_slot: HashMap<u16, Queue>,
+    /// The sums over every slot, for [`Observer::on_connections`].
+    in_flight: usize,
+    waiting: usize,
+}
+
+/// The calls in flight to a server (per hash slot in a Cluster, where one script's keys share a
+/// slot), and the decisions waiting for one.
 pub(crate) struct Coalescer {
     backend: Arc<Backend>,
     timeouts: Timeouts,
+    /// The most calls in flight per slot.
     in_flight: usize,
-    queue: Mutex<Queue>,
+    queues: Mutex<Queues>,
     observer: Option<Arc<dyn Observer>>,
 }
 
@@ -358,16 +371,19 @@ impl fmt::Debug for Coalescer {
 
 /// A call slot held by a caller that sends its own script; freed on drop (also when the
 /// caller's future is dropped), handing the slot to the queue if anyone waits.
-pub(crate) struct Slot<'a>(&'a Arc<Coalescer>);
+pub(crate) struct Slot<'a> {
+    coalescer: &'a Arc<Coalescer>,
+    slot: u16,
+}
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.release();
+        self.coalescer.release(self.slot);
     }
 }
 
 impl Coalescer {
-    /// At most `in_flight` (at least 1) script calls in flight on `backend`.
+    /// At most `in_flight` (at least 1) script calls in flight per slot on `backend`.
     pub(crate) fn new(
         backend: Arc<Backend>,
         timeouts: Timeouts,
@@ -378,44 +394,53 @@ impl Coalescer {
             backend,
             timeouts,
             in_flight: in_flight.max(1),
-            queue: Mutex::new(Queue {
-                waiting: VecDeque::new(),
-                in_flight: 0,
-            }),
+            queues: Mutex::new(Queues::default()),
             observer,
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A free call slot, if there is one: the caller then sends its own script at once.
-    pub(crate) fn slot(self: &Arc<Self>) -> Option<Slot<'_>> {
-        let mut queue = self.lock();
+    /// A free call slot for hash slot `slot` (0 on one server), if there is one: the caller
+    /// then sends its own script at once.
+    pub(crate) fn slot(self: &Arc<Self>, slot: u16) -> Option<Slot<'_>> {
+        let mut queues = self.lock();
+        let queue = queues.by_slot.entry(slot).or_default();
         if queue.in_flight < self.in_flight {
             queue.in_flight += 1;
-            drop(queue);
-            self.report();
-            Some(Slot(self))
+            queues.in_flight += 1;
+            self.report(&queues);
+            Some(Slot {
+                coalescer: self,
+                slot,
+            })
         } else {
             None
         }
     }
 
-    /// Queues `group` for the next coalesced call and waits for its answer, at most the
-    /// response timeout.
-    pub(crate) async fn queued(self: &Arc<Self>, group: Group) -> Result<Vec<Decision>, Error> {
+    /// Queues `group` (on hash slot `slot`) for the next coalesced call and waits for its
+    /// answer, at most the response timeout.
+    pub(crate) async fn queued(
+        self: &Arc<Self>,
+        slot: u16,
+        group: Group,
+    ) -> Result<Vec<Decision>, Error> {
         let (tx, rx) = oneshot::channel();
         {
-            let mut queue = self.lock();
+            let mut queues = self.lock();
+            queues.waiting += 1;
+            let queue = queues.by_slot.entry(slot).or_default();
             queue.waiting.push_back(Waiter { group, reply: tx });
             // A slot freed since `slot` looked: nobody would pick this caller up, so a new
             // sender starts.
             if queue.in_flight < self.in_flight {
                 queue.in_flight += 1;
-                drop(queue);
-                self.spawn_sender();
+                queues.in_flight += 1;
+                drop(queues);
+                self.spawn_sender(slot);
             }
         }
         let after = self.timeouts.response;
@@ -434,43 +459,61 @@ impl Coalescer {
         }
     }
 
-    /// Frees a slot, or hands it to a sender of what is queued.
-    fn release(self: &Arc<Self>) {
-        let mut queue = self.lock();
-        if queue.waiting.is_empty() {
-            queue.in_flight -= 1;
+    /// Frees a call slot of `slot`, or hands it to a sender of what is queued there.
+    fn release(self: &Arc<Self>, slot: u16) {
+        let mut queues = self.lock();
+        let waiting = queues
+            .by_slot
+            .get(&slot)
+            .is_some_and(|q| !q.waiting.is_empty());
+        if waiting {
+            drop(queues);
+            self.spawn_sender(slot);
         } else {
-            drop(queue);
-            self.spawn_sender();
+            free(&mut queues, slot);
         }
     }
 
-    /// Starts a task that sends what is queued, call after call, on the slot its caller holds.
-    fn spawn_sender(self: &Arc<Self>) {
+    /// Starts a task that sends what is queued on `slot`, call after call, on the call slot its
+    /// caller holds.
+    fn spawn_sender(self: &Arc<Self>, slot: u16) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(Arc::clone(self).send_queued());
+                runtime.spawn(Arc::clone(self).send_queued(slot));
             }
             Err(_) => {
                 // No runtime (it is shutting down): the waiters are answered by their dropped
-                // channels, and the slot is freed.
-                let mut queue = self.lock();
-                queue.waiting.clear();
-                queue.in_flight -= 1;
+                // channels, and the call slot is freed.
+                let mut queues = self.lock();
+                let dropped = queues
+                    .by_slot
+                    .get_mut(&slot)
+                    .map_or(0, |q| std::mem::take(&mut q.waiting).len());
+                queues.waiting -= dropped;
+                free(&mut queues, slot);
             }
         }
     }
 
-    /// Sends what is queued until the queue is empty, then frees the slot.
-    async fn send_queued(self: Arc<Self>) {
+    /// Sends what is queued on `slot` until its queue is empty, then frees the call slot.
+    async fn send_queued(self: Arc<Self>, slot: u16) {
         loop {
             let batch = {
-                let mut queue = self.lock();
-                let batch = take(&mut queue.waiting);
+                let mut queues = self.lock();
+                let (batch, left) = match queues.by_slot.get_mut(&slot) {
+                    Some(queue) => {
+                        let before = queue.waiting.len();
+                        let batch = take(&mut queue.waiting);
+                        (batch, before - queue.waiting.len())
+                    }
+                    None => (Vec::new(), 0),
+                };
+                queues.waiting -= left;
                 if batch.is_empty() {
-                    queue.in_flight -= 1;
+                    free(&mut queues, slot);
                     return;
                 }
+                self.report(&queues);
                 batch
             };
             self.send(batch).await;
@@ -479,11 +522,9 @@ impl Coalescer {
 
     /// One coalesced call over `batch`, each answer to its caller.
     async fn send(&self, batch: Vec<Waiter>) {
-        let decisions = batch.iter().map(|w| w.group.len()).sum();
         if let Some(observer) = &self.observer {
-            observer.on_coalesced(STORE, decisions);
+            observer.on_coalesced(STORE, batch.iter().map(|w| w.group.len()).sum());
         }
-        self.report();
         let call = Call {
             groups: batch.iter().map(|w| &w.group).collect(),
         };
@@ -510,13 +551,20 @@ impl Coalescer {
     }
 
     /// Reports the calls in flight and the callers waiting.
-    fn report(&self) {
+    fn report(&self, queues: &Queues) {
         if let Some(observer) = &self.observer {
-            let (in_flight, waiting) = {
-                let queue = self.lock();
-                (queue.in_flight, queue.waiting.len())
-            };
-            observer.on_connections(STORE, in_flight, waiting);
+            observer.on_connections(STORE, queues.in_flight, queues.waiting);
+        }
+    }
+}
+
+/// Frees one call slot of `slot`, forgetting the slot's queue once it is idle.
+fn free(queues: &mut Queues, slot: u16) {
+    queues.in_flight -= 1;
+    if let Some(queue) = queues.by_slot.get_mut(&slot) {
+        queue.in_flight -= 1;
+        if queue.in_flight == 0 && queue.waiting.is_empty() {
+            queues.by_slot.remove(&slot);
         }
     }
 }

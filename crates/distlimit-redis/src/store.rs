@@ -150,7 +150,7 @@ impl RedisStore {
             ),
         };
         let backend = Arc::new(backend);
-        let coalescer = (builder.coalesce && mode != Mode::Cluster).then(|| {
+        let coalescer = builder.coalesce.then(|| {
             let in_flight = builder
                 .coalesce_in_flight
                 .or(builder.pool_size)
@@ -220,8 +220,9 @@ impl Store for RedisStore {
                 .call(&op, time, self.inner.timeouts)
                 .await;
         };
-        if let Some(_slot) = coalescer.slot() {
-            // A free slot: sent at once on its own script, as without coalescing.
+        let slot = self.coalescing_slot(op.key);
+        if let Some(_slot) = coalescer.slot(slot) {
+            // A free call slot: sent at once on its own script, as without coalescing.
             return self
                 .inner
                 .backend
@@ -229,7 +230,7 @@ impl Store for RedisStore {
                 .await;
         }
         let group = Group::single(op.key, op.limit, op.cost, time)?;
-        let mut decisions = coalescer.queued(group).await?;
+        let mut decisions = coalescer.queued(slot, group).await?;
         match (decisions.pop(), decisions.is_empty()) {
             (Some(decision), true) => Ok(decision),
             _ => Err(crate::script::protocol(
@@ -284,7 +285,8 @@ impl Store for RedisStore {
                 .call(&op, time, self.inner.timeouts)
                 .await;
         };
-        if let Some(_slot) = coalescer.slot() {
+        let slot = self.coalescing_slot(script_requests[0].redis_key);
+        if let Some(_slot) = coalescer.slot(slot) {
             return self
                 .inner
                 .backend
@@ -292,11 +294,21 @@ impl Store for RedisStore {
                 .await;
         }
         let group = Group::batch(&script_requests, time)?;
-        coalescer.queued(group).await
+        coalescer.queued(slot, group).await
     }
 }
 
 impl RedisStore {
+    /// Which calls may be coalesced with a call on `redis_key`: those on its hash slot in a
+    /// Cluster (a script's keys must share one), any on one server.
+    fn coalescing_slot(&self, redis_key: &[u8]) -> u16 {
+        if self.inner.mode == Mode::Cluster {
+            hash_slot(redis_key)
+        } else {
+            0
+        }
+    }
+
     /// A Cluster batch whose keys live in several slots (a global tier next to a key's tiers):
     /// one all-or-nothing script per slot, in the order the slots first appear in the batch;
     /// once a group denies, the groups before it are given their units back and the rest are

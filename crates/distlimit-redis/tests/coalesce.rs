@@ -197,7 +197,10 @@ struct Stores {
     serial: RedisStore,
     serial_clock: ManualClock,
     sizes: Arc<Sizes>,
-    _server: Guarded,
+    /// The standalone stores' private server, if any; `None` on the Cluster.
+    _server: Option<Guarded>,
+    /// Whether `DISTLIMIT_REDIS_URL` holds both stores' keys (their states are compared).
+    standalone: bool,
 }
 
 async fn stores() -> Stores {
@@ -217,8 +220,68 @@ async fn stores() -> Stores {
         serial: serial.store.clone(),
         serial_clock,
         sizes,
-        _server: coalesced,
+        _server: Some(coalesced),
+        standalone: true,
     }
+}
+
+/// The same pair on the Cluster, or `None` (a skip) without one.
+async fn cluster_stores() -> Option<Stores> {
+    let urls = support::cluster_urls()?;
+    let sizes = Arc::new(Sizes::default());
+    let observer: Arc<dyn Observer> = sizes.clone();
+    let coalesced_clock = ManualClock::new(0);
+    let coalesced = RedisStore::cluster(urls.clone())
+        .prefix(support::unique_prefix("cluster-coalesced"))
+        .client_clock(coalesced_clock.clone())
+        .coalesce_in_flight(1)
+        .observer(observer);
+    let serial_clock = ManualClock::new(0);
+    let serial = RedisStore::cluster(urls)
+        .prefix(support::unique_prefix("cluster-serial"))
+        .client_clock(serial_clock.clone())
+        .coalesce(false);
+    Some(Stores {
+        coalesced: support::connect(coalesced, "Cluster").await,
+        coalesced_clock,
+        serial: support::connect(serial, "Cluster").await,
+        serial_clock,
+        sizes,
+        _server: None,
+        standalone: false,
+    })
+}
+
+/// Every `decide_all` group on one identity (its first request's key), its policies distinct:
+/// one hash slot, so the group is one script in a Cluster.
+fn one_identity_batches(waves: Vec<Wave>) -> Vec<Wave> {
+    waves
+        .into_iter()
+        .map(|wave| Wave {
+            advance: wave.advance,
+            ops: wave
+                .ops
+                .into_iter()
+                .map(|op| match op {
+                    Op::All(reqs) => {
+                        let key = reqs[0].key;
+                        let mut seen = Vec::new();
+                        Op::All(
+                            reqs.into_iter()
+                                .filter(|r| {
+                                    let new = !seen.contains(&r.policy);
+                                    seen.push(r.policy);
+                                    new
+                                })
+                                .map(|r| Req { key, ..r })
+                                .collect(),
+                        )
+                    }
+                    one => one,
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 async fn run_case(
@@ -274,7 +337,7 @@ async fn run_case(
     // The stored states and their TTLs (on the shared server; a private one is not reachable
     // from here).
     let url = support::standalone_url().unwrap_or_default();
-    let mut admin = if url.is_empty() {
+    let mut admin = if url.is_empty() || !stores.standalone {
         None
     } else {
         Some(
@@ -352,6 +415,45 @@ fn coalesced_calls_decide_as_one_by_one() {
     assert!(
         sizes.iter().any(|&s| s > 8),
         "no coalesced call carried more than 8 decisions: {sizes:?}"
+    );
+}
+
+/// The same on the Cluster, where calls coalesce per hash slot: single decisions on one identity
+/// and one-identity batches (a batch across slots is decided slot by slot, never coalesced).
+#[test]
+fn coalesced_cluster_calls_decide_as_one_by_one() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    if rt.block_on(async { support::cluster_urls() }).is_none() {
+        return;
+    }
+    let mut runner = TestRunner::new(Config {
+        cases: 12,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        policies_strategy(),
+        proptest::collection::vec(wave_strategy(), 1..=4).prop_map(one_identity_batches),
+    );
+    let sizes = Arc::new(Mutex::new(Vec::new()));
+    let result = runner.run(&strategy, |(policies, waves)| {
+        rt.block_on(async {
+            let stores = cluster_stores().await.unwrap();
+            let result = run_case(&stores, &policies, &waves).await;
+            sizes.lock().unwrap().push(stores.sizes.largest());
+            result
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let sizes = sizes.lock().unwrap();
+    assert!(
+        sizes.iter().any(|&s| s > 2),
+        "no coalesced call carried more than 2 decisions: {sizes:?}"
     );
 }
 
