@@ -34,6 +34,9 @@
 //!   (coalescing off, 64 in flight), and `usec` over decisions in coalesced calls as full as
 //!   they get (one call in flight, 256 tasks); next to them the floor, a Lua loop doing only a
 //!   `GET` and a `SET … PXAT` per key.
+//! * `Cluster`: a 6-node Cluster of the same harness, GCRA at 256 in flight, coalescing per hash
+//!   slot off and on: on random identities (nearly every decision in a slot of its own) and on
+//!   one hot identity (one slot).
 
 // A benchmark binary: it prints its table, and setup that cannot fail in practice aborts loudly.
 #![allow(
@@ -223,8 +226,60 @@ fn main() {
         (out, floor)
     });
     let (stats, floor) = stats;
+    // A Cluster: coalescing per hash slot against none, on random identities (distinct slots:
+    // nothing to coalesce) and on one hot identity (one slot).
+    let cluster = server::Cluster::start(server.bin()).expect("no Redis Cluster");
+    let cluster_rows: Vec<Row> = rt.block_on(async {
+        let urls: Vec<String> = cluster.urls().split(',').map(str::to_owned).collect();
+        let connect = |coalesce: bool| {
+            RedisStore::cluster(urls.clone())
+                .coalesce(coalesce)
+                .response_timeout(Duration::from_secs(2))
+                .connect()
+        };
+        let on = connect(true).await.unwrap();
+        let off = connect(false).await.unwrap();
+        let mut rows = Vec::new();
+        for (keys, what) in [
+            (KEY_SPACE, "cluster, random identities"),
+            (1, "cluster, one identity"),
+        ] {
+            // One identity: a quota it never exhausts, so every decision writes as elsewhere.
+            let limit = if keys == 1 {
+                Limit::gcra(Quota::per_second(1_000_000_000).unwrap())
+            } else {
+                Limit::gcra(quota)
+            };
+            let mut pair = Vec::new();
+            for (store, conn) in [(&off, "uncoalesced"), (&on, "coalesced")] {
+                let (l, e, d) = measure_keys(store, limit, 256, DECISIONS_PARALLEL, keys).await;
+                pair.push(summarize("ours", what, conn, 256, l, e, d));
+            }
+            rows.extend(pair);
+        }
+        rows
+    });
+    drop(cluster);
     println!("load after: {}", uptime());
     print_tables(&rows, &stats, &raw_row(&rows));
+    println!();
+    println!("| Cluster, GCRA, 256 in flight | client | decisions/s | p50 µs | p99 µs |");
+    println!("|---|---|---:|---:|---:|");
+    for r in &cluster_rows {
+        println!(
+            "| {} | {}{} | {:.0} | {:.1} | {:.1} |",
+            r.algorithm,
+            r.conn,
+            if r.errors > 0 {
+                format!(" ({} errors)", r.errors)
+            } else {
+                String::new()
+            },
+            r.per_sec,
+            r.p50_us,
+            r.p99_us
+        );
+    }
     println!(
         "- the floor of a decision inside Redis: {floor:.2} µs for a bare GET and SET … PXAT of one key \
          from Lua, {FLOOR_KEYS} keys per call (what any script that reads and writes a key pays)"
@@ -469,6 +524,58 @@ async fn measure_store(
         })
         .await;
     (latencies, errors, start.elapsed())
+}
+
+/// `count` decisions from `in_flight` tasks on random identities out of `keys` (one: a hot
+/// key), after [`WARMUP`].
+async fn measure_keys(
+    store: &RedisStore,
+    limit: Limit,
+    in_flight: usize,
+    count: usize,
+    keys: u64,
+) -> (Vec<u64>, usize, Duration) {
+    let local = tokio::task::LocalSet::new();
+    let remaining = Rc::new(Cell::new(count + WARMUP));
+    let deadline = Instant::now() + RUN_LIMIT;
+    let start = Rc::new(Cell::new(Instant::now()));
+    let mut handles = Vec::new();
+    for task in 0..in_flight {
+        let (store, remaining, start) = (store.clone(), Rc::clone(&remaining), Rc::clone(&start));
+        handles.push(local.spawn_local(async move {
+            let rng = Cell::new(0x9E37_79B9_7F4A_7C15 ^ ((task as u64 + 1) * 0x1234_5678_9ABC));
+            let (mut latencies, mut errors) = (Vec::new(), 0);
+            let mut id = String::with_capacity(12);
+            while remaining.get() > 0 && Instant::now() < deadline {
+                remaining.set(remaining.get() - 1);
+                if remaining.get() == count {
+                    start.set(Instant::now());
+                }
+                let measured = remaining.get() < count;
+                id.clear();
+                write!(id, "{:012}", next(&rng) % keys).unwrap();
+                let t = Instant::now();
+                let request = Request::new(Key::new(&id).unwrap(), limit);
+                match store.decide(&request).await {
+                    Ok(_) if measured => latencies.push(t.elapsed().as_nanos() as u64),
+                    Ok(_) => {}
+                    Err(_) => errors += 1,
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let (mut latencies, mut errors) = (Vec::new(), 0);
+    local
+        .run_until(async {
+            for h in handles {
+                let (l, e) = h.await.unwrap();
+                latencies.extend(l);
+                errors += e;
+            }
+        })
+        .await;
+    (latencies, errors, start.get().elapsed())
 }
 
 /// One series of the 1-in-flight comparison.

@@ -1,7 +1,7 @@
 //! Coalesced script calls: decisions waiting for the same server sent as one script call.
 //!
 //! A store with coalescing on bounds its script calls in flight ([`Coalescer::new`]'s
-//! `in_flight`). A decision that finds a free slot is sent at once, as before, on its own script
+//! `in_flight`; per hash slot in a Cluster, where one script's keys must share a slot). A decision that finds a free slot is sent at once, as before, on its own script
 //! (no task, no channel, no added latency). One that finds every slot taken waits in a queue;
 //! whichever call frees a slot takes everything queued (up to [`MAX_DECISIONS`] decisions and
 //! [`MAX_BYTES`] of keys and arguments) and sends it as one call of the coalesced script

@@ -17,8 +17,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// [`response_timeout`](RedisStoreBuilder::response_timeout) says otherwise: 200 ms.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// The most coalesced script calls in flight on one multiplexed connection unless
-/// [`coalesce_in_flight`](RedisStoreBuilder::coalesce_in_flight) says otherwise.
+/// The most script calls in flight on one multiplexed connection (per hash slot in a Cluster)
+/// with coalescing on, unless [`coalesce_in_flight`](RedisStoreBuilder::coalesce_in_flight) says
+/// otherwise: one call being decided while the next one fills.
 pub const DEFAULT_COALESCE_IN_FLIGHT: usize = 2;
 
 pub(crate) const STORE: &str = "redis";
@@ -177,19 +178,18 @@ impl RedisStoreBuilder {
         }
     }
 
-    /// Coalesce script calls (on by default; standalone, pool and Sentinel): when every call
-    /// slot is taken (see [`coalesce_in_flight`](Self::coalesce_in_flight)), the decisions
-    /// waiting for one are sent as one script call that decides each exactly as its own script
-    /// would, in arrival order. A decision that finds a free slot is sent at once, alone, so
-    /// nothing waits at low load. In a Cluster, calls are never coalesced. See the
-    /// [crate documentation](crate#coalesced-script-calls).
+    /// Coalesce script calls (on by default): when every call slot is taken (see
+    /// [`coalesce_in_flight`](Self::coalesce_in_flight)), the decisions waiting for one are sent
+    /// as one script call that decides each exactly as its own script would, in arrival order.
+    /// A decision that finds a free slot is sent at once, alone, so nothing waits at low load.
+    /// In a Cluster, per hash slot. See the [crate documentation](crate#coalesced-script-calls).
     pub fn coalesce(mut self, on: bool) -> Self {
         self.coalesce = on;
         self
     }
 
-    /// With coalescing on: the most script calls in flight at once (at least 1; default
-    /// [`DEFAULT_COALESCE_IN_FLIGHT`] on one multiplexed connection, the pool size with
+    /// With coalescing on: the most script calls in flight at once (at least 1; per hash slot in
+    /// a Cluster; default [`DEFAULT_COALESCE_IN_FLIGHT`], or the pool size with
     /// [`pool`](Self::pool)). Fewer calls in flight make larger coalesced calls.
     pub fn coalesce_in_flight(mut self, calls: usize) -> Self {
         self.coalesce_in_flight = Some(calls);

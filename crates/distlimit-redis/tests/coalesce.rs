@@ -5,6 +5,8 @@
 //!   (one call in flight, so every caller that arrives while it is out queues and joins the next
 //!   call), then the same requests one by one on a twin key space with coalescing off, and on the
 //!   reference model (a memory store): the same decisions, errors and stored states.
+//!   `coalesced_cluster_calls_decide_as_one_by_one`: the same on the Cluster
+//!   (`DISTLIMIT_REDIS_CLUSTER_URLS`), where calls coalesce per hash slot.
 //! * The conformance suite with coalescing off (`uncoalesced`) and on with one call in flight
 //!   (`one_call_in_flight`, where concurrent checks really coalesce); the default (on) runs in
 //!   `tests/conformance.rs`.
