@@ -489,7 +489,7 @@ impl Coalescer {
                     .by_slot
                     .get_mut(&slot)
                     .map_or(0, |q| std::mem::take(&mut q.waiting).len());
-                queues.waiting -= dropped;
+                queues.waiting = queues.waiting.saturating_sub(dropped);
                 free(&mut queues, slot);
             }
         }
@@ -508,7 +508,7 @@ impl Coalescer {
                     }
                     None => (Vec::new(), 0),
                 };
-                queues.waiting -= left;
+                queues.waiting = queues.waiting.saturating_sub(left);
                 if batch.is_empty() {
                     free(&mut queues, slot);
                     return;
@@ -560,9 +560,9 @@ impl Coalescer {
 
 /// Frees one call slot of `slot`, forgetting the slot's queue once it is idle.
 fn free(queues: &mut Queues, slot: u16) {
-    queues.in_flight -= 1;
+    queues.in_flight = queues.in_flight.saturating_sub(1);
     if let Some(queue) = queues.by_slot.get_mut(&slot) {
-        queue.in_flight -= 1;
+        queue.in_flight = queue.in_flight.saturating_sub(1);
         if queue.in_flight == 0 && queue.waiting.is_empty() {
             queues.by_slot.remove(&slot);
         }
