@@ -14,6 +14,9 @@
 //!   typed errors inside a coalesced call.
 //! * A server paused, then killed, under a coalesced call: every caller gets an error, none
 //!   hangs, nothing is applied twice.
+//! * Callers that give up (timeouts, dropped futures) at random, on four threads: no call slot
+//!   stays taken, no decision is applied twice or answered without being applied; a queue of
+//!   callers that all gave up sends nothing and frees its slot.
 //!
 //! Servers: `DISTLIMIT_REDIS_URL` (the xtask sets it; required under `DISTLIMIT_REQUIRE_REDIS=1`)
 //! or a private `redis-server`.
@@ -755,4 +758,123 @@ async fn a_paused_or_killed_server_fails_every_caller_of_a_coalesced_call_once()
             Err(e) => panic!("not back after a restart: {e:?}"),
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Many threads, callers giving up at random.
+
+/// Records the last report of calls in flight and callers waiting.
+#[derive(Default)]
+struct Last(Mutex<(usize, usize)>);
+
+impl Observer for Last {
+    fn on_connections(&self, _store: &'static str, in_use: usize, waiting: usize) {
+        *self.0.lock().unwrap() = (in_use, waiting);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_that_give_up_at_random_leave_no_slot_taken_and_no_decision_twice() {
+    let Some(url) = support::standalone_url() else {
+        return;
+    };
+    const CALLERS: usize = 3_000;
+    let last = Arc::new(Last::default());
+    let observer: Arc<dyn Observer> = last.clone();
+    let store = RedisStore::builder(&url)
+        .prefix(support::unique_prefix("coalesce-give-up"))
+        .coalesce_in_flight(1)
+        .observer(observer)
+        .connect()
+        .await
+        .unwrap();
+    let limit = Limit::fixed_window(Quota::per_hour(1_000_000).unwrap());
+    let counter = move || Request::new(Key::new("counter").unwrap(), limit);
+    let before = store.decide(&counter()).await.unwrap().remaining();
+    let started = Instant::now();
+    let handles: Vec<JoinHandle<Option<bool>>> = (0..CALLERS)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                // Three callers in four give up after 0 to 299 µs: queued, sent, or answered.
+                let wait = Duration::from_micros((i as u64 * 7_919) % 300);
+                let request = counter();
+                let decide = store.decide(&request);
+                if i % 4 != 0 {
+                    tokio::time::timeout(wait, decide)
+                        .await
+                        .ok()
+                        .map(|r| r.is_ok())
+                } else {
+                    Some(decide.await.is_ok())
+                }
+            })
+        })
+        .collect();
+    let mut answered_ok = 0u64;
+    for h in handles {
+        if h.await.unwrap() == Some(true) {
+            answered_ok += 1;
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(20), "callers hung");
+    // Whatever a caller that gave up had sent is decided by now (one round trip later).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let peek = Request::peek(Key::new("counter").unwrap(), limit);
+    let after = store.decide(&peek).await.unwrap().remaining();
+    let applied = before - after;
+    assert!(
+        answered_ok <= applied && applied <= CALLERS as u64,
+        "{answered_ok} answered, {applied} applied, {CALLERS} callers"
+    );
+    // Every call slot is free again: the peek just now was the only call in flight.
+    assert_eq!(*last.0.lock().unwrap(), (1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_of_callers_that_all_gave_up_frees_its_slot_and_sends_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let last = Arc::new(Last::default());
+    let observer: Arc<dyn Observer> = last.clone();
+    let store = RedisStore::builder(server.url())
+        .coalesce_in_flight(1)
+        .response_timeout(Duration::from_millis(100))
+        .observer(observer)
+        .connect()
+        .await
+        .unwrap();
+    let limit = Limit::fixed_window(Quota::per_hour(1_000_000).unwrap());
+    let counter = move || Request::new(Key::new("counter").unwrap(), limit);
+    let before = store.decide(&counter()).await.unwrap().remaining();
+    // Paused: the first caller holds the one call slot until its response timeout; the others
+    // queue behind it and give up there (their futures dropped) before it.
+    blocking(|| server.pause()).unwrap();
+    let first = {
+        let store = store.clone();
+        tokio::spawn(async move { store.decide(&counter()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let queued: Vec<_> = (0..16)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let request = counter();
+                tokio::time::timeout(Duration::from_millis(10), store.decide(&request)).await
+            })
+        })
+        .collect();
+    for h in queued {
+        assert!(h.await.unwrap().is_err(), "a queued caller was answered");
+    }
+    // The first call times out: the slot passes to the queue, which holds only callers that gave
+    // up; nothing is sent, and the slot is free again.
+    assert!(matches!(first.await.unwrap(), Err(Error::Timeout { .. })));
+    blocking(|| server.resume()).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let peek = Request::peek(Key::new("counter").unwrap(), limit);
+    let after = store.decide(&peek).await.unwrap().remaining();
+    assert_eq!(before - after, 1, "only the first caller's call ran");
+    assert_eq!(*last.0.lock().unwrap(), (1, 0));
 }
