@@ -101,6 +101,18 @@ pub trait Observer: Send + Sync {
     fn on_lease_units(&self, store: &'static str, held: u64) {
         let _ = (store, held);
     }
+
+    /// The store named `store` sent one coalesced call carrying `decisions` decisions (several
+    /// callers' requests decided in one round trip; 1 when a caller's call carried only its own).
+    fn on_coalesced(&self, store: &'static str, decisions: usize) {
+        let _ = (store, decisions);
+    }
+
+    /// The store named `store` has `in_use` calls in flight on its connections (at most its pool
+    /// size or call limit) and `waiting` callers queued for one.
+    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
+        let _ = (store, in_use, waiting);
+    }
 }
 
 /// An [`Observer`] that ignores everything: the default.
@@ -136,6 +148,14 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 
     fn on_lease_units(&self, store: &'static str, held: u64) {
         (**self).on_lease_units(store, held);
+    }
+
+    fn on_coalesced(&self, store: &'static str, decisions: usize) {
+        (**self).on_coalesced(store, decisions);
+    }
+
+    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
+        (**self).on_connections(store, in_use, waiting);
     }
 }
 

@@ -20,6 +20,9 @@
 //! | `distlimit_lease_taken_units_total` | counter: units withdrawn by a lease client | `store` |
 //! | `distlimit_lease_returned_units_total` | counter: unspent units given back | `store` |
 //! | `distlimit_lease_held_units` | gauge: units held in leases now | `store` |
+//! | `distlimit_store_call_decisions` | histogram, 1 to 128: decisions per coalesced call to the server | `store` |
+//! | `distlimit_store_calls_in_flight` | gauge: calls in flight on the store's connections | `store` |
+//! | `distlimit_store_callers_waiting` | gauge: decisions queued for the next call | `store` |
 //!
 //! Label values are bounded: never a key; `store` names come from code; at most
 //! [`max_policies`](MetricsBuilder::max_policies) policy names get their own label value, the
@@ -56,6 +59,7 @@
 mod labels;
 mod lease;
 mod policy;
+mod redis;
 
 use std::fmt;
 use std::sync::Arc;
@@ -120,6 +124,7 @@ struct Inner {
     breaker_transitions: Family<TransitionLabels, Counter>,
     evictions: Family<StoreLabels, Counter>,
     lease: LeaseFamilies,
+    calls: redis::CallFamilies,
 }
 
 /// Configures [`Metrics`]: see [`Metrics::builder`].
@@ -166,6 +171,7 @@ impl MetricsBuilder {
             breaker_transitions: Family::default(),
             evictions: Family::default(),
             lease: LeaseFamilies::default(),
+            calls: redis::CallFamilies::new(),
         };
         let mut registry = std::mem::take(&mut inner.registry);
         inner.register(&mut registry);
@@ -224,6 +230,7 @@ impl Inner {
             self.evictions.clone(),
         );
         self.lease.register(registry);
+        self.calls.register(registry);
     }
 }
 
@@ -353,6 +360,14 @@ impl Observer for Metrics {
 
     fn on_lease_units(&self, store: &'static str, held: u64) {
         self.inner.lease.held(store, held);
+    }
+
+    fn on_coalesced(&self, store: &'static str, decisions: usize) {
+        self.inner.calls.on_coalesced(store, decisions);
+    }
+
+    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
+        self.inner.calls.on_connections(store, in_use, waiting);
     }
 }
 

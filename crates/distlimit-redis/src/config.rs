@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::{Clock, Error};
+use distlimit_core::{Clock, Error, Observer};
 
 use crate::layout::{DEFAULT_PREFIX, KeyLayout};
 use crate::store::RedisStore;
@@ -16,6 +16,11 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long one decision may take unless
 /// [`response_timeout`](RedisStoreBuilder::response_timeout) says otherwise: 200 ms.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The most script calls in flight on one multiplexed connection (per hash slot in a Cluster)
+/// with coalescing on, unless [`coalesce_in_flight`](RedisStoreBuilder::coalesce_in_flight) says
+/// otherwise: one call being decided while the next one fills.
+pub const DEFAULT_COALESCE_IN_FLIGHT: usize = 2;
 
 pub(crate) const STORE: &str = "redis";
 
@@ -104,6 +109,9 @@ pub struct RedisStoreBuilder {
     pub(crate) response_timeout: Duration,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) auth: NodeAuth,
+    pub(crate) coalesce: bool,
+    pub(crate) coalesce_in_flight: Option<usize>,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -117,6 +125,9 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("client_clock", &self.clock.is_some())
             .field("auth", &self.auth)
+            .field("coalesce", &self.coalesce)
+            .field("coalesce_in_flight", &self.coalesce_in_flight)
+            .field("observer", &self.observer.is_some())
             .finish()
     }
 }
@@ -161,7 +172,36 @@ impl RedisStoreBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             clock: None,
             auth: NodeAuth::default(),
+            coalesce: true,
+            coalesce_in_flight: None,
+            observer: None,
         }
+    }
+
+    /// Coalesce script calls (on by default): when every call slot is taken (see
+    /// [`coalesce_in_flight`](Self::coalesce_in_flight)), the decisions waiting for one are sent
+    /// as one script call that decides each exactly as its own script would, in arrival order.
+    /// A decision that finds a free slot is sent at once, alone, so nothing waits at low load.
+    /// In a Cluster, per hash slot. See the [crate documentation](crate#coalesced-script-calls).
+    pub fn coalesce(mut self, on: bool) -> Self {
+        self.coalesce = on;
+        self
+    }
+
+    /// With coalescing on: the most script calls in flight at once (at least 1; per hash slot in
+    /// a Cluster; default [`DEFAULT_COALESCE_IN_FLIGHT`], or the pool size with
+    /// [`pool`](Self::pool)). Fewer calls in flight make larger coalesced calls.
+    pub fn coalesce_in_flight(mut self, calls: usize) -> Self {
+        self.coalesce_in_flight = Some(calls);
+        self
+    }
+
+    /// Reports coalesced calls' sizes and the calls in flight and waiting
+    /// ([`Observer::on_coalesced`], [`Observer::on_connections`]) to `observer`, for example
+    /// `distlimit-metrics`' `Metrics`.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The prefix of every Redis key (default [`DEFAULT_PREFIX`](crate::DEFAULT_PREFIX)): any

@@ -414,13 +414,13 @@ impl Backend {
         let result = match self {
             Backend::Manager(manager) => {
                 let mut conn = manager.clone();
-                within(after, script::load_scripts(&mut conn)).await
+                within(after, crate::coalesce::load_scripts(&mut conn)).await
             }
             Backend::Pool(pool) => {
                 within(after, async {
                     let mut pooled = pool.get().await.map_err(|e| pool_error(e, after))?;
                     pooled.broken = true;
-                    let result = script::load_scripts(&mut pooled.conn).await;
+                    let result = crate::coalesce::load_scripts(&mut pooled.conn).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
                     result
                 })
@@ -429,7 +429,7 @@ impl Backend {
             Backend::Sentinel(sentinel) => {
                 within(after, async {
                     let mut conn = sentinel.connection().await?.conn;
-                    script::load_scripts(&mut conn).await
+                    crate::coalesce::load_scripts(&mut conn).await
                 })
                 .await
             }

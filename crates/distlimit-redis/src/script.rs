@@ -184,7 +184,7 @@ impl<'a> ScriptRequest<'a> {
 
 /// The algorithms the scripts implement, exhaustively (core's [`Algorithm`] is non-exhaustive).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     TokenBucket,
     Gcra,
     FixedWindow,
@@ -193,7 +193,7 @@ enum Kind {
 }
 
 impl Kind {
-    fn of(algorithm: Algorithm) -> Result<Self, Error> {
+    pub(crate) fn of(algorithm: Algorithm) -> Result<Self, Error> {
         match algorithm {
             Algorithm::TokenBucket => Ok(Kind::TokenBucket),
             Algorithm::Gcra => Ok(Kind::Gcra),
@@ -208,7 +208,7 @@ impl Kind {
     }
 
     /// The algorithm's id in the batch script's arguments (and its state's tag byte).
-    fn id(self) -> u64 {
+    pub(crate) fn id(self) -> u64 {
         match self {
             Kind::TokenBucket => 1,
             Kind::Gcra => 2,
@@ -225,7 +225,7 @@ impl Kind {
 }
 
 /// The parameters the scripts take for `limit`, padded with zeros to four, and how many count.
-fn parameters(kind: Kind, limit: &Limit) -> ([u64; 4], usize) {
+pub(crate) fn parameters(kind: Kind, limit: &Limit) -> ([u64; 4], usize) {
     let q = limit.quota();
     match kind {
         Kind::TokenBucket => {
@@ -279,9 +279,9 @@ const BATCH_SCRIPT: &str = concat!(
 const REFUND_SCRIPT: &str = lua!("refund.lua");
 
 /// A script's text and SHA-1.
-struct Compiled {
-    source: &'static str,
-    sha: String,
+pub(crate) struct Compiled {
+    pub(crate) source: &'static str,
+    pub(crate) sha: String,
 }
 
 impl std::fmt::Debug for Compiled {
@@ -293,7 +293,7 @@ impl std::fmt::Debug for Compiled {
 }
 
 impl Compiled {
-    fn new(source: &'static str) -> Self {
+    pub(crate) fn new(source: &'static str) -> Self {
         Self {
             source,
             sha: redis::Script::new(source).get_hash().to_owned(),
@@ -513,16 +513,16 @@ where
 
 /// What one request's decision must look like.
 #[derive(Clone, Copy, Debug)]
-struct Expect {
+pub(crate) struct Expect {
     /// The limit's capacity: the reply's `limit` field.
     capacity: u64,
     /// The cost exceeded the capacity: sent as a peek, answered as a denial with `NEVER`.
-    never: bool,
+    pub(crate) never: bool,
 }
 
 impl Expect {
     /// The expectation for `limit` and `cost`, and the cost to send.
-    fn new(limit: &Limit, cost: u64) -> (Self, u64) {
+    pub(crate) fn new(limit: &Limit, cost: u64) -> (Self, u64) {
         let capacity = limit.capacity();
         let never = cost > capacity;
         (Self { capacity, never }, if never { 0 } else { cost })
@@ -679,7 +679,7 @@ impl<'a> Call<'a> {
     }
 }
 
-fn check_time(time: TimeSource) -> Result<(), Error> {
+pub(crate) fn check_time(time: TimeSource) -> Result<(), Error> {
     match time {
         TimeSource::Client(now) if now > MAX_CLIENT_TIME_US => Err(Error::InvalidRequest(
             "client time beyond 2^52 µs (the year 2112), where the scripts are no longer exact",
@@ -696,7 +696,7 @@ fn bad_state(message: String) -> Error {
     }
 }
 
-fn protocol(message: String) -> Error {
+pub(crate) fn protocol(message: String) -> Error {
     Error::Protocol {
         store: STORE,
         message,
@@ -704,7 +704,7 @@ fn protocol(message: String) -> Error {
 }
 
 /// The bytes of one decision in a reply: five big-endian doubles.
-const DECISION_BYTES: usize = 40;
+pub(crate) const DECISION_BYTES: usize = 40;
 
 /// Parses a script's reply: `expect.len()` decisions of five doubles each, every one an integer
 /// in `[0, 2^53)`, consistent with each other.
@@ -747,7 +747,7 @@ fn integer(bytes: &[u8]) -> Result<u64, Error> {
     }
 }
 
-fn parse_decision(chunk: &[u8], expect: Expect) -> Result<Decision, Error> {
+pub(crate) fn parse_decision(chunk: &[u8], expect: Expect) -> Result<Decision, Error> {
     let mut n = [0u64; 5];
     for (slot, bytes) in n.iter_mut().zip(chunk.chunks_exact(8)) {
         *slot = integer(bytes)?;
@@ -781,7 +781,7 @@ fn parse_decision(chunk: &[u8], expect: Expect) -> Result<Decision, Error> {
 }
 
 /// A short description of a reply value for error messages (never the whole value).
-fn describe(value: &Value) -> String {
+pub(crate) fn describe(value: &Value) -> String {
     match value {
         Value::Nil => "nil".to_owned(),
         Value::Int(i) => format!("the integer {i}"),

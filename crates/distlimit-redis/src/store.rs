@@ -6,7 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use distlimit_core::{Clock, Decision, Error, Key, MAX_BATCH, Request, Store, validate_batch};
 
-use crate::config::{RedisStoreBuilder, Topology};
+use crate::coalesce::{Coalescer, Group};
+use crate::config::{DEFAULT_COALESCE_IN_FLIGHT, RedisStoreBuilder, Topology};
 use crate::connection::{Backend, Batch, ChargeGroup, EvaluateGroup, Refund, Single, Timeouts};
 use crate::layout::{KeyBuf, KeyLayout, hash_slot};
 use crate::script::{ScriptRequest, TimeSource};
@@ -38,7 +39,9 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    backend: Backend,
+    backend: Arc<Backend>,
+    /// Coalesces script calls; `None` when off (and in a Cluster).
+    coalescer: Option<Arc<Coalescer>>,
     layout: KeyLayout,
     clock: Option<Arc<dyn Clock>>,
     timeouts: Timeouts,
@@ -53,6 +56,7 @@ impl fmt::Debug for RedisStore {
             .field("client_clock", &self.inner.clock.is_some())
             .field("connect_timeout", &self.inner.timeouts.connect)
             .field("response_timeout", &self.inner.timeouts.response)
+            .field("coalescer", &self.inner.coalescer)
             .finish_non_exhaustive()
     }
 }
@@ -145,9 +149,23 @@ impl RedisStore {
                 Mode::Cluster,
             ),
         };
+        let backend = Arc::new(backend);
+        let coalescer = builder.coalesce.then(|| {
+            let in_flight = builder
+                .coalesce_in_flight
+                .or(builder.pool_size)
+                .unwrap_or(DEFAULT_COALESCE_IN_FLIGHT);
+            Coalescer::new(
+                Arc::clone(&backend),
+                timeouts,
+                in_flight,
+                builder.observer.clone(),
+            )
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 backend,
+                coalescer,
                 layout,
                 clock: builder.clock,
                 timeouts,
@@ -202,10 +220,31 @@ impl Store for RedisStore {
             limit: request.limit(),
             cost: request.cost(),
         };
-        self.inner
-            .backend
-            .call(&op, self.time(), self.inner.timeouts)
-            .await
+        let time = self.time();
+        let Some(coalescer) = &self.inner.coalescer else {
+            return self
+                .inner
+                .backend
+                .call(&op, time, self.inner.timeouts)
+                .await;
+        };
+        let slot = self.coalescing_slot(op.key);
+        if let Some(_slot) = coalescer.slot(slot) {
+            // A free call slot: sent at once on its own script, as without coalescing.
+            return self
+                .inner
+                .backend
+                .call(&op, time, self.inner.timeouts)
+                .await;
+        }
+        let group = Group::single(op.key, op.limit, op.cost, time)?;
+        let mut decisions = coalescer.queued(slot, group).await?;
+        match (decisions.pop(), decisions.is_empty()) {
+            (Some(decision), true) => Ok(decision),
+            _ => Err(crate::script::protocol(
+                "expected exactly one decision".to_owned(),
+            )),
+        }
     }
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
@@ -246,14 +285,38 @@ impl Store for RedisStore {
         let op = Batch {
             requests: &script_requests,
         };
-        self.inner
-            .backend
-            .call(&op, self.time(), self.inner.timeouts)
-            .await
+        let time = self.time();
+        let Some(coalescer) = &self.inner.coalescer else {
+            return self
+                .inner
+                .backend
+                .call(&op, time, self.inner.timeouts)
+                .await;
+        };
+        let slot = self.coalescing_slot(script_requests[0].redis_key);
+        if let Some(_slot) = coalescer.slot(slot) {
+            return self
+                .inner
+                .backend
+                .call(&op, time, self.inner.timeouts)
+                .await;
+        }
+        let group = Group::batch(&script_requests, time)?;
+        coalescer.queued(slot, group).await
     }
 }
 
 impl RedisStore {
+    /// Which calls may be coalesced with a call on `redis_key`: those on its hash slot in a
+    /// Cluster (a script's keys must share one), any on one server.
+    fn coalescing_slot(&self, redis_key: &[u8]) -> u16 {
+        if self.inner.mode == Mode::Cluster {
+            hash_slot(redis_key)
+        } else {
+            0
+        }
+    }
+
     /// A Cluster batch whose keys live in several slots (a global tier next to a key's tiers):
     /// one all-or-nothing script per slot, in the order the slots first appear in the batch;
     /// once a group denies, the groups before it are given their units back and the rest are
