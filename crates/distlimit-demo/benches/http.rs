@@ -4,26 +4,30 @@
 //! one of 1 000 000 users (`X-User-ID`) drawn in a pseudo-random order, so nearly every
 //! request's user is new to the store.
 //!
-//! Three servers, each a separate process (this executable, re-run with `BENCH_ROLE=server`)
+//! Four servers, each a separate process (this executable, re-run with `BENCH_ROLE=server`)
 //! pinned to one core, so the client's own work is not counted in theirs:
 //!
 //! * `bare`: the routes without a limiter;
 //! * `allow`: with the limits, on policies that never deny;
 //! * `deny`: with the limits, every user already spent before the run (1 per hour, burst 1):
-//!   every request is answered 429.
+//!   every request is answered 429;
+//! * `bare429`: the control for `deny`, the routes without a limiter answering every request
+//!   with a copy of the limits' 429 (status, headers and body), made once at start: what
+//!   sending those bytes costs without deciding anything.
 //!
 //! Each server's CPU time is read from `/proc/<pid>/task/*/schedstat` around every round.
-//! Rounds run in back-to-back triples, rotating which goes first, so that machine noise hits
-//! all alike; the medians of the triples' ratios to `bare` are the result.
+//! Rounds run in back-to-back sets of four, rotating which goes first, so that machine noise
+//! hits all alike; the medians of the sets' ratios are the result (`deny` also against
+//! `bare429`).
 //!
 //! `cargo bench -p distlimit-demo --bench http` (servers on CPU 0); the client on the other
 //! core: `taskset -c 1 cargo bench -p distlimit-demo --bench http`.
 //!
 //! Knobs (environment): `BENCH_CONNECTIONS` (64), `BENCH_USERS` (1000000), `BENCH_REQUESTS`
 //! per round (20000), `BENCH_ROUND_SECS` (3, the time bound of a round), `BENCH_ROUNDS` (11
-//! triples), `BENCH_SERVER_CPUS` (a `taskset -c` list for the servers, `0`; empty: not
+//! sets), `BENCH_SERVER_CPUS` (a `taskset -c` list for the servers, `0`; empty: not
 //! pinned), `BENCH_SERVER_THREADS` (1) and `BENCH_CLIENT_THREADS` (1) worker threads.
-//! `BENCH_SIDE` (`bare`, `allow` or `deny`) instead runs one server alone for
+//! `BENCH_SIDE` (`bare`, `allow`, `deny` or `bare429`) instead runs one server alone for
 //! `BENCH_REQUESTS × BENCH_ROUNDS` requests, and prints its PID first (for `perf record -p`).
 #![allow(
     clippy::unwrap_used,
@@ -43,12 +47,13 @@ use distlimit_demo::{DATA_BODY, POLICY, ServeConfig, api_limits, limiter, router
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_policy::PolicySet;
-use distlimit_tower::TrustedProxies;
-use http::{HeaderValue, Request, StatusCode};
+use distlimit_tower::{PeerAddr, TrustedProxies};
+use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt;
 
 /// Never denies: a million per second per user, a billion per client IP.
 const ALLOW_POLICIES: &str = r#"
@@ -74,13 +79,15 @@ tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000000000, per 
 "#;
 
 /// The servers compared, in the order of the table's columns.
-const SIDES: [Side; 3] = [Side::Bare, Side::Allow, Side::Deny];
+const SIDES: [Side; 4] = [Side::Bare, Side::Allow, Side::Deny, Side::Bare429];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
     Bare,
     Allow,
     Deny,
+    /// The control of `Deny`: no limiter, the same 429 bytes.
+    Bare429,
 }
 
 impl Side {
@@ -89,6 +96,7 @@ impl Side {
             Self::Bare => "bare",
             Self::Allow => "allow",
             Self::Deny => "deny",
+            Self::Bare429 => "bare429",
         }
     }
 
@@ -96,13 +104,15 @@ impl Side {
         SIDES
             .into_iter()
             .find(|side| side.name() == name)
-            .unwrap_or_else(|| panic!("a side is `bare`, `allow` or `deny`, not {name:?}"))
+            .unwrap_or_else(|| {
+                panic!("a side is `bare`, `allow`, `deny` or `bare429`, not {name:?}")
+            })
     }
 
     fn status(self) -> StatusCode {
         match self {
             Self::Bare | Self::Allow => StatusCode::OK,
-            Self::Deny => StatusCode::TOO_MANY_REQUESTS,
+            Self::Deny | Self::Bare429 => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }
@@ -164,6 +174,7 @@ async fn start(side: Side, users: u64) -> SocketAddr {
     let metrics = Metrics::new();
     let limits = match side {
         Side::Bare => None,
+        Side::Bare429 => return serve_control(denial().await).await,
         Side::Allow | Side::Deny => {
             let toml = if side == Side::Allow {
                 ALLOW_POLICIES
@@ -186,6 +197,47 @@ async fn start(side: Side, users: u64) -> SocketAddr {
     tokio::spawn(serve(
         listener,
         router(limits, metrics),
+        ServeConfig::default(),
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// The limits' answer to a spent user: status, headers (without those hyper adds when sending)
+/// and body, from the demo's routes called in process.
+async fn denial() -> (StatusCode, HeaderMap, Bytes) {
+    let metrics = Metrics::new();
+    let policies = PolicySet::from_toml_str(DENY_POLICIES).unwrap();
+    let limiter = limiter(Arc::new(MemoryStore::new()), policies, &metrics);
+    let spent = limiter.check_now(POLICY, user(0).as_bytes(), 1);
+    assert!(spent.unwrap().unwrap().is_allowed());
+    let app = router(Some(api_limits(limiter, TrustedProxies::none())), metrics);
+    let mut request = Request::get("/api/data")
+        .header("host", "bench")
+        .header("x-user-id", user(0))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(PeerAddr(SocketAddr::from(([127, 0, 0, 1], 1))));
+    let response = app.oneshot(request).await.unwrap();
+    let (head, body) = response.into_parts();
+    assert_eq!(head.status, StatusCode::TOO_MANY_REQUESTS);
+    let body = body.collect().await.unwrap().to_bytes();
+    (head.status, head.headers, body)
+}
+
+/// The `bare429` server: `GET /api/data` answers `answer`, nothing is limited.
+async fn serve_control(answer: (StatusCode, HeaderMap, Bytes)) -> SocketAddr {
+    let app = axum::Router::new().route(
+        "/api/data",
+        axum::routing::get(move || std::future::ready(answer.clone())),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(
+        listener,
+        app,
         ServeConfig::default(),
         std::future::pending(),
     ));
@@ -361,7 +413,7 @@ fn main() {
             round(server.addr, &warm, server.side.status(), 0).await;
         }
         println!(
-            "{} connections, {} users, {} requests or {:?} per round, {rounds} triples of rounds, server CPUs: {}",
+            "{} connections, {} users, {} requests or {:?} per round, {rounds} sets of rounds, server CPUs: {}",
             load.connections,
             load.users,
             load.requests,
@@ -369,19 +421,28 @@ fn main() {
             std::env::var("BENCH_SERVER_CPUS").unwrap_or_else(|_| "0".into())
         );
         println!(
-            "round  {:>24}  {:>24}  {:>24}  allow/bare  deny/bare",
-            "bare req/s, µs CPU/req", "allow req/s, µs CPU/req", "deny req/s, µs CPU/req"
+            "round  {:>20}  {:>20}  {:>20}  {:>20}  allow/bare  deny/bare  deny/bare429",
+            "bare req/s, µs/req", "allow req/s, µs/req", "deny req/s, µs/req", "bare429 req/s, µs/req"
         );
-        let mut rates: [Vec<f64>; 3] = Default::default();
-        let mut cpus: [Vec<f64>; 3] = Default::default();
-        let mut rate_ratios: [Vec<f64>; 3] = Default::default();
-        let mut cpu_ratios: [Vec<f64>; 3] = Default::default();
+        // Per side: requests per second and µs of server CPU per request, one per round.
+        let mut rates: [Vec<f64>; 4] = Default::default();
+        let mut cpus: [Vec<f64>; 4] = Default::default();
+        // (name, side, baseline): throughput and CPU ratios, one per set of rounds.
+        let pairs = [
+            ("allow/bare", Side::Allow, Side::Bare),
+            ("deny/bare", Side::Deny, Side::Bare),
+            ("deny/bare429", Side::Deny, Side::Bare429),
+            ("bare429/bare", Side::Bare429, Side::Bare),
+        ];
+        let mut rate_ratios: [Vec<f64>; 4] = Default::default();
+        let mut cpu_ratios: [Vec<f64>; 4] = Default::default();
+        let index = |side: Side| SIDES.iter().position(|s| *s == side).unwrap();
         for r in 0..rounds {
-            let mut rate = [0.0; 3];
-            let mut cpu = [0.0; 3];
-            for k in 0..3 {
-                // Rotated, so each side goes first, second and third alike.
-                let i = (k + usize::try_from(r).unwrap()) % 3;
+            let mut rate = [0.0; 4];
+            let mut cpu = [0.0; 4];
+            for k in 0..SIDES.len() {
+                // Rotated, so each side goes first, second, third and last alike.
+                let i = (k + usize::try_from(r).unwrap()) % SIDES.len();
                 let server = &servers[i];
                 let before = server.cpu();
                 let (n, elapsed) =
@@ -390,38 +451,42 @@ fn main() {
                 rate[i] = n as f64 / elapsed.as_secs_f64();
                 cpu[i] = used.as_secs_f64() * 1e6 / n as f64;
             }
+            print!("{r:>5}");
+            for i in 0..SIDES.len() {
+                print!("  {:>12.0} {:>7.2}", rate[i], cpu[i]);
+            }
             println!(
-                "{r:>5}  {:>12.0} {:>11.2}  {:>12.0} {:>11.2}  {:>12.0} {:>11.2}  {:>10.3}  {:>9.3}",
-                rate[0],
-                cpu[0],
-                rate[1],
-                cpu[1],
-                rate[2],
-                cpu[2],
+                "  {:>10.3}  {:>9.3}  {:>12.3}",
                 rate[1] / rate[0],
-                rate[2] / rate[0]
+                rate[2] / rate[0],
+                rate[2] / rate[3]
             );
-            for i in 0..3 {
+            for i in 0..SIDES.len() {
                 rates[i].push(rate[i]);
                 cpus[i].push(cpu[i]);
-                rate_ratios[i].push(rate[i] / rate[0]);
-                cpu_ratios[i].push(cpu[i] / cpu[0]);
+            }
+            for (k, (_, side, base)) in pairs.iter().enumerate() {
+                rate_ratios[k].push(rate[index(*side)] / rate[index(*base)]);
+                cpu_ratios[k].push(cpu[index(*side)] / cpu[index(*base)]);
             }
         }
-        let [bare_rate, allow_rate, deny_rate] = rates.map(median);
-        let [bare_cpu, allow_cpu, deny_cpu] = cpus.map(median);
-        let [_, allow_ratio, deny_ratio] = rate_ratios.map(median);
-        let [_, allow_cpu_ratio, deny_cpu_ratio] = cpu_ratios.map(median);
-        println!(
-            "median req/s: bare {bare_rate:.0}, allow {allow_rate:.0}, deny {deny_rate:.0}; µs server CPU per request: bare {bare_cpu:.2}, allow {allow_cpu:.2}, deny {deny_cpu:.2}"
-        );
-        for (name, ratio, cpu_ratio) in [
-            ("allow", allow_ratio, allow_cpu_ratio),
-            ("deny", deny_ratio, deny_cpu_ratio),
-        ] {
+        let rates = rates.map(median);
+        let cpus = cpus.map(median);
+        print!("median req/s:");
+        for (i, side) in SIDES.iter().enumerate() {
+            print!(" {} {:.0};", side.name(), rates[i]);
+        }
+        print!(" µs server CPU per request:");
+        for (i, side) in SIDES.iter().enumerate() {
+            print!(" {} {:.2}", side.name(), cpus[i]);
+        }
+        println!();
+        for (k, (name, side, base)) in pairs.into_iter().enumerate() {
+            let ratio = median(rate_ratios[k].clone());
+            let cpu_ratio = median(cpu_ratios[k].clone());
+            let extra = cpus[index(side)] - cpus[index(base)];
             println!(
-                "median {name}/bare: throughput {ratio:.3}, server CPU per request {cpu_ratio:.3} (the layers' share of the server's CPU: {:.1} %)",
-                (1.0 - 1.0 / cpu_ratio) * 100.0
+                "median {name}: throughput {ratio:.3}, server CPU per request {cpu_ratio:.3} ({extra:+.2} µs per request)"
             );
         }
     });

@@ -13,6 +13,7 @@ use distlimit_policy::Limiter;
 use distlimit_tower::{
     ClientIpResolver, KeyExtractor, RateLimitHeaders, RateLimitLayer, TrustedProxies,
 };
+use tower_layer::Stack;
 
 /// The body of `GET /api/data`.
 pub const DATA_BODY: &str = r#"{"message":"Success"}"#;
@@ -52,12 +53,11 @@ pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
 /// unlimited `GET /metrics` and `GET /healthz`.
 ///
 /// The limits wrap the route's `GET` handler only (`route_layer`): a request no handler serves
-/// (another path, 404, or another method, 405) spends nothing.
+/// (another path, 404, or another method, 405) spends nothing. Both are one `route_layer`, the
+/// client IP's outside: axum boxes each `route_layer` again and clones it per request.
 pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
     let data = match limits {
-        Some(limits) => get(data)
-            .route_layer(limits.per_user)
-            .route_layer(limits.per_client_ip),
+        Some(limits) => get(data).route_layer(Stack::new(limits.per_user, limits.per_client_ip)),
         None => get(data),
     };
     let ops = Router::new()

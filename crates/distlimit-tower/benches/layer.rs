@@ -1,6 +1,6 @@
 //! The layer's cost per request, side by side: a trivial service called directly, and through
 //! the layer on the memory store (keyed by client IP, by header, with and without response
-//! headers). Run with `cargo bench -p distlimit-tower --bench layer`.
+//! headers, and every request denied: the 429 with its headers and problem document). Run with `cargo bench -p distlimit-tower --bench layer`.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
@@ -21,6 +21,13 @@ name = "api"
 tiers = [{ name = "second", algorithm = "token_bucket", limit = 4000000000, per = "1s" }]
 "#;
 
+/// One request per hour: after the first, every request is denied.
+const DENYING: &str = r#"
+[[policy]]
+name = "api"
+tiers = [{ name = "second", algorithm = "token_bucket", limit = 1, per = "1h", burst = 1 }]
+"#;
+
 fn request(i: usize) -> Request<()> {
     let mut req = Request::new(());
     req.headers_mut()
@@ -37,14 +44,15 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let handler =
         service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) });
-    let layer = |headers, key: KeyExtractor| {
-        let policies = PolicySet::from_toml_str(POLICIES).unwrap();
+    let layer_on = |policies: &str, headers, key: KeyExtractor| {
+        let policies = PolicySet::from_toml_str(policies).unwrap();
         let limiter = Arc::new(Limiter::new(Arc::new(MemoryStore::new()), policies));
         RateLimitLayer::builder(limiter, "api")
             .headers(headers)
             .key(key)
             .build()
     };
+    let layer = |headers, key: KeyExtractor| layer_on(POLICIES, headers, key);
     let user = || KeyExtractor::header(HeaderName::from_static("x-user-id"));
 
     let mut group = c.benchmark_group("layer");
@@ -65,6 +73,10 @@ fn bench(c: &mut Criterion) {
         (
             "header key, headers always",
             layer(RateLimitHeaders::Always, user()),
+        ),
+        (
+            "header key, denied",
+            layer_on(DENYING, RateLimitHeaders::Denied, user()),
         ),
     ] {
         let mut svc = layer.layer(handler);

@@ -37,7 +37,7 @@ pin_project_lite::pin_project! {
         Calling {
             #[pin]
             call: Inner::Future,
-            headers: Option<Box<Computed>>,
+            headers: Option<Computed>,
         },
         Rejected {
             rejection: Option<(Rejection, bool)>,
@@ -61,7 +61,7 @@ where
     }
 
     /// The inner service's response, with `headers` added.
-    pub(crate) fn calling(call: Inner::Future, headers: Option<Box<Computed>>) -> Self {
+    pub(crate) fn calling(call: Inner::Future, headers: Option<Computed>) -> Self {
         Self {
             state: State::Calling { call, headers },
         }
@@ -111,7 +111,7 @@ where
                     state.set(State::Done);
                     let mut response = result?.map(RateLimitBody::inner);
                     if let Some(headers) = headers {
-                        (*headers).apply(response.headers_mut());
+                        headers.apply(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response));
                 }

@@ -17,8 +17,8 @@
 
 use std::time::Duration;
 
-use distlimit_core::Decision;
-use distlimit_policy::{Listed, Verdict};
+use bytes::Bytes;
+use distlimit_policy::Verdict;
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 
@@ -51,102 +51,86 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// What the headers of one checked request hold, computed once from the verdict so the verdict
-/// (which pins a policy snapshot) can be dropped before the inner service runs.
+/// The rate-limit headers of one checked request (and a denial's problem document), rendered
+/// once from the verdict so the verdict (which pins a policy snapshot) can be dropped before the
+/// inner service runs.
+///
+/// Every value is written into one buffer and handed out as a slice of it: one allocation for
+/// all of a denial's dynamic bytes, where a `String` per value cost two allocations each (dhat,
+/// `tests/alloc.rs`).
 #[derive(Debug, Default)]
 pub(crate) struct Computed {
-    pub(crate) ratelimit: Option<HeaderValue>,
-    pub(crate) policy: Option<HeaderValue>,
-    pub(crate) legacy: Option<[HeaderValue; 3]>,
+    /// The values below, one after the other.
+    text: Bytes,
+    retry_after_secs: Span,
+    ratelimit: Span,
+    policy: Span,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    legacy: [Span; 3],
+    /// A denial's problem document (RFC 9457); unused by a gRPC answer.
+    problem: Span,
     /// The wait of a denial (at least 1 µs); `None` when allowed or when it can never pass.
     pub(crate) retry_after: Option<Duration>,
-    /// The tiers that denied (the policy, for a deny-listed key), as the items of the problem
-    /// body's `violated-policies` array: JSON strings separated by commas.
-    pub(crate) violated: String,
+}
+
+/// Where a value lies in [`Computed::text`]; empty when the value is absent.
+#[derive(Clone, Copy, Debug, Default)]
+struct Span {
+    start: u32,
+    end: u32,
+}
+
+/// Writes values one after the other into a buffer, noting where each lies.
+struct Writer(String);
+
+impl Writer {
+    /// The span of what `write` appends.
+    fn span(&mut self, write: impl FnOnce(&mut String)) -> Span {
+        let start = self.0.len();
+        write(&mut self.0);
+        let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Span {
+            start: at(start),
+            end: at(self.0.len()),
+        }
+    }
 }
 
 impl Computed {
     /// The headers for `verdict`; `full` adds `RateLimit`/`RateLimit-Policy`, `legacy` the
-    /// `X-RateLimit-*` trio.
+    /// `X-RateLimit-*` trio. A denial also gets `Retry-After` and its problem document.
     pub(crate) fn new(verdict: &Verdict, full: bool, legacy: bool) -> Self {
         let denied = !verdict.is_allowed();
+        let policy = verdict.policy();
+        let tiers = || verdict.tiers().filter(|t| !t.is_shadow());
+        // One allocation: a tier's items are its two names and a few numbers, the problem
+        // document a few constants and the denying tiers' names.
+        let per_tier: usize = tiers()
+            .map(|t| 2 * (policy.len() + t.name().len()) + 96)
+            .sum();
+        let mut w = Writer(String::with_capacity(
+            per_tier + if denied { 256 } else { 64 },
+        ));
         let mut out = Self::default();
         if denied {
             out.retry_after = retry_after(verdict);
-            if verdict.listed() == Some(Listed::Deny) {
-                push_json_string(&mut out.violated, &[verdict.policy()]);
+            if let Some(secs) = out.retry_after_secs() {
+                out.retry_after_secs = w.span(|s| push_u64(s, secs));
             }
         }
-        let policy = verdict.policy();
-        // One allocation each: a tier's items are its two names and a few numbers.
-        let capacity = if full {
-            verdict
-                .tiers()
-                .map(|t| policy.len() + t.name().len() + 48)
-                .sum()
-        } else {
-            0
-        };
-        let mut rl = String::with_capacity(capacity);
-        let mut rp = String::with_capacity(capacity);
-        let mut restrictive: Option<Decision> = None;
-        for tier in verdict.tiers().filter(|t| !t.is_shadow()) {
-            let d = tier.decision();
-            if denied && d.is_denied() {
-                if !out.violated.is_empty() {
-                    out.violated.push(',');
-                }
-                push_json_string(&mut out.violated, &[policy, "/", tier.name()]);
-            }
-            if restrictive.is_none_or(|r| d.remaining() < r.remaining()) {
-                restrictive = Some(*d);
-            }
-            if !full {
-                continue;
-            }
-            for s in [&mut rl, &mut rp] {
-                if !s.is_empty() {
-                    s.push_str(", ");
-                }
-                push_sf_string(s, policy, tier.name());
-            }
-            // What is enforced: the decision's capacity, which on a hybrid store's fallback is
-            // this instance's share. Where capacity and limit differ (a token bucket or GCRA
-            // with its own burst), the share's limit is not in the decision: the policy's.
-            let q = if tier.burst() == tier.limit() {
-                d.limit()
-            } else {
-                tier.limit()
-            };
-            rp.push_str(";q=");
-            push_u64(&mut rp, q);
-            rp.push_str(";w=");
-            push_u64(&mut rp, ceil_secs(tier.period()).max(1));
-            // In a denial nothing was charged: the store answers the tiers that would have
-            // admitted as peeks (`Store::decide_all`), their state as it is.
-            rl.push_str(";r=");
-            push_u64(&mut rl, d.remaining());
-            let t = if d.is_denied() {
-                (!d.is_never()).then(|| ceil_secs(d.retry_after()))
-            } else {
-                Some(ceil_secs(d.reset_after()))
-            };
-            if let Some(t) = t {
-                rl.push_str(";t=");
-                push_u64(&mut rl, t);
-            }
+        if full {
+            out.ratelimit = w.span(|s| push_ratelimit(s, verdict));
+            out.policy = w.span(|s| push_ratelimit_policy(s, verdict));
         }
-        if full && !rl.is_empty() {
-            out.ratelimit = HeaderValue::try_from(rl).ok();
-            out.policy = HeaderValue::try_from(rp).ok();
+        if legacy && let Some(d) = tiers().map(|t| *t.decision()).min_by_key(|d| d.remaining()) {
+            let values = [d.limit(), d.remaining(), ceil_secs(d.reset_after())];
+            out.legacy = values.map(|n| w.span(|s| push_u64(s, n)));
         }
-        if legacy && let Some(d) = restrictive {
-            out.legacy = Some([
-                HeaderValue::from(d.limit()),
-                HeaderValue::from(d.remaining()),
-                HeaderValue::from(ceil_secs(d.reset_after())),
-            ]);
+        if denied {
+            let retry_after = out.retry_after_secs();
+            out.problem = w.span(|s| crate::response::push_denial_problem(s, verdict, retry_after));
         }
+        out.text = Bytes::from(w.0);
         out
     }
 
@@ -155,22 +139,87 @@ impl Computed {
         self.retry_after.map(ceil_secs)
     }
 
+    /// The bytes at `span`, `None` when absent.
+    fn slice(&self, span: Span) -> Option<Bytes> {
+        let range = usize::try_from(span.start).ok()?..usize::try_from(span.end).ok()?;
+        let in_text = range.end <= self.text.len();
+        (!range.is_empty() && in_text).then(|| self.text.slice(range))
+    }
+
+    /// The header value at `span`, `None` when absent. (Written from digits and escaped
+    /// printable names only, so always a valid header value.)
+    fn value(&self, span: Span) -> Option<HeaderValue> {
+        HeaderValue::from_maybe_shared(self.slice(span)?).ok()
+    }
+
+    /// A denial's problem document (empty when allowed).
+    pub(crate) fn problem(&self) -> Bytes {
+        self.slice(self.problem).unwrap_or_default()
+    }
+
     /// Adds the computed headers to `headers`.
-    pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        if let Some(secs) = self.retry_after_secs() {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
+        let names = [
+            (RETRY_AFTER, self.retry_after_secs),
+            (RATELIMIT, self.ratelimit),
+            (RATELIMIT_POLICY, self.policy),
+            (X_RATELIMIT_LIMIT, self.legacy[0]),
+            (X_RATELIMIT_REMAINING, self.legacy[1]),
+            (X_RATELIMIT_RESET, self.legacy[2]),
+        ];
+        for (name, span) in names {
+            if let Some(value) = self.value(span) {
+                headers.insert(name, value);
+            }
         }
-        if let Some(v) = self.ratelimit {
-            headers.insert(RATELIMIT, v);
+    }
+}
+
+/// Appends `RateLimit`'s items: per tier, what remains (`r`) and when more is available (`t`).
+fn push_ratelimit(s: &mut String, verdict: &Verdict) {
+    let tiers = verdict.tiers().filter(|t| !t.is_shadow());
+    for (i, tier) in tiers.enumerate() {
+        let d = tier.decision();
+        if i > 0 {
+            s.push_str(", ");
         }
-        if let Some(v) = self.policy {
-            headers.insert(RATELIMIT_POLICY, v);
+        push_sf_string(s, verdict.policy(), tier.name());
+        // In a denial nothing was charged: the store answers the tiers that would have
+        // admitted as peeks (`Store::decide_all`), their state as it is.
+        s.push_str(";r=");
+        push_u64(s, d.remaining());
+        let t = if d.is_denied() {
+            (!d.is_never()).then(|| ceil_secs(d.retry_after()))
+        } else {
+            Some(ceil_secs(d.reset_after()))
+        };
+        if let Some(t) = t {
+            s.push_str(";t=");
+            push_u64(s, t);
         }
-        if let Some([limit, remaining, reset]) = self.legacy {
-            headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, remaining);
-            headers.insert(X_RATELIMIT_RESET, reset);
+    }
+}
+
+/// Appends `RateLimit-Policy`'s items: per tier, the quota enforced (`q`) and its window (`w`).
+fn push_ratelimit_policy(s: &mut String, verdict: &Verdict) {
+    let tiers = verdict.tiers().filter(|t| !t.is_shadow());
+    for (i, tier) in tiers.enumerate() {
+        if i > 0 {
+            s.push_str(", ");
         }
+        push_sf_string(s, verdict.policy(), tier.name());
+        // What is enforced: the decision's capacity, which on a hybrid store's fallback is
+        // this instance's share. Where capacity and limit differ (a token bucket or GCRA
+        // with its own burst), the share's limit is not in the decision: the policy's.
+        let q = if tier.burst() == tier.limit() {
+            tier.decision().limit()
+        } else {
+            tier.limit()
+        };
+        s.push_str(";q=");
+        push_u64(s, q);
+        s.push_str(";w=");
+        push_u64(s, ceil_secs(tier.period()).max(1));
     }
 }
 
@@ -310,8 +359,16 @@ mod tests {
         Limit::token_bucket(Quota::new(limit, period).unwrap())
     }
 
-    fn text(v: &Option<HeaderValue>) -> &str {
-        v.as_ref().map_or("", |v| v.to_str().unwrap())
+    /// The value at `span`, "" when absent.
+    fn text(c: &Computed, span: Span) -> &str {
+        std::str::from_utf8(&c.text[span.start as usize..span.end as usize]).unwrap()
+    }
+
+    /// The problem document's `violated-policies` items.
+    fn violated(c: &Computed) -> &str {
+        let problem = std::str::from_utf8(&c.text[c.problem.start as usize..]).unwrap();
+        let (_, items) = problem.split_once(r#""violated-policies":["#).unwrap();
+        items.strip_suffix("]}").unwrap()
     }
 
     #[tokio::test]
@@ -325,16 +382,12 @@ mod tests {
         let v = limiter.check("api", b"k").await.unwrap();
         let c = Computed::new(&v, true, true);
         assert_eq!(
-            text(&c.policy),
+            text(&c, c.policy),
             r#""api/second";q=2;w=1, "api/day";q=1000;w=86400"#
         );
-        assert!(text(&c.ratelimit).starts_with(r#""api/second";r=1;t=1, "api/day";r=999;t="#));
+        assert!(text(&c, c.ratelimit).starts_with(r#""api/second";r=1;t=1, "api/day";r=999;t="#));
         assert_eq!(c.retry_after, None);
-        let legacy = c.legacy.clone().unwrap();
-        assert_eq!(
-            legacy.map(|v| v.to_str().unwrap().to_owned()),
-            ["2", "1", "1"]
-        );
+        assert_eq!(c.legacy.map(|span| text(&c, span)), ["2", "1", "1"]);
 
         limiter.check("api", b"k").await.unwrap();
         let v = limiter.check("api", b"k").await.unwrap();
@@ -343,10 +396,11 @@ mod tests {
         let c = Computed::new(&v, false, false);
         assert_eq!(c.retry_after, Some(Duration::from_millis(300)));
         assert_eq!(c.retry_after_secs(), Some(1));
-        assert_eq!(c.violated, r#""api/second""#);
-        assert!(c.ratelimit.is_none() && c.policy.is_none() && c.legacy.is_none());
+        assert_eq!(violated(&c), r#""api/second""#);
+        assert!(text(&c, c.ratelimit).is_empty() && text(&c, c.policy).is_empty());
+        assert!(text(&c, c.legacy[0]).is_empty());
         let c = Computed::new(&v, true, false);
-        let rl = text(&c.ratelimit);
+        let rl = text(&c, c.ratelimit);
         assert!(
             rl.starts_with(r#""api/second";r=0;t=1, "api/day";r=998;t="#),
             "{rl}"
@@ -387,11 +441,11 @@ mod tests {
                 let v = limiter.check("p", b"k").await.unwrap();
                 assert!(!v.is_allowed(), "{algorithm}");
                 let c = Computed::new(&v, true, false);
-                let rl = text(&c.ratelimit);
+                let rl = text(&c, c.ratelimit);
                 let (deny, a) = rl.split_once(", ").unwrap();
                 assert!(deny.starts_with(r#""p/deny";r=0;t="#), "{algorithm}: {rl}");
                 assert_eq!(a, format!(r#""p/a";{want}"#), "{algorithm}");
-                assert_eq!(c.violated, r#""p/deny""#, "{algorithm}");
+                assert_eq!(violated(&c), r#""p/deny""#, "{algorithm}");
             }
         }
     }
@@ -410,13 +464,14 @@ mod tests {
         let v = limiter.check("shadow", b"k").await.unwrap();
         assert!(v.is_allowed());
         let c = Computed::new(&v, true, true);
-        assert!(c.ratelimit.is_none() && c.legacy.is_none() && c.retry_after.is_none());
+        assert!(text(&c, c.ratelimit).is_empty() && text(&c, c.legacy[0]).is_empty());
+        assert!(c.retry_after.is_none() && c.text.is_empty());
 
         let v = limiter.check("listed", b"blocked").await.unwrap();
         assert!(!v.is_allowed());
         let c = Computed::new(&v, true, true);
         assert_eq!(c.retry_after, None);
-        assert_eq!(c.violated, r#""listed""#);
-        assert!(c.ratelimit.is_none());
+        assert_eq!(violated(&c), r#""listed""#);
+        assert!(text(&c, c.ratelimit).is_empty());
     }
 }

@@ -511,7 +511,7 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// What the layer does with one checked request.
 pub(crate) enum Step {
     /// Call the inner service, adding these headers to its response.
-    Pass(Option<Box<Computed>>),
+    Pass(Option<Computed>),
     /// Answer without calling it.
     Reject(Rejection),
 }
@@ -548,13 +548,13 @@ impl<S: Store + ?Sized> Config<S> {
             Ok(verdict) if verdict.is_allowed() => {
                 let full = self.headers == RateLimitHeaders::Always;
                 let headers = (full || self.legacy_headers)
-                    .then(|| Box::new(Computed::new(&verdict, full, self.legacy_headers)));
+                    .then(|| Computed::new(&verdict, full, self.legacy_headers));
                 Step::Pass(headers)
             }
             Ok(verdict) => {
                 let full = self.headers != RateLimitHeaders::Never;
                 let computed = Computed::new(&verdict, full, self.legacy_headers);
-                Step::Reject(Rejection::Denied(Box::new(computed)))
+                Step::Reject(Rejection::Denied(computed))
             }
             Err(CheckError::UnknownPolicy(name)) => {
                 tracing::error!(policy = %name, "distlimit-tower: unknown rate-limit policy");

@@ -14,7 +14,9 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use crate::RateLimitBody;
-use crate::headers::{Computed, ceil_secs, push_u64};
+use distlimit_policy::{Listed, Verdict};
+
+use crate::headers::{Computed, ceil_secs, push_json_string, push_u64};
 
 /// `application/problem+json` (RFC 9457).
 pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -29,9 +31,8 @@ pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-ret
 /// Why the layer answers itself instead of calling the inner service.
 #[derive(Debug)]
 pub(crate) enum Rejection {
-    /// The limiter denied the request (boxed: a denial allocates its body anyway, and the
-    /// futures that carry a `Rejection` stay small).
-    Denied(Box<Computed>),
+    /// The limiter denied the request: its headers and problem document.
+    Denied(Computed),
     /// The store failed (or did not answer in time) and the layer fails closed.
     Unavailable { retry_after: Duration },
     /// The layer is misconfigured for this request.
@@ -49,73 +50,31 @@ impl Rejection {
         let headers = response.headers_mut();
         // At most seven headers (a denial with the legacy trio): the map allocates once.
         headers.reserve(7);
-        let (status, kind, detail, retry_after, violated) = match self {
-            Rejection::Denied(mut computed) => {
-                let retry_after = computed.retry_after_secs();
-                let violated = std::mem::take(&mut computed.violated);
-                (*computed).apply(headers);
+        let (status, body) = match self {
+            Rejection::Denied(computed) => {
+                computed.apply(headers);
                 headers.insert(CONTENT_TYPE, PROBLEM_JSON);
-                let detail = if retry_after.is_some() {
-                    "Too many requests; retry after the number of seconds in retry_after."
-                } else {
-                    "Too many requests; this request cannot pass under the current policy."
-                };
-                (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    QUOTA_EXCEEDED,
-                    detail,
-                    retry_after,
-                    violated,
-                )
+                (StatusCode::TOO_MANY_REQUESTS, computed.problem())
             }
             Rejection::Unavailable { retry_after } => {
                 let secs = ceil_secs(retry_after).max(1);
                 headers.insert(CONTENT_TYPE, PROBLEM_JSON);
                 headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "about:blank",
-                    "The rate limiter is unavailable; retry later.",
-                    Some(secs),
-                    String::new(),
-                )
+                let status = StatusCode::SERVICE_UNAVAILABLE;
+                let detail = "The rate limiter is unavailable; retry later.";
+                let mut body = String::new();
+                push_problem(&mut body, status, detail, Some(secs));
+                (status, Bytes::from(body))
             }
             Rejection::Misconfigured { detail } => {
                 headers.insert(CONTENT_TYPE, PROBLEM_JSON);
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "about:blank",
-                    detail,
-                    None,
-                    String::new(),
-                )
+                let status = StatusCode::INTERNAL_SERVER_ERROR;
+                let mut body = String::new();
+                push_problem(&mut body, status, detail, None);
+                (status, Bytes::from(body))
             }
         };
-        // The problem document (RFC 9457), members in this order, as serde_json would write it.
-        let title = status.canonical_reason().unwrap_or_default();
-        let mut body = String::with_capacity(kind.len() + detail.len() + violated.len() + 128);
-        // `kind`, `title` and `detail` are this crate's and `http`'s constants, with nothing
-        // to escape in JSON (the tests pin every answer's bytes).
-        body.push_str(r#"{"type":""#);
-        body.push_str(kind);
-        body.push_str(r#"","title":""#);
-        body.push_str(title);
-        body.push_str(r#"","status":"#);
-        push_u64(&mut body, status.as_u16().into());
-        body.push_str(r#","detail":""#);
-        body.push_str(detail);
-        body.push('"');
-        if let Some(secs) = retry_after {
-            body.push_str(r#","retry_after":"#);
-            push_u64(&mut body, secs);
-        }
-        if !violated.is_empty() {
-            body.push_str(r#","violated-policies":["#);
-            body.push_str(&violated);
-            body.push(']');
-        }
-        body.push('}');
-        *response.body_mut() = RateLimitBody::full(Bytes::from(body));
+        *response.body_mut() = RateLimitBody::full(body);
         *response.status_mut() = status;
         response
     }
@@ -126,9 +85,8 @@ impl Rejection {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         let (code, message, retry_after) = match self {
             Rejection::Denied(computed) => {
-                let retry_after = computed.retry_after;
-                (*computed).apply(headers);
-                (8, "rate limit exceeded", retry_after)
+                computed.apply(headers);
+                (8, "rate limit exceeded", computed.retry_after)
             }
             Rejection::Unavailable { retry_after } => {
                 (14, "rate limiter unavailable", Some(retry_after))
@@ -147,6 +105,72 @@ impl Rejection {
         }
         response
     }
+}
+
+/// The problem document of a denial that can pass later, up to its `retry_after` value.
+const DENIED_UNTIL: &str = concat!(
+    r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","#,
+    r#""title":"Too Many Requests","status":429,"#,
+    r#""detail":"Too many requests; retry after the number of seconds in retry_after.","#,
+    r#""retry_after":"#,
+);
+/// The problem document of a denial that can never pass, up to its last members.
+const DENIED_NEVER: &str = concat!(
+    r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","#,
+    r#""title":"Too Many Requests","status":429,"#,
+    r#""detail":"Too many requests; this request cannot pass under the current policy.""#,
+);
+
+/// Appends the problem document of a denial: the wait when it can pass later, and the tiers
+/// that denied (the policy, for a deny-listed key) in `violated-policies`. From constant
+/// prefixes, the document written member by member cost a third of the denial's formatting
+/// (callgrind, `benches/http.rs` of distlimit-demo).
+pub(crate) fn push_denial_problem(s: &mut String, verdict: &Verdict, retry_after: Option<u64>) {
+    match retry_after {
+        Some(secs) => {
+            s.push_str(DENIED_UNTIL);
+            push_u64(s, secs);
+        }
+        None => s.push_str(DENIED_NEVER),
+    }
+    let policy = verdict.policy();
+    let mut items = 0;
+    let mut item = |s: &mut String, parts: &[&str]| {
+        s.push_str(if items == 0 {
+            r#","violated-policies":["#
+        } else {
+            ","
+        });
+        push_json_string(s, parts);
+        items += 1;
+    };
+    if verdict.listed() == Some(Listed::Deny) {
+        item(s, &[policy]);
+    }
+    let tiers = verdict.tiers().filter(|t| !t.is_shadow());
+    for tier in tiers.filter(|t| t.decision().is_denied()) {
+        item(s, &[policy, "/", tier.name()]);
+    }
+    s.push_str(if items > 0 { "]}" } else { "}" });
+}
+
+/// Appends the problem document (RFC 9457) of a 503 or 500, members in this order, as
+/// serde_json would write them (the same order as a denial's).
+fn push_problem(s: &mut String, status: StatusCode, detail: &str, retry_after: Option<u64>) {
+    // `title` and `detail` are this crate's and `http`'s constants, with nothing to escape in
+    // JSON (the tests pin every answer's bytes).
+    s.push_str(r#"{"type":"about:blank","title":""#);
+    s.push_str(status.canonical_reason().unwrap_or_default());
+    s.push_str(r#"","status":"#);
+    push_u64(s, status.as_u16().into());
+    s.push_str(r#","detail":""#);
+    s.push_str(detail);
+    s.push('"');
+    if let Some(secs) = retry_after {
+        s.push_str(r#","retry_after":"#);
+        push_u64(s, secs);
+    }
+    s.push('}');
 }
 
 #[cfg(test)]
@@ -198,7 +222,7 @@ mod tests {
                 break verdict;
             }
         };
-        Rejection::Denied(Box::new(Computed::new(&verdict, full, legacy)))
+        Rejection::Denied(Computed::new(&verdict, full, legacy))
     }
 
     fn futures_now<F: std::future::Future>(future: F) -> F::Output {
@@ -257,6 +281,9 @@ mod tests {
         ];
         for (got, want) in cases.iter().zip(want) {
             assert_eq!(got, want);
+        }
+        for prefix in [DENIED_UNTIL, DENIED_NEVER] {
+            assert!(prefix.starts_with(&format!(r#"{{"type":"{QUOTA_EXCEEDED}","#)));
         }
     }
 }
