@@ -115,7 +115,10 @@ fn override_unit(unit: i32) -> Option<Unit> {
     }
 }
 
-fn response_unit(unit: Unit) -> ResponseUnit {
+fn response_unit(unit: Option<Unit>) -> ResponseUnit {
+    let Some(unit) = unit else {
+        return ResponseUnit::Unknown;
+    };
     match unit {
         Unit::Second => ResponseUnit::Second,
         Unit::Minute => ResponseUnit::Minute,

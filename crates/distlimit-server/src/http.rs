@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use crate::check::{CheckError, CheckRequest, CheckResponse, Checker, Descriptor};
+use crate::config::Unit;
 
 /// The largest `POST /v1/check` body, in bytes.
 pub const MAX_BODY: usize = 256 * 1024;
@@ -72,8 +73,12 @@ pub struct JsonLimit {
     pub name: String,
     /// Requests per unit.
     pub requests_per_unit: u32,
-    /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year`.
-    pub unit: &'static str,
+    /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year`; absent for a policy tier
+    /// whose period is no whole unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<&'static str>,
+    /// The window, in milliseconds.
+    pub window_ms: u64,
 }
 
 /// What the HTTP handlers share.
@@ -169,7 +174,8 @@ pub fn to_json(answer: &CheckResponse) -> String {
                 current_limit: s.current_limit.as_ref().map(|l| JsonLimit {
                     name: l.name.clone(),
                     requests_per_unit: l.requests_per_unit,
-                    unit: l.unit.name(),
+                    unit: l.unit.map(Unit::name),
+                    window_ms: u64::try_from(l.window.as_millis()).unwrap_or(u64::MAX),
                 }),
                 limit_remaining: s.limit_remaining,
                 duration_until_reset_ms: s
