@@ -98,12 +98,10 @@ async fn a_client_trickling_its_preface_is_closed() {
             break;
         }
         let mut buf = [0u8; 256];
-        match tokio::time::timeout(Duration::from_millis(50), slow.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => {
-                closed = true;
-                break;
-            }
-            _ => {}
+        let read = tokio::time::timeout(Duration::from_millis(50), slow.read(&mut buf)).await;
+        if let Ok(Ok(0) | Err(_)) = read {
+            closed = true;
+            break;
         }
     }
     assert!(closed, "a trickling client kept its connection for 10 s");
