@@ -15,6 +15,7 @@ use distlimit_policy::{Limiter, PolicySet, Verdict};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Rule, RuleLimit, Unit};
+use crate::metrics::{Protocol, RequestMetrics, RequestResult};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -169,6 +170,7 @@ pub struct Checker {
     store: Arc<dyn Store>,
     running: ArcSwap<Running>,
     metrics: Metrics,
+    requests: RequestMetrics,
 }
 
 /// A configuration and the limiter of its TOML policies, published together.
@@ -210,6 +212,7 @@ impl Checker {
         Self {
             store,
             running: ArcSwap::from_pointee(running),
+            requests: RequestMetrics::new(&metrics),
             metrics,
         }
     }
@@ -241,6 +244,25 @@ impl Checker {
     /// The metrics decisions are reported to.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The request metrics, and the registry `/metrics` serves.
+    pub fn request_metrics(&self) -> &RequestMetrics {
+        &self.requests
+    }
+
+    /// Counts a request of `domain` that ended with `result` after `elapsed`; the domain is
+    /// a label value only when configured.
+    pub fn observe_request(
+        &self,
+        protocol: Protocol,
+        domain: &str,
+        result: RequestResult,
+        elapsed: Duration,
+    ) {
+        let configured = self.running.load().config.has_domain(domain);
+        self.requests
+            .on_request(protocol, configured.then_some(domain), result, elapsed);
     }
 
     /// Decides `request`: every limited descriptor (outside shadow mode) is charged together or

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::{CheckError, CheckRequest, CheckResponse, Checker, Descriptor};
 use crate::config::Unit;
+use crate::metrics::{Protocol, RequestResult};
 
 /// The largest `POST /v1/check` body, in bytes.
 pub const MAX_BODY: usize = 256 * 1024;
@@ -116,9 +117,19 @@ async fn check(
     State(state): State<HttpState>,
     body: Result<axum::Json<JsonCheck>, JsonRejection>,
 ) -> Response {
+    let started = Instant::now();
     let body = match body {
         Ok(axum::Json(body)) => body,
-        Err(rejection) => return error(rejection.status(), &rejection.body_text()),
+        Err(rejection) => {
+            let checker = &state.checker;
+            checker.observe_request(
+                Protocol::http,
+                "",
+                RequestResult::invalid,
+                started.elapsed(),
+            );
+            return error(rejection.status(), &rejection.body_text());
+        }
     };
     let request = CheckRequest {
         domain: &body.domain,
@@ -135,7 +146,15 @@ async fn check(
             .collect(),
         hits: u64::from(body.hits),
     };
-    let answer = match tokio::time::timeout(state.timeout, state.checker.check(&request)).await {
+    let decided = tokio::time::timeout(state.timeout, state.checker.check(&request)).await;
+    let result = match &decided {
+        Err(_) => RequestResult::unavailable,
+        Ok(answer) => RequestResult::of(answer),
+    };
+    state
+        .checker
+        .observe_request(Protocol::http, &body.domain, result, started.elapsed());
+    let answer = match decided {
         Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "no decision in time"),
         Ok(Err(CheckError::InvalidArgument(message))) => {
             return error(StatusCode::BAD_REQUEST, &message);
@@ -190,7 +209,7 @@ pub fn to_json(answer: &CheckResponse) -> String {
 async fn metrics(State(state): State<HttpState>) -> Response {
     (
         [(CONTENT_TYPE, distlimit_metrics::CONTENT_TYPE)],
-        state.checker.metrics().encode(),
+        state.checker.request_metrics().encode(),
     )
         .into_response()
 }

@@ -5,6 +5,7 @@ pub mod check;
 pub mod config;
 pub mod grpc;
 pub mod http;
+pub mod metrics;
 pub mod net;
 pub mod reload;
 
