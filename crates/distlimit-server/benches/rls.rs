@@ -255,6 +255,112 @@ async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
     }
 }
 
+/// `cargo bench --bench rls -- callgrind`: the server's instructions per decision on the memory
+/// store, counted by callgrind (repeatable on a busy machine, unlike time): the server runs
+/// under `valgrind --tool=callgrind`, gets 500 requests to warm up, then its counters are
+/// zeroed and `CALLGRIND_REQUESTS` more are sent, 64 in flight on 8 connections.
+async fn instructions_per_decision() {
+    const CALLGRIND_REQUESTS: u64 = 4_000;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bench.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let out = dir.path().join("callgrind.out");
+    let mut child = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(env!("CARGO_BIN_EXE_distlimit-server"))
+        .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("valgrind starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let grpc = loop {
+        let line = lines.next().expect("a log line").unwrap();
+        if let Some((_, rest)) = line.split_once("grpc listening on ") {
+            break rest.trim().to_owned();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(
+            RateLimitServiceClient::connect(format!("http://{grpc}"))
+                .await
+                .unwrap(),
+        );
+    }
+    let send = |count: u64| {
+        let pool = clients.clone();
+        let next = Arc::new(AtomicU64::new(0));
+        async move {
+            let mut tasks = Vec::new();
+            for _ in 0..64 {
+                let (pool, next) = (pool.clone(), next.clone());
+                tasks.push(tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= count {
+                            return;
+                        }
+                        let mut client = pool[(i % pool.len() as u64) as usize].clone();
+                        client.should_rate_limit(grpc_request(i)).await.unwrap();
+                    }
+                }));
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+        }
+    };
+    send(500).await;
+    let pid = child.id().to_string();
+    let control = |flag: &str| {
+        let status = Command::new("callgrind_control")
+            .args([flag, pid.as_str()])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "callgrind_control {flag}");
+    };
+    control("--zero");
+    send(CALLGRIND_REQUESTS).await;
+    control("--dump");
+    let _ = child.kill();
+    let _ = child.wait();
+    // The dump after the zeroing: its `totals:` line counts the measured requests only.
+    let mut dumps: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().contains("callgrind.out"))
+        .collect();
+    dumps.sort();
+    // `RLS_CALLGRIND_OUT=path` keeps the profile, for `callgrind_annotate`.
+    if let (Ok(keep), Some(dump)) = (std::env::var("RLS_CALLGRIND_OUT"), dumps.last()) {
+        std::fs::copy(dump, keep).unwrap();
+    }
+    let total: u64 = dumps
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .filter_map(|text| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix("totals: ")
+                        .or_else(|| l.strip_prefix("summary: "))
+                })
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+        .max()
+        .unwrap_or(0);
+    println!(
+        "server instructions per decision (memory store, 64 in flight, {CALLGRIND_REQUESTS} requests): {}",
+        total / CALLGRIND_REQUESTS
+    );
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -265,6 +371,10 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    if only.iter().any(|o| o == "callgrind") {
+        runtime.block_on(instructions_per_decision());
+        return;
+    }
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     runtime.block_on(async {
         if wanted("memory") {

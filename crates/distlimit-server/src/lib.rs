@@ -36,7 +36,7 @@ pub use distlimit_serve::shutdown_signal;
 pub const REDIS_STORE: &str = "redis";
 
 /// How many requests one gRPC connection runs at once.
-pub const GRPC_CONCURRENCY_PER_CONNECTION: usize = 1024;
+pub const GRPC_CONCURRENCY_PER_CONNECTION: u32 = 1024;
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +148,7 @@ impl Server {
         let grpc_connections = net::incoming(distlimit_serve::Acceptor::new(grpc, &serve_config));
         let grpc_server = tonic::transport::Server::builder()
             .timeout(args.request_timeout())
-            .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
+            .max_concurrent_streams(GRPC_CONCURRENCY_PER_CONNECTION)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .layer(distlimit_serve::TrackRequestsLayer)
