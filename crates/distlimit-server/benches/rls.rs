@@ -256,10 +256,10 @@ async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
 }
 
 /// `cargo bench --bench rls -- callgrind`: the server's instructions per decision on the memory
-/// store, counted by callgrind (repeatable on a busy machine, unlike time): the server runs
+/// store and on Redis, counted by callgrind (repeatable on a busy machine, unlike time): the server runs
 /// under `valgrind --tool=callgrind`, gets 500 requests to warm up, then its counters are
 /// zeroed and `CALLGRIND_REQUESTS` more are sent, 64 in flight on 8 connections.
-async fn instructions_per_decision() {
+async fn instructions_per_decision(name: &str, flags: &[&str]) {
     const CALLGRIND_REQUESTS: u64 = 4_000;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bench.yaml");
@@ -271,6 +271,7 @@ async fn instructions_per_decision() {
         .arg(env!("CARGO_BIN_EXE_distlimit-server"))
         .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--config"])
         .arg(&config)
+        .args(flags)
         .env("NO_COLOR", "1")
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
@@ -356,7 +357,7 @@ async fn instructions_per_decision() {
         .max()
         .unwrap_or(0);
     println!(
-        "server instructions per decision (memory store, 64 in flight, {CALLGRIND_REQUESTS} requests): {}",
+        "server instructions per decision ({name}, 64 in flight, {CALLGRIND_REQUESTS} requests): {}",
         total / CALLGRIND_REQUESTS
     );
 }
@@ -372,7 +373,14 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     if only.iter().any(|o| o == "callgrind") {
-        runtime.block_on(instructions_per_decision());
+        runtime.block_on(async {
+            instructions_per_decision("memory store", &[]).await;
+            if let Some(redis) = RedisServer::start() {
+                let url = redis.url();
+                let flags = ["--redis", url.as_str(), "--redis-budget-ms", "5000"];
+                instructions_per_decision("redis, hybrid", &flags).await;
+            }
+        });
         return;
     }
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
