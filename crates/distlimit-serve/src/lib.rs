@@ -467,9 +467,10 @@ impl<F: Future> Future for Counted<F> {
     }
 }
 
-/// A tower layer counting each request in progress on its connection, for servers (such as
-/// tonic's) that put the [`ConnectionInfo`] into the request's extensions. A request without
-/// it passes uncounted.
+/// A tower layer counting each request in progress on its connection, from the call until its
+/// response body ends (a streaming response, such as a gRPC watch, stays in progress while it
+/// streams), for servers (such as tonic's) that put the [`ConnectionInfo`] into the request's
+/// extensions. A request without it passes uncounted.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TrackRequestsLayer;
 
@@ -487,13 +488,13 @@ pub struct TrackRequests<S> {
     inner: S,
 }
 
-impl<S, B> tower_service::Service<http::Request<B>> for TrackRequests<S>
+impl<S, B, R> tower_service::Service<http::Request<B>> for TrackRequests<S>
 where
-    S: tower_service::Service<http::Request<B>>,
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
 {
-    type Response = S::Response;
+    type Response = http::Response<TrackedBody<R>>;
     type Error = S::Error;
-    type Future = MaybeCounted<S::Future>;
+    type Future = TrackedResponse<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -504,28 +505,71 @@ where
             .extensions()
             .get::<ConnectionInfo>()
             .map(ConnectionInfo::start_request);
-        MaybeCounted {
+        TrackedResponse {
             inner: self.inner.call(request),
-            _guard: guard,
+            guard,
         }
     }
 }
 
 pin_project_lite::pin_project! {
-    /// The response future of [`TrackRequests`].
+    /// The response future of [`TrackRequests`]: hands the request's guard to the body.
     #[derive(Debug)]
-    pub struct MaybeCounted<F> {
+    pub struct TrackedResponse<F> {
         #[pin]
         inner: F,
-        _guard: Option<RequestGuard>,
+        guard: Option<RequestGuard>,
     }
 }
 
-impl<F: Future> Future for MaybeCounted<F> {
-    type Output = F::Output;
+impl<F, R, E> Future for TrackedResponse<F>
+where
+    F: Future<Output = Result<http::Response<R>, E>>,
+{
+    type Output = Result<http::Response<TrackedBody<R>>, E>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        self.project().inner.poll(cx)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = std::task::ready!(this.inner.poll(cx))?;
+        let guard = this.guard.take();
+        Poll::Ready(Ok(response.map(|inner| TrackedBody { inner, guard })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body during which its request counts as in progress, until it ends or is
+    /// dropped.
+    #[derive(Debug)]
+    pub struct TrackedBody<B> {
+        #[pin]
+        inner: B,
+        guard: Option<RequestGuard>,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            // The response is complete: the request is no longer in progress.
+            *this.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -114,6 +114,36 @@ async fn a_client_trickling_its_preface_is_closed() {
 }
 
 #[tokio::test]
+async fn a_request_in_progress_keeps_its_connection_past_the_idle_timeout() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let dir = config_dir(CONFIG);
+    let idle = IDLE_MS.to_string();
+    let server = Running::with_config(dir.path(), &["--idle-timeout-ms", &idle]).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // A health watch is one long request: it stays in progress while the stream is open.
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status, 1, "SERVING");
+    // Three idle periods without a byte: the stream is still open (no end, no error).
+    let quiet = tokio::time::timeout(Duration::from_millis(IDLE_MS * 3), watch.message()).await;
+    assert!(quiet.is_err(), "the watch ended: {quiet:?}");
+    // An open watch would hold the shutdown until its deadline.
+    drop(watch);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn idle_http_sockets_are_closed_too() {
     let dir = config_dir(CONFIG);
     let idle = IDLE_MS.to_string();
