@@ -17,8 +17,9 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Sleep;
 
 /// Default of [`ServeConfig::header_read_timeout`]: 10 s.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -108,75 +109,33 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    let cap = config.connection_cap();
-    tracing::info!(
-        "serving at most {cap} connections (header read {:?}, idle {:?}, shutdown {:?})",
-        config.header_read_timeout,
-        config.idle_timeout,
-        config.shutdown_timeout
-    );
-    let permits = Arc::new(Semaphore::new(cap));
+    let mut acceptor = Acceptor::new(listener, &config);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(config.header_read_timeout);
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
-    let mut backoff = MIN_ACCEPT_BACKOFF;
     tokio::pin!(shutdown);
     loop {
         // Reap finished connections so the set holds only live ones.
         while connections.try_join_next().is_some() {}
-        let accepted = tokio::select! {
+        let connection = tokio::select! {
             () = &mut shutdown => break,
-            accepted = accept(&listener, &permits) => accepted,
+            connection = acceptor.accept() => connection,
         };
-        let (stream, peer, permit) = match accepted {
-            Ok(accepted) => {
-                backoff = MIN_ACCEPT_BACKOFF;
-                accepted
-            }
-            Err(error) if is_connection_error(&error) => {
-                tracing::debug!("accept: {error}");
-                continue;
-            }
-            Err(error) => {
-                tracing::warn!("accept: {error}; retrying in {backoff:?}");
-                tokio::select! {
-                    () = &mut shutdown => break,
-                    () = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let activity = Arc::new(Activity::new());
-        let io = TokioIo::new(Tracked {
-            stream,
-            activity: activity.clone(),
-        });
+        let info = connection.info();
         let service = InFlight {
             inner: TowerToHyperService::new(router.clone()),
-            peer,
-            activity: activity.clone(),
+            info: info.clone(),
         };
-        let conn = graceful.watch(http.serve_connection(io, service));
-        let idle = config.idle_timeout;
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(connection), service));
         connections.spawn(async move {
-            tokio::select! {
-                served = conn => {
-                    if let Err(error) = served {
-                        tracing::debug!("connection from {peer}: {error}");
-                    }
-                }
-                () = activity.idle_for(idle) => {
-                    tracing::debug!("connection from {peer}: idle for {idle:?}, closed");
-                }
+            if let Err(error) = conn.await {
+                tracing::debug!("connection from {}: {error}", info.peer);
             }
-            drop(permit);
         });
     }
-    drop(listener);
+    drop(acceptor);
     let in_progress = connections.len();
     if in_progress > 0 {
         tracing::info!(
@@ -198,19 +157,74 @@ pub async fn serve(
     Ok(())
 }
 
-/// Waits for a free connection slot, then accepts. Without a slot the listener is not polled,
-/// so new connections wait in the kernel's accept backlog.
-async fn accept(
-    listener: &TcpListener,
-    permits: &Arc<Semaphore>,
-) -> io::Result<(TcpStream, SocketAddr, tokio::sync::OwnedSemaphorePermit)> {
-    let permit = permits
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| io::Error::other("connection slots closed"))?;
-    let (stream, peer) = listener.accept().await?;
-    Ok((stream, peer, permit))
+/// Accepts connections under the limits of a [`ServeConfig`]: at most its connection cap open
+/// at once (further clients wait in the kernel's accept backlog), accept errors logged and
+/// retried with a backoff, and each [`Connection`] closed once idle. [`serve`] runs on it; a
+/// server of another protocol (the gRPC port of `distlimit-server`) uses it directly.
+#[derive(Debug)]
+pub struct Acceptor {
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    idle_timeout: Duration,
+    backoff: Duration,
+}
+
+impl Acceptor {
+    /// Accepts on `listener` with the cap ([`ServeConfig::connection_cap`]) and idle timeout of
+    /// `config`.
+    pub fn new(listener: TcpListener, config: &ServeConfig) -> Self {
+        let cap = config.connection_cap();
+        tracing::info!(
+            "serving at most {cap} connections (header read {:?}, idle {:?}, shutdown {:?})",
+            config.header_read_timeout,
+            config.idle_timeout,
+            config.shutdown_timeout
+        );
+        Self {
+            listener,
+            permits: Arc::new(Semaphore::new(cap)),
+            idle_timeout: config.idle_timeout,
+            backoff: MIN_ACCEPT_BACKOFF,
+        }
+    }
+
+    /// The next connection, once fewer than the cap are open. Errors are logged, never
+    /// returned: those of one connection are skipped, the others (out of descriptors or memory)
+    /// retried after a pause that doubles from 10 ms to 1 s while they last. Cancel-safe.
+    pub async fn accept(&mut self) -> Connection {
+        loop {
+            // Without a slot the listener is not polled: new clients wait in the backlog.
+            let Ok(permit) = self.permits.clone().acquire_owned().await else {
+                // The semaphore is never closed; wait as if it were full.
+                return std::future::pending().await;
+            };
+            match self.listener.accept().await {
+                Ok((stream, peer)) => {
+                    self.backoff = MIN_ACCEPT_BACKOFF;
+                    let _ = stream.set_nodelay(true);
+                    return Connection::new(stream, peer, permit, self.idle_timeout);
+                }
+                Err(error) if is_connection_error(&error) => {
+                    tracing::debug!("accept: {error}");
+                }
+                Err(error) => {
+                    tracing::warn!("accept: {error}; retrying in {:?}", self.backoff);
+                    drop(permit);
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// The address the listener is bound to.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`TcpListener::local_addr`].
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
 }
 
 /// Errors of one connection that the peer caused; the next accept is unaffected.
@@ -223,17 +237,85 @@ fn is_connection_error(error: &io::Error) -> bool {
     )
 }
 
-/// How much a connection has done, and how many of its requests are in progress.
+/// What a connection's requests share: its peer and its count of requests in progress.
+/// Requests mark themselves with [`ConnectionInfo::start_request`], or through
+/// [`TrackRequestsLayer`] when the info is in their extensions.
+#[derive(Clone, Debug)]
+pub struct ConnectionInfo {
+    /// The socket peer.
+    pub peer: SocketAddr,
+    activity: Arc<Activity>,
+}
+
+impl ConnectionInfo {
+    /// Marks a request in progress on this connection until the guard is dropped: the
+    /// connection is not idle meanwhile.
+    pub fn start_request(&self) -> RequestGuard {
+        self.activity.touch();
+        self.activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        RequestGuard(self.activity.clone())
+    }
+}
+
+/// A request in progress on its connection (see [`ConnectionInfo::start_request`]).
+#[derive(Debug)]
+pub struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An accepted TCP connection that holds one of its [`Acceptor`]'s slots until dropped, and
+/// ends itself (its reads return end of file) once no request has been in progress on it, and
+/// none started or ended, for the idle timeout. Bytes alone do not count: a client trickling a
+/// request that never starts, or pinging, is idle.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    info: ConnectionInfo,
+    idle: IdleCheck,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        permit: OwnedSemaphorePermit,
+        idle_timeout: Duration,
+    ) -> Self {
+        Self {
+            stream,
+            info: ConnectionInfo {
+                peer,
+                activity: Arc::new(Activity::new()),
+            },
+            idle: IdleCheck::new(idle_timeout),
+            _permit: permit,
+        }
+    }
+
+    /// The peer and the request count, to hand to the connection's requests.
+    pub fn info(&self) -> ConnectionInfo {
+        self.info.clone()
+    }
+
+    /// The TCP stream.
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+}
+
+/// How many requests a connection has started and ended, and how many are in progress.
+#[derive(Debug)]
 struct Activity {
-    /// Reads and writes that moved at least one byte, and requests that ended: a counter, not
-    /// a clock, so that the hot path reads no time.
+    /// Requests started and ended: a counter, not a clock, so that the hot path reads no time.
     events: AtomicU64,
     in_flight: AtomicUsize,
 }
-
-/// The idle timeout is checked this many times per period: a silent connection is closed
-/// between 1 and 1 + 1/`IDLE_CHECKS` idle periods after its last activity.
-const IDLE_CHECKS: u32 = 4;
 
 impl Activity {
     fn new() -> Self {
@@ -246,59 +328,80 @@ impl Activity {
     fn touch(&self) {
         self.events.fetch_add(1, Ordering::Relaxed);
     }
+}
 
-    /// Completes once no request has been in progress and nothing has moved for `idle`.
-    async fn idle_for(&self, idle: Duration) {
+/// The idle timeout is checked this many times per period: a silent connection is closed
+/// between 1 and 1 + 1/`IDLE_CHECKS` idle periods after its last activity.
+const IDLE_CHECKS: u32 = 4;
+
+/// The idle timeout of a [`Connection`], checked when its reads are polled: a timer that fires
+/// [`IDLE_CHECKS`] times per period (one clock read per check, none per read).
+#[derive(Debug)]
+struct IdleCheck {
+    timer: Pin<Box<Sleep>>,
+    tick: Duration,
+    seen: u64,
+    quiet: u32,
+}
+
+impl IdleCheck {
+    fn new(idle: Duration) -> Self {
         let tick = idle / IDLE_CHECKS;
-        let mut seen = self.events.load(Ordering::Relaxed);
-        let mut quiet = 0;
-        loop {
-            tokio::time::sleep(tick).await;
-            let now = self.events.load(Ordering::Relaxed);
-            if now != seen || self.in_flight.load(Ordering::Relaxed) > 0 {
-                (seen, quiet) = (now, 0);
-                continue;
-            }
-            quiet += 1;
-            if quiet >= IDLE_CHECKS {
-                return;
-            }
+        Self {
+            timer: Box::pin(tokio::time::sleep(tick)),
+            tick,
+            seen: 0,
+            quiet: 0,
         }
+    }
+
+    /// True once the connection has been idle for the whole period.
+    fn poll_expired(&mut self, cx: &mut Context<'_>, activity: &Activity) -> bool {
+        if self.timer.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        let events = activity.events.load(Ordering::Relaxed);
+        if events != self.seen || activity.in_flight.load(Ordering::Relaxed) > 0 {
+            (self.seen, self.quiet) = (events, 0);
+        } else {
+            self.quiet += 1;
+        }
+        if self.quiet >= IDLE_CHECKS {
+            return true;
+        }
+        // From now, not from the last deadline: a check late by a long request counts once.
+        self.timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + self.tick);
+        // Registers the waker for the next check.
+        let _ = self.timer.as_mut().poll(cx);
+        false
     }
 }
 
-/// A TCP stream that records its activity.
-struct Tracked {
-    stream: TcpStream,
-    activity: Arc<Activity>,
-}
-
-impl AsyncRead for Tracked {
+impl AsyncRead for Connection {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.activity.touch();
+        let this = &mut *self;
+        if this.idle.poll_expired(cx, &this.info.activity) {
+            tracing::debug!("connection from {}: idle, closed", this.info.peer);
+            // End of file: the protocol closes the connection.
+            return Poll::Ready(Ok(()));
         }
-        polled
+        Pin::new(&mut this.stream).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for Tracked {
+impl AsyncWrite for Connection {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        polled
+        Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -306,11 +409,7 @@ impl AsyncWrite for Tracked {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        polled
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -327,11 +426,10 @@ impl AsyncWrite for Tracked {
 }
 
 /// A hyper service that gives each request its connection's peer address (axum's
-/// `ConnectInfo`) and counts the requests in progress on the connection's [`Activity`].
+/// `ConnectInfo`) and counts it in progress on the connection.
 struct InFlight<S> {
     inner: S,
-    peer: SocketAddr,
-    activity: Arc<Activity>,
+    info: ConnectionInfo,
 }
 
 impl<S> hyper::service::Service<hyper::Request<Incoming>> for InFlight<S>
@@ -343,22 +441,21 @@ where
     type Future = Counted<S::Future>;
 
     fn call(&self, mut request: hyper::Request<Incoming>) -> Self::Future {
-        request.extensions_mut().insert(ConnectInfo(self.peer));
-        self.activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        request.extensions_mut().insert(ConnectInfo(self.info.peer));
         Counted {
+            guard: self.info.start_request(),
             inner: self.inner.call(request),
-            guard: InFlightGuard(self.activity.clone()),
         }
     }
 }
 
 pin_project_lite::pin_project! {
-    /// The response future of [`InFlight`]: the request is in progress until it completes or
-    /// is dropped.
+    /// A response future during which its request counts as in progress on its connection.
+    #[derive(Debug)]
     struct Counted<F> {
         #[pin]
         inner: F,
-        guard: InFlightGuard,
+        guard: RequestGuard,
     }
 }
 
@@ -370,12 +467,109 @@ impl<F: Future> Future for Counted<F> {
     }
 }
 
-struct InFlightGuard(Arc<Activity>);
+/// A tower layer counting each request in progress on its connection, from the call until its
+/// response body ends (a streaming response, such as a gRPC watch, stays in progress while it
+/// streams), for servers (such as tonic's) that put the [`ConnectionInfo`] into the request's
+/// extensions. A request without it passes uncounted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TrackRequestsLayer;
 
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.0.touch();
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+impl<S> tower_layer::Layer<S> for TrackRequestsLayer {
+    type Service = TrackRequests<S>;
+
+    fn layer(&self, inner: S) -> TrackRequests<S> {
+        TrackRequests { inner }
+    }
+}
+
+/// The service of [`TrackRequestsLayer`].
+#[derive(Clone, Debug)]
+pub struct TrackRequests<S> {
+    inner: S,
+}
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for TrackRequests<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
+{
+    type Response = http::Response<TrackedBody<R>>;
+    type Error = S::Error;
+    type Future = TrackedResponse<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let guard = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(ConnectionInfo::start_request);
+        TrackedResponse {
+            inner: self.inner.call(request),
+            guard,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`TrackRequests`]: hands the request's guard to the body.
+    #[derive(Debug)]
+    pub struct TrackedResponse<F> {
+        #[pin]
+        inner: F,
+        guard: Option<RequestGuard>,
+    }
+}
+
+impl<F, R, E> Future for TrackedResponse<F>
+where
+    F: Future<Output = Result<http::Response<R>, E>>,
+{
+    type Output = Result<http::Response<TrackedBody<R>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = std::task::ready!(this.inner.poll(cx))?;
+        let guard = this.guard.take();
+        Poll::Ready(Ok(response.map(|inner| TrackedBody { inner, guard })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body during which its request counts as in progress, until it ends or is
+    /// dropped.
+    #[derive(Debug)]
+    pub struct TrackedBody<B> {
+        #[pin]
+        inner: B,
+        guard: Option<RequestGuard>,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            // The response is complete: the request is no longer in progress.
+            *this.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -66,6 +66,15 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
 
+    /// A connection with no request in progress, and none started or ended, for this long is
+    /// closed (both ports), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
+
+    /// An HTTP request's head must arrive within this time, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_ms: u64,
+
     /// Time limit of one request, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout_ms: u64,
@@ -121,6 +130,16 @@ impl Args {
     /// The shutdown deadline.
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_millis(self.shutdown_timeout_ms)
+    }
+
+    /// The serving limits of both ports.
+    pub fn serve_config(&self) -> distlimit_serve::ServeConfig {
+        distlimit_serve::ServeConfig {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            shutdown_timeout: self.shutdown_timeout(),
+        }
     }
 }
 

@@ -11,9 +11,11 @@ use distlimit_core::{
     Decision, Error, Key, Limit, MAX_BATCH, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, Store,
 };
 use distlimit_metrics::Metrics;
+use distlimit_policy::{Limiter, PolicySet, Verdict};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Rule, RuleLimit, Unit};
+use crate::metrics::{Protocol, RequestMetrics, RequestResult};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -73,12 +75,15 @@ pub struct DescriptorStatus {
 /// The limit a descriptor was held to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CurrentLimit {
-    /// The rule's `name`, or its path below the domain.
+    /// The rule's `name`, or its path below the domain; `<policy>/<tier>` for a TOML policy.
     pub name: String,
     /// Requests per window.
     pub requests_per_unit: u32,
+    /// The window as an RLS unit; `None` for a policy tier whose period is no whole unit
+    /// (`10s`), answered as `UNKNOWN` over gRPC.
+    pub unit: Option<Unit>,
     /// The window.
-    pub unit: Unit,
+    pub window: Duration,
 }
 
 /// The answer to a [`CheckRequest`].
@@ -115,7 +120,7 @@ impl CheckResponse {
         vec![
             (
                 "ratelimit-policy",
-                format!("{name};q={q};w={}", limit.unit.seconds()),
+                format!("{name};q={q};w={}", limit.window.as_secs().max(1)),
             ),
             ("ratelimit", format!("{name};r={r};t={reset}")),
             ("ratelimit-limit", q.to_string()),
@@ -163,8 +168,15 @@ const TARGET: &str = "distlimit_server";
 /// Decides requests against the running configuration on one store.
 pub struct Checker {
     store: Arc<dyn Store>,
-    config: ArcSwap<Config>,
+    running: ArcSwap<Running>,
     metrics: Metrics,
+    requests: RequestMetrics,
+}
+
+/// A configuration and the limiter of its TOML policies, published together.
+struct Running {
+    config: Arc<Config>,
+    limiter: Option<Limiter>,
 }
 
 impl std::fmt::Debug for Checker {
@@ -196,26 +208,61 @@ struct Pending {
 impl Checker {
     /// A checker on `store` with `config`, reporting decisions to `metrics`.
     pub fn new(store: Arc<dyn Store>, config: Config, metrics: Metrics) -> Self {
+        let running = Self::running(&store, &metrics, config);
         Self {
             store,
-            config: ArcSwap::from_pointee(config),
+            running: ArcSwap::from_pointee(running),
+            requests: RequestMetrics::new(&metrics),
             metrics,
+        }
+    }
+
+    fn running(store: &Arc<dyn Store>, metrics: &Metrics, config: Config) -> Running {
+        // The policies' states live in the store, so a new limiter keeps counting where the
+        // last one was.
+        let limiter = config.policies().map(|set| {
+            Limiter::new(store.clone(), PolicySet::clone(set))
+                .with_observer(Arc::new(metrics.clone()))
+        });
+        Running {
+            config: Arc::new(config),
+            limiter,
         }
     }
 
     /// The running configuration.
     pub fn config(&self) -> Arc<Config> {
-        self.config.load_full()
+        self.running.load().config.clone()
     }
 
     /// Replaces the running configuration; requests already being decided finish on the old one.
     pub fn set_config(&self, config: Config) {
-        self.config.store(Arc::new(config));
+        let running = Self::running(&self.store, &self.metrics, config);
+        self.running.store(Arc::new(running));
     }
 
     /// The metrics decisions are reported to.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The request metrics, and the registry `/metrics` serves.
+    pub fn request_metrics(&self) -> &RequestMetrics {
+        &self.requests
+    }
+
+    /// Counts a request of `domain` that ended with `result` after `elapsed`; the domain is
+    /// a label value only when configured.
+    pub fn observe_request(
+        &self,
+        protocol: Protocol,
+        domain: &str,
+        result: RequestResult,
+        elapsed: Duration,
+    ) {
+        let configured = self.running.load().config.has_domain(domain);
+        self.requests
+            .on_request(protocol, configured.then_some(domain), result, elapsed);
     }
 
     /// Decides `request`: every limited descriptor (outside shadow mode) is charged together or
@@ -229,15 +276,31 @@ impl Checker {
     pub async fn check(&self, request: &CheckRequest<'_>) -> Result<CheckResponse, CheckError> {
         validate(request)?;
         let started = Instant::now();
-        let config = self.config.load();
+        let running = self.running.load();
+        let config = &*running.config;
         let default_hits = request.hits.max(1);
         let domain = request.domain;
 
-        // Resolve every descriptor's rule.
+        // The descriptors a TOML policy decides (without a limit override).
+        let by_policy: Vec<Option<&str>> = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                if d.limit.is_some() {
+                    return None;
+                }
+                config.policy_for(domain, d.entries.iter().map(|(k, _)| *k))
+            })
+            .collect();
+        // Resolve every other descriptor's rule.
         let mut applied: Vec<Option<Applied<'_>>> = request
             .descriptors
             .iter()
-            .map(|d| resolve(&config, domain, d))
+            .zip(&by_policy)
+            .map(|(d, policy)| match policy {
+                Some(_) => None,
+                None => resolve(config, domain, d),
+            })
             .collect();
         // `replaces`: a rule named by another matched rule's `replaces` is dropped.
         let replaced: Vec<&str> = applied
@@ -366,11 +429,43 @@ impl Checker {
             self.metrics
                 .on_decision(&a.label, outcome, &decision, latency);
         }
+        // TOML policies, one descriptor at a time, each policy's tiers all or nothing; once the
+        // request is denied, the rest are only peeked at (charged nothing).
+        if let Some(limiter) = &running.limiter {
+            for (i, policy) in by_policy.iter().enumerate() {
+                let Some(policy) = policy else { continue };
+                let descriptor = &request.descriptors[i];
+                let denied = statuses.iter().any(|s| s.over_limit);
+                let cost = if denied {
+                    0
+                } else {
+                    descriptor.hits.unwrap_or(default_hits)
+                };
+                let key = policy_key(&descriptor.entries);
+                let verdict = limiter
+                    .check_cost(policy, &key, cost)
+                    .await
+                    .map_err(|error| self.policy_error(error))?;
+                statuses[i] = policy_status(&verdict);
+            }
+        }
         let over_limit = statuses.iter().any(|s| s.over_limit);
         Ok(CheckResponse {
             over_limit,
             statuses,
         })
+    }
+
+    /// The answer to a limiter's error: a store failure is [`CheckError::Unavailable`].
+    fn policy_error(&self, error: distlimit_policy::CheckError) -> CheckError {
+        match error {
+            distlimit_policy::CheckError::Store(error) if !error.is_invalid_input() => {
+                tracing::warn!(target: TARGET, %error, "store failed to decide");
+                self.metrics.on_store_error("server", "", &error);
+                CheckError::Unavailable(error)
+            }
+            other => CheckError::InvalidArgument(other.to_string()),
+        }
     }
 
     /// Decides `pending` all-or-nothing, in batches of at most [`MAX_BATCH`].
@@ -517,10 +612,79 @@ fn initial_status(applied: Option<&Applied<'_>>) -> DescriptorStatus {
             current_limit: Some(CurrentLimit {
                 name: a.name.clone(),
                 requests_per_unit,
-                unit,
+                unit: Some(unit),
+                window: Duration::from_secs(unit.seconds()),
             }),
             ..unmatched
         },
+    }
+}
+
+/// The limiter key of a descriptor decided by a TOML policy: its value (several: the values
+/// joined by `|`), or a digest of that past [`MAX_KEY_LEN`].
+fn policy_key(entries: &[(&str, &str)]) -> Vec<u8> {
+    let mut key = Vec::new();
+    for (i, (_, value)) in entries.iter().enumerate() {
+        if i > 0 {
+            key.push(b'|');
+        }
+        key.extend_from_slice(value.as_bytes());
+    }
+    if key.len() <= MAX_KEY_LEN {
+        key
+    } else {
+        format!("sha256:{}", hex(&Sha256::digest(&key))).into_bytes()
+    }
+}
+
+/// A TOML policy's verdict as a descriptor status: the limit shown is the tier that decided
+/// (the first denying tier, else the one with the least remaining).
+fn policy_status(verdict: &Verdict) -> DescriptorStatus {
+    let decision = verdict.decision();
+    let shadow_denied = verdict.outcome() == Outcome::ShadowDenied;
+    let over_limit = !verdict.is_allowed();
+    let tiers = verdict.tiers();
+    let tier = tiers
+        .iter()
+        .find(|t| t.decision().is_denied())
+        .or_else(|| tiers.iter().min_by_key(|t| t.decision().remaining()));
+    let Some(tier) = tier else {
+        // An allow- or deny-listed key: decided without a tier.
+        return DescriptorStatus {
+            over_limit,
+            current_limit: None,
+            limit_remaining: if over_limit { 0 } else { u32::MAX },
+            duration_until_reset: None,
+            shadow_denied,
+        };
+    };
+    let window = tier.period();
+    let unit = Unit::ALL
+        .into_iter()
+        .find(|u| Duration::from_secs(u.seconds()) == window);
+    let decision = if tier.decision().is_denied() || !decision.is_denied() {
+        *tier.decision()
+    } else {
+        *decision
+    };
+    let reset = if decision.is_denied() && !decision.is_never() {
+        Some(decision.retry_after())
+    } else if decision.reset_after_us() > 0 {
+        Some(decision.reset_after())
+    } else {
+        None
+    };
+    DescriptorStatus {
+        over_limit,
+        current_limit: Some(CurrentLimit {
+            name: format!("{}/{}", verdict.policy(), tier.name()),
+            requests_per_unit: u32::try_from(tier.limit()).unwrap_or(u32::MAX),
+            unit,
+            window,
+        }),
+        limit_remaining: u32::try_from(decision.remaining()).unwrap_or(u32::MAX),
+        duration_until_reset: reset,
+        shadow_denied,
     }
 }
 

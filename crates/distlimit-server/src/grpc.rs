@@ -2,6 +2,7 @@
 //! on the messages of the `envoy-types` crate (generated from Envoy's published protos).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -21,6 +22,7 @@ use crate::check::{
     CheckError, CheckRequest, CheckResponse, Checker, Descriptor, DescriptorStatus, LimitOverride,
 };
 use crate::config::Unit;
+use crate::metrics::{Protocol, RequestResult};
 
 /// The gRPC service: Envoy's `RateLimitService` answered by a [`Checker`].
 #[derive(Clone, Debug)]
@@ -48,9 +50,26 @@ impl RateLimitService for RateLimitGrpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
         let request = request.into_inner();
-        let check = to_check(&request)?;
-        let answer = self.checker.check(&check).await.map_err(to_status)?;
+        let observe = |result| {
+            self.checker.observe_request(
+                Protocol::grpc,
+                &request.domain,
+                result,
+                started.elapsed(),
+            );
+        };
+        let check = match to_check(&request) {
+            Ok(check) => check,
+            Err(status) => {
+                observe(RequestResult::invalid);
+                return Err(status);
+            }
+        };
+        let answer = self.checker.check(&check).await;
+        observe(RequestResult::of(&answer));
+        let answer = answer.map_err(to_status)?;
         Ok(Response::new(to_response(&answer, self.headers)))
     }
 }
@@ -115,7 +134,10 @@ fn override_unit(unit: i32) -> Option<Unit> {
     }
 }
 
-fn response_unit(unit: Unit) -> ResponseUnit {
+fn response_unit(unit: Option<Unit>) -> ResponseUnit {
+    let Some(unit) = unit else {
+        return ResponseUnit::Unknown;
+    };
     match unit {
         Unit::Second => ResponseUnit::Second,
         Unit::Minute => ResponseUnit::Minute,

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
@@ -14,6 +14,8 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use crate::check::{CheckError, CheckRequest, CheckResponse, Checker, Descriptor};
+use crate::config::Unit;
+use crate::metrics::{Protocol, RequestResult};
 
 /// The largest `POST /v1/check` body, in bytes.
 pub const MAX_BODY: usize = 256 * 1024;
@@ -72,8 +74,12 @@ pub struct JsonLimit {
     pub name: String,
     /// Requests per unit.
     pub requests_per_unit: u32,
-    /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year`.
-    pub unit: &'static str,
+    /// `second`, `minute`, `hour`, `day`, `week`, `month` or `year`; absent for a policy tier
+    /// whose period is no whole unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<&'static str>,
+    /// The window, in milliseconds.
+    pub window_ms: u64,
 }
 
 /// What the HTTP handlers share.
@@ -111,9 +117,19 @@ async fn check(
     State(state): State<HttpState>,
     body: Result<axum::Json<JsonCheck>, JsonRejection>,
 ) -> Response {
+    let started = Instant::now();
     let body = match body {
         Ok(axum::Json(body)) => body,
-        Err(rejection) => return error(rejection.status(), &rejection.body_text()),
+        Err(rejection) => {
+            let checker = &state.checker;
+            checker.observe_request(
+                Protocol::http,
+                "",
+                RequestResult::invalid,
+                started.elapsed(),
+            );
+            return error(rejection.status(), &rejection.body_text());
+        }
     };
     let request = CheckRequest {
         domain: &body.domain,
@@ -130,7 +146,15 @@ async fn check(
             .collect(),
         hits: u64::from(body.hits),
     };
-    let answer = match tokio::time::timeout(state.timeout, state.checker.check(&request)).await {
+    let decided = tokio::time::timeout(state.timeout, state.checker.check(&request)).await;
+    let result = match &decided {
+        Err(_) => RequestResult::unavailable,
+        Ok(answer) => RequestResult::of(answer),
+    };
+    state
+        .checker
+        .observe_request(Protocol::http, &body.domain, result, started.elapsed());
+    let answer = match decided {
         Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "no decision in time"),
         Ok(Err(CheckError::InvalidArgument(message))) => {
             return error(StatusCode::BAD_REQUEST, &message);
@@ -169,7 +193,8 @@ pub fn to_json(answer: &CheckResponse) -> String {
                 current_limit: s.current_limit.as_ref().map(|l| JsonLimit {
                     name: l.name.clone(),
                     requests_per_unit: l.requests_per_unit,
-                    unit: l.unit.name(),
+                    unit: l.unit.map(Unit::name),
+                    window_ms: u64::try_from(l.window.as_millis()).unwrap_or(u64::MAX),
                 }),
                 limit_remaining: s.limit_remaining,
                 duration_until_reset_ms: s
@@ -184,7 +209,7 @@ pub fn to_json(answer: &CheckResponse) -> String {
 async fn metrics(State(state): State<HttpState>) -> Response {
     (
         [(CONTENT_TYPE, distlimit_metrics::CONTENT_TYPE)],
-        state.checker.metrics().encode(),
+        state.checker.request_metrics().encode(),
     )
         .into_response()
 }

@@ -5,6 +5,7 @@ pub mod check;
 pub mod config;
 pub mod grpc;
 pub mod http;
+pub mod metrics;
 pub mod net;
 pub mod reload;
 
@@ -35,7 +36,7 @@ pub use distlimit_serve::shutdown_signal;
 pub const REDIS_STORE: &str = "redis";
 
 /// How many requests one gRPC connection runs at once.
-pub const GRPC_CONCURRENCY_PER_CONNECTION: usize = 1024;
+pub const GRPC_CONCURRENCY_PER_CONNECTION: u32 = 1024;
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -142,29 +143,24 @@ impl Server {
         };
 
         let rls = RateLimitGrpc::new(self.checker.clone(), args.response_headers);
-        let max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
+        // Both ports: the same connection cap, idle timeout and shutdown deadline.
+        let serve_config = args.serve_config();
+        let grpc_connections = net::incoming(distlimit_serve::Acceptor::new(grpc, &serve_config));
         let grpc_server = tonic::transport::Server::builder()
             .timeout(args.request_timeout())
-            .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
+            .max_concurrent_streams(GRPC_CONCURRENCY_PER_CONNECTION)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .layer(distlimit_serve::TrackRequestsLayer)
             .add_service(health_service)
             .add_service(rls.into_server())
-            .serve_with_incoming_shutdown(
-                net::CappedListener::new(grpc, max_connections).into_stream(),
-                stopped(stop_rx.clone()),
-            );
+            .serve_with_incoming_shutdown(grpc_connections, stopped(stop_rx.clone()));
         let router = http::router(http::HttpState {
             checker: self.checker.clone(),
             headers: args.response_headers,
             ready,
             timeout: args.request_timeout(),
         });
-        let serve_config = distlimit_serve::ServeConfig {
-            max_connections,
-            shutdown_timeout: args.shutdown_timeout(),
-            ..distlimit_serve::ServeConfig::default()
-        };
         let http_server =
             distlimit_serve::serve(http, router, serve_config, stopped(stop_rx.clone()));
         let both = async {

@@ -6,6 +6,11 @@ use clap::Parser;
 use distlimit_server::{Args, Server, shutdown_signal};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc: each request allocates and frees many small buffers (HTTP/2 frames, protobuf
+/// messages, futures), where glibc's allocator spent a sixth of the server's instructions.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()

@@ -1,52 +1,46 @@
-//! The gRPC port's listener: at most a fixed number of connections open; past the cap, new
-//! clients wait in the kernel's accept queue instead of costing this process memory and tasks.
-//! (The HTTP port is served by `distlimit-serve`, with the same cap.)
+//! The gRPC port's connections: `distlimit-serve`'s [`Acceptor`] (connection cap, accept
+//! backoff, idle timeout, as on the HTTP port) as the stream of connections tonic serves.
 
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
+use distlimit_serve::{Acceptor, Connection, ConnectionInfo};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
-/// An accepted connection holding one of its listener's permits until it closes.
+/// An accepted gRPC connection; tonic puts its [`ConnectionInfo`] into each request's
+/// extensions, where `distlimit_serve::TrackRequestsLayer` counts the request in progress.
 #[derive(Debug)]
-pub struct CappedStream {
-    stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
-}
+pub struct GrpcConnection(Connection);
 
-impl AsyncRead for CappedStream {
+impl AsyncRead for GrpcConnection {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        Pin::new(&mut self.0).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for CappedStream {
+impl AsyncWrite for GrpcConnection {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        Pin::new(&mut self.0).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -54,82 +48,36 @@ impl AsyncWrite for CappedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        self.0.is_write_vectored()
     }
 }
 
-impl Connected for CappedStream {
-    type ConnectInfo = TcpConnectInfo;
+impl Connected for GrpcConnection {
+    type ConnectInfo = ConnectionInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
+    fn connect_info(&self) -> ConnectionInfo {
+        self.0.info()
     }
 }
 
-/// A TCP listener accepting only while fewer than `max` of its connections are open.
-#[derive(Debug)]
-pub struct CappedListener {
-    listener: TcpListener,
-    permits: Arc<Semaphore>,
-}
-
-impl CappedListener {
-    /// Caps `listener` at `max` open connections.
-    pub fn new(listener: TcpListener, max: usize) -> Self {
-        Self {
-            listener,
-            permits: Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))),
-        }
-    }
-
-    /// Waits for a permit, then for a connection. Accept errors (out of file descriptors, a
-    /// connection reset before it was accepted) are logged and retried after a pause.
-    pub async fn accept_capped(&mut self) -> (CappedStream, SocketAddr) {
-        let permit = loop {
-            match self.permits.clone().acquire_owned().await {
-                Ok(permit) => break permit,
-                // The semaphore is never closed; wait as if it were full.
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
+/// The connections of `acceptor` as a stream, for tonic: a task accepts them while the stream
+/// lives (and stops accepting, dropping the listener, once it is dropped).
+pub fn incoming(mut acceptor: Acceptor) -> ReceiverStream<io::Result<GrpcConnection>> {
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
         loop {
-            match self.listener.accept().await {
-                Ok((stream, addr)) => {
-                    let _ = stream.set_nodelay(true);
-                    return (
-                        CappedStream {
-                            stream,
-                            _permit: permit,
-                        },
-                        addr,
-                    );
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+            let connection = tokio::select! {
+                connection = acceptor.accept() => connection,
+                () = tx.closed() => return,
+            };
+            if tx.send(Ok(GrpcConnection(connection))).await.is_err() {
+                return;
             }
         }
-    }
-
-    /// The connections as a stream, for tonic: a task accepts them while the stream lives.
-    pub fn into_stream(mut self) -> ReceiverStream<io::Result<CappedStream>> {
-        let (tx, rx) = mpsc::channel(1);
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    accepted = self.accept_capped() => accepted,
-                    () = tx.closed() => return,
-                };
-                if tx.send(Ok(accepted.0)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        ReceiverStream::new(rx)
-    }
+    });
+    ReceiverStream::new(rx)
 }

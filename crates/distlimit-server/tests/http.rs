@@ -118,3 +118,47 @@ async fn ready_until_shutdown_which_finishes_in_time() {
         "the port is closed"
     );
 }
+
+#[tokio::test]
+async fn requests_are_counted_by_configured_domain_protocol_and_result() {
+    let dir = config_dir(
+        "
+domain: api
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+",
+    );
+    let server = Running::with_config(dir.path(), &[]).await;
+    align(3_600, Duration::from_secs(5)).await;
+    let mut client = server.client().await;
+    for domain in ["api", "api", "not-configured-1", "not-configured-2"] {
+        call(
+            &mut client,
+            request(domain, vec![descriptor(&[("user", "erin")])]),
+        )
+        .await;
+    }
+    let empty = client
+        .should_rate_limit(request("api", vec![]))
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), tonic::Code::InvalidArgument);
+    let body = r#"{"domain":"api","descriptors":[[{"key":"user","value":"frank"}]]}"#;
+    send(server.http, "POST", "/v1/check", body).await;
+    let (_, _, metrics) = send(server.http, "GET", "/metrics", "").await;
+    for line in [
+        r#"distlimit_server_requests_total{domain="api",protocol="grpc",result="ok"} 1"#,
+        r#"distlimit_server_requests_total{domain="api",protocol="grpc",result="over_limit"} 1"#,
+        r#"distlimit_server_requests_total{domain="api",protocol="grpc",result="invalid"} 1"#,
+        r#"distlimit_server_requests_total{domain="unconfigured",protocol="grpc",result="ok"} 2"#,
+        r#"distlimit_server_requests_total{domain="api",protocol="http",result="ok"} 1"#,
+        r#"distlimit_server_request_duration_seconds_count{protocol="grpc"} 5"#,
+        // The decision series are still served beside them.
+        r#"distlimit_decisions_total{policy="api/user",outcome="allowed",source="primary"} 2"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
+    assert!(!metrics.contains("not-configured"), "{metrics}");
+    server.stop().await;
+}

@@ -24,11 +24,17 @@
 //! last entry lands; a descriptor that matches nothing, or lands on a node without a limit, is
 //! not limited.
 
+mod policies;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use distlimit_policy::PolicySet;
 use serde::Deserialize;
+
+use self::policies::PolicyDomain;
 
 /// A rate limit's time unit. Windows are aligned on multiples of the unit since the Unix epoch,
 /// as envoyproxy/ratelimit aligns them; a month is 30 days and a year 365 days, as there.
@@ -148,6 +154,10 @@ pub struct Match<'c> {
 #[derive(Clone, Debug, Default)]
 pub struct Config {
     domains: HashMap<String, Domain>,
+    /// Domains of the TOML files: descriptors decided by distlimit policies.
+    policy_domains: HashMap<String, PolicyDomain>,
+    /// The policies of every TOML file (`None` without TOML files).
+    policies: Option<Arc<PolicySet>>,
 }
 
 #[derive(Clone, Debug)]
@@ -194,26 +204,131 @@ impl Config {
         Self::from_sources(&read_sources(path)?)
     }
 
-    /// Parses files already read: `(path, contents)` pairs.
+    /// Parses files already read: `(path, contents)` pairs; a `.toml` file holds distlimit
+    /// policies and the domains they decide, any other file one YAML domain.
     ///
     /// # Errors
     ///
-    /// The first invalid file, naming the file, the line and the field; or a domain defined by
-    /// two files.
+    /// The first invalid file, naming the file, the line and the field; a domain defined by
+    /// two files; a policy name defined twice; a TOML domain naming an unknown policy.
     pub fn from_sources(sources: &[Source]) -> Result<Self, RateLimitConfigError> {
         let mut domains: HashMap<String, Domain> = HashMap::new();
+        let mut policy_domains: HashMap<String, PolicyDomain> = HashMap::new();
+        // Policy name → (policy, file, line).
+        let mut policies: Vec<(distlimit_policy::Policy, PathBuf, usize)> = Vec::new();
+        // Domain line in its TOML file, to name it in a later error.
+        let mut domain_lines: HashMap<String, usize> = HashMap::new();
+        let first_file = |domains: &HashMap<String, Domain>,
+                          policy_domains: &HashMap<String, PolicyDomain>,
+                          name: &str| {
+            domains
+                .get(name)
+                .map(|d| d.file.clone())
+                .or_else(|| policy_domains.get(name).map(|d| d.file.clone()))
+        };
         for source in sources {
+            if is_toml(&source.path) {
+                let file = policies::parse(&source.path, &source.contents)?;
+                for (policy, line) in file.policies {
+                    if let Some((_, first, _)) =
+                        policies.iter().find(|(p, _, _)| p.name() == policy.name())
+                    {
+                        return Err(RateLimitConfigError::Invalid {
+                            file: source.path.clone(),
+                            line: Some(line),
+                            message: format!(
+                                "policy \"{}\" is also defined in {}",
+                                policy.name(),
+                                first.display()
+                            ),
+                        });
+                    }
+                    policies.push((policy, source.path.clone(), line));
+                }
+                for (name, domain, line) in file.domains {
+                    if let Some(first) = first_file(&domains, &policy_domains, &name) {
+                        return Err(RateLimitConfigError::DuplicateDomain {
+                            domain: name,
+                            first,
+                            second: source.path.clone(),
+                        });
+                    }
+                    domain_lines.insert(name.clone(), line);
+                    policy_domains.insert(name, domain);
+                }
+                continue;
+            }
             let (name, domain) = parse_file(&source.path, &source.contents)?;
-            if let Some(first) = domains.get(&name) {
+            if let Some(first) = first_file(&domains, &policy_domains, &name) {
                 return Err(RateLimitConfigError::DuplicateDomain {
                     domain: name,
-                    first: first.file.clone(),
+                    first,
                     second: source.path.clone(),
                 });
             }
             domains.insert(name, domain);
         }
-        Ok(Self { domains })
+        for (name, domain) in &policy_domains {
+            for (i, mapping) in domain.mappings.iter().enumerate() {
+                if !policies.iter().any(|(p, _, _)| p.name() == mapping.policy) {
+                    return Err(RateLimitConfigError::Invalid {
+                        file: domain.file.clone(),
+                        line: domain_lines.get(name).copied(),
+                        message: format!(
+                            "domain.{name}.descriptors[{i}].policy: no policy named \"{}\"",
+                            mapping.policy
+                        ),
+                    });
+                }
+            }
+        }
+        let policies = if policies.is_empty() {
+            None
+        } else {
+            let set = PolicySet::new(policies.into_iter().map(|(p, _, _)| p)).map_err(|error| {
+                RateLimitConfigError::Invalid {
+                    file: PathBuf::new(),
+                    line: None,
+                    message: error.to_string(),
+                }
+            })?;
+            Some(Arc::new(set))
+        };
+        Ok(Self {
+            domains,
+            policy_domains,
+            policies,
+        })
+    }
+
+    /// Parses one TOML document of distlimit policies and domains, as if read from a file
+    /// named `file`.
+    ///
+    /// # Errors
+    ///
+    /// See [`Config::from_sources`].
+    pub fn from_toml(file: &str, toml: &str) -> Result<Self, RateLimitConfigError> {
+        Self::from_sources(&[Source {
+            path: PathBuf::from(file),
+            contents: toml.to_owned(),
+        }])
+    }
+
+    /// The policies of the TOML files, if any.
+    pub fn policies(&self) -> Option<&Arc<PolicySet>> {
+        self.policies.as_ref()
+    }
+
+    /// The policy of a TOML domain deciding a descriptor whose entries have these keys, in
+    /// order; `None` when `domain` is not a TOML domain or no mapping has these keys.
+    pub fn policy_for<'e, I>(&self, domain: &str, keys: I) -> Option<&str>
+    where
+        I: IntoIterator<Item = &'e str>,
+        I::IntoIter: ExactSizeIterator + Clone,
+    {
+        self.policy_domains
+            .get(domain)?
+            .policy_for(keys.into_iter())
     }
 
     /// Parses one YAML document, as if read from a file named `file`.
@@ -230,12 +345,15 @@ impl Config {
 
     /// Whether `domain` is configured.
     pub fn has_domain(&self, domain: &str) -> bool {
-        self.domains.contains_key(domain)
+        self.domains.contains_key(domain) || self.policy_domains.contains_key(domain)
     }
 
     /// The configured domains, in no particular order.
     pub fn domains(&self) -> impl Iterator<Item = &str> {
-        self.domains.keys().map(String::as_str)
+        self.domains
+            .keys()
+            .chain(self.policy_domains.keys())
+            .map(String::as_str)
     }
 
     /// The rule a descriptor's `entries` (key, value pairs, in order) land on in `domain`, if
@@ -304,6 +422,11 @@ pub fn wildcard_match(pattern: &str, text: &str) -> bool {
     rest.len() >= last.len() && rest.ends_with(last)
 }
 
+/// Whether `path` is a TOML file of distlimit policies (by its extension).
+fn is_toml(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "toml")
+}
+
 /// One configuration file as read from disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Source {
@@ -313,7 +436,7 @@ pub struct Source {
     pub contents: String,
 }
 
-/// Reads the YAML files at `path` (a file, or a directory's `.yaml`/`.yml` files in name order,
+/// Reads the configuration files at `path` (a file, or a directory's `.yaml`/`.yml`/`.toml` files in name order,
 /// dot files skipped, symbolic links followed).
 ///
 /// # Errors
@@ -338,8 +461,8 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
         let file = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        if name.starts_with('.') || !yaml {
+        let known = name.ends_with(".yaml") || name.ends_with(".yml") || name.ends_with(".toml");
+        if name.starts_with('.') || !known {
             continue;
         }
         // Follows symbolic links: a ConfigMap's files are links into its `..data` directory.

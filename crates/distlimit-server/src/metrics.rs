@@ -1,0 +1,136 @@
+//! Metrics of the requests themselves, beside the per-rule decisions of `distlimit-metrics`:
+//! `distlimit_server_requests_total` by domain, protocol and result, and
+//! `distlimit_server_request_duration_seconds` by protocol. Served on `/metrics` together with
+//! the decision series, from one registry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlimit_metrics::Metrics;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, text};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// The `domain` label of a request whose domain is not configured: a request's domain is only
+/// a label value when the configuration names it, so clients cannot grow the series.
+pub const UNCONFIGURED_DOMAIN: &str = "unconfigured";
+
+/// The protocol a request came in by.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Protocol {
+    /// Envoy's RLS v3 over gRPC.
+    grpc,
+    /// `POST /v1/check`.
+    http,
+}
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum RequestResult {
+    /// Admitted (`OK`).
+    ok,
+    /// Denied (`OVER_LIMIT`).
+    over_limit,
+    /// Refused as malformed (`INVALID_ARGUMENT`, HTTP 400).
+    invalid,
+    /// No decision: the store failed or time ran out (`UNAVAILABLE`, HTTP 503).
+    unavailable,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    domain: Arc<str>,
+    protocol: Protocol,
+    result: RequestResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabels {
+    protocol: Protocol,
+}
+
+impl RequestResult {
+    /// The result of a decided (or refused) request.
+    pub fn of(answer: &Result<crate::CheckResponse, crate::CheckError>) -> Self {
+        match answer {
+            Ok(answer) if answer.over_limit => RequestResult::over_limit,
+            Ok(_) => RequestResult::ok,
+            Err(crate::CheckError::InvalidArgument(_)) => RequestResult::invalid,
+            Err(crate::CheckError::Unavailable(_)) => RequestResult::unavailable,
+        }
+    }
+}
+
+/// The server's registry: the request series and the decision series of a [`Metrics`].
+pub struct RequestMetrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<ProtocolLabels, Histogram>,
+}
+
+impl std::fmt::Debug for RequestMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestMetrics").finish_non_exhaustive()
+    }
+}
+
+impl RequestMetrics {
+    /// A registry holding the request series and `decisions`' series.
+    pub fn new(decisions: &Metrics) -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        // 10 µs to about 160 ms.
+        let duration = Family::<ProtocolLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(1e-5, 2.0, 15))) as fn() -> Histogram,
+        );
+        let mut registry = Registry::default();
+        decisions.register_into(&mut registry);
+        let server = registry.sub_registry_with_prefix("distlimit_server");
+        server.register(
+            "requests",
+            "Rate-limit requests by domain (configured domains only), protocol and result",
+            requests.clone(),
+        );
+        server.register_with_unit(
+            "request_duration",
+            "Time from a decoded request to its answer",
+            Unit::Seconds,
+            duration.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            duration,
+        }
+    }
+
+    /// Counts one request of `domain` (`None`: not configured) by `protocol`.
+    pub fn on_request(
+        &self,
+        protocol: Protocol,
+        domain: Option<&str>,
+        result: RequestResult,
+        elapsed: Duration,
+    ) {
+        let labels = RequestLabels {
+            domain: Arc::from(domain.unwrap_or(UNCONFIGURED_DOMAIN)),
+            protocol,
+            result,
+        };
+        self.requests.get_or_create(&labels).inc();
+        self.duration
+            .get_or_create(&ProtocolLabels { protocol })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// The OpenMetrics text exposition of every series.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(8192);
+        // Writing to a `String` cannot fail.
+        let _ = text::encode(&mut out, &self.registry);
+        out
+    }
+}
