@@ -216,6 +216,68 @@ impl Cluster {
         &self.nodes
     }
 
+    /// The nodes, to fault: a [`kill`](RedisServer::kill)ed primary is replaced by its replica
+    /// after `cluster-node-timeout` (2 s here); a [`restart`](RedisServer::restart)ed node
+    /// keeps its node id (its `nodes-<port>.conf` stays in its directory) and rejoins, a killed
+    /// primary as a replica of the one that replaced it.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
+    /// The index in [`nodes`](Self::nodes) of the primary serving `slot`, and of its replicas,
+    /// as the first node that answers sees them (`CLUSTER NODES`; nodes flagged `fail` left out,
+    /// nodes only suspected, `fail?`, kept).
+    pub fn shard_of(&self, slot: u16) -> Result<(usize, Vec<usize>), String> {
+        let mut last = String::from("no node is running");
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            match node.query::<String>(redis::cmd("CLUSTER").arg("NODES")) {
+                Ok(text) => return self.parse_shard(&text, slot),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// [`shard_of`](Self::shard_of) from the text of `CLUSTER NODES`.
+    fn parse_shard(&self, text: &str, slot: u16) -> Result<(usize, Vec<usize>), String> {
+        // `<id> <ip:port@bus> <flags> <primary id or -> <ping> <pong> <epoch> <link> <slots>...`
+        let lines: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|f| {
+                f.len() >= 8
+                    && !f[2]
+                        .split(',')
+                        .any(|flag| flag == "fail" || flag == "noaddr")
+            })
+            .collect();
+        let index = |fields: &[&str]| {
+            let port = fields[1]
+                .split('@')
+                .next()
+                .and_then(|a| a.rsplit_once(':'))
+                .and_then(|(_, p)| p.parse::<u16>().ok());
+            self.nodes.iter().position(|n| Some(n.port()) == port)
+        };
+        let serves = |fields: &[&str]| {
+            fields[8..].iter().any(|range| {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+            })
+        };
+        let primary = lines
+            .iter()
+            .find(|f| f[2].split(',').any(|flag| flag == "master") && serves(f))
+            .ok_or_else(|| format!("no running primary serves slot {slot}:\n{text}"))?;
+        let primary_index = index(primary).ok_or_else(|| format!("unknown node {}", primary[1]))?;
+        let replicas = lines
+            .iter()
+            .filter(|f| f[3] == primary[0])
+            .filter_map(|f| index(f))
+            .collect();
+        Ok((primary_index, replicas))
+    }
+
     /// `6 nodes on 127.0.0.1:p1,...,p6 (3 primaries with 1 replica each)`.
     pub fn describe(&self) -> String {
         let ports: Vec<String> = self.nodes.iter().map(|n| n.port().to_string()).collect();
