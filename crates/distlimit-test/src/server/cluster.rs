@@ -216,6 +216,31 @@ impl Cluster {
         &self.nodes
     }
 
+    /// The nodes, to fault: a [`kill`](RedisServer::kill)ed primary is replaced by its replica
+    /// after `cluster-node-timeout` (2 s here); a [`restart`](RedisServer::restart)ed node
+    /// keeps its node id (its `nodes-<port>.conf` stays in its directory) and rejoins, a killed
+    /// primary as a replica of the one that replaced it.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+
+    /// The index in [`nodes`](Self::nodes) of the primary serving `slot`, and of its replicas,
+    /// as the first node that answers sees them (`CLUSTER NODES`; nodes flagged `fail` left out,
+    /// nodes only suspected, `fail?`, kept).
+    pub fn shard_of(&self, slot: u16) -> Result<(usize, Vec<usize>), String> {
+        let mut last = String::from("no node is running");
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            match node.query::<String>(redis::cmd("CLUSTER").arg("NODES")) {
+                Ok(text) => {
+                    let ports: Vec<u16> = self.nodes.iter().map(RedisServer::port).collect();
+                    return parse_shard(&text, slot, &ports);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
     /// `6 nodes on 127.0.0.1:p1,...,p6 (3 primaries with 1 replica each)`.
     pub fn describe(&self) -> String {
         let ports: Vec<String> = self.nodes.iter().map(|n| n.port().to_string()).collect();
@@ -235,5 +260,72 @@ impl Cluster {
 
     pub(crate) fn servers_mut(&mut self) -> impl Iterator<Item = &mut RedisServer> {
         self.nodes.iter_mut()
+    }
+}
+
+/// [`Cluster::shard_of`] from the text of `CLUSTER NODES`, nodes named by their index in
+/// `ports`.
+fn parse_shard(text: &str, slot: u16, ports: &[u16]) -> Result<(usize, Vec<usize>), String> {
+    // `<id> <ip:port@bus> <flags> <primary id or -> <ping> <pong> <epoch> <link> <slots>...`
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| {
+            f.len() >= 8
+                && !f[2]
+                    .split(',')
+                    .any(|flag| flag == "fail" || flag == "noaddr")
+        })
+        .collect();
+    let index = |fields: &[&str]| {
+        let port = fields[1]
+            .split('@')
+            .next()
+            .and_then(|a| a.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse::<u16>().ok());
+        ports.iter().position(|&p| Some(p) == port)
+    };
+    let serves = |fields: &[&str]| {
+        fields[8..].iter().any(|range| {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+        })
+    };
+    let primary = lines
+        .iter()
+        .find(|f| f[2].split(',').any(|flag| flag == "master") && serves(f))
+        .ok_or_else(|| format!("no running primary serves slot {slot}:\n{text}"))?;
+    let primary_index = index(primary).ok_or_else(|| format!("unknown node {}", primary[1]))?;
+    let replicas = lines
+        .iter()
+        .filter(|f| f[3] == primary[0])
+        .filter_map(|f| index(f))
+        .collect();
+    Ok((primary_index, replicas))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `CLUSTER NODES` of a 6-node Cluster whose first primary failed over to its replica
+    /// (ports 7000 to 7005; 7000 failed, 7003 took over, 7004 only suspected).
+    const NODES_TEXT: &str = "\
+a0 127.0.0.1:7000@17000 master,fail - 0 0 1 disconnected
+b1 127.0.0.1:7001@17001 myself,master - 0 0 2 connected 5461-10922
+c2 127.0.0.1:7002@17002 master - 0 0 3 connected 10923-16383
+d3 127.0.0.1:7003@17003 master - 0 0 7 connected 0-5460
+e4 127.0.0.1:7004@17004 slave,fail? b1 0 0 2 connected
+f5 127.0.0.1:7005@17005 slave c2 0 0 3 connected
+";
+
+    #[test]
+    fn shards_follow_the_slots_and_leave_failed_nodes_out() {
+        let ports = [7000, 7001, 7002, 7003, 7004, 7005];
+        assert_eq!(parse_shard(NODES_TEXT, 0, &ports), Ok((3, vec![])));
+        assert_eq!(parse_shard(NODES_TEXT, 5461, &ports), Ok((1, vec![4])));
+        assert_eq!(parse_shard(NODES_TEXT, 16383, &ports), Ok((2, vec![5])));
+        assert!(parse_shard(NODES_TEXT, 0, &ports[1..3]).is_err());
+        assert!(parse_shard("", 0, &ports).is_err());
     }
 }

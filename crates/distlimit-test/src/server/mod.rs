@@ -383,6 +383,14 @@ impl RedisServer {
         self.query(redis::cmd("INFO").arg(section))
     }
 
+    /// `role` of `INFO replication`: `master` or `slave`.
+    pub fn role(&self) -> Result<String, String> {
+        let info = self.info("replication")?;
+        info_field(&info, "role")
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{} reports no role", self.addr()))
+    }
+
     /// `calls` of one command in `INFO commandstats` (`"evalsha"`), 0 when it never ran since
     /// the start or the last `CONFIG RESETSTAT`.
     pub fn command_calls(&self, command: &str) -> Result<u64, String> {

@@ -114,6 +114,18 @@ impl Sentinel {
         &self.replica
     }
 
+    /// The primary at startup, to fault: [`kill`](RedisServer::kill) it (the sentinels promote
+    /// the replica once it has been down for `down-after-milliseconds`, 1 s here), then
+    /// [`restart`](RedisServer::restart) it (the sentinels make it a replica of the new primary).
+    pub fn primary_mut(&mut self) -> &mut RedisServer {
+        &mut self.primary
+    }
+
+    /// The replica at startup, to fault.
+    pub fn replica_mut(&mut self) -> &mut RedisServer {
+        &mut self.replica
+    }
+
     /// The sentinels.
     pub fn sentinels(&self) -> &[RedisServer] {
         &self.sentinels
