@@ -343,7 +343,7 @@ impl Backend {
         )
         .map_err(|e| classify(e, after))?;
         let sentinel = Arc::new(SentinelBackend {
-            resolver: tokio::sync::Mutex::new(client),
+            resolver: tokio::sync::Mutex::new(Resolver { client, last: None }),
             current: Mutex::new(None),
             config: node_config(timeouts),
         });
@@ -918,10 +918,21 @@ impl ConnectionLike for Asking<'_> {
 // ---------------------------------------------------------------------------------------------
 // Sentinel
 
+/// The least time between two lookups of the primary through the sentinels (each asks every
+/// sentinel `SENTINEL MASTERS` and the primary it names `ROLE`), so a dead primary does not turn
+/// every failing call into a lookup. Short, because the first lookup after a promotion is what
+/// follows it.
+const LOOKUP_INTERVAL: Duration = Duration::from_millis(50);
+
 /// The primary the sentinels name, connected; re-resolved after a transient failure.
+///
+/// Re-resolution is single flight and rate-limited: one lookup (and connection to the primary it
+/// names) runs at a time, callers without a connection wait for it, and within
+/// [`LOOKUP_INTERVAL`] of a lookup that failed they get its error at once instead of asking
+/// again.
 pub(crate) struct SentinelBackend {
     /// Asks the sentinels; one resolution at a time.
-    resolver: tokio::sync::Mutex<SentinelClient>,
+    resolver: tokio::sync::Mutex<Resolver>,
     /// The connection to the primary, unless a failure invalidated it.
     current: Mutex<Option<Current>>,
     config: AsyncConnectionConfig,
@@ -938,6 +949,13 @@ struct Current {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// The sentinels' client and what its last lookup came to.
+struct Resolver {
+    client: SentinelClient,
+    /// When the last resolution ended, and its error if it failed.
+    last: Option<(Instant, Option<RedisError>)>,
+}
+
 impl SentinelBackend {
     fn current(&self) -> Option<Current> {
         self.current
@@ -951,15 +969,33 @@ impl SentinelBackend {
         if let Some(current) = self.current() {
             return Ok(current);
         }
+        // Single flight: callers arriving during a resolution wait for it here.
         let mut resolver = self.resolver.lock().await;
         // Another call may have resolved it while this one waited.
         if let Some(current) = self.current() {
             return Ok(current);
         }
-        let client = resolver
-            .async_get_client()
-            .await
-            .map_err(|e| script::map_error(e, &[]))?;
+        if let Some((at, last)) = &resolver.last {
+            let next = *at + LOOKUP_INTERVAL;
+            match last {
+                // The sentinels were just asked and the primary could not be reached: fail with
+                // that error (the same classification: a refused connection sent nothing).
+                Some(e) if Instant::now() < next => return Err(script::map_error(e.clone(), &[])),
+                // A connection made moments ago already failed: wait out the interval.
+                None => tokio::time::sleep_until(next).await,
+                Some(_) => {}
+            }
+        }
+        let result = self.resolve(&mut resolver.client).await;
+        resolver.last = Some((Instant::now(), result.as_ref().err().cloned()));
+        let current = result.map_err(|e| script::map_error(e, &[]))?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(current.clone());
+        Ok(current)
+    }
+
+    /// Asks the sentinels for the primary and connects to it.
+    async fn resolve(&self, client: &mut SentinelClient) -> Result<Current, RedisError> {
+        let client = client.async_get_client().await?;
         let addr = match client.get_connection_info().addr() {
             ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
                 (host.clone(), *port)
@@ -968,15 +1004,12 @@ impl SentinelBackend {
         };
         let conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-            .map_err(|e| script::map_error(e, &[]))?;
-        let current = Current {
+            .await?;
+        Ok(Current {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             conn,
             addr,
-        };
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(current.clone());
-        Ok(current)
+        })
     }
 
     /// Forgets connection `id`, so the next call asks the sentinels again.
