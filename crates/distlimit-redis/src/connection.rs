@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use deadpool::managed::{PoolError, RecycleError};
-use distlimit_core::{Decision, Error, Limit};
+use distlimit_core::{Decision, Error, Limit, NotSent};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -446,12 +446,8 @@ impl Backend {
 /// At connect time, sentinels that know no primary by that name mean a wrong service name (at
 /// run time the same answer may be a passing state, so it stays transient there).
 fn unknown_service(err: Error, service: &str) -> Error {
-    let unknown = match &err {
-        Error::Unavailable { source, .. } => source
-            .downcast_ref::<RedisError>()
-            .is_some_and(|e| e.kind() == ErrorKind::MasterNameNotFoundBySentinel),
-        _ => false,
-    };
+    let unknown = matches!(&err, Error::Unavailable { .. })
+        && redis_source(&err).is_some_and(|e| e.kind() == ErrorKind::MasterNameNotFoundBySentinel);
     if unknown {
         config_error(format!(
             "the sentinels know no primary named \"{}\"",
@@ -661,27 +657,39 @@ impl deadpool::managed::Manager for PoolManager {
 /// an I/O error (the connection dropped, or the client cannot tell what the server got). A
 /// server's error reply (`BUSY`, `LOADING`, `NOSCRIPT`, …) came over a working connection.
 fn breaks_connection(err: &Error) -> bool {
-    match err {
-        Error::Timeout { .. } => true,
-        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
-            source.downcast_ref::<RedisError>().is_some_and(|e| {
-                e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_unrecoverable_error()
-            })
-        }
-        _ => false,
+    matches!(err, Error::Timeout { .. })
+        || redis_source(err).is_some_and(|e| {
+            e.is_io_error()
+                || e.is_timeout()
+                || e.is_connection_dropped()
+                || e.is_unrecoverable_error()
+        })
+}
+
+/// The Redis error behind a transient `err`, if any (marked [`NotSent`] or not).
+fn redis_source(err: &Error) -> Option<&RedisError> {
+    let (Error::Unavailable { source, .. } | Error::Backend { source, .. }) = err else {
+        return None;
+    };
+    match source.downcast_ref::<NotSent>() {
+        Some(NotSent(inner)) => inner.downcast_ref::<RedisError>(),
+        None => source.downcast_ref::<RedisError>(),
     }
 }
 
-/// The Redis error behind a transient `err`, if any.
-fn redis_source(err: &Error) -> Option<&RedisError> {
+/// `err` marked as never sent ([`Error::is_not_sent`]): an [`Error::Unavailable`] whose source is
+/// [`NotSent`].
+fn not_sent(err: Error) -> Error {
     match err {
-        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
-            source.downcast_ref::<RedisError>()
-        }
-        _ => None,
+        Error::Unavailable { store, source } if !source.is::<NotSent>() => Error::Unavailable {
+            store,
+            source: Box::new(NotSent(source)),
+        },
+        Error::Backend { store, source, .. } => Error::Unavailable {
+            store,
+            source: Box::new(NotSent(source)),
+        },
+        other => other,
     }
 }
 
@@ -712,16 +720,11 @@ pub(crate) fn classify(err: RedisError, after: Duration) -> Error {
 /// * `NOAUTH`, `WRONGPASS`, a failed authentication → [`Error::Config`], and so are
 ///   `unknown command` replies to the scripting commands (scripting renamed away or disabled),
 ///   a TLS handshake refused over certificates, and an empty sentinel list;
-/// * a sentinel that knows no primary for the service, or a missing Cluster connection →
-///   [`Error::Unavailable`] (during a failover this passes).
+/// * a refused connection, or sentinels that know no primary for the service →
+///   [`Error::Unavailable`] marked [`NotSent`] (nothing was sent: [`Error::is_not_sent`]);
+/// * a missing Cluster connection → [`Error::Unavailable`] (during a failover this passes).
 pub(crate) fn refine(err: Error, after: Duration) -> Error {
-    let redis_error = match &err {
-        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
-            source.downcast_ref::<RedisError>()
-        }
-        _ => None,
-    };
-    let Some(e) = redis_error else {
+    let Some(e) = redis_source(&err) else {
         return err;
     };
     if e.is_timeout() {
@@ -757,14 +760,18 @@ pub(crate) fn refine(err: Error, after: Duration) -> Error {
         }
         _ => {}
     }
+    if e.is_connection_refusal() {
+        return not_sent(err);
+    }
     match e.kind() {
         ErrorKind::AuthenticationFailed => config("authentication failed"),
         ErrorKind::InvalidClientConfig | ErrorKind::EmptySentinelList => {
             config("invalid configuration")
         }
-        ErrorKind::MasterNameNotFoundBySentinel
-        | ErrorKind::NoValidReplicasFoundBySentinel
-        | ErrorKind::ClusterConnectionNotFound => match err {
+        ErrorKind::MasterNameNotFoundBySentinel | ErrorKind::NoValidReplicasFoundBySentinel => {
+            not_sent(err)
+        }
+        ErrorKind::ClusterConnectionNotFound => match err {
             Error::Unavailable { .. } => err,
             Error::Backend { store, source, .. } => Error::Unavailable { store, source },
             other => other,
@@ -790,10 +797,7 @@ enum Next {
 /// Whether `err` proves the script did not run, and what to do next; `None` when it may have
 /// run, or will fail the same way again.
 fn did_not_run(err: &Error) -> Option<Next> {
-    let (Error::Unavailable { source, .. } | Error::Backend { source, .. }) = err else {
-        return None;
-    };
-    let e = source.downcast_ref::<RedisError>()?;
+    let e = redis_source(err)?;
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ReadOnly) => Some(Next::Again),
         ErrorKind::Server(ServerErrorKind::Ask) => {
@@ -1153,6 +1157,58 @@ mod tests {
             Duration::from_secs(1),
         );
         assert_eq!(did_not_run(&refused), Some(Next::Wait));
+    }
+
+    #[test]
+    fn only_errors_proving_nothing_was_sent_are_not_sent() {
+        let after = Duration::from_secs(1);
+        let refusal = classify(
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            after,
+        );
+        assert!(
+            refusal.is_not_sent() && refusal.is_transient(),
+            "{refusal:?}"
+        );
+        // Refined again (a deadline wraps a call that refines), it is marked once and still
+        // followed as a refusal.
+        let refusal = refine(refusal, after);
+        assert!(refusal.is_not_sent(), "{refusal:?}");
+        assert_eq!(
+            refusal.to_string().matches("not sent").count(),
+            1,
+            "{refusal}"
+        );
+        assert!(refused(&refusal));
+        assert_eq!(did_not_run(&refusal), Some(Next::Wait));
+        let no_primary = classify(
+            RedisError::from((ErrorKind::MasterNameNotFoundBySentinel, "no master")),
+            after,
+        );
+        assert!(no_primary.is_not_sent(), "{no_primary:?}");
+        assert!(matches!(
+            unknown_service(no_primary, "svc"),
+            Error::Config { .. }
+        ));
+        // The script may have run: a lost connection, a timeout.
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::TimedOut,
+        ] {
+            let e = classify(RedisError::from(std::io::Error::from(kind)), after);
+            assert!(!e.is_not_sent(), "{kind:?}: {e:?}");
+        }
+        // A reply came: the command was sent (even when it proves the script did not run).
+        for reply in [
+            "READONLY You can't write against a read only replica.",
+            "MOVED 3999 127.0.0.1:6381",
+            "BUSY script running",
+        ] {
+            let e = refine(parsed(reply), after);
+            assert!(!e.is_not_sent(), "{reply}: {e:?}");
+        }
     }
 
     #[test]

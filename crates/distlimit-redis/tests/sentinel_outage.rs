@@ -171,6 +171,12 @@ async fn a_dead_sentinel_primary_is_looked_up_at_a_bounded_rate_and_then_followe
         .filter(|s| s.started >= killed && s.started < promoted)
         .collect();
     let failed = during.iter().filter(|s| s.result.is_err()).count();
+    // Failures that leave unknown whether the script ran (not marked `is_not_sent`): the calls
+    // in flight at the kill, and those sent on the dead connection before it was dropped.
+    let maybe_ran = during
+        .iter()
+        .filter(|s| s.result.as_ref().is_err_and(|e| !e.is_not_sent()))
+        .count();
     let followed = samples
         .iter()
         .filter(|s| s.started >= promoted && s.result.is_ok())
@@ -184,7 +190,8 @@ async fn a_dead_sentinel_primary_is_looked_up_at_a_bounded_rate_and_then_followe
         + 2
         + (outage.as_secs() + 1) * (1 + PEER_COMMANDS_PER_SECOND);
     eprintln!(
-        "primary dead for {outage:.1?}: {} decisions ({failed} failed); commands served by \
+        "primary dead for {outage:.1?}: {} decisions ({failed} failed, {maybe_ran} of them maybe \
+         run); commands served by \
          two sentinels: {served:?} (bound {bound} each); the store answered again {followed:.1?} after \
          the sentinels named the replica; slowest call {max:.1?}",
         during.len()
@@ -200,6 +207,11 @@ async fn a_dead_sentinel_primary_is_looked_up_at_a_bounded_rate_and_then_followe
         "a call took {max:?}, response timeout {RESPONSE_TIMEOUT:?}"
     );
     assert!(failed > 0, "no call failed while the primary was dead");
+    // The rest were refused before anything was sent: the store says so.
+    assert!(
+        maybe_ran <= 2 * TASKS,
+        "{maybe_ran} of {failed} failures not marked as never sent"
+    );
     assert!(
         served.iter().all(|&n| n <= bound),
         "the sentinels served {served:?} commands in {outage:?} (bound {bound} each)"
