@@ -7,9 +7,10 @@
 //! may have run, so it is never sent again: the caller gets a transient error and decides (a
 //! circuit breaker, a local fallback). Only answers that prove the script did not run lead to
 //! another attempt, within the same per-call deadline: `MOVED` and `ASK` (the slot lives
-//! elsewhere), `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused
-//! the command before running it), a refused connection (standalone and Cluster), and
-//! `NOSCRIPT` (handled in [`script`](crate::script)).
+//! elsewhere), `TRYAGAIN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused the command
+//! before running it), a refused connection (standalone and Cluster), and `NOSCRIPT` (handled
+//! in [`script`](crate::script)). `CLUSTERDOWN` also proves it, but lasts until a crashed
+//! primary's replica is promoted (seconds), so it fails the call at once.
 //!
 //! redis-rs' own Cluster retries cannot make that distinction (redis 1.8.1,
 //! `src/cluster_handling/async_connection/request.rs`, `choose_response`, lines 164–306): it
@@ -74,7 +75,7 @@ use crate::script::{self, ScriptRequest, TimeSource};
 /// The most attempts one call makes in a Cluster (redirects and waits), within its deadline.
 const MAX_CLUSTER_ATTEMPTS: u32 = 16;
 
-/// The first wait after `TRYAGAIN`, `CLUSTERDOWN` and the like; doubled per attempt.
+/// The first wait after `TRYAGAIN`, `LOADING` and the like; doubled per attempt.
 const CLUSTER_RETRY_WAIT: Duration = Duration::from_millis(5);
 
 /// One script call, runnable on any connection.
@@ -809,11 +810,11 @@ fn did_not_run(err: &Error) -> Option<Next> {
                 port: port.parse().ok()?,
             })
         }
+        // A slot lost its primary (a crash): the Cluster serves nothing until a replica is
+        // promoted, which takes far longer than a call's deadline, so the call fails at once.
+        ErrorKind::Server(ServerErrorKind::ClusterDown) => None,
         ErrorKind::Server(
-            ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::BusyLoading,
+            ServerErrorKind::TryAgain | ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading,
         )
         | ErrorKind::ClusterConnectionNotFound => Some(Next::Wait),
         _ if e.is_connection_refusal() => Some(Next::Wait),
@@ -1138,9 +1139,12 @@ mod tests {
                 port: 6381
             })
         );
+        assert_eq!(
+            did_not_run(&parsed("CLUSTERDOWN The cluster is down")),
+            None
+        );
         for wait in [
             "TRYAGAIN Multiple keys request during rehashing of slot",
-            "CLUSTERDOWN The cluster is down",
             "MASTERDOWN Link with MASTER is down",
             "LOADING Redis is loading the dataset in memory",
         ] {
