@@ -223,7 +223,10 @@ impl Backend {
             }
             Backend::Pool(pool) => {
                 within(after, async {
-                    let mut pooled = pool.get().await.map_err(|e| pool_error(e, after))?;
+                    let mut pooled = pool
+                        .get()
+                        .await
+                        .map_err(|e| not_sent_if_transient(pool_error(e, after)))?;
                     // Broken until the call completes: a call the deadline cuts short leaves it
                     // so, and the pool replaces the connection at its next checkout.
                     pooled.broken = true;
@@ -678,6 +681,21 @@ fn redis_source(err: &Error) -> Option<&RedisError> {
     }
 }
 
+/// A failure to get a connection, before the script was sent: marked [`NotSent`] unless it is
+/// permanent (a bad password stays a configuration error).
+fn not_sent_if_transient(err: Error) -> Error {
+    if err.is_transient() {
+        not_sent(err)
+    } else {
+        err
+    }
+}
+
+/// [`not_sent_if_transient`] of a Redis error met while connecting.
+fn before_sending(err: RedisError) -> Error {
+    not_sent_if_transient(script::map_error(err, &[]))
+}
+
 /// `err` marked as never sent ([`Error::is_not_sent`]): an [`Error::Unavailable`] whose source is
 /// [`NotSent`].
 fn not_sent(err: Error) -> Error {
@@ -985,7 +1003,7 @@ impl SentinelBackend {
             match last {
                 // The sentinels were just asked and the primary could not be reached: fail with
                 // that error (the same classification: a refused connection sent nothing).
-                Some(e) if Instant::now() < next => return Err(script::map_error(e.clone(), &[])),
+                Some(e) if Instant::now() < next => return Err(before_sending(e.clone())),
                 // A connection made moments ago already failed: wait out the interval.
                 None => tokio::time::sleep_until(next).await,
                 Some(_) => {}
@@ -993,7 +1011,7 @@ impl SentinelBackend {
         }
         let result = self.resolve(&mut resolver.client).await;
         resolver.last = Some((Instant::now(), result.as_ref().err().cloned()));
-        let current = result.map_err(|e| script::map_error(e, &[]))?;
+        let current = result.map_err(before_sending)?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(current.clone());
         Ok(current)
     }
