@@ -697,7 +697,8 @@ fn before_sending(err: RedisError) -> Error {
 }
 
 /// `err` marked as never sent ([`Error::is_not_sent`]): an [`Error::Unavailable`] whose source is
-/// [`NotSent`].
+/// [`NotSent`]. A [`Error::Backend`] becomes such an `Unavailable` (transient): callers mark only
+/// errors that prove no server took the request.
 fn not_sent(err: Error) -> Error {
     match err {
         Error::Unavailable { store, source } if !source.is::<NotSent>() => Error::Unavailable {
@@ -1212,6 +1213,12 @@ mod tests {
             unknown_service(no_primary, "svc"),
             Error::Config { .. }
         ));
+        // Failing to connect sent nothing, whatever the I/O error; bad credentials stay what
+        // they are.
+        let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(before_sending(reset).is_not_sent());
+        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "bad password"));
+        assert!(matches!(before_sending(auth), Error::Config { .. }));
         // The script may have run: a lost connection, a timeout.
         for kind in [
             std::io::ErrorKind::ConnectionReset,
