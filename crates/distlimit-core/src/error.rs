@@ -33,6 +33,8 @@ pub enum Error {
         after: Duration,
     },
     /// The store could not be reached (connection refused or lost, failover in progress).
+    /// A `source` of type [`NotSent`] proves the request never reached the store
+    /// ([`is_not_sent`](Error::is_not_sent)); any other may have been applied.
     #[error("{store}: unavailable: {source}")]
     Unavailable {
         /// The store's name.
@@ -95,6 +97,14 @@ impl Error {
         }
     }
 
+    /// Whether the request certainly never reached the store (an [`Error::Unavailable`] whose
+    /// source is [`NotSent`]: a refused connection, no server to send it to), so it was not
+    /// applied and sending it again cannot apply it twice. `false` says nothing either way: a
+    /// timeout or a lost connection leaves unknown whether a consuming request was applied.
+    pub fn is_not_sent(&self) -> bool {
+        matches!(self, Error::Unavailable { source, .. } if source.is::<NotSent>())
+    }
+
     /// Whether the error is the caller's fault (bad key, quota or request) rather than the store's.
     pub fn is_invalid_input(&self) -> bool {
         matches!(
@@ -118,5 +128,41 @@ impl Error {
             Error::Config { .. } => "config",
             Error::Backend { .. } => "backend",
         }
+    }
+}
+
+/// The source of an [`Error::Unavailable`] whose request never reached the store (a refused
+/// connection, no server known to send it to): see [`Error::is_not_sent`]. It wraps the
+/// backend's own error.
+#[derive(Debug, thiserror::Error)]
+#[error("not sent: {0}")]
+pub struct NotSent(#[source] pub BoxError);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unavailable_store_with_a_not_sent_source_is_not_sent() {
+        let refused = Error::Unavailable {
+            store: "s",
+            source: Box::new(NotSent("connection refused".into())),
+        };
+        assert!(refused.is_not_sent() && refused.is_transient());
+        assert_eq!(refused.kind(), "unavailable");
+        assert_eq!(
+            refused.to_string(),
+            "s: unavailable: not sent: connection refused"
+        );
+        let lost = Error::Unavailable {
+            store: "s",
+            source: "connection reset".into(),
+        };
+        assert!(!lost.is_not_sent());
+        let timeout = Error::Timeout {
+            store: "s",
+            after: Duration::from_millis(1),
+        };
+        assert!(!timeout.is_not_sent());
     }
 }

@@ -13,7 +13,7 @@ mod store;
 pub use algorithm::{Algorithm, Limit, State, UnknownAlgorithm};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, NEVER, Source};
-pub use error::{BoxError, Error};
+pub use error::{BoxError, Error, NotSent};
 pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use lease::{Grant, LeaseStore, LeaseUnsupported};
 pub use observe::{BreakerState, NoopObserver, Observer, Outcome};

@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use distlimit_core::observe::Observer;
-use distlimit_core::{Decision, Error, Limit, MAX_BATCH};
+use distlimit_core::{Decision, Error, Limit, MAX_BATCH, NotSent};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
 use tokio::sync::oneshot;
@@ -611,6 +611,11 @@ impl Copies {
                 store,
                 after: *after,
             },
+            // A call that was never sent was not sent for any of its callers.
+            Error::Unavailable { store, .. } if self.error.is_not_sent() => Error::Unavailable {
+                store,
+                source: Box::new(NotSent(source())),
+            },
             Error::Unavailable { store, .. } => Error::Unavailable {
                 store,
                 source: source(),
@@ -658,7 +663,10 @@ impl fmt::Display for Shared {
         // The copy's own variant already names the store and the kind: show the cause.
         match &*self.0 {
             Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
-                fmt::Display::fmt(source, f)
+                match source.downcast_ref::<NotSent>() {
+                    Some(NotSent(inner)) => fmt::Display::fmt(inner, f),
+                    None => fmt::Display::fmt(source, f),
+                }
             }
             other => fmt::Display::fmt(other, f),
         }

@@ -7,9 +7,10 @@
 //! may have run, so it is never sent again: the caller gets a transient error and decides (a
 //! circuit breaker, a local fallback). Only answers that prove the script did not run lead to
 //! another attempt, within the same per-call deadline: `MOVED` and `ASK` (the slot lives
-//! elsewhere), `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused
-//! the command before running it), a refused connection (standalone and Cluster), and
-//! `NOSCRIPT` (handled in [`script`](crate::script)).
+//! elsewhere), `TRYAGAIN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused the command
+//! before running it), a refused connection (standalone and Cluster), and `NOSCRIPT` (handled
+//! in [`script`](crate::script)). `CLUSTERDOWN` also proves it, but lasts until a crashed
+//! primary's replica is promoted (seconds), so it fails the call at once.
 //!
 //! redis-rs' own Cluster retries cannot make that distinction (redis 1.8.1,
 //! `src/cluster_handling/async_connection/request.rs`, `choose_response`, lines 164–306): it
@@ -54,7 +55,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use deadpool::managed::{PoolError, RecycleError};
-use distlimit_core::{Decision, Error, Limit};
+use distlimit_core::{Decision, Error, Limit, NotSent};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -74,7 +75,7 @@ use crate::script::{self, ScriptRequest, TimeSource};
 /// The most attempts one call makes in a Cluster (redirects and waits), within its deadline.
 const MAX_CLUSTER_ATTEMPTS: u32 = 16;
 
-/// The first wait after `TRYAGAIN`, `CLUSTERDOWN` and the like; doubled per attempt.
+/// The first wait after `TRYAGAIN`, `LOADING` and the like; doubled per attempt.
 const CLUSTER_RETRY_WAIT: Duration = Duration::from_millis(5);
 
 /// One script call, runnable on any connection.
@@ -222,7 +223,10 @@ impl Backend {
             }
             Backend::Pool(pool) => {
                 within(after, async {
-                    let mut pooled = pool.get().await.map_err(|e| pool_error(e, after))?;
+                    let mut pooled = pool
+                        .get()
+                        .await
+                        .map_err(|e| not_sent_if_transient(pool_error(e, after)))?;
                     // Broken until the call completes: a call the deadline cuts short leaves it
                     // so, and the pool replaces the connection at its next checkout.
                     pooled.broken = true;
@@ -343,7 +347,7 @@ impl Backend {
         )
         .map_err(|e| classify(e, after))?;
         let sentinel = Arc::new(SentinelBackend {
-            resolver: tokio::sync::Mutex::new(client),
+            resolver: tokio::sync::Mutex::new(Resolver { client, last: None }),
             current: Mutex::new(None),
             config: node_config(timeouts),
         });
@@ -446,12 +450,8 @@ impl Backend {
 /// At connect time, sentinels that know no primary by that name mean a wrong service name (at
 /// run time the same answer may be a passing state, so it stays transient there).
 fn unknown_service(err: Error, service: &str) -> Error {
-    let unknown = match &err {
-        Error::Unavailable { source, .. } => source
-            .downcast_ref::<RedisError>()
-            .is_some_and(|e| e.kind() == ErrorKind::MasterNameNotFoundBySentinel),
-        _ => false,
-    };
+    let unknown = matches!(&err, Error::Unavailable { .. })
+        && redis_source(&err).is_some_and(|e| e.kind() == ErrorKind::MasterNameNotFoundBySentinel);
     if unknown {
         config_error(format!(
             "the sentinels know no primary named \"{}\"",
@@ -661,27 +661,55 @@ impl deadpool::managed::Manager for PoolManager {
 /// an I/O error (the connection dropped, or the client cannot tell what the server got). A
 /// server's error reply (`BUSY`, `LOADING`, `NOSCRIPT`, …) came over a working connection.
 fn breaks_connection(err: &Error) -> bool {
-    match err {
-        Error::Timeout { .. } => true,
-        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
-            source.downcast_ref::<RedisError>().is_some_and(|e| {
-                e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_unrecoverable_error()
-            })
-        }
-        _ => false,
+    matches!(err, Error::Timeout { .. })
+        || redis_source(err).is_some_and(|e| {
+            e.is_io_error()
+                || e.is_timeout()
+                || e.is_connection_dropped()
+                || e.is_unrecoverable_error()
+        })
+}
+
+/// The Redis error behind a transient `err`, if any (marked [`NotSent`] or not).
+fn redis_source(err: &Error) -> Option<&RedisError> {
+    let (Error::Unavailable { source, .. } | Error::Backend { source, .. }) = err else {
+        return None;
+    };
+    match source.downcast_ref::<NotSent>() {
+        Some(NotSent(inner)) => inner.downcast_ref::<RedisError>(),
+        None => source.downcast_ref::<RedisError>(),
     }
 }
 
-/// The Redis error behind a transient `err`, if any.
-fn redis_source(err: &Error) -> Option<&RedisError> {
+/// A failure to get a connection, before the script was sent: marked [`NotSent`] unless it is
+/// permanent (a bad password stays a configuration error).
+fn not_sent_if_transient(err: Error) -> Error {
+    if err.is_transient() {
+        not_sent(err)
+    } else {
+        err
+    }
+}
+
+/// [`not_sent_if_transient`] of a Redis error met while connecting.
+fn before_sending(err: RedisError) -> Error {
+    not_sent_if_transient(script::map_error(err, &[]))
+}
+
+/// `err` marked as never sent ([`Error::is_not_sent`]): an [`Error::Unavailable`] whose source is
+/// [`NotSent`]. A [`Error::Backend`] becomes such an `Unavailable` (transient): callers mark only
+/// errors that prove no server took the request.
+fn not_sent(err: Error) -> Error {
     match err {
-        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
-            source.downcast_ref::<RedisError>()
-        }
-        _ => None,
+        Error::Unavailable { store, source } if !source.is::<NotSent>() => Error::Unavailable {
+            store,
+            source: Box::new(NotSent(source)),
+        },
+        Error::Backend { store, source, .. } => Error::Unavailable {
+            store,
+            source: Box::new(NotSent(source)),
+        },
+        other => other,
     }
 }
 
@@ -712,16 +740,11 @@ pub(crate) fn classify(err: RedisError, after: Duration) -> Error {
 /// * `NOAUTH`, `WRONGPASS`, a failed authentication → [`Error::Config`], and so are
 ///   `unknown command` replies to the scripting commands (scripting renamed away or disabled),
 ///   a TLS handshake refused over certificates, and an empty sentinel list;
-/// * a sentinel that knows no primary for the service, or a missing Cluster connection →
-///   [`Error::Unavailable`] (during a failover this passes).
+/// * a refused connection, or sentinels that know no primary for the service →
+///   [`Error::Unavailable`] marked [`NotSent`] (nothing was sent: [`Error::is_not_sent`]);
+/// * a missing Cluster connection → [`Error::Unavailable`] (during a failover this passes).
 pub(crate) fn refine(err: Error, after: Duration) -> Error {
-    let redis_error = match &err {
-        Error::Unavailable { source, .. } | Error::Backend { source, .. } => {
-            source.downcast_ref::<RedisError>()
-        }
-        _ => None,
-    };
-    let Some(e) = redis_error else {
+    let Some(e) = redis_source(&err) else {
         return err;
     };
     if e.is_timeout() {
@@ -757,14 +780,18 @@ pub(crate) fn refine(err: Error, after: Duration) -> Error {
         }
         _ => {}
     }
+    if e.is_connection_refusal() {
+        return not_sent(err);
+    }
     match e.kind() {
         ErrorKind::AuthenticationFailed => config("authentication failed"),
         ErrorKind::InvalidClientConfig | ErrorKind::EmptySentinelList => {
             config("invalid configuration")
         }
-        ErrorKind::MasterNameNotFoundBySentinel
-        | ErrorKind::NoValidReplicasFoundBySentinel
-        | ErrorKind::ClusterConnectionNotFound => match err {
+        ErrorKind::MasterNameNotFoundBySentinel | ErrorKind::NoValidReplicasFoundBySentinel => {
+            not_sent(err)
+        }
+        ErrorKind::ClusterConnectionNotFound => match err {
             Error::Unavailable { .. } => err,
             Error::Backend { store, source, .. } => Error::Unavailable { store, source },
             other => other,
@@ -790,10 +817,7 @@ enum Next {
 /// Whether `err` proves the script did not run, and what to do next; `None` when it may have
 /// run, or will fail the same way again.
 fn did_not_run(err: &Error) -> Option<Next> {
-    let (Error::Unavailable { source, .. } | Error::Backend { source, .. }) = err else {
-        return None;
-    };
-    let e = source.downcast_ref::<RedisError>()?;
+    let e = redis_source(err)?;
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ReadOnly) => Some(Next::Again),
         ErrorKind::Server(ServerErrorKind::Ask) => {
@@ -805,11 +829,11 @@ fn did_not_run(err: &Error) -> Option<Next> {
                 port: port.parse().ok()?,
             })
         }
+        // A slot lost its primary (a crash): the Cluster serves nothing until a replica is
+        // promoted, which takes far longer than a call's deadline, so the call fails at once.
+        ErrorKind::Server(ServerErrorKind::ClusterDown) => None,
         ErrorKind::Server(
-            ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::BusyLoading,
+            ServerErrorKind::TryAgain | ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading,
         )
         | ErrorKind::ClusterConnectionNotFound => Some(Next::Wait),
         _ if e.is_connection_refusal() => Some(Next::Wait),
@@ -918,10 +942,21 @@ impl ConnectionLike for Asking<'_> {
 // ---------------------------------------------------------------------------------------------
 // Sentinel
 
+/// The least time between two lookups of the primary through the sentinels (each asks every
+/// sentinel `SENTINEL MASTERS` and the primary it names `ROLE`), so a dead primary does not turn
+/// every failing call into a lookup. Short, because the first lookup after a promotion is what
+/// follows it.
+const LOOKUP_INTERVAL: Duration = Duration::from_millis(50);
+
 /// The primary the sentinels name, connected; re-resolved after a transient failure.
+///
+/// Re-resolution is single flight and rate-limited: one lookup (and connection to the primary it
+/// names) runs at a time, callers without a connection wait for it, and within
+/// [`LOOKUP_INTERVAL`] of a lookup that failed they get its error at once instead of asking
+/// again.
 pub(crate) struct SentinelBackend {
     /// Asks the sentinels; one resolution at a time.
-    resolver: tokio::sync::Mutex<SentinelClient>,
+    resolver: tokio::sync::Mutex<Resolver>,
     /// The connection to the primary, unless a failure invalidated it.
     current: Mutex<Option<Current>>,
     config: AsyncConnectionConfig,
@@ -938,6 +973,13 @@ struct Current {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// The sentinels' client and what its last lookup came to.
+struct Resolver {
+    client: SentinelClient,
+    /// When the last resolution ended, and its error if it failed.
+    last: Option<(Instant, Option<RedisError>)>,
+}
+
 impl SentinelBackend {
     fn current(&self) -> Option<Current> {
         self.current
@@ -951,15 +993,33 @@ impl SentinelBackend {
         if let Some(current) = self.current() {
             return Ok(current);
         }
+        // Single flight: callers arriving during a resolution wait for it here.
         let mut resolver = self.resolver.lock().await;
         // Another call may have resolved it while this one waited.
         if let Some(current) = self.current() {
             return Ok(current);
         }
-        let client = resolver
-            .async_get_client()
-            .await
-            .map_err(|e| script::map_error(e, &[]))?;
+        if let Some((at, last)) = &resolver.last {
+            let next = *at + LOOKUP_INTERVAL;
+            match last {
+                // The sentinels were just asked and the primary could not be reached: fail with
+                // that error (the same classification: a refused connection sent nothing).
+                Some(e) if Instant::now() < next => return Err(before_sending(e.clone())),
+                // A connection made moments ago already failed: wait out the interval.
+                None => tokio::time::sleep_until(next).await,
+                Some(_) => {}
+            }
+        }
+        let result = self.resolve(&mut resolver.client).await;
+        resolver.last = Some((Instant::now(), result.as_ref().err().cloned()));
+        let current = result.map_err(before_sending)?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(current.clone());
+        Ok(current)
+    }
+
+    /// Asks the sentinels for the primary and connects to it.
+    async fn resolve(&self, client: &mut SentinelClient) -> Result<Current, RedisError> {
+        let client = client.async_get_client().await?;
         let addr = match client.get_connection_info().addr() {
             ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
                 (host.clone(), *port)
@@ -968,15 +1028,12 @@ impl SentinelBackend {
         };
         let conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-            .map_err(|e| script::map_error(e, &[]))?;
-        let current = Current {
+            .await?;
+        Ok(Current {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             conn,
             addr,
-        };
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(current.clone());
-        Ok(current)
+        })
     }
 
     /// Forgets connection `id`, so the next call asks the sentinels again.
@@ -1101,9 +1158,12 @@ mod tests {
                 port: 6381
             })
         );
+        assert_eq!(
+            did_not_run(&parsed("CLUSTERDOWN The cluster is down")),
+            None
+        );
         for wait in [
             "TRYAGAIN Multiple keys request during rehashing of slot",
-            "CLUSTERDOWN The cluster is down",
             "MASTERDOWN Link with MASTER is down",
             "LOADING Redis is loading the dataset in memory",
         ] {
@@ -1120,6 +1180,64 @@ mod tests {
             Duration::from_secs(1),
         );
         assert_eq!(did_not_run(&refused), Some(Next::Wait));
+    }
+
+    #[test]
+    fn only_errors_proving_nothing_was_sent_are_not_sent() {
+        let after = Duration::from_secs(1);
+        let refusal = classify(
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            after,
+        );
+        assert!(
+            refusal.is_not_sent() && refusal.is_transient(),
+            "{refusal:?}"
+        );
+        // Refined again (a deadline wraps a call that refines), it is marked once and still
+        // followed as a refusal.
+        let refusal = refine(refusal, after);
+        assert!(refusal.is_not_sent(), "{refusal:?}");
+        assert_eq!(
+            refusal.to_string().matches("not sent").count(),
+            1,
+            "{refusal}"
+        );
+        assert!(refused(&refusal));
+        assert_eq!(did_not_run(&refusal), Some(Next::Wait));
+        let no_primary = classify(
+            RedisError::from((ErrorKind::MasterNameNotFoundBySentinel, "no master")),
+            after,
+        );
+        assert!(no_primary.is_not_sent(), "{no_primary:?}");
+        assert!(matches!(
+            unknown_service(no_primary, "svc"),
+            Error::Config { .. }
+        ));
+        // Failing to connect sent nothing, whatever the I/O error; bad credentials stay what
+        // they are.
+        let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(before_sending(reset).is_not_sent());
+        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "bad password"));
+        assert!(matches!(before_sending(auth), Error::Config { .. }));
+        // The script may have run: a lost connection, a timeout.
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::TimedOut,
+        ] {
+            let e = classify(RedisError::from(std::io::Error::from(kind)), after);
+            assert!(!e.is_not_sent(), "{kind:?}: {e:?}");
+        }
+        // A reply came: the command was sent (even when it proves the script did not run).
+        for reply in [
+            "READONLY You can't write against a read only replica.",
+            "MOVED 3999 127.0.0.1:6381",
+            "BUSY script running",
+        ] {
+            let e = refine(parsed(reply), after);
+            assert!(!e.is_not_sent(), "{reply}: {e:?}");
+        }
     }
 
     #[test]

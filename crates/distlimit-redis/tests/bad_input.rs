@@ -66,6 +66,11 @@ async fn unreachable_server_is_a_transient_error_within_the_connect_timeout() {
         match &result {
             Err(e @ (Error::Unavailable { .. } | Error::Timeout { .. })) => {
                 assert!(e.is_transient(), "{what}: {e:?}");
+                // A refused connection sent nothing. redis-rs' Cluster client folds its
+                // refused initial connections into one error of another kind: not marked.
+                if !what.starts_with("cluster") {
+                    assert!(e.is_not_sent(), "{what}: {e:?}");
+                }
             }
             other => panic!("{what}: expected a transient error, got {}", kind(other)),
         }
