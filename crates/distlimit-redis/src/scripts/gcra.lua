@@ -1,33 +1,35 @@
 -- GCRA (distlimit_core::algorithm::Gcra). Parameters: burst, T = ceil(period / limit) (µs per
 -- unit). State: tag 2, then the theoretical arrival time (µs), then the burst and T it was
 -- written under (a 9-byte value without them reads as written under the current ones).
-local function decide_gcra(key, A, i, now, cost)
-  local burst, t = tonumber(A[i]), tonumber(A[i + 1])
+-- Reads `v`, the value at `key` (nil when there is none), as a GCRA state under burst and T at
+-- `now`: its arrival time, carried over first when it was written under another burst or T
+-- (State::carried: the whole units spent then, rounded up, capped at the burst, are spent now),
+-- and whether it was; then whether it read as fresh (no value, or a well-formed state of another
+-- algorithm). A value it cannot read: nil, message.
+local function read_gcra(v, key, burst, t, now)
   local tat, wb, wt = 0, burst, t
-  local v = redis.call('GET', key)
-  if v then
-    local len = #v
-    local ok = string.byte(v) == 2 and (len == 25 or len == 9)
-    if ok then
-      if len == 25 then
-        tat, wb, wt = struct.unpack('>ddd', v, 2)
-      else
-        tat = struct.unpack('>d', v, 2)
-      end
-      ok = tat >= 0 and tat < 9007199254740992 and tat % 1 == 0
-        and wb >= 1 and wb < 9007199254740992 and wb % 1 == 0
-        and wt >= 1 and wt < 9007199254740992 and wt % 1 == 0
-    end
-    if not ok then
-      local fresh, err = other(v, 2, 'gcra', key)
-      if not fresh then
-        return nil, err
-      end
-      tat, wb, wt = 0, burst, t
-    end
+  if not v then
+    return 0, false, true
   end
-  -- Written under another burst or T: the whole units spent then (rounded up), capped at the
-  -- burst, are spent now (State::carried); kept even when denied.
+  local len = #v
+  local ok = string.byte(v) == 2 and (len == 25 or len == 9)
+  if ok then
+    if len == 25 then
+      tat, wb, wt = struct.unpack('>ddd', v, 2)
+    else
+      tat = struct.unpack('>d', v, 2)
+    end
+    ok = tat >= 0 and tat < 9007199254740992 and tat % 1 == 0
+      and wb >= 1 and wb < 9007199254740992 and wb % 1 == 0
+      and wt >= 1 and wt < 9007199254740992 and wt % 1 == 0
+  end
+  if not ok then
+    local fresh, err = other(v, 2, 'gcra', key)
+    if not fresh then
+      return nil, err
+    end
+    return 0, false, true
+  end
   local carried = wb ~= burst or wt ~= t
   if carried and tat > now then
     local spent = math.ceil((tat - now) / wt)
@@ -35,6 +37,16 @@ local function decide_gcra(key, A, i, now, cost)
       spent = burst
     end
     tat = now + spent * t
+  end
+  return tat, carried, false
+end
+
+local function decide_gcra(key, A, i, now, cost)
+  local burst, t = tonumber(A[i]), tonumber(A[i + 1])
+  -- A carried-over state is kept even when denied.
+  local tat, carried = read_gcra(redis.call('GET', key), key, burst, t, now)
+  if not tat then
+    return nil, carried
   end
   -- The debt: µs of emission the key is ahead of now (an idle key skips the division).
   local debt, avail = tat - now, burst

@@ -16,53 +16,15 @@ local function store(key, state, ttl, slack)
 end
 
 -- Token bucket (TokenBucket::give_back): the deficit at `now` less `units` tokens, at least 0.
+-- A key without a state, or with another algorithm's, is full already: nothing changes.
 local function give_back_token_bucket(key, A, i, now, units, slack)
   local burst, rate, unit = tonumber(A[i]), tonumber(A[i + 1]), tonumber(A[i + 2])
-  local v = redis.call('GET', key)
-  if not v then
+  local deficit, last, _, fresh = read_token_bucket(redis.call('GET', key), key, burst, rate, unit, now)
+  if not deficit then
+    return last
+  end
+  if fresh then
     return
-  end
-  local deficit, last, wb, wr, wu = 0, 0, burst, rate, unit
-  local len = #v
-  local ok = string.byte(v) == 1 and (len == 41 or len == 17)
-  if ok then
-    if len == 41 then
-      deficit, last, wb, wr, wu = struct.unpack('>ddddd', v, 2)
-    else
-      deficit, last = struct.unpack('>dd', v, 2)
-    end
-    ok = deficit >= 0 and deficit < 9007199254740992 and deficit % 1 == 0
-      and last >= 0 and last < 9007199254740992 and last % 1 == 0
-      and wb >= 1 and wb < 9007199254740992 and wb % 1 == 0
-      and wr >= 1 and wr < 9007199254740992 and wr % 1 == 0
-      and wu >= 1 and wu < 9007199254740992 and wu % 1 == 0
-  end
-  if not ok then
-    local fresh, err = other(v, 1, 'token_bucket', key)
-    if fresh then
-      -- A state of another algorithm: a fresh (full) key for this one.
-      return
-    end
-    return err
-  end
-  if wb ~= burst or wr ~= rate or wu ~= unit then
-    -- Carried over first, exactly as in decide_token_bucket.
-    local d = deficit
-    if last < now and deficit > 0 then
-      if now - last < math.ceil(deficit / wr) then
-        d = deficit - (now - last) * wr
-      else
-        d = 0
-      end
-    end
-    d = math.ceil(d / wu)
-    if d > burst then
-      d = burst
-    end
-    deficit = d * unit
-    if now > last then
-      last = now
-    end
   end
   local d = deficit
   if last < now and deficit > 0 then
@@ -83,40 +45,16 @@ local function give_back_token_bucket(key, A, i, now, units, slack)
     last + math.ceil(d / rate) - now, slack)
 end
 
--- GCRA (Gcra::give_back): the arrival time moves back by units * T, never before now.
+-- GCRA (Gcra::give_back): the arrival time moves back by units * T, never before now. A key
+-- without a state, or with another algorithm's, is full already: nothing changes.
 local function give_back_gcra(key, A, i, now, units, slack)
   local burst, t = tonumber(A[i]), tonumber(A[i + 1])
-  local v = redis.call('GET', key)
-  if not v then
+  local tat, carried, fresh = read_gcra(redis.call('GET', key), key, burst, t, now)
+  if not tat then
+    return carried
+  end
+  if fresh then
     return
-  end
-  local tat, wb, wt = 0, burst, t
-  local len = #v
-  local ok = string.byte(v) == 2 and (len == 25 or len == 9)
-  if ok then
-    if len == 25 then
-      tat, wb, wt = struct.unpack('>ddd', v, 2)
-    else
-      tat = struct.unpack('>d', v, 2)
-    end
-    ok = tat >= 0 and tat < 9007199254740992 and tat % 1 == 0
-      and wb >= 1 and wb < 9007199254740992 and wb % 1 == 0
-      and wt >= 1 and wt < 9007199254740992 and wt % 1 == 0
-  end
-  if not ok then
-    local fresh, err = other(v, 2, 'gcra', key)
-    if fresh then
-      return
-    end
-    return err
-  end
-  if (wb ~= burst or wt ~= t) and tat > now then
-    -- Carried over first, exactly as in decide_gcra.
-    local spent = math.ceil((tat - now) / wt)
-    if spent > burst then
-      spent = burst
-    end
-    tat = now + spent * t
   end
   if tat > now then
     tat = tat - units * t

@@ -2,36 +2,38 @@
 -- per µs), P' (units per token), from Quota::refill_units. State: tag 1, then the deficit
 -- (units below full) and the last update (µs), then the burst, L' and P' it was written under
 -- (a 17-byte value without them reads as written under the current ones).
-local function decide_token_bucket(key, A, i, now, cost)
-  local burst, rate, unit = tonumber(A[i]), tonumber(A[i + 1]), tonumber(A[i + 2])
+-- Reads `v`, the value at `key` (nil when there is none), as a token bucket state under burst,
+-- L' = rate and P' = unit at `now`: its deficit and last update, carried over first when it was
+-- written under other parameters (State::carried: the whole tokens spent then at `now`, refilled
+-- at the old rate and rounded up, capped at the burst, are spent now), and whether it was; then
+-- whether it read as fresh (no value, or a well-formed state of another algorithm). A value it
+-- cannot read: nil, message.
+local function read_token_bucket(v, key, burst, rate, unit, now)
   local deficit, last, wb, wr, wu = 0, 0, burst, rate, unit
-  local v = redis.call('GET', key)
-  if v then
-    local len = #v
-    local ok = string.byte(v) == 1 and (len == 41 or len == 17)
-    if ok then
-      if len == 41 then
-        deficit, last, wb, wr, wu = struct.unpack('>ddddd', v, 2)
-      else
-        deficit, last = struct.unpack('>dd', v, 2)
-      end
-      ok = deficit >= 0 and deficit < 9007199254740992 and deficit % 1 == 0
-        and last >= 0 and last < 9007199254740992 and last % 1 == 0
-        and wb >= 1 and wb < 9007199254740992 and wb % 1 == 0
-        and wr >= 1 and wr < 9007199254740992 and wr % 1 == 0
-        and wu >= 1 and wu < 9007199254740992 and wu % 1 == 0
-    end
-    if not ok then
-      local fresh, err = other(v, 1, 'token_bucket', key)
-      if not fresh then
-        return nil, err
-      end
-      deficit, last, wb, wr, wu = 0, 0, burst, rate, unit
-    end
+  if not v then
+    return 0, 0, false, true
   end
-  -- Written under another burst, L' or P': the whole tokens spent then at `now` (refilled at
-  -- the old rate, rounded up), capped at the burst, are spent now (State::carried); kept even
-  -- when denied.
+  local len = #v
+  local ok = string.byte(v) == 1 and (len == 41 or len == 17)
+  if ok then
+    if len == 41 then
+      deficit, last, wb, wr, wu = struct.unpack('>ddddd', v, 2)
+    else
+      deficit, last = struct.unpack('>dd', v, 2)
+    end
+    ok = deficit >= 0 and deficit < 9007199254740992 and deficit % 1 == 0
+      and last >= 0 and last < 9007199254740992 and last % 1 == 0
+      and wb >= 1 and wb < 9007199254740992 and wb % 1 == 0
+      and wr >= 1 and wr < 9007199254740992 and wr % 1 == 0
+      and wu >= 1 and wu < 9007199254740992 and wu % 1 == 0
+  end
+  if not ok then
+    local fresh, err = other(v, 1, 'token_bucket', key)
+    if not fresh then
+      return nil, err
+    end
+    return 0, 0, false, true
+  end
   local carried = wb ~= burst or wr ~= rate or wu ~= unit
   if carried then
     local d = deficit
@@ -50,6 +52,16 @@ local function decide_token_bucket(key, A, i, now, cost)
     if now > last then
       last = now
     end
+  end
+  return deficit, last, carried, false
+end
+
+local function decide_token_bucket(key, A, i, now, cost)
+  local burst, rate, unit = tonumber(A[i]), tonumber(A[i + 1]), tonumber(A[i + 2])
+  -- A carried-over state is kept even when denied.
+  local deficit, last, carried = read_token_bucket(redis.call('GET', key), key, burst, rate, unit, now)
+  if not deficit then
+    return nil, last
   end
   -- The deficit d at now, and the wait before anything refills. Nothing refills before `last`
   -- (the clock went back): there elapsed = 0, so d = deficit. Otherwise the comparison keeps
