@@ -28,6 +28,13 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
 
+    /// Spend this policy's limit from token leases (repeat for several; token bucket and GCRA
+    /// tiers, other tiers decide in Redis as usual): each instance withdraws units from Redis
+    /// ahead of use and spends them in memory, never admitting more than the limit together.
+    /// Only with --redis.
+    #[arg(long = "lease", value_name = "POLICY", requires = "redis")]
+    pub lease: Vec<String>,
+
     /// How many instances share the Redis limit (1 to 10000): while Redis is unreachable each
     /// instance enforces 1/N of it on its own.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_INSTANCES))]

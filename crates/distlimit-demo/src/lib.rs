@@ -5,6 +5,7 @@ mod args;
 /// Serving with the hardened defaults of every server this project ships ([`distlimit_serve`]).
 pub use distlimit_serve as serve;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use axum::Router;
 use axum::http::HeaderName;
 use distlimit_core::Store;
 use distlimit_hybrid::Hybrid;
+use distlimit_lease::Leased;
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_policy::{ConfigWatcher, Limiter, PolicyConfigError, PolicySet, Reload};
@@ -208,7 +210,21 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
         .observer(Arc::new(metrics.clone()))
         .build()?;
     metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
-    Ok(Arc::new(hybrid))
+    if args.lease.is_empty() {
+        return Ok(Arc::new(hybrid));
+    }
+    // The limiter names a tier's state `<policy>/<tier>`; policy names hold no '/'.
+    let leased: HashSet<String> = args.lease.iter().cloned().collect();
+    tracing::info!("token leases for the policies {:?}", args.lease);
+    let store = Arc::new(
+        Leased::matching(move |name| {
+            leased.contains(name.split_once('/').map_or(name, |(policy, _)| policy))
+        })
+        .observer(Arc::new(metrics.clone()))
+        .build(hybrid),
+    );
+    distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
+    Ok(store)
 }
 
 /// The workspace README's Rust examples, compiled (and run where they are not `no_run`) as

@@ -156,11 +156,23 @@ async fn two_instances_racing_admit_exactly_the_limit_with_every_algorithm() {
         "sliding_window",
         "sliding_log",
     ] {
-        race(&url, algorithm).await;
+        race(&url, algorithm, false).await;
     }
 }
 
-async fn race(url: &str, algorithm: &str) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_spending_from_leases_never_admit_more_than_the_limit() {
+    let Some(url) = redis_url() else { return };
+    for algorithm in ["token_bucket", "gcra"] {
+        race(&url, algorithm, true).await;
+    }
+}
+
+/// 240 requests of one user from 16 clients spread over two instances on a limit of 100 that
+/// does not refill during the test. Without leases Redis decides each: exactly 100 admitted.
+/// With `--lease api` (token bucket and GCRA) units withdrawn by one instance and not spent
+/// when the requests end are admitted by nobody: at most 100, never more.
+async fn race(url: &str, algorithm: &str, lease: bool) {
     // No refill (one unit per hour) while the test runs; the windows are days (aligned: a run
     // across midnight UTC would see a second window).
     let tier = match algorithm {
@@ -188,6 +200,10 @@ async fn race(url: &str, algorithm: &str) {
         "--redis-budget-ms",
         "10000",
     ];
+    let args: Vec<&str> = match lease {
+        true => args.iter().copied().chain(["--lease", "api"]).collect(),
+        false => args.to_vec(),
+    };
     let demos = [DemoProcess::start(&args), DemoProcess::start(&args)];
     let user = Arc::new(unique(&format!("race-{algorithm}")));
     let issued = Arc::new(AtomicU32::new(0));
@@ -223,8 +239,23 @@ async fn race(url: &str, algorithm: &str) {
         for sample in exposition.find("distlimit_decisions_total", &[("policy", "api")]) {
             assert_ne!(sample.labels["source"], "fallback", "{algorithm}");
         }
+        if lease {
+            let takes = exposition.value("distlimit_lease_takes_total", &[("store", "lease")]);
+            assert!(
+                takes.is_some_and(|n| n >= 1.0),
+                "{algorithm}: no lease taken"
+            );
+        }
     }
-    assert_eq!((allowed, denied), (100, 140), "{algorithm}");
+    eprintln!("{algorithm}, leases {lease}: {allowed} admitted, {denied} denied");
+    assert_eq!(allowed + denied, 240, "{algorithm}");
+    match lease {
+        true => assert!(
+            (1..=100).contains(&allowed),
+            "{algorithm}: {allowed} admitted"
+        ),
+        false => assert_eq!((allowed, denied), (100, 140), "{algorithm}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
