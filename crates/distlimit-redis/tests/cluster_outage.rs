@@ -12,7 +12,8 @@
 
 mod support;
 
-use std::path::PathBuf;
+use support::blocking;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use distlimit_core::{Error, Key, Limit, Quota, StoreExt};
 use distlimit_redis::{RedisStore, hash_slot};
-use distlimit_test::server::{Cluster, RedisServer, required, server_bin};
+use distlimit_test::server::{Cluster, RedisServer, server_bin_or_skip};
 
 /// The store's response timeout.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(250);
@@ -37,26 +38,6 @@ const PER_TASK: usize = 5_000;
 const PROMOTION_BOUND: Duration = Duration::from_secs(20);
 /// From the promotion to the store's first decision on the new primary.
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
-
-/// The `redis-server` binary, or `None` (a skip) when there is none and Redis is not required.
-fn bin() -> Option<PathBuf> {
-    let bin = server_bin();
-    if bin.is_none() {
-        assert!(
-            !required(),
-            "no redis-server: set DISTLIMIT_REDIS_SERVER_BIN (run `cargo xtask test`)"
-        );
-        eprintln!(
-            "note: skipped: no redis-server (DISTLIMIT_REDIS_SERVER_BIN unset, none on the PATH)"
-        );
-    }
-    bin
-}
-
-/// Runs blocking harness work off the async workers' hot path.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
 
 /// The addresses (`host:port`) of the primary serving `slot` and of its replicas, as `node`
 /// sees the Cluster.
@@ -93,7 +74,9 @@ struct Sample {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_calls_to_a_dead_primary_fail_fast_and_the_promotion_is_followed() {
-    let Some(bin) = bin() else { return };
+    let Some(bin) = server_bin_or_skip() else {
+        return;
+    };
     let cluster = blocking(|| Cluster::start(&bin)).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{}", cluster.describe());
     let urls: Vec<String> = cluster.nodes().iter().map(RedisServer::url).collect();

@@ -35,7 +35,7 @@ use distlimit_memory::MemoryStore;
 use distlimit_redis::RedisStore;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use support::{Guarded, RedisServer};
+use support::{Guarded, RedisServer, blocking};
 use tokio::task::JoinHandle;
 
 distlimit_test::conformance_tests!(uncoalesced, |clock| async move {
@@ -666,11 +666,6 @@ async fn a_bad_value_fails_only_its_own_caller_and_bad_input_keeps_its_errors() 
 
 // ---------------------------------------------------------------------------------------------
 // A server paused or killed under a coalesced call.
-
-/// Runs `f` (pausing, resuming, killing the server) off the runtime's worker.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_or_killed_server_fails_every_caller_of_a_coalesced_call_once() {

@@ -22,7 +22,8 @@
 
 mod support;
 
-use std::path::PathBuf;
+use support::blocking;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ use distlimit_core::{BreakerState, Error, Key, Limit, Quota, Source, Store, Stor
 use distlimit_hybrid::Hybrid;
 use distlimit_memory::MemoryStore;
 use distlimit_redis::{RedisStore, RedisStoreBuilder, hash_slot};
-use distlimit_test::server::{Cluster, RedisServer, SERVICE, Sentinel, required, server_bin};
+use distlimit_test::server::{Cluster, RedisServer, SERVICE, Sentinel, server_bin_or_skip};
 
 /// One private setup at a time in this binary.
 static SERIAL: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(Default::default);
@@ -67,27 +68,6 @@ const L: u64 = 600;
 /// A token bucket of `limit` a day.
 fn daily(limit: u64) -> Limit {
     Limit::token_bucket(Quota::per_day(limit).unwrap())
-}
-
-/// The `redis-server` binary, or `None` (a skip) when there is none and Redis is not required.
-fn bin() -> Option<PathBuf> {
-    let bin = server_bin();
-    if bin.is_none() {
-        assert!(
-            !required(),
-            "no redis-server: set DISTLIMIT_REDIS_SERVER_BIN (run `cargo xtask test`)"
-        );
-        eprintln!(
-            "note: skipped: no redis-server (DISTLIMIT_REDIS_SERVER_BIN unset, none on the PATH)"
-        );
-    }
-    bin
-}
-
-/// Runs blocking harness work (starting, killing, asking a server) off the async workers' hot
-/// path; the runtime must be multi-threaded.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
 }
 
 /// Polls `check` every 50 ms until it holds or `bound` has passed; how long it took.
@@ -587,7 +567,9 @@ async fn after_restart(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_primary_sigkill_under_load_is_followed() {
     let _serial = SERIAL.lock().await;
-    let Some(bin) = bin() else { return };
+    let Some(bin) = server_bin_or_skip() else {
+        return;
+    };
     let begun = Instant::now();
     let mut set = blocking(|| Sentinel::start(&bin)).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("sentinel: {} up in {:.1?}", set.describe(), begun.elapsed());
@@ -677,7 +659,9 @@ async fn sentinel_primary_sigkill_under_load_is_followed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_primary_sigkill_under_load_is_followed() {
     let _serial = SERIAL.lock().await;
-    let Some(bin) = bin() else { return };
+    let Some(bin) = server_bin_or_skip() else {
+        return;
+    };
     let begun = Instant::now();
     let mut cluster = blocking(|| Cluster::start(&bin)).unwrap_or_else(|e| panic!("{e}"));
     eprintln!(

@@ -15,7 +15,7 @@ use distlimit_core::{BreakerState, Limit, Observer, Quota, Source, StoreExt};
 use distlimit_hybrid::Hybrid;
 use distlimit_memory::MemoryStore;
 use distlimit_redis::RedisStore;
-use support::RedisServer;
+use support::{RedisServer, blocking};
 
 fn limit() -> Limit {
     Limit::gcra(Quota::per_second(1_000_000).unwrap())
@@ -26,11 +26,6 @@ async fn store(url: &str, pool: bool) -> RedisStore {
     let builder = RedisStore::builder(url);
     let builder = if pool { builder.pool(8) } else { builder };
     builder.connect().await.unwrap()
-}
-
-/// Kills the server, or restarts it, without stalling the runtime's other tasks.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

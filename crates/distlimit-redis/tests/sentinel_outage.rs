@@ -12,7 +12,8 @@
 
 mod support;
 
-use std::path::PathBuf;
+use support::blocking;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use distlimit_core::{Error, Limit, Quota, StoreExt};
 use distlimit_redis::RedisStore;
-use distlimit_test::server::{RedisServer, SERVICE, Sentinel, info_field, required, server_bin};
+use distlimit_test::server::{RedisServer, SERVICE, Sentinel, info_field, server_bin_or_skip};
 
 /// The store's response timeout.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(250);
@@ -43,26 +44,6 @@ const PROMOTION_BOUND: Duration = Duration::from_secs(20);
 /// From the sentinels naming the replica to the store's first decision on it, on a loaded
 /// machine (the store looks up again at most [`LOOKUP_INTERVAL`] after its last lookup).
 const FOLLOW_BOUND: Duration = Duration::from_secs(1);
-
-/// The `redis-server` binary, or `None` (a skip) when there is none and Redis is not required.
-fn bin() -> Option<PathBuf> {
-    let bin = server_bin();
-    if bin.is_none() {
-        assert!(
-            !required(),
-            "no redis-server: set DISTLIMIT_REDIS_SERVER_BIN (run `cargo xtask test`)"
-        );
-        eprintln!(
-            "note: skipped: no redis-server (DISTLIMIT_REDIS_SERVER_BIN unset, none on the PATH)"
-        );
-    }
-    bin
-}
-
-/// Runs blocking harness work off the async workers' hot path.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
 
 /// Commands `sentinel` has served (`total_commands_processed`: a sentinel's `INFO` has no
 /// `commandstats`).
@@ -94,7 +75,9 @@ struct Sample {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_sentinel_primary_is_looked_up_at_a_bounded_rate_and_then_followed() {
-    let Some(bin) = bin() else { return };
+    let Some(bin) = server_bin_or_skip() else {
+        return;
+    };
     let set = blocking(|| Sentinel::start(&bin)).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{}", set.describe());
     let sentinels: Vec<String> = set.sentinels().iter().map(RedisServer::url).collect();

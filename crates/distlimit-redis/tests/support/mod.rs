@@ -147,3 +147,9 @@ pub async fn cluster_store(clock: ManualClock, tag: &str) -> Option<RedisStore> 
         .client_clock(clock);
     Some(connect(builder, "Cluster").await)
 }
+
+/// Runs blocking harness work (starting, killing, querying servers) without stalling the
+/// runtime's other tasks.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}

@@ -158,6 +158,25 @@ pub fn server_bin() -> Option<PathBuf> {
     find_on_path("redis-server")
 }
 
+/// [`server_bin`] for a test: `None` (the caller returns early, a skip) with a note on stderr
+/// when there is none.
+///
+/// # Panics
+///
+/// When there is none and servers are required (`DISTLIMIT_REQUIRE_REDIS=1`).
+pub fn server_bin_or_skip() -> Option<PathBuf> {
+    let bin = server_bin();
+    if bin.is_none() {
+        assert!(
+            !required(),
+            "{ENV_SERVER_BIN} is not set and no redis-server is on the PATH: run `cargo xtask \
+             test`, or install redis-server"
+        );
+        eprintln!("note: skipped: no redis-server ({ENV_SERVER_BIN} unset, none on the PATH)");
+    }
+    bin
+}
+
 /// The Redis tool `name` (`redis-cli`, `redis-benchmark`) of the same installation as
 /// `server`: next to it, else on the `PATH`.
 pub fn tool_bin(server: &Path, name: &str) -> Option<PathBuf> {
@@ -227,15 +246,7 @@ impl RedisServer {
     /// As [`start`](Self::start).
     #[allow(clippy::panic)] // test support: a server that cannot start fails the test
     pub fn start_with(args: &[&str]) -> Option<Self> {
-        let Some(bin) = server_bin() else {
-            assert!(
-                !required(),
-                "{ENV_SERVER_BIN} is not set and no redis-server is on the PATH: run `cargo \
-                 xtask test`, or install redis-server"
-            );
-            eprintln!("note: skipped: no redis-server ({ENV_SERVER_BIN} unset, none on the PATH)");
-            return None;
-        };
+        let bin = server_bin_or_skip()?;
         let args: Vec<OsString> = args.iter().map(OsString::from).collect();
         match Self::spawn(&bin, "standalone", |_, _| Ok(args.clone())) {
             Ok(server) => Some(server),
