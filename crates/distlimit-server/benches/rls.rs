@@ -4,6 +4,11 @@
 //! The server is the `distlimit-server` binary in its own process (the client, this process,
 //! does not share its runtime); its CPU time per decision is read from `/proc`.
 //!
+//! Two controls run in the same round, each in a process of its own started from this binary:
+//! a bare tonic server of the same service answering OK without deciding anything (what gRPC
+//! itself costs), and a TCP echo of 64 bytes (one loopback round trip between two processes,
+//! the floor of any remote call on this machine).
+//!
 //! `cargo bench -p distlimit-server --bench rls [-- memory|redis]` (bounded: at most `ROUNDS`
 //! decisions and `MAX_TIME` per line).
 #![allow(
@@ -30,8 +35,22 @@ use distlimit_server::{Args, Checker, Server};
 use distlimit_test::server::RedisServer;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+use tonic::transport::server::TcpIncoming;
+
+/// The server's allocator, so that the bare tonic control (this binary) allocates alike.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const ROUNDS: u64 = 100_000;
 const MAX_TIME: Duration = Duration::from_secs(3);
@@ -50,16 +69,17 @@ struct Line {
     p99: Duration,
 }
 
-/// Runs `op(i)` from `in_flight` tasks until `ROUNDS` calls or `MAX_TIME`.
+/// Runs `op(task, i)` from `in_flight` tasks (numbered from 0) until `ROUNDS` calls or
+/// `MAX_TIME`.
 async fn run<F, Fut>(in_flight: usize, op: F) -> Line
 where
-    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..in_flight {
+    for task in 0..in_flight {
         let (op, next) = (op.clone(), next.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -69,7 +89,7 @@ where
                     return latencies;
                 }
                 let t = Instant::now();
-                op(i).await;
+                op(task, i).await;
                 latencies.push(t.elapsed());
             }
         }));
@@ -107,24 +127,44 @@ fn grpc_request(i: u64) -> RateLimitRequest {
     }
 }
 
-/// The `distlimit-server` binary, started on `config` with `flags`; killed when dropped.
+/// A server process of this bench (`distlimit-server`, or a control); killed when dropped.
 struct ServerProcess {
     child: Child,
     grpc: String,
 }
 
 impl ServerProcess {
+    /// The `distlimit-server` binary, started on `config` with `flags`.
     fn start(config: &Path, flags: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_distlimit-server"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_distlimit-server"));
+        command
             .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--config"])
             .arg(config)
-            .args(flags)
+            .args(flags);
+        Self::spawn(command)
+    }
+
+    /// A control ([`Control`]) in a process of its own: this bench binary, re-run.
+    fn control(control: Control) -> Self {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command.env(CONTROL_ENV, control.name());
+        Self::spawn(command)
+    }
+
+    /// Starts `command` and waits for its `grpc listening on ADDR` line.
+    fn spawn(mut command: Command) -> Self {
+        // `RLS_BENCH_SERVER_WORKERS=N`: the servers' runtimes get N worker threads (Tokio's
+        // default: one per core).
+        if let Ok(workers) = std::env::var("RLS_BENCH_SERVER_WORKERS") {
+            command.env("TOKIO_WORKER_THREADS", workers);
+        }
+        let mut child = command
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("distlimit-server starts");
+            .expect("the server starts");
         let stderr = child.stderr.take().unwrap();
         let mut lines = BufReader::new(stderr).lines();
         let grpc = loop {
@@ -153,6 +193,19 @@ impl ServerProcess {
             .sum();
         Duration::from_millis(ticks * 10)
     }
+
+    /// Eight HTTP/2 connections to its gRPC port, as a few Envoy workers would hold.
+    async fn clients(&self) -> Vec<RateLimitServiceClient<Channel>> {
+        let mut clients = Vec::new();
+        for _ in 0..8 {
+            clients.push(
+                RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+                    .await
+                    .unwrap(),
+            );
+        }
+        clients
+    }
 }
 
 impl Drop for ServerProcess {
@@ -160,6 +213,121 @@ impl Drop for ServerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The environment variable that makes this binary run a [`Control`] instead of the bench.
+const CONTROL_ENV: &str = "DISTLIMIT_RLS_BENCH_CONTROL";
+
+/// A server that decides nothing, to measure against.
+#[derive(Clone, Copy)]
+enum Control {
+    /// tonic's server with its defaults (and `TCP_NODELAY`) on the same multi-thread runtime,
+    /// answering every `ShouldRateLimit` with one constant OK status of the shape ours sends.
+    BareTonic,
+    /// Echoes 64-byte messages on each connection: one loopback round trip.
+    Echo,
+}
+
+impl Control {
+    fn name(self) -> &'static str {
+        match self {
+            Self::BareTonic => "bare-tonic",
+            Self::Echo => "echo",
+        }
+    }
+
+    /// Runs the control named `name` until killed.
+    fn serve(name: &str) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            eprintln!("grpc listening on {}", listener.local_addr().unwrap());
+            if name == Self::BareTonic.name() {
+                tonic::transport::Server::builder()
+                    .add_service(RateLimitServiceServer::new(Bare))
+                    .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
+                    .await
+                    .unwrap();
+                return;
+            }
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                socket.set_nodelay(true).unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; ECHO_BYTES];
+                    while socket.read_exact(&mut buf).await.is_ok() {
+                        if socket.write_all(&buf).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+const ECHO_BYTES: usize = 64;
+
+/// The bare tonic control's service.
+struct Bare;
+
+#[tonic::async_trait]
+impl RateLimitService for Bare {
+    async fn should_rate_limit(
+        &self,
+        _: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: vec![DescriptorStatus {
+                code: Code::Ok as i32,
+                current_limit: Some(RateLimit {
+                    name: "bench/user".into(),
+                    requests_per_unit: u32::MAX,
+                    unit: Unit::Hour as i32,
+                }),
+                limit_remaining: 4_294_967_000,
+                duration_until_reset: Some(envoy_types::pb::google::protobuf::Duration {
+                    seconds: 1_234,
+                    nanos: 0,
+                }),
+                ..DescriptorStatus::default()
+            }],
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+fn show(what: &str, line: &Line, cpu: Option<Duration>) {
+    let cpu = cpu.map_or(String::new(), |cpu| {
+        format!(
+            "{:>9.1}µs",
+            cpu.as_secs_f64() * 1e6 / line.count.max(1) as f64
+        )
+    });
+    println!(
+        "    {what:<34} {:>9.0}/s  p50 {:>8.1}µs  p99 {:>8.1}µs  {cpu}",
+        line.per_sec,
+        line.p50.as_secs_f64() * 1e6,
+        line.p99.as_secs_f64() * 1e6,
+    );
+}
+
+/// Runs gRPC requests against `server` and returns the line and the server's CPU time.
+async fn over_grpc(server: &ServerProcess, in_flight: usize) -> (Line, Duration) {
+    let pool = server.clients().await;
+    let cpu_before = server.cpu();
+    let line = run(in_flight, move |_, i| {
+        let mut client = pool[(i % pool.len() as u64) as usize].clone();
+        async move {
+            client.should_rate_limit(grpc_request(i)).await.unwrap();
+        }
+    })
+    .await;
+    (line, server.cpu().saturating_sub(cpu_before))
 }
 
 async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
@@ -172,32 +340,20 @@ async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
     // The checker without gRPC, in this process, on its own store connections.
     let checker: Arc<Checker> = Server::build(&args).await.unwrap().checker().clone();
     let server = ServerProcess::start(&path, flags);
-    // Eight HTTP/2 connections, as a few Envoy workers would hold.
-    let mut clients = Vec::new();
-    for _ in 0..8 {
-        clients.push(
-            RateLimitServiceClient::connect(format!("http://{}", server.grpc))
-                .await
-                .unwrap(),
-        );
-    }
+    let bare = ServerProcess::control(Control::BareTonic);
+    let echo = ServerProcess::control(Control::Echo);
     let limit =
         Limit::fixed_window(Quota::from_parts(u64::from(u32::MAX), 3_600_000_000, 1).unwrap());
 
     println!("\n{name}");
     println!(
-        "{:>9} | {:>34} | {:>34} | {:>34} | {:>12} | {:>11} | {:>14}",
-        "in flight",
-        "store decide_all",
-        "checker (no gRPC)",
-        "gRPC ShouldRateLimit",
-        "gRPC / store",
-        "+p50 gRPC",
-        "server CPU/dec"
+        "    {:<34} {:>11}  {:>14}  {:>14}  {:>11}",
+        "", "calls", "", "", "server CPU"
     );
     for in_flight in [1usize, 64, 256] {
+        println!("  {in_flight} in flight");
         let s = store.clone();
-        let own = run(in_flight, move |i| {
+        let own = run(in_flight, move |_, i| {
             let s = s.clone();
             async move {
                 let k = key(i);
@@ -208,8 +364,9 @@ async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
             }
         })
         .await;
+        show("store decide_all", &own, None);
         let c = checker.clone();
-        let direct = run(in_flight, move |i| {
+        let direct = run(in_flight, move |_, i| {
             let c = c.clone();
             async move {
                 let k = key(i);
@@ -225,32 +382,44 @@ async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
             }
         })
         .await;
-        let pool = clients.clone();
-        let cpu_before = server.cpu();
-        let over_grpc = run(in_flight, move |i| {
-            let mut client = pool[(i % pool.len() as u64) as usize].clone();
+        show("checker (no gRPC)", &direct, None);
+        let mut sockets = Vec::new();
+        for _ in 0..in_flight {
+            sockets.push(Arc::new(tokio::sync::Mutex::new(
+                tokio::net::TcpStream::connect(&echo.grpc).await.unwrap(),
+            )));
+        }
+        let cpu_before = echo.cpu();
+        let floor = run(in_flight, move |task, _| {
+            let socket = sockets[task].clone();
             async move {
-                client.should_rate_limit(grpc_request(i)).await.unwrap();
+                let mut socket = socket.lock().await;
+                let mut buf = [7u8; ECHO_BYTES];
+                socket.write_all(&buf).await.unwrap();
+                socket.read_exact(&mut buf).await.unwrap();
             }
         })
         .await;
-        let server_cpu = server.cpu().saturating_sub(cpu_before);
-        let show = |l: &Line| {
-            format!(
-                "{:>8.0}/s p50 {:>7.1}µs p99 {:>7.1}µs",
-                l.per_sec,
-                l.p50.as_secs_f64() * 1e6,
-                l.p99.as_secs_f64() * 1e6
-            )
-        };
+        show(
+            "TCP echo, 64 B (round-trip floor)",
+            &floor,
+            Some(echo.cpu().saturating_sub(cpu_before)),
+        );
+        let (control, control_cpu) = over_grpc(&bare, in_flight).await;
+        show("bare tonic, decides nothing", &control, Some(control_cpu));
+        let (ours, ours_cpu) = over_grpc(&server, in_flight).await;
+        show("distlimit-server gRPC", &ours, Some(ours_cpu));
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
         println!(
-            "{in_flight:>9} | {} | {} | {} | {:>11.1}% | {:>9.1}µs | {:>12.1}µs",
-            show(&own),
-            show(&direct),
-            show(&over_grpc),
-            over_grpc.per_sec / own.per_sec * 100.0,
-            (over_grpc.p50.as_secs_f64() - own.p50.as_secs_f64()) * 1e6,
-            server_cpu.as_secs_f64() * 1e6 / over_grpc.count as f64,
+            "    => gRPC {:.1}% of the store's decisions/s; p50 over the store's {:+.1}µs \
+             (bare tonic over the echo {:+.1}µs, ours over bare tonic {:+.1}µs); \
+             server CPU {:.2}x bare tonic",
+            ours.per_sec / own.per_sec * 100.0,
+            us(ours.p50) - us(own.p50),
+            us(control.p50) - us(floor.p50),
+            us(ours.p50) - us(control.p50),
+            (ours_cpu.as_secs_f64() / ours.count.max(1) as f64)
+                / (control_cpu.as_secs_f64() / control.count.max(1) as f64).max(1e-12),
         );
     }
 }
@@ -259,19 +428,28 @@ async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
 /// store and on Redis, counted by callgrind (repeatable on a busy machine, unlike time): the server runs
 /// under `valgrind --tool=callgrind`, gets 500 requests to warm up, then its counters are
 /// zeroed and `CALLGRIND_REQUESTS` more are sent, 64 in flight on 8 connections.
-async fn instructions_per_decision(name: &str, flags: &[&str]) {
+/// `flags`: the server's, or `None` for the bare tonic control.
+async fn instructions_per_decision(name: &str, flags: Option<&[&str]>) {
     const CALLGRIND_REQUESTS: u64 = 4_000;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bench.yaml");
     std::fs::write(&config, CONFIG).unwrap();
     let out = dir.path().join("callgrind.out");
-    let mut child = Command::new("valgrind")
+    let mut command = Command::new("valgrind");
+    command
         .arg("--tool=callgrind")
-        .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg(env!("CARGO_BIN_EXE_distlimit-server"))
-        .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .args(flags)
+        .arg(format!("--callgrind-out-file={}", out.display()));
+    match flags {
+        Some(flags) => command
+            .arg(env!("CARGO_BIN_EXE_distlimit-server"))
+            .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .args(flags),
+        None => command
+            .arg(std::env::current_exe().unwrap())
+            .env(CONTROL_ENV, Control::BareTonic.name()),
+    };
+    let mut child = command
         .env("NO_COLOR", "1")
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
@@ -339,9 +517,11 @@ async fn instructions_per_decision(name: &str, flags: &[&str]) {
         .filter(|p| p.to_string_lossy().contains("callgrind.out"))
         .collect();
     dumps.sort();
-    // `RLS_CALLGRIND_OUT=path` keeps the profile, for `callgrind_annotate`.
+    // `RLS_CALLGRIND_OUT=prefix` keeps the profiles as `prefix.bare`, `prefix.memory` and
+    // `prefix.redis`, for `callgrind_annotate`.
     if let (Ok(keep), Some(dump)) = (std::env::var("RLS_CALLGRIND_OUT"), dumps.last()) {
-        std::fs::copy(dump, keep).unwrap();
+        let which = name.split([' ', ',']).next().unwrap_or("server");
+        std::fs::copy(dump, format!("{keep}.{which}")).unwrap();
     }
     let total: u64 = dumps
         .iter()
@@ -363,6 +543,10 @@ async fn instructions_per_decision(name: &str, flags: &[&str]) {
 }
 
 fn main() {
+    if let Ok(control) = std::env::var(CONTROL_ENV) {
+        Control::serve(&control);
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -374,11 +558,12 @@ fn main() {
         .collect();
     if only.iter().any(|o| o == "callgrind") {
         runtime.block_on(async {
-            instructions_per_decision("memory store", &[]).await;
+            instructions_per_decision("bare tonic control, decides nothing", None).await;
+            instructions_per_decision("memory store", Some(&[])).await;
             if let Some(redis) = RedisServer::start() {
                 let url = redis.url();
                 let flags = ["--redis", url.as_str(), "--redis-budget-ms", "5000"];
-                instructions_per_decision("redis, hybrid", &flags).await;
+                instructions_per_decision("redis, hybrid", Some(&flags)).await;
             }
         });
         return;
