@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 /// Default of [`ServeConfig::header_read_timeout`]: 10 s.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,6 +45,9 @@ pub struct ServeConfig {
     /// A request's head (request line and headers) must be complete within this time of the
     /// connection starting to wait for it: at accept, and after each response on a keep-alive
     /// connection (hyper's `header_read_timeout`). It bounds a client trickling its head.
+    /// A connection on which no request has started this long after accept is closed too,
+    /// whatever the protocol (an HTTP/2 client that connects and never sends a request), so
+    /// that a long [`idle_timeout`](Self::idle_timeout) never lets silent sockets hold slots.
     pub header_read_timeout: Duration,
     /// A connection with no request in progress on which no byte moves for this long is closed:
     /// an idle keep-alive connection, or a client that stalls mid-head. Behind a load balancer,
@@ -166,6 +169,7 @@ pub struct Acceptor {
     listener: TcpListener,
     permits: Arc<Semaphore>,
     idle_timeout: Duration,
+    first_request_timeout: Duration,
     backoff: Duration,
 }
 
@@ -184,6 +188,7 @@ impl Acceptor {
             listener,
             permits: Arc::new(Semaphore::new(cap)),
             idle_timeout: config.idle_timeout,
+            first_request_timeout: config.header_read_timeout,
             backoff: MIN_ACCEPT_BACKOFF,
         }
     }
@@ -202,7 +207,8 @@ impl Acceptor {
                 Ok((stream, peer)) => {
                     self.backoff = MIN_ACCEPT_BACKOFF;
                     let _ = stream.set_nodelay(true);
-                    return Connection::new(stream, peer, permit, self.idle_timeout);
+                    let idle = IdleCheck::new(self.idle_timeout, self.first_request_timeout);
+                    return Connection::new(stream, peer, permit, idle);
                 }
                 Err(error) if is_connection_error(&error) => {
                     tracing::debug!("accept: {error}");
@@ -270,8 +276,9 @@ impl Drop for RequestGuard {
 
 /// An accepted TCP connection that holds one of its [`Acceptor`]'s slots until dropped, and
 /// ends itself (its reads return end of file) once no request has been in progress on it, and
-/// none started or ended, for the idle timeout. Bytes alone do not count: a client trickling a
-/// request that never starts, or pinging, is idle.
+/// none started or ended, for the idle timeout, or when no request has started within the
+/// header read timeout of accept. Bytes alone do not count: a client trickling a request that
+/// never starts, or pinging, is idle.
 #[derive(Debug)]
 pub struct Connection {
     stream: TcpStream,
@@ -285,7 +292,7 @@ impl Connection {
         stream: TcpStream,
         peer: SocketAddr,
         permit: OwnedSemaphorePermit,
-        idle_timeout: Duration,
+        idle: IdleCheck,
     ) -> Self {
         Self {
             stream,
@@ -293,7 +300,7 @@ impl Connection {
                 peer,
                 activity: Arc::new(Activity::new()),
             },
-            idle: IdleCheck::new(idle_timeout),
+            idle,
             _permit: permit,
         }
     }
@@ -335,33 +342,49 @@ impl Activity {
 const IDLE_CHECKS: u32 = 4;
 
 /// The idle timeout of a [`Connection`], checked when its reads are polled: a timer that fires
-/// [`IDLE_CHECKS`] times per period (one clock read per check, none per read).
+/// [`IDLE_CHECKS`] times per period (one clock read per check, none per read), and at the first
+/// request's deadline while no request has started.
 #[derive(Debug)]
 struct IdleCheck {
     timer: Pin<Box<Sleep>>,
     tick: Duration,
     seen: u64,
     quiet: u32,
+    /// Until a request starts: when the connection is closed if none has (only when it comes
+    /// before the idle timeout).
+    first_request_by: Option<Instant>,
 }
 
 impl IdleCheck {
-    fn new(idle: Duration) -> Self {
+    /// Closes after `idle` without requests, or `first_request` after now if none has started.
+    fn new(idle: Duration, first_request: Duration) -> Self {
         let tick = idle / IDLE_CHECKS;
         Self {
-            timer: Box::pin(tokio::time::sleep(tick)),
+            timer: Box::pin(tokio::time::sleep(tick.min(first_request))),
             tick,
             seen: 0,
             quiet: 0,
+            first_request_by: (first_request < idle).then(|| Instant::now() + first_request),
         }
     }
 
-    /// True once the connection has been idle for the whole period.
+    /// True once the connection has been idle for the whole period, or has started no request
+    /// by the first request's deadline.
     fn poll_expired(&mut self, cx: &mut Context<'_>, activity: &Activity) -> bool {
         if self.timer.as_mut().poll(cx).is_pending() {
             return false;
         }
+        let now = Instant::now();
         let events = activity.events.load(Ordering::Relaxed);
-        if events != self.seen || activity.in_flight.load(Ordering::Relaxed) > 0 {
+        let busy = activity.in_flight.load(Ordering::Relaxed) > 0;
+        if let Some(deadline) = self.first_request_by {
+            if events > 0 || busy {
+                self.first_request_by = None;
+            } else if now >= deadline {
+                return true;
+            }
+        }
+        if events != self.seen || busy {
             (self.seen, self.quiet) = (events, 0);
         } else {
             self.quiet += 1;
@@ -370,9 +393,9 @@ impl IdleCheck {
             return true;
         }
         // From now, not from the last deadline: a check late by a long request counts once.
-        self.timer
-            .as_mut()
-            .reset(tokio::time::Instant::now() + self.tick);
+        let next = now + self.tick;
+        let next = self.first_request_by.map_or(next, |first| next.min(first));
+        self.timer.as_mut().reset(next);
         // Registers the waker for the next check.
         let _ = self.timer.as_mut().poll(cx);
         false

@@ -66,12 +66,20 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
 
-    /// A connection with no request in progress, and none started or ended, for this long is
-    /// closed (both ports), in milliseconds.
+    /// An HTTP connection with no request in progress, and none started or ended, for this long
+    /// is closed, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
 
-    /// An HTTP request's head must arrive within this time, in milliseconds.
+    /// A gRPC connection with no request in progress, and none started or ended, for this long
+    /// is closed, in milliseconds. The default, 65 minutes, is above the 1 hour after which
+    /// Envoy closes its own idle upstream connections, so that Envoy closes first: a close from
+    /// this side can cross a request Envoy has just sent on the connection.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_GRPC_IDLE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grpc_idle_timeout_ms: u64,
+
+    /// An HTTP request's head must arrive within this time, and a connection on either port
+    /// that has started no request this long after it was accepted is closed, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_ms: u64,
 
@@ -84,6 +92,9 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
 }
+
+/// Default of `--grpc-idle-timeout-ms`: 65 minutes.
+pub const DEFAULT_GRPC_IDLE_TIMEOUT_MS: u64 = 65 * 60 * 1000;
 
 /// `--failure-mode`: the hybrid store's [`FailureMode`] for every rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -132,7 +143,16 @@ impl Args {
         Duration::from_millis(self.shutdown_timeout_ms)
     }
 
-    /// The serving limits of both ports.
+    /// The serving limits of the gRPC port: those of [`serve_config`](Self::serve_config)
+    /// with the gRPC idle timeout.
+    pub fn grpc_serve_config(&self) -> distlimit_serve::ServeConfig {
+        distlimit_serve::ServeConfig {
+            idle_timeout: Duration::from_millis(self.grpc_idle_timeout_ms),
+            ..self.serve_config()
+        }
+    }
+
+    /// The serving limits of the HTTP port.
     pub fn serve_config(&self) -> distlimit_serve::ServeConfig {
         distlimit_serve::ServeConfig {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),

@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use crate::args::{Args, FailureModeArg};
+pub use crate::args::{Args, DEFAULT_GRPC_IDLE_TIMEOUT_MS, FailureModeArg};
 pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
 pub use crate::config::{Config, RateLimitConfigError};
 pub use crate::grpc::RateLimitGrpc;
@@ -143,9 +143,12 @@ impl Server {
         };
 
         let rls = RateLimitGrpc::new(self.checker.clone(), args.response_headers);
-        // Both ports: the same connection cap, idle timeout and shutdown deadline.
-        let serve_config = args.serve_config();
-        let grpc_connections = net::incoming(distlimit_serve::Acceptor::new(grpc, &serve_config));
+        // Both ports: the same connection cap, first request deadline and shutdown deadline;
+        // each its own idle timeout.
+        let grpc_connections = net::incoming(distlimit_serve::Acceptor::new(
+            grpc,
+            &args.grpc_serve_config(),
+        ));
         let grpc_server = tonic::transport::Server::builder()
             .timeout(args.request_timeout())
             .max_concurrent_streams(GRPC_CONCURRENCY_PER_CONNECTION)
@@ -162,7 +165,7 @@ impl Server {
             timeout: args.request_timeout(),
         });
         let http_server =
-            distlimit_serve::serve(http, router, serve_config, stopped(stop_rx.clone()));
+            distlimit_serve::serve(http, router, args.serve_config(), stopped(stop_rx.clone()));
         let both = async {
             let (grpc, http) = tokio::join!(grpc_server, http_server);
             grpc.map_err(io::Error::other)?;

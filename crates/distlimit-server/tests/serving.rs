@@ -1,12 +1,17 @@
-//! The gRPC port's serving limits on real sockets: the connection cap holds, and idle or
-//! trickling clients are closed instead of holding a slot (the HTTP port's limits, shared
+//! The gRPC port's serving limits on real sockets: the connection cap holds, silent or
+//! trickling clients are closed at the first request's deadline instead of holding a slot, a
+//! served connection lives until its own (long) idle timeout (the HTTP port's limits, shared
 //! through `distlimit-serve`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -48,12 +53,14 @@ async fn one_check(addr: SocketAddr) {
 }
 
 #[tokio::test]
-async fn idle_sockets_hold_no_slot_past_the_idle_timeout() {
+async fn silent_sockets_hold_no_slot_past_the_first_request_deadline() {
     let dir = config_dir(CONFIG);
     let idle = IDLE_MS.to_string();
+    // The gRPC idle timeout keeps its default (65 minutes): the first request's deadline
+    // closes sockets that never start one.
     let server = Running::with_config(
         dir.path(),
-        &["--max-connections", "2", "--idle-timeout-ms", &idle],
+        &["--max-connections", "2", "--header-read-timeout-ms", &idle],
     )
     .await;
     // Two sockets that never speak take both slots.
@@ -84,7 +91,7 @@ async fn a_client_trickling_its_preface_is_closed() {
     let idle = IDLE_MS.to_string();
     let server = Running::with_config(
         dir.path(),
-        &["--max-connections", "1", "--idle-timeout-ms", &idle],
+        &["--max-connections", "1", "--header-read-timeout-ms", &idle],
     )
     .await;
     let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -119,7 +126,7 @@ async fn a_request_in_progress_keeps_its_connection_past_the_idle_timeout() {
     use tonic_health::pb::health_client::HealthClient;
     let dir = config_dir(CONFIG);
     let idle = IDLE_MS.to_string();
-    let server = Running::with_config(dir.path(), &["--idle-timeout-ms", &idle]).await;
+    let server = Running::with_config(dir.path(), &["--grpc-idle-timeout-ms", &idle]).await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
         .unwrap()
         .connect()
@@ -151,5 +158,70 @@ async fn idle_http_sockets_are_closed_too() {
     let mut socket = TcpStream::connect(server.http).await.unwrap();
     let took = closed_within(&mut socket, Duration::from_secs(5)).await;
     assert!(took >= Duration::from_millis(IDLE_MS * 3 / 4), "{took:?}");
+    server.stop().await;
+}
+
+/// A channel to `addr` that counts the TCP connections it opens.
+async fn counted_channel(addr: SocketAddr) -> (tonic::transport::Channel, Arc<AtomicUsize>) {
+    let connects = Arc::new(AtomicUsize::new(0));
+    let counter = connects.clone();
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            TcpStream::connect(addr)
+                .await
+                .map(hyper_util::rt::TokioIo::new)
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await
+        .unwrap();
+    (channel, connects)
+}
+
+async fn check_on(channel: &tonic::transport::Channel) {
+    let mut client = RateLimitServiceClient::new(channel.clone());
+    let answer = call(
+        &mut client,
+        request("api", vec![descriptor(&[("user", "alice")])]),
+    )
+    .await;
+    assert_eq!(answer.statuses.len(), 1);
+}
+
+#[tokio::test]
+async fn a_served_grpc_connection_outlives_the_first_request_deadline() {
+    let dir = config_dir(CONFIG);
+    let first = IDLE_MS.to_string();
+    let server = Running::with_config(dir.path(), &["--header-read-timeout-ms", &first]).await;
+    let (channel, connects) = counted_channel(server.grpc).await;
+    check_on(&channel).await;
+    // Three first-request deadlines later, the same connection serves again: an Envoy
+    // connection that paused is not closed under it.
+    tokio::time::sleep(Duration::from_millis(IDLE_MS * 3)).await;
+    check_on(&channel).await;
+    assert_eq!(
+        connects.load(Ordering::SeqCst),
+        1,
+        "the connection was closed"
+    );
+    drop(channel);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_served_grpc_connection_is_closed_after_its_idle_timeout() {
+    let dir = config_dir(CONFIG);
+    let idle = IDLE_MS.to_string();
+    let server = Running::with_config(dir.path(), &["--grpc-idle-timeout-ms", &idle]).await;
+    let (channel, connects) = counted_channel(server.grpc).await;
+    check_on(&channel).await;
+    tokio::time::sleep(Duration::from_millis(IDLE_MS * 3)).await;
+    // The server closed it; the channel reconnects.
+    check_on(&channel).await;
+    assert_eq!(connects.load(Ordering::SeqCst), 2);
+    drop(channel);
     server.stop().await;
 }
