@@ -11,7 +11,7 @@ use std::time::Duration;
 use distlimit_core::BreakerState;
 
 use crate::OpenRule;
-use crate::sync::{AtomicBool, AtomicU64, Mutex};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex};
 
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
@@ -107,7 +107,13 @@ struct Ring {
 #[derive(Debug)]
 pub(crate) struct Breaker {
     word: AtomicU64,
+    /// The first cool-off after the breaker opens; it doubles after each failed probe, up to
+    /// `cool_off_us`.
+    first_cool_off_us: u64,
     cool_off_us: u64,
+    /// Probes failed since the breaker opened: sets the cool-off. Relaxed: it only times the
+    /// next probe, the state word decides who probes.
+    failed_probes: AtomicU32,
     failures: Failures,
 }
 
@@ -137,9 +143,26 @@ impl Breaker {
         };
         Self {
             word: AtomicU64::new(pack(CLOSED, 0)),
+            first_cool_off_us: cool_off_us,
             cool_off_us,
+            failed_probes: AtomicU32::new(0),
             failures,
         }
+    }
+
+    /// The same breaker with a cool-off that starts at `first_us` when it opens and doubles
+    /// after each failed probe up to the cool-off it was made with: a short outage (a restart,
+    /// a failover) ends within a short cool-off, a long one settles into the full cool-off.
+    pub(crate) fn with_first_cool_off(mut self, first_us: u64) -> Self {
+        self.first_cool_off_us = first_us.min(self.cool_off_us);
+        self
+    }
+
+    /// The cool-off after `failed` probes since the breaker opened.
+    fn cool_off(&self, failed: u32) -> u64 {
+        self.first_cool_off_us
+            .saturating_mul(1 << failed.min(63))
+            .min(self.cool_off_us)
     }
 
     /// The current state.
@@ -233,14 +256,15 @@ impl Breaker {
             Route::Probe { word, .. } => {
                 self.swap(word, pack(CLOSED, 0))?;
                 self.reset_failures();
+                self.failed_probes.store(0, Ordering::Relaxed);
                 Transition::new(BreakerState::HalfOpen, BreakerState::Closed)
             }
             Route::Fallback => None,
         }
     }
 
-    /// The primary failed at `now_us`. A failed probe restarts the cool-off; a closed breaker
-    /// opens when the rule says so.
+    /// The primary failed at `now_us`. A failed probe restarts the cool-off, doubled; a closed
+    /// breaker opens when the rule says so, with the first cool-off.
     pub(crate) fn failed(&self, route: Route, now_us: u64) -> Option<Transition> {
         match route {
             Route::Primary => {
@@ -249,10 +273,12 @@ impl Breaker {
                 }
                 self.swap(pack(CLOSED, 0), pack(OPEN, now_us))?;
                 self.reset_failures();
+                self.failed_probes.store(0, Ordering::Relaxed);
                 Transition::new(BreakerState::Closed, BreakerState::Open)
             }
             Route::Probe { word, .. } => {
                 self.swap(word, pack(OPEN, now_us))?;
+                self.failed_probes.fetch_add(1, Ordering::Relaxed);
                 Transition::new(BreakerState::HalfOpen, BreakerState::Open)
             }
             Route::Fallback => None,
@@ -275,7 +301,8 @@ impl Breaker {
     /// that went back before the opening counts as a finished cool-off, so that a stepped clock
     /// never keeps the breaker open for longer.
     fn cooled(&self, opened_at: u64, now_us: u64) -> bool {
-        now_us < opened_at || now_us - opened_at >= self.cool_off_us
+        now_us < opened_at
+            || now_us - opened_at >= self.cool_off(self.failed_probes.load(Ordering::Relaxed))
     }
 
     fn swap(&self, from: u64, to: u64) -> Option<()> {
@@ -433,6 +460,34 @@ mod tests {
         // The outcome of a stale probe is ignored.
         assert_eq!(b.failed(probe, now + COOL), None);
         assert!(b.is_closed());
+    }
+
+    #[test]
+    fn the_cool_off_doubles_after_each_failed_probe_and_starts_over_once_closed() {
+        const FIRST: u64 = 100_000;
+        let b =
+            Breaker::new(OpenRule::ConsecutiveFailures(1), 1_000_000).with_first_cool_off(FIRST);
+        let mut now = 0;
+        b.failed(Route::Primary, now);
+        // Cool-offs of 0.1, 0.2, 0.4, 0.8 s, then the full 1 s.
+        for wait in [FIRST, 2 * FIRST, 4 * FIRST, 8 * FIRST, 1_000_000, 1_000_000] {
+            assert_eq!(b.route(now + wait - 1).0, Route::Fallback, "before {wait}");
+            let (probe, _) = b.route(now + wait);
+            assert!(matches!(probe, Route::Probe { .. }), "after {wait}");
+            now += wait;
+            assert_eq!(b.failed(probe, now).unwrap().to, BreakerState::Open);
+        }
+        let (probe, _) = b.route(now + 1_000_000);
+        now += 1_000_000;
+        assert_eq!(b.succeeded(probe).unwrap().to, BreakerState::Closed);
+        // The next outage starts with the first cool-off again.
+        b.failed(Route::Primary, now);
+        assert_eq!(b.route(now + FIRST - 1).0, Route::Fallback);
+        assert!(matches!(b.route(now + FIRST).0, Route::Probe { .. }));
+        // A first cool-off longer than the cool-off is the cool-off.
+        let b = Breaker::new(OpenRule::ConsecutiveFailures(1), FIRST).with_first_cool_off(COOL);
+        b.failed(Route::Primary, 0);
+        assert!(matches!(b.route(FIRST).0, Route::Probe { .. }));
     }
 
     #[test]

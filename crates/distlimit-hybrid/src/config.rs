@@ -13,8 +13,11 @@ use crate::{Counters, Hybrid};
 
 /// The default time budget of one primary call.
 pub const DEFAULT_BUDGET: Duration = Duration::from_millis(50);
-/// The default cool-off: how long the breaker stays open before one caller probes.
+/// The default cool-off: the longest the breaker stays open before one caller probes.
 pub const DEFAULT_COOL_OFF: Duration = Duration::from_secs(5);
+/// The default first cool-off after the breaker opens; it doubles after each failed probe up
+/// to the cool-off.
+pub const DEFAULT_FIRST_COOL_OFF: Duration = Duration::from_millis(100);
 /// The default bound of the blocked-key cache, in entries.
 pub const DEFAULT_BLOCKED_ENTRIES: usize = 10_000;
 /// The most failures [`OpenRule::FailuresInWindow`] may count.
@@ -87,8 +90,8 @@ pub enum ConfigError {
     /// The primary's time budget was zero.
     #[error("the primary's time budget must be above zero")]
     ZeroBudget,
-    /// The cool-off was zero.
-    #[error("the cool-off must be above zero")]
+    /// The cool-off or the first cool-off was zero.
+    #[error("the cool-off and the first cool-off must be above zero")]
     ZeroCoolOff,
     /// The instance count was zero.
     #[error("the instance count must be at least 1")]
@@ -115,6 +118,7 @@ pub struct Builder<P, F, C = SystemClock> {
     name: &'static str,
     budget: Duration,
     cool_off: Duration,
+    first_cool_off: Duration,
     rule: OpenRule,
     modes: HashMap<Box<str>, FailureMode>,
     default_mode: FailureMode,
@@ -132,6 +136,7 @@ impl<P, F> Builder<P, F> {
             name: "primary",
             budget: DEFAULT_BUDGET,
             cool_off: DEFAULT_COOL_OFF,
+            first_cool_off: DEFAULT_FIRST_COOL_OFF,
             rule: OpenRule::default(),
             modes: HashMap::new(),
             default_mode: FailureMode::default(),
@@ -163,10 +168,22 @@ impl<P, F, C> Builder<P, F, C> {
         self
     }
 
-    /// How long the breaker stays open before one caller probes the primary (default
-    /// [`DEFAULT_COOL_OFF`], 5 s).
+    /// The longest the breaker stays open before one caller probes the primary (default
+    /// [`DEFAULT_COOL_OFF`], 5 s). The cool-off starts at
+    /// [`first_cool_off`](Self::first_cool_off) when the breaker opens and doubles after each
+    /// failed probe up to this.
     pub fn cool_off(mut self, cool_off: Duration) -> Self {
         self.cool_off = cool_off;
+        self
+    }
+
+    /// The cool-off after the breaker opens (default [`DEFAULT_FIRST_COOL_OFF`], 100 ms;
+    /// at most [`cool_off`](Self::cool_off)). Each failed probe doubles it, up to the cool-off,
+    /// and closing starts it over: a restart or a failover of a few seconds is noticed within
+    /// about as long as it lasted, while a long outage costs one probe per cool-off. Set it to
+    /// the cool-off for a fixed one.
+    pub fn first_cool_off(mut self, first: Duration) -> Self {
+        self.first_cool_off = first;
         self
     }
 
@@ -222,6 +239,7 @@ impl<P, F, C> Builder<P, F, C> {
             name: self.name,
             budget: self.budget,
             cool_off: self.cool_off,
+            first_cool_off: self.first_cool_off,
             rule: self.rule,
             modes: self.modes,
             default_mode: self.default_mode,
@@ -236,7 +254,7 @@ impl<P, F, C> Builder<P, F, C> {
         if self.budget.is_zero() {
             return Err(ConfigError::ZeroBudget);
         }
-        if self.cool_off.is_zero() {
+        if self.cool_off.is_zero() || self.first_cool_off.is_zero() {
             return Err(ConfigError::ZeroCoolOff);
         }
         if self.instances == 0 {
@@ -264,14 +282,15 @@ impl<P, F, C> Builder<P, F, C> {
             Some(n) => Some(BlockedCache::new(n)),
             None => None,
         };
-        let cool_off_us = u64::try_from(self.cool_off.as_micros()).unwrap_or(u64::MAX);
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         Ok(Hybrid {
             primary: self.primary,
             fallback: self.fallback,
             clock: self.clock,
             name: self.name,
             budget: self.budget,
-            breaker: Breaker::new(self.rule, cool_off_us),
+            breaker: Breaker::new(self.rule, micros(self.cool_off))
+                .with_first_cool_off(micros(self.first_cool_off)),
             modes: self.modes,
             default_mode: self.default_mode,
             share: Share::new(self.instances),

@@ -32,7 +32,7 @@ use crate::share::Share;
 
 pub use crate::config::{
     Builder, ConfigError, DEFAULT_BLOCKED_ENTRIES, DEFAULT_BUDGET, DEFAULT_COOL_OFF,
-    DEFAULT_OPEN_RULE, FailureMode, MAX_WINDOW_FAILURES, OpenRule,
+    DEFAULT_FIRST_COOL_OFF, DEFAULT_OPEN_RULE, FailureMode, MAX_WINDOW_FAILURES, OpenRule,
 };
 
 /// A store that asks a primary store behind a circuit breaker and falls back to another. See the

@@ -4,12 +4,12 @@
 #[cfg(not(distlimit_loom))]
 pub(crate) use parking_lot::Mutex;
 #[cfg(not(distlimit_loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 #[cfg(distlimit_loom)]
 pub(crate) use self::loom_shim::Mutex;
 #[cfg(distlimit_loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 #[cfg(distlimit_loom)]
 mod loom_shim {

@@ -23,7 +23,9 @@ use async_trait::async_trait;
 use distlimit_core::{
     BreakerState, Clock, Decision, Error, Limit, Observer, Quota, Request, Store, StoreExt,
 };
-use distlimit_hybrid::{DEFAULT_BUDGET, DEFAULT_OPEN_RULE, Hybrid, OpenRule};
+use distlimit_hybrid::{
+    DEFAULT_BUDGET, DEFAULT_COOL_OFF, DEFAULT_FIRST_COOL_OFF, DEFAULT_OPEN_RULE, Hybrid, OpenRule,
+};
 use distlimit_memory::MemoryStore;
 use distlimit_test::EPOCH_US;
 use tokio::time::Instant;
@@ -187,6 +189,18 @@ async fn run(rule: OpenRule, scenario: Scenario) -> Outcome {
     }
 }
 
+/// How many probes an open breaker makes within `open` while they all fail: one per cool-off,
+/// each a budget long, the cool-off doubling from the first up to the full one.
+fn probes_within(open: Duration) -> u64 {
+    let (mut at, mut cool_off, mut probes) = (Duration::ZERO, DEFAULT_FIRST_COOL_OFF, 0);
+    while at + cool_off <= open {
+        at += cool_off + DEFAULT_BUDGET;
+        cool_off = (cool_off * 2).min(DEFAULT_COOL_OFF);
+        probes += 1;
+    }
+    probes
+}
+
 fn rules() -> Vec<(&'static str, OpenRule)> {
     vec![
         ("ConsecutiveFailures(1)", OpenRule::ConsecutiveFailures(1)),
@@ -251,10 +265,15 @@ async fn the_default_rule_rides_out_overload_and_opens_on_an_outage() {
             assert_eq!(stalls.opened, 0, "{stalls:?}");
             assert_eq!(stalls.fallback, stalls.timeouts, "{stalls:?}");
             assert_eq!(slow.opened, 0, "{slow:?}");
-            // A hung primary: open within two budgets, each task having waited at most two.
+            // A hung primary: open within two budgets, each task having waited at most two,
+            // then one probe per cool-off (doubling from the first).
             let hung_open = hung.to_open.expect("a hung primary opens the breaker");
             assert!(hung_open <= 2 * DEFAULT_BUDGET + PACE, "{hung:?}");
-            assert!(hung.timeouts <= 2 * TASKS as u64, "{hung:?}");
+            let open_for = RUN - OUTAGE_AT - hung_open;
+            assert!(
+                hung.timeouts <= 2 * TASKS as u64 + probes_within(open_for),
+                "{hung:?}"
+            );
             let refused_open = refused
                 .to_open
                 .expect("a refused primary opens the breaker");

@@ -49,6 +49,7 @@ async fn store(server: &RedisServer, cool_off: Duration) -> Arc<HybridStore> {
         Hybrid::builder(FaultyStore::new(redis), MemoryStore::new())
             .name("redis")
             .budget(BUDGET)
+            .first_cool_off(cool_off)
             .cool_off(cool_off)
             .instances(INSTANCES)
             .build()

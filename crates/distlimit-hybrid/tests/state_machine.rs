@@ -65,6 +65,8 @@ fn rig(configure: impl FnOnce(RigBuilder) -> RigBuilder) -> Rig {
     .clock(clock.clone())
     .name("redis")
     .budget(BUDGET)
+    // A fixed cool-off: the doubling one has its own test.
+    .first_cool_off(COOL_OFF)
     .cool_off(COOL_OFF)
     // The state machine's tests open at the first failure; the default rule has its own tests.
     .open_after(OpenRule::ConsecutiveFailures(1))
@@ -174,6 +176,49 @@ async fn a_failed_probe_restarts_the_cool_off() {
             "breaker redis open->half_open",
             "breaker redis half_open->closed",
         ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cool_off_doubles_from_the_first_while_probes_fail() {
+    let first = COOL_OFF / 8;
+    let r = rig(|b| b.first_cool_off(first));
+    // The opening failure and three failed probes.
+    r.primary().push_n(Fault::Fail(FaultKind::Unavailable), 4);
+    r.store.check("k", limit()).await.unwrap();
+    for (probe, wait) in [first, 2 * first, 4 * first].into_iter().enumerate() {
+        r.clock.advance(wait - Duration::from_micros(1));
+        r.store.check("k", limit()).await.unwrap();
+        assert_eq!(
+            r.primary().calls(),
+            1 + probe as u64,
+            "no probe before {wait:?}"
+        );
+        r.clock.advance(Duration::from_micros(1));
+        r.store.check("k", limit()).await.unwrap();
+        assert_eq!(
+            r.primary().calls(),
+            2 + probe as u64,
+            "a probe after {wait:?}"
+        );
+    }
+    // Then 8 x first, which is the whole cool-off here: it doubles no further.
+    r.clock.advance(COOL_OFF - Duration::from_micros(1));
+    r.store.check("k", limit()).await.unwrap();
+    assert_eq!(r.primary().calls(), 4);
+    r.clock.advance(Duration::from_micros(1));
+    assert_eq!(
+        r.store.check("k", limit()).await.unwrap().source(),
+        Source::Primary
+    );
+    // Closed: the next outage starts again from the first cool-off.
+    r.primary().push(Fault::Fail(FaultKind::Unavailable));
+    r.store.check("k", limit()).await.unwrap();
+    assert_eq!(r.store.breaker_state(), BreakerState::Open);
+    r.clock.advance(first);
+    assert_eq!(
+        r.store.check("k", limit()).await.unwrap().source(),
+        Source::Primary
     );
 }
 

@@ -129,3 +129,87 @@ async fn fail_closed_answers_unavailable_while_redis_is_down() {
     assert_eq!(free.overall_code, OK);
     server.stop().await;
 }
+
+/// Reads `distlimit_breaker_state` of the Redis store from an instance's metrics.
+fn breaker_closed(server: &Running) -> bool {
+    server
+        .checker
+        .metrics()
+        .encode()
+        .contains(r#"distlimit_breaker_state{store="redis",state="closed"} 1"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_redis_restart_the_instances_share_the_limit_again() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = config();
+    let flags = ["--redis", url.as_str(), "--instances", "2"];
+    let a = Running::with_config(dir.path(), &flags).await;
+    let b = Running::with_config(dir.path(), &flags).await;
+    let mut clients = [a.client().await, b.client().await];
+    let tenant = |name: &str| request("shared", vec![descriptor(&[("tenant", name)])]);
+    redis.kill();
+    // The outage: every answer comes from the fallback, never an error, until both breakers
+    // open (3 failures in a row over at least 50 ms; bounded: 10 s).
+    let started = std::time::Instant::now();
+    while breaker_closed(&a) || breaker_closed(&b) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the breakers did not open"
+        );
+        for client in &mut clients {
+            let answer = client.should_rate_limit(tenant("during")).await;
+            assert_eq!(
+                answer
+                    .expect("no error during the outage")
+                    .into_inner()
+                    .overall_code,
+                OK
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let opened = std::time::Instant::now();
+    redis.restart().unwrap();
+    let down_for = opened.elapsed();
+    // Each instance's breaker closes by itself once its probe succeeds: requests keep
+    // arriving, as they would from Envoy, until both do (bounded: 20 s).
+    let started = std::time::Instant::now();
+    while !(breaker_closed(&a) && breaker_closed(&b)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still not back on Redis: {}",
+            a.checker.metrics().encode()
+        );
+        for client in &mut clients {
+            call(client, tenant("probe")).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let back_after = started.elapsed();
+    println!(
+        "Redis down {down_for:?} after the breakers opened; both instances back on it {back_after:?} after its restart"
+    );
+    // The cool-off doubles from 100 ms while probes fail: the probe after the restart comes
+    // within about as long again as the breaker had been open (a fixed 5 s cool-off took 5 s).
+    assert!(
+        back_after <= 2 * down_for + Duration::from_millis(500),
+        "back on Redis {back_after:?} after a restart {down_for:?} into the outage"
+    );
+    // Back on one shared count: the two instances admit exactly the limit between them, not
+    // twice their fallback share each.
+    align(3_600, Duration::from_secs(10)).await;
+    let mut admitted = 0;
+    for i in 0..2 * LIMIT {
+        let answer = call(&mut clients[(i % 2) as usize], tenant("after")).await;
+        if answer.overall_code == OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, LIMIT);
+    a.stop().await;
+    b.stop().await;
+}
