@@ -11,7 +11,7 @@ use distlimit_core::{
     Decision, Error, Key, Limit, MAX_BATCH, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, Store,
 };
 use distlimit_metrics::Metrics;
-use distlimit_policy::{Limiter, PolicySet, Verdict};
+use distlimit_policy::{Limiter, Listed, PolicySet, Prepared, Verdict};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Rule, RuleLimit, Unit};
@@ -372,20 +372,80 @@ impl Checker {
                 }),
             }
         }
-        if zero_limit {
+        // TOML policies: prepared (nothing charged yet), then decided in the same batch as the
+        // enforced rules; a policy in shadow mode apart, as the shadow rules.
+        let keys: Vec<Option<Vec<u8>>> = by_policy
+            .iter()
+            .zip(&request.descriptors)
+            .map(|(policy, d)| policy.map(|_| policy_key(&d.entries)))
+            .collect();
+        let mut prepared: Vec<(usize, Prepared<'_>)> = Vec::new();
+        if let Some(limiter) = &running.limiter {
+            for (i, ((policy, key), descriptor)) in by_policy
+                .iter()
+                .zip(&keys)
+                .zip(&request.descriptors)
+                .enumerate()
+            {
+                let (Some(policy), Some(key)) = (policy, key) else {
+                    continue;
+                };
+                let cost = descriptor.hits.unwrap_or(default_hits);
+                let check = limiter
+                    .prepare(policy, key, cost)
+                    .map_err(|error| self.policy_error(error))?;
+                prepared.push((i, check));
+            }
+        }
+        let deny_listed = prepared
+            .iter()
+            .any(|(_, p)| !p.is_shadow() && p.listed() == Some(Listed::Deny));
+        if zero_limit || deny_listed {
             // The request is denied anyway: charge nothing, report what is left.
             for p in &mut enforced {
                 p.cost = 0;
             }
+            for (_, p) in &mut prepared {
+                p.set_cost(0);
+            }
         }
 
-        let enforced_decisions = self.decide(&enforced).await?;
-        let shadow_decisions = self.decide(&shadow).await?;
+        // One batch: the enforced rules, then the tiers of the enforced policies.
+        let mut batch = pending_requests(&enforced)?;
+        batch.extend(
+            prepared
+                .iter()
+                .filter(|(_, p)| !p.is_shadow())
+                .flat_map(|(_, p)| p.requests()),
+        );
+        let batch_decisions = self.decide_batch(&batch).await?;
+        let denied = zero_limit || deny_listed || batch_decisions.iter().any(Decision::is_denied);
+        let (enforced_decisions, mut policy_decisions) =
+            batch_decisions.split_at(enforced.len().min(batch_decisions.len()));
+        let shadow_decisions = self.decide_batch(&pending_requests(&shadow)?).await?;
+        for (i, p) in &mut prepared {
+            let decisions = if p.is_shadow() {
+                // Decided apart; charged nothing when the request is denied.
+                if denied {
+                    p.set_cost(0);
+                }
+                let requests: Vec<Request<'_>> = p.requests().collect();
+                self.decide_batch(&requests).await?
+            } else {
+                let (own, rest) = policy_decisions.split_at(p.len().min(policy_decisions.len()));
+                policy_decisions = rest;
+                own.to_vec()
+            };
+            let verdict = p
+                .verdict(&decisions)
+                .map_err(|error| self.policy_error(error))?;
+            statuses[*i] = policy_status(&verdict);
+        }
         let latency = started.elapsed();
         let mut decided: Vec<Option<Decision>> = vec![None; statuses.len()];
         for (pending, decision) in enforced
             .iter()
-            .zip(&enforced_decisions)
+            .zip(enforced_decisions)
             .chain(shadow.iter().zip(&shadow_decisions))
         {
             for &i in &pending.descriptors {
@@ -429,26 +489,6 @@ impl Checker {
             self.metrics
                 .on_decision(&a.label, outcome, &decision, latency);
         }
-        // TOML policies, one descriptor at a time, each policy's tiers all or nothing; once the
-        // request is denied, the rest are only peeked at (charged nothing).
-        if let Some(limiter) = &running.limiter {
-            for (i, policy) in by_policy.iter().enumerate() {
-                let Some(policy) = policy else { continue };
-                let descriptor = &request.descriptors[i];
-                let denied = statuses.iter().any(|s| s.over_limit);
-                let cost = if denied {
-                    0
-                } else {
-                    descriptor.hits.unwrap_or(default_hits)
-                };
-                let key = policy_key(&descriptor.entries);
-                let verdict = limiter
-                    .check_cost(policy, &key, cost)
-                    .await
-                    .map_err(|error| self.policy_error(error))?;
-                statuses[i] = policy_status(&verdict);
-            }
-        }
         let over_limit = statuses.iter().any(|s| s.over_limit);
         Ok(CheckResponse {
             over_limit,
@@ -468,22 +508,30 @@ impl Checker {
         }
     }
 
-    /// Decides `pending` all-or-nothing, in batches of at most [`MAX_BATCH`].
-    async fn decide(&self, pending: &[Pending]) -> Result<Vec<Decision>, CheckError> {
-        let mut decisions = Vec::with_capacity(pending.len());
-        for chunk in pending.chunks(MAX_BATCH) {
-            let mut requests = Vec::with_capacity(chunk.len());
-            for p in chunk {
-                let key =
-                    Key::new(&p.key).map_err(|e| CheckError::InvalidArgument(e.to_string()))?;
-                let request = Request::new(key, p.limit)
-                    .with_cost(p.cost)
-                    .with_policy(&p.policy)
-                    .map_err(|e| CheckError::InvalidArgument(e.to_string()))?;
-                requests.push(request);
-            }
-            match self.store.decide_all(&requests).await {
-                Ok(answer) => decisions.extend(answer),
+    /// Decides `requests` all-or-nothing, one decision per request in order. The same
+    /// (policy, key) twice is one store request costing the sum. Past [`MAX_BATCH`] store
+    /// requests, in batches of [`MAX_BATCH`], each all-or-nothing; once one is denied, the
+    /// rest are only peeked at (charged nothing), but the batches admitted before stay charged.
+    async fn decide_batch(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, CheckError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (merged, slots) = merge(requests);
+        let mut answered = Vec::with_capacity(merged.len());
+        let mut denied = false;
+        for chunk in merged.chunks(MAX_BATCH) {
+            let peeked: Vec<Request<'_>>;
+            let chunk = if denied {
+                peeked = chunk.iter().map(|r| r.with_cost(0)).collect();
+                &peeked[..]
+            } else {
+                chunk
+            };
+            match self.store.decide_all(chunk).await {
+                Ok(decisions) => {
+                    denied |= decisions.iter().any(Decision::is_denied);
+                    answered.extend(decisions);
+                }
                 Err(error) if error.is_invalid_input() => {
                     return Err(CheckError::InvalidArgument(error.to_string()));
                 }
@@ -494,8 +542,56 @@ impl Checker {
                 }
             }
         }
-        Ok(decisions)
+        slots
+            .iter()
+            .map(|&slot| answered.get(slot).copied())
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                CheckError::Unavailable(Error::InvalidRequest(
+                    "the store answered fewer decisions than requests",
+                ))
+            })
     }
+}
+
+/// The store requests of `pending`, in order.
+fn pending_requests(pending: &[Pending]) -> Result<Vec<Request<'_>>, CheckError> {
+    pending
+        .iter()
+        .map(|p| {
+            let key = Key::new(&p.key).map_err(|e| CheckError::InvalidArgument(e.to_string()))?;
+            Request::new(key, p.limit)
+                .with_cost(p.cost)
+                .with_policy(&p.policy)
+                .map_err(|e| CheckError::InvalidArgument(e.to_string()))
+        })
+        .collect()
+}
+
+/// `requests` with each (policy, key) pair once, costing the sum of its requests (the first
+/// one's limit), as [`Store::decide_all`] takes them; and for each request, the index of the
+/// merged one answering it. A YAML rule and a TOML tier share a state only when a rule's
+/// `<domain>/<path>` is a policy's `<policy>/<tier>`.
+fn merge<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize>) {
+    let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
+    let mut slots = Vec::with_capacity(requests.len());
+    for request in requests {
+        let same = merged
+            .iter_mut()
+            .enumerate()
+            .find(|(_, m)| m.policy() == request.policy() && m.key() == request.key());
+        match same {
+            Some((slot, m)) => {
+                *m = m.with_cost(m.cost().saturating_add(request.cost()));
+                slots.push(slot);
+            }
+            None => {
+                slots.push(merged.len());
+                merged.push(*request);
+            }
+        }
+    }
+    (merged, slots)
 }
 
 fn validate(request: &CheckRequest<'_>) -> Result<(), CheckError> {
