@@ -22,7 +22,9 @@ use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 /// [`Store::decide_now`] (a store that never waits answers there, without a future) or else
 /// [`Store::decide`]. A single-tier check allocates nothing beyond what the store itself
 /// allocates (on the memory store: nothing); a multi-tier check adds one `Vec` (its batch of
-/// requests).
+/// requests). Several policies checked on one request are all-or-nothing together through
+/// [`check_all`](Limiter::check_all), or [`prepare`](Limiter::prepare) for a batch that holds
+/// other requests too.
 pub struct Limiter<S: ?Sized = dyn Store> {
     policies: ArcSwap<PolicySet>,
     /// The policies every published set must define ([`Limiter::declare`]); held while a set

@@ -265,8 +265,9 @@ impl Checker {
             .on_request(protocol, configured.then_some(domain), result, elapsed);
     }
 
-    /// Decides `request`: every limited descriptor (outside shadow mode) is charged together or
-    /// not at all.
+    /// Decides `request`: every limited descriptor outside shadow mode, YAML rule and TOML
+    /// policy alike, is charged together or not at all (one `decide_all` batch up to
+    /// [`MAX_BATCH`] store requests; past it, batches of [`MAX_BATCH`], each all or nothing).
     ///
     /// # Errors
     ///
@@ -410,19 +411,24 @@ impl Checker {
             }
         }
 
-        // One batch: the enforced rules, then the tiers of the enforced policies.
+        // One batch: the enforced rules, then the tiers of the enforced policies (a policy's
+        // tiers are one group, never split between two batches past MAX_BATCH).
         let mut batch = pending_requests(&enforced)?;
-        batch.extend(
-            prepared
-                .iter()
-                .filter(|(_, p)| !p.is_shadow())
-                .flat_map(|(_, p)| p.requests()),
-        );
-        let batch_decisions = self.decide_batch(&batch).await?;
+        let mut groups = vec![1; batch.len()];
+        for (_, p) in prepared
+            .iter()
+            .filter(|(_, p)| !p.is_shadow() && !p.is_empty())
+        {
+            batch.extend(p.requests());
+            groups.push(p.len());
+        }
+        let batch_decisions = self.decide_batch(&batch, &groups).await?;
         let denied = zero_limit || deny_listed || batch_decisions.iter().any(Decision::is_denied);
         let (enforced_decisions, mut policy_decisions) =
             batch_decisions.split_at(enforced.len().min(batch_decisions.len()));
-        let shadow_decisions = self.decide_batch(&pending_requests(&shadow)?).await?;
+        let shadow_decisions = self
+            .decide_batch(&pending_requests(&shadow)?, &vec![1; shadow.len()])
+            .await?;
         for (i, p) in &mut prepared {
             let decisions = if p.is_shadow() {
                 // Decided apart; charged nothing when the request is denied.
@@ -430,7 +436,7 @@ impl Checker {
                     p.set_cost(0);
                 }
                 let requests: Vec<Request<'_>> = p.requests().collect();
-                self.decide_batch(&requests).await?
+                self.decide_batch(&requests, &[requests.len()]).await?
             } else {
                 let (own, rest) = policy_decisions.split_at(p.len().min(policy_decisions.len()));
                 policy_decisions = rest;
@@ -508,30 +514,32 @@ impl Checker {
         }
     }
 
-    /// Decides `requests` all-or-nothing, one decision per request in order. The same
-    /// (policy, key) twice is one store request costing the sum. Past [`MAX_BATCH`] store
-    /// requests, in batches of [`MAX_BATCH`], each all-or-nothing; once one is denied, the
-    /// rest are only peeked at (charged nothing), but the batches admitted before stay charged.
-    async fn decide_batch(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, CheckError> {
-        if requests.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (merged, slots) = merge(requests);
-        let mut answered = Vec::with_capacity(merged.len());
+    /// Decides `requests` all-or-nothing, one decision per request in order; `groups` are the
+    /// lengths of consecutive runs of requests that must share a batch (a policy's tiers). The
+    /// same (policy, key) twice in a batch is one store request costing the sum. Past
+    /// [`MAX_BATCH`] store requests, in batches of whole groups, each all-or-nothing; once one
+    /// is denied, the rest are only peeked at (charged nothing), but the batches admitted
+    /// before stay charged.
+    async fn decide_batch(
+        &self,
+        requests: &[Request<'_>],
+        groups: &[usize],
+    ) -> Result<Vec<Decision>, CheckError> {
+        let mut decisions = Vec::with_capacity(requests.len());
         let mut denied = false;
-        for chunk in merged.chunks(MAX_BATCH) {
-            let peeked: Vec<Request<'_>>;
-            let chunk = if denied {
-                peeked = chunk.iter().map(|r| r.with_cost(0)).collect();
-                &peeked[..]
-            } else {
-                chunk
-            };
-            match self.store.decide_all(chunk).await {
-                Ok(decisions) => {
-                    denied |= decisions.iter().any(Decision::is_denied);
-                    answered.extend(decisions);
-                }
+        let mut rest = requests;
+        for len in batch_lengths(groups) {
+            if rest.is_empty() {
+                break;
+            }
+            let (chunk, next) = rest.split_at(len.min(rest.len()));
+            rest = next;
+            let (mut merged, slots) = merge(chunk);
+            if denied {
+                merged.iter_mut().for_each(|r| *r = r.with_cost(0));
+            }
+            let answered = match self.store.decide_all(&merged).await {
+                Ok(answered) => answered,
                 Err(error) if error.is_invalid_input() => {
                     return Err(CheckError::InvalidArgument(error.to_string()));
                 }
@@ -540,18 +548,37 @@ impl Checker {
                     self.metrics.on_store_error("server", "", &error);
                     return Err(CheckError::Unavailable(error));
                 }
+            };
+            denied |= answered.iter().any(Decision::is_denied);
+            for slot in slots {
+                let decision = answered.get(slot).copied().ok_or_else(|| {
+                    CheckError::Unavailable(Error::InvalidRequest(
+                        "the store answered fewer decisions than requests",
+                    ))
+                })?;
+                decisions.push(decision);
             }
         }
-        slots
-            .iter()
-            .map(|&slot| answered.get(slot).copied())
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                CheckError::Unavailable(Error::InvalidRequest(
-                    "the store answered fewer decisions than requests",
-                ))
-            })
+        Ok(decisions)
     }
+}
+
+/// The lengths of the batches that decide runs of requests of `groups` lengths: whole groups,
+/// as many as fit in [`MAX_BATCH`] (a group longer than that alone), then, should requests be
+/// left beyond the groups, batches of [`MAX_BATCH`].
+fn batch_lengths(groups: &[usize]) -> impl Iterator<Item = usize> + '_ {
+    let mut groups = groups.iter().copied().filter(|&g| g > 0).peekable();
+    std::iter::from_fn(move || {
+        let mut len = groups.next()?;
+        while let Some(&next) = groups.peek()
+            && len + next <= MAX_BATCH
+        {
+            len += next;
+            groups.next();
+        }
+        Some(len)
+    })
+    .chain(std::iter::repeat(MAX_BATCH))
 }
 
 /// The store requests of `pending`, in order.
@@ -877,6 +904,19 @@ mod tests {
                 assert!(fixed_window(rpu, unit).is_ok(), "{rpu}/{unit}");
             }
         }
+    }
+
+    #[test]
+    fn batches_hold_whole_groups() {
+        let lengths =
+            |groups: &[usize], n: usize| batch_lengths(groups).take(n).collect::<Vec<_>>();
+        // 15 rules and a policy of two tiers: the tiers are not split 1 + 1.
+        let mut groups = vec![1; 15];
+        groups.push(2);
+        assert_eq!(lengths(&groups, 3), [15, 2, MAX_BATCH]);
+        assert_eq!(lengths(&[8, 8, 8, 0, 3], 3), [16, 11, MAX_BATCH]);
+        assert_eq!(lengths(&[1; 40], 4), [16, 16, 8, MAX_BATCH]);
+        assert_eq!(lengths(&[], 2), [MAX_BATCH, MAX_BATCH]);
     }
 
     #[test]

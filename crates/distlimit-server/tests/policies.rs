@@ -431,3 +431,40 @@ async fn a_denied_request_charges_nothing_on_redis() {
     let flags = ["--redis", url.as_str(), "--redis-budget-ms", "5000"];
     a_denied_request_charges_no_policy_and_no_rule(&flags, "redis-").await;
 }
+
+#[tokio::test]
+async fn past_sixteen_store_requests_a_denied_batch_charges_the_later_ones_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.toml"), MIXED).unwrap();
+    let server = Running::with_config(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    align(3_600, std::time::Duration::from_secs(30)).await;
+    // r0 is out (two per hour).
+    for _ in 0..2 {
+        assert_eq!(decide(&mut client, vec![route("r0")]).await.0, Code::Ok);
+    }
+    // 19 rules and a policy: 20 store requests, two batches; r0 denies the first, so the
+    // second (r16 to r18 and the policy) is only peeked at.
+    let mut descriptors: Vec<_> = (0..19).map(|i| route(&format!("r{i}"))).collect();
+    descriptors.push(descriptor(&[("user", "zed")]));
+    let (code, statuses) = decide(&mut client, descriptors).await;
+    assert_eq!(code, Code::OverLimit);
+    assert_eq!(statuses.len(), 20);
+    assert_eq!(statuses[0], (Code::OverLimit, 0));
+    assert!(
+        statuses[1..].iter().all(|s| s.0 == Code::Ok),
+        "{statuses:?}"
+    );
+    // Nothing was charged: r1, r17 and zed have all they had.
+    for (d, left) in [
+        (route("r1"), 1),
+        (route("r17"), 1),
+        (descriptor(&[("user", "zed")]), 0),
+    ] {
+        assert_eq!(
+            decide(&mut client, vec![d]).await,
+            (Code::Ok, vec![(Code::Ok, left)])
+        );
+    }
+    server.stop().await;
+}
