@@ -10,7 +10,7 @@ mod watch;
 mod tests;
 
 pub use error::{CheckError, Field, PolicyConfigError};
-pub use limiter::{Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
+pub use limiter::{Limiter, Listed, Prepared, TierVerdict, TierVerdicts, Verdict};
 pub use policy::{
     MAX_NAME_LEN, MAX_TIERS, Override, Policy, PolicySet, PolicySetBuilder, Scope, Tier,
 };

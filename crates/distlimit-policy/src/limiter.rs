@@ -22,7 +22,9 @@ use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 /// [`Store::decide_now`] (a store that never waits answers there, without a future) or else
 /// [`Store::decide`]. A single-tier check allocates nothing beyond what the store itself
 /// allocates (on the memory store: nothing); a multi-tier check adds one `Vec` (its batch of
-/// requests).
+/// requests). Several policies checked on one request are all-or-nothing together through
+/// [`check_all`](Limiter::check_all), or [`prepare`](Limiter::prepare) for a batch that holds
+/// other requests too.
 pub struct Limiter<S: ?Sized = dyn Store> {
     policies: ArcSwap<PolicySet>,
     /// The policies every published set must define ([`Limiter::declare`]); held while a set
@@ -207,6 +209,208 @@ impl<S: Store + ?Sized> Limiter<S> {
         let all = (*self.store).decide_all(&requests).await?;
         let decision = Decision::most_restrictive(&all).unwrap_or_else(deny_listed);
         Ok(Verdict::new(applied, decision, all))
+    }
+
+    /// Prepares a check of `cost` units for `key` under `policy`, to be decided in one batch
+    /// with other checks (of other policies, or any core [`Request`]s): the building block of
+    /// [`check_all`](Self::check_all), for callers that add requests of their own to the batch.
+    ///
+    /// Charges nothing. Put [`Prepared::requests`] into one [`Store::decide_all`] batch with
+    /// the rest, then turn the decisions of those requests (in the same order) into a
+    /// [`Verdict`] with [`Prepared::verdict`]. A key on an allow or deny list has no request
+    /// (its verdict is known at once: [`Prepared::listed`]). A policy in shadow mode
+    /// ([`Prepared::is_shadow`]) belongs in a batch of its own: its denial lets the request
+    /// through, so it must not stop the others from being charged.
+    ///
+    /// The check uses the policy set active now, whatever is published before the batch is
+    /// decided; the observer sees it when its verdict is made, timed from here.
+    ///
+    /// # Errors
+    ///
+    /// An unknown policy ([`CheckError::UnknownPolicy`]), an invalid key.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_core::{Key, Limit, Quota, Request, Store};
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Limiter, PolicySet};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policies = PolicySet::from_toml_str(
+    ///     r#"
+    ///     [[policy]]
+    ///     name = "per_user"
+    ///     tiers = [ { name = "minute", limit = 1, per = "1m" } ]
+    ///     "#,
+    /// )?;
+    /// let store = Arc::new(MemoryStore::new());
+    /// let limiter = Limiter::new(store.clone(), policies);
+    /// // A limit of the caller's own, decided in the same batch as the policy.
+    /// let per_ip = Limit::fixed_window(Quota::per_minute(5)?);
+    /// for expected in [true, false] {
+    ///     let prepared = limiter.prepare("per_user", b"alice", 1)?;
+    ///     let mut batch: Vec<Request<'_>> = prepared.requests().collect();
+    ///     batch.push(Request::new(Key::new("10.0.0.1")?, per_ip).with_policy("per_ip")?);
+    ///     let decisions = store.decide_all(&batch).await?;
+    ///     let verdict = prepared.verdict(&decisions[..prepared.len()])?;
+    ///     assert_eq!(verdict.is_allowed(), expected);
+    /// }
+    /// // The second batch was denied by "per_user": the IP was charged once, not twice.
+    /// let ip = Request::peek(Key::new("10.0.0.1")?, per_ip).with_policy("per_ip")?;
+    /// assert_eq!(store.decide(&ip).await?.remaining(), 4);
+    /// # Ok(()) }
+    /// ```
+    pub fn prepare<'k>(
+        &self,
+        policy: &str,
+        key: &'k [u8],
+        cost: u64,
+    ) -> Result<Prepared<'k>, CheckError> {
+        let started = self.observer.as_ref().map(|_| Instant::now());
+        let set = self.policies.load();
+        let (applied, listed) = lookup(&set, policy, key)?;
+        if listed.is_none() {
+            // Every request is valid from here on ([`Prepared::requests`] relies on it).
+            for tier in &applied.tiers {
+                tier_request(tier, key, cost)?;
+            }
+        }
+        Ok(Prepared {
+            applied: Arc::clone(applied),
+            listed,
+            key,
+            cost,
+            observer: self.observer.clone(),
+            started,
+        })
+    }
+
+    /// Charges several checks all-or-nothing: every `(policy, key, cost)` is charged on every
+    /// tier of its policy, or none is. One verdict per check, in order.
+    ///
+    /// The request is admitted, and was charged, if and only if every verdict
+    /// [`is_allowed`](Verdict::is_allowed). A denied check denies them all: the others then
+    /// answer what they alone would have been answered (their [`Verdict::is_allowed`] says
+    /// `true`), charging nothing. Checks of policies not in shadow mode go to one
+    /// [`Store::decide_all`]; the same tier and key named by two checks is one request costing
+    /// the sum. A policy in shadow mode is decided afterwards on its own (its tiers all or
+    /// nothing), charging nothing when the request was denied; its denial denies nothing. A
+    /// key on a deny list denies the request without asking the store for it; on an allow list
+    /// it is admitted and charged nothing. The observer sees each check as if made alone.
+    ///
+    /// # Errors
+    ///
+    /// An unknown policy or an invalid key (nothing charged); more than
+    /// [`MAX_BATCH`](distlimit_core::MAX_BATCH) store requests across the policies not in
+    /// shadow mode (a tier and key each); the store's failure.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Limiter, PolicySet};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policies = PolicySet::from_toml_str(
+    ///     r#"
+    ///     [[policy]]
+    ///     name = "per_ip"
+    ///     tiers = [ { name = "minute", limit = 10, per = "1m" } ]
+    ///
+    ///     [[policy]]
+    ///     name = "per_user"
+    ///     tiers = [ { name = "minute", limit = 1, per = "1m" } ]
+    ///     "#,
+    /// )?;
+    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), policies);
+    /// let request = [("per_ip", &b"10.0.0.1"[..], 1), ("per_user", &b"alice"[..], 1)];
+    /// let first = limiter.check_all(&request).await?;
+    /// assert!(first.iter().all(|v| v.is_allowed()));
+    /// // alice is over her limit: the request is denied and the IP is not charged.
+    /// let second = limiter.check_all(&request).await?;
+    /// assert!(second[0].is_allowed() && !second[1].is_allowed());
+    /// assert_eq!(limiter.peek("per_ip", b"10.0.0.1").await?.decision().remaining(), 9);
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_all(
+        &self,
+        checks: &[(&str, &[u8], u64)],
+    ) -> Result<Vec<Verdict>, CheckError> {
+        let mut prepared = checks
+            .iter()
+            .map(|&(policy, key, cost)| self.prepare(policy, key, cost))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut denied = prepared
+            .iter()
+            .any(|p| !p.is_shadow() && p.listed() == Some(Listed::Deny));
+        if denied {
+            prepared.iter_mut().for_each(|p| p.set_cost(0));
+        }
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; prepared.len()];
+        // The checks not in shadow mode: one batch.
+        let batch: Vec<Request<'_>> = prepared
+            .iter()
+            .filter(|p| !p.is_shadow())
+            .flat_map(Prepared::requests)
+            .collect();
+        let decisions = if batch.is_empty() {
+            Vec::new()
+        } else {
+            let (merged, slots) = merge(&batch);
+            let answered = match (*self.store).decide_all(&merged).await {
+                Ok(decisions) => decisions,
+                Err(e) => return Err(self.failed(&prepared, e)),
+            };
+            slots
+                .iter()
+                .map(|&slot| answered.get(slot).copied())
+                .collect::<Option<Vec<_>>>()
+                .ok_or(MISMATCH)?
+        };
+        denied |= decisions.iter().any(Decision::is_denied);
+        let mut rest = &decisions[..];
+        for (p, verdict) in prepared.iter().zip(&mut verdicts) {
+            if !p.is_shadow() {
+                let (own, next) = rest.split_at(p.len().min(rest.len()));
+                rest = next;
+                *verdict = Some(p.verdict(own)?);
+            }
+        }
+        // Shadow mode: each apart, after the rest, charging nothing once the request is denied.
+        for (p, verdict) in prepared.iter_mut().zip(&mut verdicts) {
+            if !p.is_shadow() {
+                continue;
+            }
+            if denied {
+                p.set_cost(0);
+            }
+            let requests: Vec<Request<'_>> = p.requests().collect();
+            let decisions = if requests.is_empty() {
+                Vec::new()
+            } else {
+                match (*self.store).decide_all(&requests).await {
+                    Ok(decisions) => decisions,
+                    Err(e) => return Err(self.failed(std::slice::from_ref(p), e)),
+                }
+            };
+            *verdict = Some(p.verdict(&decisions)?);
+        }
+        Ok(verdicts
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or(MISMATCH)?)
+    }
+
+    /// Reports a failed batch for each of its checks and returns the error.
+    fn failed(&self, prepared: &[Prepared<'_>], error: distlimit_core::Error) -> CheckError {
+        let error = CheckError::from(error);
+        for p in prepared {
+            self.report_error(p.policy(), &error);
+        }
+        error
     }
 
     /// Reports a finished check to the observer: its decision, or the store's failure (see
@@ -408,6 +612,147 @@ fn tier_request<'a>(tier: &'a Tier, key: &'a [u8], cost: u64) -> Result<Request<
         .with_cost(cost)
         .with_policy(tier.store_policy())
         .map_err(distlimit_core::Error::from)?)
+}
+
+/// The error of decisions that do not match the requests they answer.
+const MISMATCH: distlimit_core::Error =
+    distlimit_core::Error::InvalidRequest("the decisions do not match the prepared requests");
+
+/// `requests` with each (policy, key) pair once, costing the sum of its requests (the first
+/// one's limit), as [`Store::decide_all`] takes them; and for each request, the index of the
+/// merged one answering it.
+fn merge<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize>) {
+    let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
+    let mut slots = Vec::with_capacity(requests.len());
+    for request in requests {
+        let same = merged
+            .iter_mut()
+            .enumerate()
+            .find(|(_, m)| m.policy() == request.policy() && m.key() == request.key());
+        match same {
+            Some((slot, m)) => {
+                *m = m.with_cost(m.cost().saturating_add(request.cost()));
+                slots.push(slot);
+            }
+            None => {
+                slots.push(merged.len());
+                merged.push(*request);
+            }
+        }
+    }
+    (merged, slots)
+}
+
+/// A check prepared by [`Limiter::prepare`], to be decided in a batch with other requests.
+///
+/// It holds the tiers that apply to its key (from the policy set active when it was
+/// prepared), the key and the cost; [`requests`](Self::requests) are its store requests and
+/// [`verdict`](Self::verdict) reads their decisions.
+#[derive(Clone)]
+pub struct Prepared<'k> {
+    applied: Arc<Applied>,
+    listed: Option<Listed>,
+    key: &'k [u8],
+    cost: u64,
+    observer: Option<Arc<dyn Observer>>,
+    started: Option<Instant>,
+}
+
+impl Prepared<'_> {
+    /// The store requests of the check, one per tier in order; none for a listed key.
+    pub fn requests(&self) -> impl Iterator<Item = Request<'_>> + '_ {
+        let tiers = match self.listed {
+            Some(_) => &[][..],
+            None => &self.applied.tiers[..],
+        };
+        // `Limiter::prepare` built each of them once: none fails here (and one that did would
+        // leave `verdict` a decision short: an error, not a wrong verdict).
+        tiers
+            .iter()
+            .filter_map(|tier| tier_request(tier, self.key, self.cost).ok())
+    }
+
+    /// The number of [`requests`](Self::requests): the tiers, or 0 for a listed key.
+    pub fn len(&self) -> usize {
+        match self.listed {
+            Some(_) => 0,
+            None => self.applied.tiers.len(),
+        }
+    }
+
+    /// Whether the check has no store request (a listed key).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The policy's name.
+    pub fn policy(&self) -> &str {
+        &self.applied.policy
+    }
+
+    /// Whether the key is on the allow or deny list: decided without the store (a key on the
+    /// deny list denies the whole batch it belongs to).
+    pub fn listed(&self) -> Option<Listed> {
+        self.listed
+    }
+
+    /// Whether the policy (or the key's override) is in shadow mode: its denial lets the
+    /// request through, so decide it apart from the checks that enforce.
+    pub fn is_shadow(&self) -> bool {
+        self.applied.shadow
+    }
+
+    /// The units each tier is charged if the batch is admitted.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// Sets the units charged (0: a peek that charges nothing, for a batch known to be denied).
+    pub fn set_cost(&mut self, cost: u64) {
+        self.cost = cost;
+    }
+
+    /// The verdict of the check from the decisions of its [`requests`](Self::requests), in
+    /// order (none for a listed key), reported to the limiter's observer as a check. Each
+    /// decision is what that request alone was answered; in a denied batch nothing was
+    /// charged, whatever this verdict says.
+    ///
+    /// # Errors
+    ///
+    /// `decisions` has not one decision per request (an invalid-request store error).
+    pub fn verdict(&self, decisions: &[Decision]) -> Result<Verdict, CheckError> {
+        if decisions.len() != self.len() {
+            return Err(MISMATCH.into());
+        }
+        let verdict = match (self.listed, decisions) {
+            (Some(listed), _) => Verdict::of_listed(&self.applied, listed),
+            (None, [one]) => Verdict::new(&self.applied, *one, Vec::new()),
+            (None, all) => {
+                let decision = Decision::most_restrictive(all).unwrap_or_else(deny_listed);
+                Verdict::new(&self.applied, decision, all.to_vec())
+            }
+        };
+        if let (Some(observer), Some(started)) = (&self.observer, self.started) {
+            observer.on_decision(
+                self.policy(),
+                verdict.outcome(),
+                verdict.decision(),
+                started.elapsed(),
+            );
+        }
+        Ok(verdict)
+    }
+}
+
+impl std::fmt::Debug for Prepared<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("policy", &self.policy())
+            .field("listed", &self.listed)
+            .field("shadow", &self.is_shadow())
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whether a key was on a list of its policy: decided without the store.

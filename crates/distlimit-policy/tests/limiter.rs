@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlimit_core::{Decision, Limit, ManualClock, NEVER, Observer, Outcome, Quota};
 use distlimit_memory::MemoryStore;
-use distlimit_policy::{CheckError, Limiter, Listed, Policy, PolicySet, Tier};
+use distlimit_policy::{CheckError, Limiter, Listed, Policy, PolicySet, Tier, Verdict};
 
 const T0: u64 = 1_700_000_000_000_000;
 
@@ -513,4 +513,203 @@ async fn the_observer_sees_checks_decided_by_check_now() {
             ("two".to_owned(), Outcome::Allowed, b),
         ]
     );
+}
+
+const TWO_POLICIES: &str = r#"
+    [[policy]]
+    name = "per_ip"
+    tiers = [
+        { name = "minute", limit = 5, per = "1m" },
+        { name = "all", limit = 100, per = "1h" , scope = "global" },
+    ]
+    deny = ["blocked"]
+    allow = ["trusted"]
+
+    [[policy]]
+    name = "per_user"
+    tiers = [ { name = "hour", algorithm = "fixed_window", limit = 2, per = "1h" } ]
+
+    [[policy]]
+    name = "watch"
+    shadow = true
+    tiers = [ { name = "hour", limit = 1, per = "1h" } ]
+"#;
+
+/// What is left on every tier of `policy` for `key`, read with a peek.
+async fn left(l: &Limiter<MemoryStore<ManualClock>>, policy: &str, key: &str) -> Vec<u64> {
+    let verdict = l.peek(policy, key.as_bytes()).await.unwrap();
+    verdict.tiers().map(|t| t.decision().remaining()).collect()
+}
+
+#[tokio::test]
+async fn check_all_charges_every_policy_or_none() {
+    let (l, _clock) = limiter(toml(TWO_POLICIES));
+    let request = [
+        ("per_ip", &b"10.0.0.1"[..], 1),
+        ("per_user", &b"alice"[..], 1),
+    ];
+    for _ in 0..2 {
+        let verdicts = l.check_all(&request).await.unwrap();
+        assert!(verdicts.iter().all(|v| v.is_allowed()));
+    }
+    assert_eq!(left(&l, "per_ip", "10.0.0.1").await, [3, 98]);
+    assert_eq!(left(&l, "per_user", "alice").await, [0]);
+    // alice is out: denied, and neither tier of per_ip is charged.
+    let verdicts = l.check_all(&request).await.unwrap();
+    assert_eq!(
+        verdicts.iter().map(Verdict::outcome).collect::<Vec<_>>(),
+        [Outcome::Allowed, Outcome::Denied]
+    );
+    assert_eq!(verdicts[0].tiers().len(), 2);
+    assert_eq!(left(&l, "per_ip", "10.0.0.1").await, [3, 98]);
+    // The reverse order, and another user: admitted, both charged.
+    let other = [
+        ("per_user", &b"bob"[..], 2),
+        ("per_ip", &b"10.0.0.1"[..], 3),
+    ];
+    assert!(
+        l.check_all(&other)
+            .await
+            .unwrap()
+            .iter()
+            .all(Verdict::is_allowed)
+    );
+    assert_eq!(left(&l, "per_ip", "10.0.0.1").await, [0, 95]);
+    assert_eq!(left(&l, "per_user", "bob").await, [0]);
+    // Now the IP denies: carol is not charged.
+    let carol = [
+        ("per_user", &b"carol"[..], 1),
+        ("per_ip", &b"10.0.0.1"[..], 1),
+    ];
+    let verdicts = l.check_all(&carol).await.unwrap();
+    assert!(verdicts[0].is_allowed() && !verdicts[1].is_allowed());
+    assert_eq!(left(&l, "per_user", "carol").await, [2]);
+}
+
+#[tokio::test]
+async fn check_all_merges_a_shared_global_tier_and_lists_decide_without_the_store() {
+    let (l, _clock) = limiter(toml(TWO_POLICIES));
+    // Two IPs of one policy share its global tier: one request costing 2 + 3.
+    let two_ips = [("per_ip", &b"a"[..], 2), ("per_ip", &b"b"[..], 3)];
+    assert!(
+        l.check_all(&two_ips)
+            .await
+            .unwrap()
+            .iter()
+            .all(Verdict::is_allowed)
+    );
+    assert_eq!(left(&l, "per_ip", "a").await, [3, 95]);
+    assert_eq!(left(&l, "per_ip", "b").await, [2, 95]);
+    // A deny-listed key denies the request: nothing else is charged.
+    let blocked = [
+        ("per_user", &b"dave"[..], 1),
+        ("per_ip", &b"blocked"[..], 1),
+    ];
+    let verdicts = l.check_all(&blocked).await.unwrap();
+    assert_eq!(verdicts[1].listed(), Some(Listed::Deny));
+    assert!(verdicts[0].is_allowed() && !verdicts[1].is_allowed());
+    assert_eq!(left(&l, "per_user", "dave").await, [2]);
+    // An allow-listed key is admitted uncharged; the rest is charged.
+    let trusted = [
+        ("per_user", &b"dave"[..], 1),
+        ("per_ip", &b"trusted"[..], 1),
+    ];
+    let verdicts = l.check_all(&trusted).await.unwrap();
+    assert!(verdicts.iter().all(Verdict::is_allowed));
+    assert_eq!(verdicts[1].listed(), Some(Listed::Allow));
+    assert_eq!(left(&l, "per_user", "dave").await, [1]);
+    assert_eq!(left(&l, "per_ip", "a").await, [3, 95]);
+    // Unknown policy: an error, nothing charged.
+    let unknown = [("per_user", &b"dave"[..], 1), ("nope", &b"x"[..], 1)];
+    assert!(matches!(
+        l.check_all(&unknown).await,
+        Err(CheckError::UnknownPolicy(_))
+    ));
+    assert_eq!(left(&l, "per_user", "dave").await, [1]);
+}
+
+#[tokio::test]
+async fn check_all_decides_shadow_policies_apart() {
+    let (l, _clock) = limiter(toml(TWO_POLICIES));
+    let recorder = Arc::new(Recorder::default());
+    let l = l.with_observer(recorder.clone());
+    let request = [("watch", &b"erin"[..], 1), ("per_user", &b"erin"[..], 1)];
+    assert!(
+        l.check_all(&request)
+            .await
+            .unwrap()
+            .iter()
+            .all(Verdict::is_allowed)
+    );
+    // The shadow policy is out; its denial denies nothing: per_user is charged.
+    let verdicts = l.check_all(&request).await.unwrap();
+    assert_eq!(verdicts[0].outcome(), Outcome::ShadowDenied);
+    assert!(verdicts.iter().all(Verdict::is_allowed));
+    assert_eq!(left(&l, "per_user", "erin").await, [0]);
+    // per_user denies: the shadow policy (of another key) is only peeked at.
+    let frank = [("watch", &b"frank"[..], 1), ("per_user", &b"erin"[..], 1)];
+    let verdicts = l.check_all(&frank).await.unwrap();
+    assert!(verdicts[0].is_allowed() && !verdicts[1].is_allowed());
+    assert_eq!(left(&l, "watch", "frank").await, [1]);
+    // The observer saw each check once (and the peeks).
+    let seen = recorder.0.lock().unwrap().clone();
+    let outcomes: Vec<_> = seen
+        .iter()
+        .filter(|(policy, _, _)| policy == "watch")
+        .map(|(_, o, _)| *o)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Allowed,
+            Outcome::ShadowDenied,
+            Outcome::Allowed,
+            Outcome::Allowed
+        ]
+    );
+}
+
+#[tokio::test]
+async fn prepared_checks_share_a_batch_with_other_requests() {
+    use distlimit_core::{Key, Request, Store};
+
+    let clock = ManualClock::new(T0);
+    let store = Arc::new(MemoryStore::builder().clock(clock).build());
+    let l = Limiter::new(store.clone(), toml(TWO_POLICIES));
+    let own = Limit::fixed_window(Quota::per_hour(10).unwrap());
+    let own_left = |store: Arc<MemoryStore<ManualClock>>| async move {
+        let peek = Request::peek(Key::new("k").unwrap(), own)
+            .with_policy("own")
+            .unwrap();
+        store.decide(&peek).await.unwrap().remaining()
+    };
+    let prepared = l.prepare("per_user", b"gina", 2).unwrap();
+    assert_eq!((prepared.len(), prepared.cost()), (1, 2));
+    let mut batch: Vec<Request<'_>> = prepared.requests().collect();
+    batch.push(
+        Request::new(Key::new("k").unwrap(), own)
+            .with_policy("own")
+            .unwrap(),
+    );
+    let decisions = store.decide_all(&batch).await.unwrap();
+    assert!(prepared.verdict(&decisions[..1]).unwrap().is_allowed());
+    // Too few decisions: an error, not a verdict.
+    assert!(prepared.verdict(&[]).is_err());
+    assert_eq!(own_left(store.clone()).await, 9);
+    // gina is out: the batch is denied and "own" is not charged.
+    let prepared = l.prepare("per_user", b"gina", 1).unwrap();
+    let mut batch: Vec<Request<'_>> = prepared.requests().collect();
+    batch.push(
+        Request::new(Key::new("k").unwrap(), own)
+            .with_policy("own")
+            .unwrap(),
+    );
+    let decisions = store.decide_all(&batch).await.unwrap();
+    assert!(!prepared.verdict(&decisions[..1]).unwrap().is_allowed());
+    assert_eq!(own_left(store.clone()).await, 9);
+    // A listed key has no request.
+    let listed = l.prepare("per_ip", b"blocked", 1).unwrap();
+    assert_eq!((listed.len(), listed.requests().count()), (0, 0));
+    assert_eq!(listed.listed(), Some(Listed::Deny));
+    assert!(!listed.verdict(&[]).unwrap().is_allowed());
 }

@@ -150,6 +150,64 @@ proptest! {
             Ok(())
         })?;
     }
+
+    /// Requests checking a random subset of three policies (1 to 3 tiers each) for one of two
+    /// keys with random costs, with the clock stopped: a request is admitted if and only if
+    /// every check fits every tier of its policy; then every tier of every policy checked is
+    /// charged, otherwise none is (each verdict says what its check alone was answered).
+    #[test]
+    fn policies_are_charged_all_or_nothing_together(
+        caps in prop::collection::vec(prop::collection::vec((algorithm(), 1u64..12), 1..=3), 3),
+        steps in prop::collection::vec(
+            prop::collection::vec((0usize..3, 0u64..5, any::<bool>()), 1..=3),
+            1..30,
+        ),
+    ) {
+        let policies = caps.iter().enumerate().map(|(p, tiers)| {
+            tiers.iter().enumerate().fold(Policy::new(format!("p{p}")), |policy, (i, (algorithm, cap))| {
+                policy.tier(Tier::new(format!("t{i}"), Limit::new(*algorithm, Quota::per_hour(*cap).unwrap())))
+            })
+        });
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = MemoryStore::builder().clock(clock).build();
+        let limiter = Limiter::new(Arc::new(store), PolicySet::new(policies).unwrap());
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        // used[policy][key][tier]
+        let mut used: Vec<[Vec<u64>; 2]> = caps.iter().map(|t| [vec![0; t.len()], vec![0; t.len()]]).collect();
+        let names = ["p0", "p1", "p2"];
+        runtime.block_on(async {
+            for mut checks in steps {
+                // Each policy at most once per request.
+                checks.sort_by_key(|c| c.0);
+                checks.dedup_by_key(|c| c.0);
+                let fits: Vec<bool> = checks.iter().map(|&(p, cost, second)| {
+                    let k = usize::from(second);
+                    caps[p].iter().zip(&used[p][k]).all(|((_, cap), u)| u + cost.max(1) <= *cap)
+                }).collect();
+                let request: Vec<(&str, &[u8], u64)> = checks.iter().map(|&(p, cost, second)| {
+                    let key: &[u8] = if second { b"second" } else { b"first" };
+                    (names[p], key, cost)
+                }).collect();
+                let verdicts = limiter.check_all(&request).await.unwrap();
+                let allowed: Vec<bool> = verdicts.iter().map(|v| v.is_allowed()).collect();
+                prop_assert_eq!(&allowed, &fits);
+                if fits.iter().all(|f| *f) {
+                    for &(p, cost, second) in &checks {
+                        used[p][usize::from(second)].iter_mut().for_each(|u| *u += cost);
+                    }
+                }
+                for (p, name) in names.iter().enumerate() {
+                    for (k, key) in [&b"first"[..], b"second"].into_iter().enumerate() {
+                        let peek = limiter.peek(name, key).await.unwrap();
+                        for (i, tier) in peek.tiers().enumerate() {
+                            prop_assert_eq!(tier.decision().remaining(), caps[p][i].1 - used[p][k][i], "{} {} tier {}", name, k, i);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@ use distlimit_core::{
     Decision, Error, Key, Limit, MAX_BATCH, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, Store,
 };
 use distlimit_metrics::Metrics;
-use distlimit_policy::{Limiter, PolicySet, Verdict};
+use distlimit_policy::{Limiter, Listed, PolicySet, Prepared, Verdict};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Rule, RuleLimit, Unit};
@@ -265,8 +265,9 @@ impl Checker {
             .on_request(protocol, configured.then_some(domain), result, elapsed);
     }
 
-    /// Decides `request`: every limited descriptor (outside shadow mode) is charged together or
-    /// not at all.
+    /// Decides `request`: every limited descriptor outside shadow mode, YAML rule and TOML
+    /// policy alike, is charged together or not at all (one `decide_all` batch up to
+    /// [`MAX_BATCH`] store requests; past it, batches of [`MAX_BATCH`], each all or nothing).
     ///
     /// # Errors
     ///
@@ -372,20 +373,85 @@ impl Checker {
                 }),
             }
         }
-        if zero_limit {
+        // TOML policies: prepared (nothing charged yet), then decided in the same batch as the
+        // enforced rules; a policy in shadow mode apart, as the shadow rules.
+        let keys: Vec<Option<Vec<u8>>> = by_policy
+            .iter()
+            .zip(&request.descriptors)
+            .map(|(policy, d)| policy.map(|_| policy_key(&d.entries)))
+            .collect();
+        let mut prepared: Vec<(usize, Prepared<'_>)> = Vec::new();
+        if let Some(limiter) = &running.limiter {
+            for (i, ((policy, key), descriptor)) in by_policy
+                .iter()
+                .zip(&keys)
+                .zip(&request.descriptors)
+                .enumerate()
+            {
+                let (Some(policy), Some(key)) = (policy, key) else {
+                    continue;
+                };
+                let cost = descriptor.hits.unwrap_or(default_hits);
+                let check = limiter
+                    .prepare(policy, key, cost)
+                    .map_err(|error| self.policy_error(error))?;
+                prepared.push((i, check));
+            }
+        }
+        let deny_listed = prepared
+            .iter()
+            .any(|(_, p)| !p.is_shadow() && p.listed() == Some(Listed::Deny));
+        if zero_limit || deny_listed {
             // The request is denied anyway: charge nothing, report what is left.
             for p in &mut enforced {
                 p.cost = 0;
             }
+            for (_, p) in &mut prepared {
+                p.set_cost(0);
+            }
         }
 
-        let enforced_decisions = self.decide(&enforced).await?;
-        let shadow_decisions = self.decide(&shadow).await?;
+        // One batch: the enforced rules, then the tiers of the enforced policies (a policy's
+        // tiers are one group, never split between two batches past MAX_BATCH).
+        let mut batch = pending_requests(&enforced)?;
+        let mut groups = vec![1; batch.len()];
+        for (_, p) in prepared
+            .iter()
+            .filter(|(_, p)| !p.is_shadow() && !p.is_empty())
+        {
+            batch.extend(p.requests());
+            groups.push(p.len());
+        }
+        let batch_decisions = self.decide_batch(&batch, &groups).await?;
+        let denied = zero_limit || deny_listed || batch_decisions.iter().any(Decision::is_denied);
+        let (enforced_decisions, mut policy_decisions) =
+            batch_decisions.split_at(enforced.len().min(batch_decisions.len()));
+        let shadow_decisions = self
+            .decide_batch(&pending_requests(&shadow)?, &vec![1; shadow.len()])
+            .await?;
+        for (i, p) in &mut prepared {
+            let decisions = if p.is_shadow() {
+                // Decided apart; charged nothing when the request is denied.
+                if denied {
+                    p.set_cost(0);
+                }
+                let requests: Vec<Request<'_>> = p.requests().collect();
+                self.decide_batch(&requests, &[requests.len()]).await?
+            } else {
+                let (own, rest) = policy_decisions.split_at(p.len().min(policy_decisions.len()));
+                policy_decisions = rest;
+                own.to_vec()
+            };
+            let verdict = p
+                .verdict(&decisions)
+                .map_err(|error| self.policy_error(error))?;
+            statuses[*i] = policy_status(&verdict);
+        }
         let latency = started.elapsed();
         let mut decided: Vec<Option<Decision>> = vec![None; statuses.len()];
         for (pending, decision) in enforced
             .iter()
-            .zip(&enforced_decisions)
+            .zip(enforced_decisions)
             .chain(shadow.iter().zip(&shadow_decisions))
         {
             for &i in &pending.descriptors {
@@ -429,26 +495,6 @@ impl Checker {
             self.metrics
                 .on_decision(&a.label, outcome, &decision, latency);
         }
-        // TOML policies, one descriptor at a time, each policy's tiers all or nothing; once the
-        // request is denied, the rest are only peeked at (charged nothing).
-        if let Some(limiter) = &running.limiter {
-            for (i, policy) in by_policy.iter().enumerate() {
-                let Some(policy) = policy else { continue };
-                let descriptor = &request.descriptors[i];
-                let denied = statuses.iter().any(|s| s.over_limit);
-                let cost = if denied {
-                    0
-                } else {
-                    descriptor.hits.unwrap_or(default_hits)
-                };
-                let key = policy_key(&descriptor.entries);
-                let verdict = limiter
-                    .check_cost(policy, &key, cost)
-                    .await
-                    .map_err(|error| self.policy_error(error))?;
-                statuses[i] = policy_status(&verdict);
-            }
-        }
         let over_limit = statuses.iter().any(|s| s.over_limit);
         Ok(CheckResponse {
             over_limit,
@@ -468,22 +514,32 @@ impl Checker {
         }
     }
 
-    /// Decides `pending` all-or-nothing, in batches of at most [`MAX_BATCH`].
-    async fn decide(&self, pending: &[Pending]) -> Result<Vec<Decision>, CheckError> {
-        let mut decisions = Vec::with_capacity(pending.len());
-        for chunk in pending.chunks(MAX_BATCH) {
-            let mut requests = Vec::with_capacity(chunk.len());
-            for p in chunk {
-                let key =
-                    Key::new(&p.key).map_err(|e| CheckError::InvalidArgument(e.to_string()))?;
-                let request = Request::new(key, p.limit)
-                    .with_cost(p.cost)
-                    .with_policy(&p.policy)
-                    .map_err(|e| CheckError::InvalidArgument(e.to_string()))?;
-                requests.push(request);
+    /// Decides `requests` all-or-nothing, one decision per request in order; `groups` are the
+    /// lengths of consecutive runs of requests that must share a batch (a policy's tiers). The
+    /// same (policy, key) twice in a batch is one store request costing the sum. Past
+    /// [`MAX_BATCH`] store requests, in batches of whole groups, each all-or-nothing; once one
+    /// is denied, the rest are only peeked at (charged nothing), but the batches admitted
+    /// before stay charged.
+    async fn decide_batch(
+        &self,
+        requests: &[Request<'_>],
+        groups: &[usize],
+    ) -> Result<Vec<Decision>, CheckError> {
+        let mut decisions = Vec::with_capacity(requests.len());
+        let mut denied = false;
+        let mut rest = requests;
+        for len in batch_lengths(groups) {
+            if rest.is_empty() {
+                break;
             }
-            match self.store.decide_all(&requests).await {
-                Ok(answer) => decisions.extend(answer),
+            let (chunk, next) = rest.split_at(len.min(rest.len()));
+            rest = next;
+            let (mut merged, slots) = merge(chunk);
+            if denied {
+                merged.iter_mut().for_each(|r| *r = r.with_cost(0));
+            }
+            let answered = match self.store.decide_all(&merged).await {
+                Ok(answered) => answered,
                 Err(error) if error.is_invalid_input() => {
                     return Err(CheckError::InvalidArgument(error.to_string()));
                 }
@@ -492,10 +548,77 @@ impl Checker {
                     self.metrics.on_store_error("server", "", &error);
                     return Err(CheckError::Unavailable(error));
                 }
+            };
+            denied |= answered.iter().any(Decision::is_denied);
+            for slot in slots {
+                let decision = answered.get(slot).copied().ok_or_else(|| {
+                    CheckError::Unavailable(Error::InvalidRequest(
+                        "the store answered fewer decisions than requests",
+                    ))
+                })?;
+                decisions.push(decision);
             }
         }
         Ok(decisions)
     }
+}
+
+/// The lengths of the batches that decide runs of requests of `groups` lengths: whole groups,
+/// as many as fit in [`MAX_BATCH`] (a group longer than that alone), then, should requests be
+/// left beyond the groups, batches of [`MAX_BATCH`].
+fn batch_lengths(groups: &[usize]) -> impl Iterator<Item = usize> + '_ {
+    let mut groups = groups.iter().copied().filter(|&g| g > 0).peekable();
+    std::iter::from_fn(move || {
+        let mut len = groups.next()?;
+        while let Some(&next) = groups.peek()
+            && len + next <= MAX_BATCH
+        {
+            len += next;
+            groups.next();
+        }
+        Some(len)
+    })
+    .chain(std::iter::repeat(MAX_BATCH))
+}
+
+/// The store requests of `pending`, in order.
+fn pending_requests(pending: &[Pending]) -> Result<Vec<Request<'_>>, CheckError> {
+    pending
+        .iter()
+        .map(|p| {
+            let key = Key::new(&p.key).map_err(|e| CheckError::InvalidArgument(e.to_string()))?;
+            Request::new(key, p.limit)
+                .with_cost(p.cost)
+                .with_policy(&p.policy)
+                .map_err(|e| CheckError::InvalidArgument(e.to_string()))
+        })
+        .collect()
+}
+
+/// `requests` with each (policy, key) pair once, costing the sum of its requests (the first
+/// one's limit), as [`Store::decide_all`] takes them; and for each request, the index of the
+/// merged one answering it. A YAML rule and a TOML tier share a state only when a rule's
+/// `<domain>/<path>` is a policy's `<policy>/<tier>`.
+fn merge<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize>) {
+    let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
+    let mut slots = Vec::with_capacity(requests.len());
+    for request in requests {
+        let same = merged
+            .iter_mut()
+            .enumerate()
+            .find(|(_, m)| m.policy() == request.policy() && m.key() == request.key());
+        match same {
+            Some((slot, m)) => {
+                *m = m.with_cost(m.cost().saturating_add(request.cost()));
+                slots.push(slot);
+            }
+            None => {
+                slots.push(merged.len());
+                merged.push(*request);
+            }
+        }
+    }
+    (merged, slots)
 }
 
 fn validate(request: &CheckRequest<'_>) -> Result<(), CheckError> {
@@ -781,6 +904,19 @@ mod tests {
                 assert!(fixed_window(rpu, unit).is_ok(), "{rpu}/{unit}");
             }
         }
+    }
+
+    #[test]
+    fn batches_hold_whole_groups() {
+        let lengths =
+            |groups: &[usize], n: usize| batch_lengths(groups).take(n).collect::<Vec<_>>();
+        // 15 rules and a policy of two tiers: the tiers are not split 1 + 1.
+        let mut groups = vec![1; 15];
+        groups.push(2);
+        assert_eq!(lengths(&groups, 3), [15, 2, MAX_BATCH]);
+        assert_eq!(lengths(&[8, 8, 8, 0, 3], 3), [16, 11, MAX_BATCH]);
+        assert_eq!(lengths(&[1; 40], 4), [16, 16, 8, MAX_BATCH]);
+        assert_eq!(lengths(&[], 2), [MAX_BATCH, MAX_BATCH]);
     }
 
     #[test]

@@ -294,3 +294,177 @@ async fn a_bad_toml_file_keeps_the_running_policies() {
     assert!(error.contains("defined by both"), "{error}");
     server.stop().await;
 }
+
+/// Two policies of one TOML domain; a descriptor with a `limit` override is held to a YAML-style
+/// rule in the same domain.
+const MIXED: &str = r#"
+[[policy]]
+name = "per_ip"
+deny = ["6.6.6.6"]
+tiers = [
+  { name = "hour", algorithm = "token_bucket", limit = 3, per = "1h" },
+  { name = "all", algorithm = "token_bucket", limit = 1000, per = "1h", scope = "global" },
+]
+
+[[policy]]
+name = "per_user"
+tiers = [ { name = "hour", algorithm = "token_bucket", limit = 1, per = "1h" } ]
+
+[domain.mix]
+descriptors = [
+  { keys = ["ip"], policy = "per_ip" },
+  { keys = ["user"], policy = "per_user" },
+]
+"#;
+
+/// A descriptor `route=<value>` held to an override of two per hour.
+fn route(
+    value: &str,
+) -> envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let mut d = descriptor(&[("route", value)]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 2,
+        unit: 3, // HOUR in envoy.type.v3.RateLimitUnit
+    });
+    d
+}
+
+/// (overall code, [(code, remaining)] per descriptor) of one request.
+async fn decide(
+    client: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
+    descriptors: Vec<
+        envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor,
+    >,
+) -> (Code, Vec<(Code, u32)>) {
+    let answer = call(client, request("mix", descriptors)).await;
+    let statuses = answer
+        .statuses
+        .iter()
+        .map(|s| (Code::try_from(s.code).unwrap(), s.limit_remaining))
+        .collect();
+    (Code::try_from(answer.overall_code).unwrap(), statuses)
+}
+
+/// A denied request charges nothing: neither another TOML policy, nor a rule, nor a policy
+/// when a rule denies. `prefix` keeps the keys of one run apart from another's on one store.
+async fn a_denied_request_charges_no_policy_and_no_rule(flags: &[&str], prefix: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.toml"), MIXED).unwrap();
+    let server = Running::with_config(dir.path(), flags).await;
+    let mut client = server.client().await;
+    // The override is a fixed window of an hour: stay in one.
+    align(3_600, std::time::Duration::from_secs(30)).await;
+    let ip = format!("{prefix}10.0.0.1");
+    let (alice, bob) = (format!("{prefix}alice"), format!("{prefix}bob"));
+    let r1 = format!("{prefix}r1");
+    let both = || vec![descriptor(&[("ip", &ip)]), descriptor(&[("user", &alice)])];
+
+    // Two policies: admitted, both charged.
+    assert_eq!(
+        decide(&mut client, both()).await,
+        (Code::Ok, vec![(Code::Ok, 2), (Code::Ok, 0)])
+    );
+    // The second policy denies: the first is not charged (2 left, as a peek sees it).
+    assert_eq!(
+        decide(&mut client, both()).await,
+        (Code::OverLimit, vec![(Code::Ok, 2), (Code::OverLimit, 0)])
+    );
+    assert_eq!(
+        decide(&mut client, vec![descriptor(&[("ip", &ip)])]).await,
+        (Code::Ok, vec![(Code::Ok, 1)])
+    );
+
+    // A rule and a policy: the policy denies, the rule is not charged.
+    let rule_and_user = |user: &str| vec![route(&r1), descriptor(&[("user", user)])];
+    assert_eq!(
+        decide(&mut client, rule_and_user(&bob)).await,
+        (Code::Ok, vec![(Code::Ok, 1), (Code::Ok, 0)])
+    );
+    assert_eq!(
+        decide(&mut client, rule_and_user(&bob)).await,
+        (Code::OverLimit, vec![(Code::Ok, 1), (Code::OverLimit, 0)])
+    );
+    assert_eq!(
+        decide(&mut client, vec![route(&r1)]).await,
+        (Code::Ok, vec![(Code::Ok, 0)])
+    );
+
+    // The reverse: the rule is out (0 left) and denies; the policy is not charged.
+    let carol = format!("{prefix}carol");
+    assert_eq!(
+        decide(&mut client, rule_and_user(&carol)).await,
+        (Code::OverLimit, vec![(Code::OverLimit, 0), (Code::Ok, 1)])
+    );
+    assert_eq!(
+        decide(&mut client, vec![descriptor(&[("user", &carol)])]).await,
+        (Code::Ok, vec![(Code::Ok, 0)])
+    );
+
+    // A deny-listed key denies the request without the store: dave is not charged.
+    let dave = format!("{prefix}dave");
+    let listed = vec![
+        descriptor(&[("user", &dave)]),
+        descriptor(&[("ip", "6.6.6.6")]),
+    ];
+    let (code, statuses) = decide(&mut client, listed).await;
+    assert_eq!((code, statuses[1].0), (Code::OverLimit, Code::OverLimit));
+    assert_eq!(
+        decide(&mut client, vec![descriptor(&[("user", &dave)])]).await,
+        (Code::Ok, vec![(Code::Ok, 0)])
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_denied_request_charges_nothing_on_the_memory_store() {
+    a_denied_request_charges_no_policy_and_no_rule(&[], "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_charges_nothing_on_redis() {
+    let Some(redis) = distlimit_test::server::RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    // A budget no debug build on a loaded machine runs out of: the decisions come from Redis.
+    let flags = ["--redis", url.as_str(), "--redis-budget-ms", "5000"];
+    a_denied_request_charges_no_policy_and_no_rule(&flags, "redis-").await;
+}
+
+#[tokio::test]
+async fn past_sixteen_store_requests_a_denied_batch_charges_the_later_ones_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.toml"), MIXED).unwrap();
+    let server = Running::with_config(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    align(3_600, std::time::Duration::from_secs(30)).await;
+    // r0 is out (two per hour).
+    for _ in 0..2 {
+        assert_eq!(decide(&mut client, vec![route("r0")]).await.0, Code::Ok);
+    }
+    // 19 rules and a policy: 20 store requests, two batches; r0 denies the first, so the
+    // second (r16 to r18 and the policy) is only peeked at.
+    let mut descriptors: Vec<_> = (0..19).map(|i| route(&format!("r{i}"))).collect();
+    descriptors.push(descriptor(&[("user", "zed")]));
+    let (code, statuses) = decide(&mut client, descriptors).await;
+    assert_eq!(code, Code::OverLimit);
+    assert_eq!(statuses.len(), 20);
+    assert_eq!(statuses[0], (Code::OverLimit, 0));
+    assert!(
+        statuses[1..].iter().all(|s| s.0 == Code::Ok),
+        "{statuses:?}"
+    );
+    // Nothing was charged: r1, r17 and zed have all they had.
+    for (d, left) in [
+        (route("r1"), 1),
+        (route("r17"), 1),
+        (descriptor(&[("user", "zed")]), 0),
+    ] {
+        assert_eq!(
+            decide(&mut client, vec![d]).await,
+            (Code::Ok, vec![(Code::Ok, left)])
+        );
+    }
+    server.stop().await;
+}
