@@ -20,6 +20,7 @@ use distlimit_hybrid::Hybrid;
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_redis::RedisStore;
+use distlimit_serve::{Tls, TlsReload, TlsWatcher};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -51,6 +52,10 @@ pub enum StartError {
     /// The hybrid store's configuration was refused.
     #[error("hybrid store: {0}")]
     Hybrid(#[from] distlimit_hybrid::ConfigError),
+    /// A TLS file (`--tls-cert`, `--tls-key`, `--tls-client-ca`) is missing or unusable; the
+    /// error names it.
+    #[error("tls: {0}")]
+    Tls(#[from] distlimit_serve::TlsError),
 }
 
 /// The service, built from [`Args`] and ready to [`serve`](Server::serve).
@@ -58,17 +63,31 @@ pub enum StartError {
 pub struct Server {
     checker: Arc<Checker>,
     watcher: Option<Watcher>,
+    tls: Option<(Tls, TlsWatcher)>,
     args: Args,
 }
 
 impl Server {
-    /// Reads the configuration (starting its hot reload), builds the store (memory, or Redis
-    /// behind a circuit breaker with a memory fallback) and the metrics. Needs a Tokio runtime.
+    /// Reads the configuration (starting its hot reload) and the TLS files (starting theirs),
+    /// builds the store (memory, or Redis behind a circuit breaker with a memory fallback) and
+    /// the metrics. Needs a Tokio runtime.
     ///
     /// # Errors
     ///
-    /// An invalid configuration, or an unreachable Redis.
+    /// An invalid configuration, a missing or unusable TLS file, or an unreachable Redis.
     pub async fn build(args: &Args) -> Result<Self, StartError> {
+        let tls = match args.tls_files() {
+            Some(files) => {
+                let tls = Tls::load(files)?;
+                tracing::info!(
+                    cert = %tls.files().cert_chain.display(),
+                    mutual = tls.files().client_ca.is_some(),
+                    "TLS on both ports"
+                );
+                Some(tls)
+            }
+            None => None,
+        };
         let (config, sources) = match &args.config {
             Some(path) => {
                 let sources = config::read_sources(path)?;
@@ -88,9 +107,14 @@ impl Server {
                 sources,
             )
         });
+        let tls = tls.map(|tls| {
+            let watcher = tls.watch(args.reload_interval());
+            (tls, watcher)
+        });
         Ok(Self {
             checker,
             watcher,
+            tls,
             args: args.clone(),
         })
     }
@@ -103,6 +127,16 @@ impl Server {
     /// Configuration reload events (`None` without `--config`).
     pub fn reloads(&self) -> Option<watch::Receiver<Reload>> {
         self.watcher.as_ref().map(Watcher::subscribe)
+    }
+
+    /// TLS reload events (`None` without `--tls-cert`).
+    pub fn tls_reloads(&self) -> Option<watch::Receiver<TlsReload>> {
+        self.tls.as_ref().map(|(_, watcher)| watcher.subscribe())
+    }
+
+    /// The TLS certificate of both ports (`None` without `--tls-cert`).
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref().map(|(tls, _)| tls)
     }
 
     /// Serves gRPC (Envoy's RLS v3 and `grpc.health.v1`) on `grpc` and HTTP on `http` until
@@ -145,7 +179,12 @@ impl Server {
         let rls = RateLimitGrpc::new(self.checker.clone(), args.response_headers);
         // Both ports: the same connection cap, idle timeout and shutdown deadline.
         let serve_config = args.serve_config();
-        let grpc_connections = net::incoming(distlimit_serve::Acceptor::new(grpc, &serve_config));
+        let tls = self.tls().cloned();
+        let grpc_connections = net::incoming(
+            distlimit_serve::Acceptor::new(grpc, &serve_config),
+            tls.clone(),
+            serve_config.header_read_timeout,
+        );
         let grpc_server = tonic::transport::Server::builder()
             .timeout(args.request_timeout())
             .max_concurrent_streams(GRPC_CONCURRENCY_PER_CONNECTION)
@@ -161,8 +200,15 @@ impl Server {
             ready,
             timeout: args.request_timeout(),
         });
-        let http_server =
-            distlimit_serve::serve(http, router, serve_config, stopped(stop_rx.clone()));
+        let http_stopped = stopped(stop_rx.clone());
+        let http_server = async move {
+            match tls {
+                Some(tls) => {
+                    distlimit_serve::serve_tls(http, router, serve_config, tls, http_stopped).await
+                }
+                None => distlimit_serve::serve(http, router, serve_config, http_stopped).await,
+            }
+        };
         let both = async {
             let (grpc, http) = tokio::join!(grpc_server, http_server);
             grpc.map_err(io::Error::other)?;
