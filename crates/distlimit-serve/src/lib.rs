@@ -33,7 +33,11 @@ pub type TlsConnection = tokio_rustls::server::TlsStream<Connection>;
 #[cfg(feature = "tls")]
 type MaybeTls = Option<Tls>;
 #[cfg(not(feature = "tls"))]
-type MaybeTls = Option<std::convert::Infallible>;
+type MaybeTls = Option<NoTls>;
+/// No TLS, without the `tls` feature.
+#[cfg(not(feature = "tls"))]
+#[derive(Clone, Debug)]
+enum NoTls {}
 
 /// Default of [`ServeConfig::header_read_timeout`]: 10 s.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);

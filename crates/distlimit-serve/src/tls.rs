@@ -48,6 +48,13 @@ pub enum Alpn {
 }
 
 impl Alpn {
+    fn index(self) -> usize {
+        match self {
+            Alpn::Http1 => 0,
+            Alpn::H2 => 1,
+        }
+    }
+
     fn protocol(self) -> &'static [u8] {
         match self {
             Alpn::Http1 => b"http/1.1",
@@ -195,7 +202,8 @@ struct Inner {
     files: TlsFiles,
     provider: Arc<CryptoProvider>,
     current: ArcSwap<Loaded>,
-    handshake_failures: AtomicU64,
+    /// Failed handshakes on `http/1.1` ports, then on `h2` ports.
+    handshake_failures: [AtomicU64; 2],
 }
 
 /// A TLS server's certificate, key and client CA, read from [`TlsFiles`] and replaced for new
@@ -232,7 +240,7 @@ impl Tls {
                 files,
                 provider,
                 current: ArcSwap::from_pointee(loaded),
-                handshake_failures: AtomicU64::new(0),
+                handshake_failures: [AtomicU64::new(0), AtomicU64::new(0)],
             }),
         })
     }
@@ -320,7 +328,8 @@ impl Tls {
     /// Runs the TLS handshake of `connection` with the current certificate, within `timeout`.
     /// A failure (a plaintext client, an untrusted or missing client certificate, a timeout)
     /// is counted in [`handshake_failures`](Self::handshake_failures) and returned; the caller
-    /// drops the connection.
+    /// drops the connection. The certificate is chosen when the handshake starts: a reload
+    /// never changes the certificate of a connection already open.
     ///
     /// # Errors
     ///
@@ -340,16 +349,14 @@ impl Tls {
             )),
         };
         if result.is_err() {
-            self.inner
-                .handshake_failures
-                .fetch_add(1, Ordering::Relaxed);
+            self.inner.handshake_failures[alpn.index()].fetch_add(1, Ordering::Relaxed);
         }
         result
     }
 
-    /// How many handshakes failed since the start.
-    pub fn handshake_failures(&self) -> u64 {
-        self.inner.handshake_failures.load(Ordering::Relaxed)
+    /// How many handshakes failed since the start on the ports speaking `alpn`.
+    pub fn handshake_failures(&self, alpn: Alpn) -> u64 {
+        self.inner.handshake_failures[alpn.index()].load(Ordering::Relaxed)
     }
 }
 

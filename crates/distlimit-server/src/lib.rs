@@ -98,7 +98,11 @@ impl Server {
         tracing::info!(domains = config.domains().count(), "configuration loaded");
         let metrics = Metrics::new();
         let store = store(args, &metrics).await?;
-        let checker = Arc::new(Checker::new(store, config, metrics));
+        let mut checker = Checker::new(store, config, metrics);
+        if let Some(tls) = &tls {
+            checker.register_tls(tls);
+        }
+        let checker = Arc::new(checker);
         let watcher = args.config.as_ref().map(|path| {
             reload::watch(
                 checker.clone(),

@@ -193,13 +193,15 @@ async fn tls_connect(
     .map_err(|_| std::io::Error::other("handshake timed out"))?
 }
 
-/// `POST /v1/check` over TLS (HTTP/1.1): the status and the body.
-async fn http_check(
+/// One HTTP/1.1 request over TLS: the status and the body.
+async fn https(
     addr: SocketAddr,
     ca: &str,
     identity: Option<&Leaf>,
-    user: &str,
-) -> Result<(u16, serde_json::Value), String> {
+    method: &str,
+    path: &str,
+    body: String,
+) -> Result<(u16, String), String> {
     let tls = tls_connect(addr, client_config(ca, identity, &[b"http/1.1"]))
         .await
         .map_err(|e| format!("handshake: {e}"))?;
@@ -207,8 +209,9 @@ async fn http_check(
         .await
         .map_err(|e| format!("http handshake: {e}"))?;
     tokio::spawn(connection);
-    let body = format!(r#"{{"domain":"api","descriptors":[[{{"key":"user","value":"{user}"}}]]}}"#);
-    let request = hyper::Request::post("/v1/check")
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
         .header("host", "localhost")
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body)))
@@ -219,7 +222,34 @@ async fn http_check(
         .map_err(|e| format!("request: {e}"))?;
     let status = response.status().as_u16();
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    Ok((status, serde_json::from_slice(&body).unwrap()))
+    Ok((status, String::from_utf8(body.to_vec()).unwrap()))
+}
+
+/// `POST /v1/check` for `user` over TLS: the status and the JSON answer.
+async fn http_check(
+    addr: SocketAddr,
+    ca: &str,
+    identity: Option<&Leaf>,
+    user: &str,
+) -> Result<(u16, serde_json::Value), String> {
+    let body = format!(r#"{{"domain":"api","descriptors":[[{{"key":"user","value":"{user}"}}]]}}"#);
+    let (status, text) = https(addr, ca, identity, "POST", "/v1/check", body).await?;
+    Ok((status, serde_json::from_str(&text).unwrap()))
+}
+
+/// The value of the `distlimit_server_tls_handshake_failures_total` series of `protocol`.
+async fn handshake_failures(addr: SocketAddr, ca: &str, protocol: &str) -> u64 {
+    let (status, text) = https(addr, ca, None, "GET", "/metrics", String::new())
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let series =
+        format!("distlimit_server_tls_handshake_failures_total{{protocol=\"{protocol}\"}} ");
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("no {series} in {text}"));
+    line.trim().parse().unwrap()
 }
 
 /// The parts of an answer that do not depend on the time.
@@ -382,6 +412,9 @@ async fn a_plaintext_client_fails_cleanly_and_the_next_tls_client_is_served() {
         .await
         .unwrap();
     assert_eq!(status, 200);
+    // Each failure counted on its port (tonic may retry its plaintext connection).
+    assert!(handshake_failures(server.http, &ca.pem(), "grpc").await >= 2);
+    assert_eq!(handshake_failures(server.http, &ca.pem(), "http").await, 1);
     server.stop().await;
 }
 
