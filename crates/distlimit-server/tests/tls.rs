@@ -472,6 +472,54 @@ async fn a_stalled_handshake_holds_its_slot_only_until_the_header_read_timeout()
     server.stop().await;
 }
 
+#[tokio::test]
+async fn stalled_handshakes_never_delay_other_clients() {
+    let config = config_dir(CONFIG);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test ca");
+    let (cert, key) = write_leaf(dir.path(), &ca.server());
+    // Stalled handshakes would hold an accept loop for a minute.
+    let server = tls_server(
+        config.path(),
+        &cert,
+        &key,
+        &[
+            "--header-read-timeout-ms",
+            "60000",
+            "--idle-timeout-ms",
+            "60000",
+        ],
+    )
+    .await;
+    let mut stalled = Vec::new();
+    for port in [server.grpc, server.http] {
+        for _ in 0..3 {
+            stalled.push(TcpStream::connect(port).await.unwrap());
+        }
+    }
+    // Half a handshake: a ClientHello's first bytes, never the rest.
+    for socket in &mut stalled {
+        socket
+            .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let within = Duration::from_secs(5);
+    let answer = tokio::time::timeout(within, grpc_check(server.grpc, &ca.pem(), None, "alice"))
+        .await
+        .expect("served while others stall")
+        .unwrap();
+    assert_eq!(essentials(&answer), vec![(OK, Some(5), 4)]);
+    let (status, _) = tokio::time::timeout(within, http_check(server.http, &ca.pem(), None, "bob"))
+        .await
+        .expect("served while others stall")
+        .unwrap();
+    assert_eq!(status, 200);
+    drop(stalled);
+    server.stop().await;
+}
+
 /// Points the symbolic link `link` at `target` atomically, as the kubelet swaps `..data`.
 fn swap_symlink(link: &Path, target: &Path) {
     let next = link.with_file_name("..data_tmp");
