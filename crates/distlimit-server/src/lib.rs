@@ -20,7 +20,7 @@ use distlimit_hybrid::Hybrid;
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_redis::RedisStore;
-use distlimit_serve::{Tls, TlsReload, TlsWatcher};
+use distlimit_serve::TlsWatcher;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -32,6 +32,8 @@ pub use crate::grpc::RateLimitGrpc;
 pub use crate::reload::{Reload, Watcher};
 /// Completes at Ctrl-C or SIGTERM; installed when called, so an early signal is not lost.
 pub use distlimit_serve::shutdown_signal;
+/// The TLS of both ports (`--tls-cert`), its errors and its reload events.
+pub use distlimit_serve::{Tls, TlsError, TlsFiles, TlsReload};
 
 /// The name of the Redis store in metrics and logs.
 pub const REDIS_STORE: &str = "redis";

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use distlimit_serve::{TlsError, TlsReload};
-use distlimit_server::{Args, Server, StartError};
+use distlimit_server::{Args, Server, StartError, TlsError, TlsReload};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use http_body_util::{BodyExt, Full};
