@@ -287,7 +287,8 @@ impl Tls {
                     }
                 };
                 match reloaded {
-                    Ok(false) => {}
+                    // Back to the running files: a later refusal is news again.
+                    Ok(false) => refused = None,
                     Ok(true) => {
                         generation += 1;
                         refused = None;
