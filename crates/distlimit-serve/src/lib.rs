@@ -21,6 +21,24 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
+#[cfg(feature = "tls")]
+mod tls;
+#[cfg(feature = "tls")]
+pub use crate::tls::{Alpn, Tls, TlsError, TlsFiles, TlsReload, TlsWatcher};
+/// The stream of a connection after its TLS handshake (tokio-rustls'), from [`Tls::accept`].
+#[cfg(feature = "tls")]
+pub type TlsConnection = tokio_rustls::server::TlsStream<Connection>;
+
+/// The TLS of [`serve_inner`]: none without the `tls` feature.
+#[cfg(feature = "tls")]
+type MaybeTls = Option<Tls>;
+#[cfg(not(feature = "tls"))]
+type MaybeTls = Option<NoTls>;
+/// No TLS, without the `tls` feature.
+#[cfg(not(feature = "tls"))]
+#[derive(Clone, Debug)]
+enum NoTls {}
+
 /// Default of [`ServeConfig::header_read_timeout`]: 10 s.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default of [`ServeConfig::idle_timeout`]: 5 s.
@@ -112,6 +130,36 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    serve_inner(listener, router, config, None, shutdown).await
+}
+
+/// [`serve`] over TLS (feature `tls`): each connection's handshake runs on the connection's own
+/// task, within the [`header_read_timeout`](ServeConfig::header_read_timeout), with the
+/// certificate `tls` holds when it starts (ALPN `http/1.1`); a failed handshake (a plaintext
+/// client, an untrusted client certificate, a timeout) is logged at debug with the peer and
+/// closes that connection only.
+///
+/// # Errors
+///
+/// None today, as [`serve`].
+#[cfg(feature = "tls")]
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    config: ServeConfig,
+    tls: Tls,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    serve_inner(listener, router, config, Some(tls), shutdown).await
+}
+
+async fn serve_inner(
+    listener: TcpListener,
+    router: Router,
+    config: ServeConfig,
+    tls: MaybeTls,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
     let mut acceptor = Acceptor::new(listener, &config);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -131,9 +179,34 @@ pub async fn serve(
             inner: TowerToHyperService::new(router.clone()),
             info: info.clone(),
         };
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(connection), service));
+        let watcher = graceful.watcher();
+        let http = http.clone();
+        #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+        let handshake_timeout = config.header_read_timeout;
+        let tls = tls.clone();
         connections.spawn(async move {
-            if let Err(error) = conn.await {
+            let served = match tls {
+                #[cfg(feature = "tls")]
+                Some(tls) => match tls.accept(connection, Alpn::Http1, handshake_timeout).await {
+                    Ok(stream) => {
+                        watcher
+                            .watch(http.serve_connection(TokioIo::new(stream), service))
+                            .await
+                    }
+                    Err(error) => {
+                        tracing::debug!("connection from {}: TLS handshake: {error}", info.peer);
+                        return;
+                    }
+                },
+                #[cfg(not(feature = "tls"))]
+                Some(never) => match never {},
+                None => {
+                    watcher
+                        .watch(http.serve_connection(TokioIo::new(connection), service))
+                        .await
+                }
+            };
+            if let Err(error) = served {
                 tracing::debug!("connection from {}: {error}", info.peer);
             }
         });

@@ -87,6 +87,21 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout_ms: u64,
 
+    /// Serve both ports over TLS with this certificate chain (PEM: the server's certificate
+    /// first, then intermediates). Needs `--tls-key`. Re-read every `--reload-interval-ms`:
+    /// new connections get a changed certificate, open ones keep theirs.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of `--tls-cert` (PEM: PKCS#8, PKCS#1 or SEC1). Needs `--tls-cert`.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Mutual TLS: clients must present a certificate issued by a certificate of this PEM file.
+    /// Needs `--tls-cert` and `--tls-key`.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// After SIGTERM or Ctrl-C, how long the requests in flight may take to finish, in
     /// milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
@@ -149,6 +164,18 @@ impl Args {
         distlimit_serve::ServeConfig {
             idle_timeout: Duration::from_millis(self.grpc_idle_timeout_ms),
             ..self.serve_config()
+        }
+    }
+
+    /// The TLS files of both ports, if `--tls-cert` and `--tls-key` are given.
+    pub fn tls_files(&self) -> Option<distlimit_serve::TlsFiles> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert_chain), Some(private_key)) => Some(distlimit_serve::TlsFiles {
+                cert_chain: cert_chain.clone(),
+                private_key: private_key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            _ => None,
         }
     }
 

@@ -246,6 +246,11 @@ impl Checker {
         &self.metrics
     }
 
+    /// Adds the failed handshakes of `tls` to the metrics `/metrics` serves.
+    pub fn register_tls(&mut self, tls: &distlimit_serve::Tls) {
+        self.requests.register_tls(tls);
+    }
+
     /// The request metrics, and the registry `/metrics` serves.
     pub fn request_metrics(&self) -> &RequestMetrics {
         &self.requests

@@ -20,6 +20,7 @@ use distlimit_hybrid::Hybrid;
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_redis::RedisStore;
+use distlimit_serve::TlsWatcher;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -31,6 +32,8 @@ pub use crate::grpc::RateLimitGrpc;
 pub use crate::reload::{Reload, Watcher};
 /// Completes at Ctrl-C or SIGTERM; installed when called, so an early signal is not lost.
 pub use distlimit_serve::shutdown_signal;
+/// The TLS of both ports (`--tls-cert`), its errors and its reload events.
+pub use distlimit_serve::{Tls, TlsError, TlsFiles, TlsReload};
 
 /// The name of the Redis store in metrics and logs.
 pub const REDIS_STORE: &str = "redis";
@@ -51,6 +54,10 @@ pub enum StartError {
     /// The hybrid store's configuration was refused.
     #[error("hybrid store: {0}")]
     Hybrid(#[from] distlimit_hybrid::ConfigError),
+    /// A TLS file (`--tls-cert`, `--tls-key`, `--tls-client-ca`) is missing or unusable; the
+    /// error names it.
+    #[error("tls: {0}")]
+    Tls(#[from] distlimit_serve::TlsError),
 }
 
 /// The service, built from [`Args`] and ready to [`serve`](Server::serve).
@@ -58,17 +65,31 @@ pub enum StartError {
 pub struct Server {
     checker: Arc<Checker>,
     watcher: Option<Watcher>,
+    tls: Option<(Tls, TlsWatcher)>,
     args: Args,
 }
 
 impl Server {
-    /// Reads the configuration (starting its hot reload), builds the store (memory, or Redis
-    /// behind a circuit breaker with a memory fallback) and the metrics. Needs a Tokio runtime.
+    /// Reads the configuration (starting its hot reload) and the TLS files (starting theirs),
+    /// builds the store (memory, or Redis behind a circuit breaker with a memory fallback) and
+    /// the metrics. Needs a Tokio runtime.
     ///
     /// # Errors
     ///
-    /// An invalid configuration, or an unreachable Redis.
+    /// An invalid configuration, a missing or unusable TLS file, or an unreachable Redis.
     pub async fn build(args: &Args) -> Result<Self, StartError> {
+        let tls = match args.tls_files() {
+            Some(files) => {
+                let tls = Tls::load(files)?;
+                tracing::info!(
+                    cert = %tls.files().cert_chain.display(),
+                    mutual = tls.files().client_ca.is_some(),
+                    "TLS on both ports"
+                );
+                Some(tls)
+            }
+            None => None,
+        };
         let (config, sources) = match &args.config {
             Some(path) => {
                 let sources = config::read_sources(path)?;
@@ -79,7 +100,11 @@ impl Server {
         tracing::info!(domains = config.domains().count(), "configuration loaded");
         let metrics = Metrics::new();
         let store = store(args, &metrics).await?;
-        let checker = Arc::new(Checker::new(store, config, metrics));
+        let mut checker = Checker::new(store, config, metrics);
+        if let Some(tls) = &tls {
+            checker.register_tls(tls);
+        }
+        let checker = Arc::new(checker);
         let watcher = args.config.as_ref().map(|path| {
             reload::watch(
                 checker.clone(),
@@ -88,9 +113,14 @@ impl Server {
                 sources,
             )
         });
+        let tls = tls.map(|tls| {
+            let watcher = tls.watch(args.reload_interval());
+            (tls, watcher)
+        });
         Ok(Self {
             checker,
             watcher,
+            tls,
             args: args.clone(),
         })
     }
@@ -103,6 +133,16 @@ impl Server {
     /// Configuration reload events (`None` without `--config`).
     pub fn reloads(&self) -> Option<watch::Receiver<Reload>> {
         self.watcher.as_ref().map(Watcher::subscribe)
+    }
+
+    /// TLS reload events (`None` without `--tls-cert`).
+    pub fn tls_reloads(&self) -> Option<watch::Receiver<TlsReload>> {
+        self.tls.as_ref().map(|(_, watcher)| watcher.subscribe())
+    }
+
+    /// The TLS certificate of both ports (`None` without `--tls-cert`).
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref().map(|(tls, _)| tls)
     }
 
     /// Serves gRPC (Envoy's RLS v3 and `grpc.health.v1`) on `grpc` and HTTP on `http` until
@@ -145,10 +185,13 @@ impl Server {
         let rls = RateLimitGrpc::new(self.checker.clone(), args.response_headers);
         // Both ports: the same connection cap, first request deadline and shutdown deadline;
         // each its own idle timeout.
-        let grpc_connections = net::incoming(distlimit_serve::Acceptor::new(
-            grpc,
-            &args.grpc_serve_config(),
-        ));
+        let serve_config = args.serve_config();
+        let tls = self.tls().cloned();
+        let grpc_connections = net::incoming(
+            distlimit_serve::Acceptor::new(grpc, &args.grpc_serve_config()),
+            tls.clone(),
+            serve_config.header_read_timeout,
+        );
         let grpc_server = tonic::transport::Server::builder()
             .timeout(args.request_timeout())
             .max_concurrent_streams(GRPC_CONCURRENCY_PER_CONNECTION)
@@ -164,8 +207,15 @@ impl Server {
             ready,
             timeout: args.request_timeout(),
         });
-        let http_server =
-            distlimit_serve::serve(http, router, args.serve_config(), stopped(stop_rx.clone()));
+        let http_stopped = stopped(stop_rx.clone());
+        let http_server = async move {
+            match tls {
+                Some(tls) => {
+                    distlimit_serve::serve_tls(http, router, serve_config, tls, http_stopped).await
+                }
+                None => distlimit_serve::serve(http, router, serve_config, http_stopped).await,
+            }
+        };
         let both = async {
             let (grpc, http) = tokio::join!(grpc_server, http_server);
             grpc.map_err(io::Error::other)?;

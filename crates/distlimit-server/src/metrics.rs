@@ -1,14 +1,19 @@
 //! Metrics of the requests themselves, beside the per-rule decisions of `distlimit-metrics`:
 //! `distlimit_server_requests_total` by domain, protocol and result, and
-//! `distlimit_server_request_duration_seconds` by protocol. Served on `/metrics` together with
-//! the decision series, from one registry.
+//! `distlimit_server_request_duration_seconds` by protocol, and with TLS
+//! `distlimit_server_tls_handshake_failures_total` by protocol. Served on `/metrics` together
+//! with the decision series, from one registry.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlimit_metrics::Metrics;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, text};
-use prometheus_client::metrics::counter::Counter;
+use distlimit_serve::{Alpn, Tls};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, text,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
@@ -107,6 +112,13 @@ impl RequestMetrics {
         }
     }
 
+    /// Adds `distlimit_server_tls_handshake_failures_total{protocol}`: the failed TLS
+    /// handshakes (plaintext clients, untrusted client certificates, timeouts) of each port.
+    pub fn register_tls(&mut self, tls: &Tls) {
+        self.registry
+            .register_collector(Box::new(TlsFailures(tls.clone())));
+    }
+
     /// Counts one request of `domain` (`None`: not configured) by `protocol`.
     pub fn on_request(
         &self,
@@ -132,5 +144,27 @@ impl RequestMetrics {
         // Writing to a `String` cannot fail.
         let _ = text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// The failed handshakes of a [`Tls`], read at each scrape.
+#[derive(Debug)]
+struct TlsFailures(Tls);
+
+impl Collector for TlsFailures {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "distlimit_server_tls_handshake_failures",
+            "Failed TLS handshakes (plaintext clients, untrusted client certificates, timeouts) by protocol",
+            None,
+            counter.metric_type(),
+        )?;
+        for (protocol, alpn) in [(Protocol::grpc, Alpn::H2), (Protocol::http, Alpn::Http1)] {
+            let labels = ProtocolLabels { protocol };
+            ConstCounter::new(self.0.handshake_failures(alpn))
+                .encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }

@@ -1,11 +1,13 @@
 //! The gRPC port's connections: `distlimit-serve`'s [`Acceptor`] (connection cap, accept
-//! backoff, idle timeout, as on the HTTP port) as the stream of connections tonic serves.
+//! backoff, idle timeout, as on the HTTP port) as the stream of connections tonic serves, over
+//! TLS when the server has a certificate.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use distlimit_serve::{Acceptor, Connection, ConnectionInfo};
+use distlimit_serve::{Acceptor, Alpn, Connection, ConnectionInfo, Tls, TlsConnection};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -14,7 +16,28 @@ use tonic::transport::server::Connected;
 /// An accepted gRPC connection; tonic puts its [`ConnectionInfo`] into each request's
 /// extensions, where `distlimit_serve::TrackRequestsLayer` counts the request in progress.
 #[derive(Debug)]
-pub struct GrpcConnection(Connection);
+pub struct GrpcConnection(Stream);
+
+/// A plaintext connection or one after its TLS handshake.
+#[derive(Debug)]
+enum Stream {
+    Plain(Connection),
+    Tls(Box<TlsConnection>),
+}
+
+/// The I/O of either stream.
+trait Io: AsyncRead + AsyncWrite + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
+
+impl Stream {
+    fn io(&mut self) -> Pin<&mut dyn Io> {
+        match self {
+            Stream::Plain(connection) => Pin::new(connection),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()),
+        }
+    }
+}
 
 impl AsyncRead for GrpcConnection {
     fn poll_read(
@@ -22,7 +45,7 @@ impl AsyncRead for GrpcConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        self.0.io().poll_read(cx, buf)
     }
 }
 
@@ -32,15 +55,15 @@ impl AsyncWrite for GrpcConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        self.0.io().poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        self.0.io().poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        self.0.io().poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -48,11 +71,14 @@ impl AsyncWrite for GrpcConnection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        self.0.io().poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        match &self.0 {
+            Stream::Plain(connection) => connection.is_write_vectored(),
+            Stream::Tls(stream) => stream.is_write_vectored(),
+        }
     }
 }
 
@@ -60,13 +86,22 @@ impl Connected for GrpcConnection {
     type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> ConnectionInfo {
-        self.0.info()
+        match &self.0 {
+            Stream::Plain(connection) => connection.info(),
+            Stream::Tls(stream) => stream.get_ref().0.info(),
+        }
     }
 }
 
 /// The connections of `acceptor` as a stream, for tonic: a task accepts them while the stream
-/// lives (and stops accepting, dropping the listener, once it is dropped).
-pub fn incoming(mut acceptor: Acceptor) -> ReceiverStream<io::Result<GrpcConnection>> {
+/// lives (and stops accepting, dropping the listener, once it is dropped). With `tls`, each
+/// connection's handshake (ALPN `h2`) runs on a task of its own within `handshake_timeout`,
+/// never in the accept loop; a failed one is logged at debug and closes that connection only.
+pub fn incoming(
+    mut acceptor: Acceptor,
+    tls: Option<Tls>,
+    handshake_timeout: Duration,
+) -> ReceiverStream<io::Result<GrpcConnection>> {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
         loop {
@@ -74,9 +109,29 @@ pub fn incoming(mut acceptor: Acceptor) -> ReceiverStream<io::Result<GrpcConnect
                 connection = acceptor.accept() => connection,
                 () = tx.closed() => return,
             };
-            if tx.send(Ok(GrpcConnection(connection))).await.is_err() {
-                return;
-            }
+            let Some(tls) = &tls else {
+                if tx
+                    .send(Ok(GrpcConnection(Stream::Plain(connection))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            };
+            let (tls, tx) = (tls.clone(), tx.clone());
+            tokio::spawn(async move {
+                let peer = connection.info().peer;
+                match tls.accept(connection, Alpn::H2, handshake_timeout).await {
+                    Ok(stream) => {
+                        // The server has stopped when the stream is gone: the connection closes.
+                        let _ = tx
+                            .send(Ok(GrpcConnection(Stream::Tls(Box::new(stream)))))
+                            .await;
+                    }
+                    Err(error) => tracing::debug!("connection from {peer}: TLS handshake: {error}"),
+                }
+            });
         }
     });
     ReceiverStream::new(rx)

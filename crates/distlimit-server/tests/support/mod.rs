@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
+use distlimit_serve::TlsReload;
 use distlimit_server::{Args, Checker, Reload, Server};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -30,6 +31,7 @@ pub struct Running {
     pub http: SocketAddr,
     pub checker: Arc<Checker>,
     pub reloads: Option<watch::Receiver<Reload>>,
+    pub tls_reloads: Option<watch::Receiver<TlsReload>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<io::Result<()>>>,
 }
@@ -49,6 +51,7 @@ impl Running {
         let server = Server::build(&args).await.expect("server starts");
         let checker = server.checker().clone();
         let reloads = server.reloads();
+        let tls_reloads = server.tls_reloads();
         let grpc = TcpListener::bind(args.grpc).await.unwrap();
         let http = TcpListener::bind(args.http).await.unwrap();
         let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
@@ -61,6 +64,7 @@ impl Running {
             http: http_addr,
             checker,
             reloads,
+            tls_reloads,
             stop: Some(stop),
             task: Some(task),
         }
@@ -101,6 +105,18 @@ impl Running {
         tokio::time::timeout(Duration::from_secs(10), reloads.changed())
             .await
             .expect("a reload in time")
+            .unwrap();
+        reloads.borrow_and_update().clone()
+    }
+}
+
+impl Running {
+    /// Waits (at most 10 s) for the next TLS reload event.
+    pub async fn next_tls_reload(&mut self) -> TlsReload {
+        let reloads = self.tls_reloads.as_mut().expect("--tls-cert");
+        tokio::time::timeout(Duration::from_secs(10), reloads.changed())
+            .await
+            .expect("a TLS reload in time")
             .unwrap();
         reloads.borrow_and_update().clone()
     }
