@@ -202,8 +202,9 @@ struct Stores {
     serial: RedisStore,
     serial_clock: ManualClock,
     sizes: Arc<Sizes>,
-    /// The standalone stores' private server, if any; `None` on the Cluster.
-    _server: Option<Guarded>,
+    /// The standalone stores with their private servers, if any (without `cargo xtask test`);
+    /// empty on the Cluster.
+    _servers: Vec<Guarded>,
     /// Whether `DISTLIMIT_REDIS_URL` holds both stores' keys (their states are compared).
     standalone: bool,
 }
@@ -225,7 +226,7 @@ async fn stores() -> Stores {
         serial: serial.store.clone(),
         serial_clock,
         sizes,
-        _server: Some(coalesced),
+        _servers: vec![coalesced, serial],
         standalone: true,
     }
 }
@@ -252,7 +253,7 @@ async fn cluster_stores() -> Option<Stores> {
         serial: support::connect(serial, "Cluster").await,
         serial_clock,
         sizes,
-        _server: None,
+        _servers: Vec::new(),
         standalone: false,
     })
 }
