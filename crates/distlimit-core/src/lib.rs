@@ -18,4 +18,4 @@ pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use lease::{Grant, LeaseStore, LeaseUnsupported};
 pub use observe::{BreakerState, NoopObserver, Observer, Outcome};
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
-pub use store::{MAX_BATCH, Request, Store, StoreExt, validate_batch};
+pub use store::{MAX_BATCH, Request, Store, StoreExt, merge_batch, validate_batch};

@@ -125,6 +125,49 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
     Ok(())
 }
 
+/// `requests` with each (policy, key) pair once, as [`validate_batch`] wants a batch: requests on
+/// one pair become one, costing the sum of their costs, with the first one's limit. Also returns,
+/// for each request, the index of the merged request whose decision answers it.
+///
+/// ```
+/// use distlimit_core::{Key, Limit, Quota, Request, merge_batch};
+///
+/// let limit = Limit::gcra(Quota::per_second(10)?);
+/// let a = Key::new("a")?;
+/// let b = Key::new("b")?;
+/// let requests = [
+///     Request::new(a, limit),
+///     Request::new(b, limit),
+///     Request::new(a, limit).with_cost(2),
+/// ];
+/// let (merged, answered_by) = merge_batch(&requests);
+/// assert_eq!(merged.len(), 2);
+/// assert_eq!(merged[0].cost(), 3);
+/// assert_eq!(answered_by, [0, 1, 0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize>) {
+    let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
+    let mut answered_by = Vec::with_capacity(requests.len());
+    for request in requests {
+        let same = merged
+            .iter_mut()
+            .enumerate()
+            .find(|(_, m)| m.policy == request.policy && m.key == request.key);
+        match same {
+            Some((slot, m)) => {
+                m.cost = m.cost.saturating_add(request.cost);
+                answered_by.push(slot);
+            }
+            None => {
+                answered_by.push(merged.len());
+                merged.push(*request);
+            }
+        }
+    }
+    (merged, answered_by)
+}
+
 /// Where rate-limit state lives: the contract a storage driver implements.
 ///
 /// Object safe: `Arc<dyn Store>` works. Users call it through [`StoreExt`] or a limiter built on

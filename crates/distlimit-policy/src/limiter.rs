@@ -4,7 +4,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use distlimit_core::{Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store};
+use distlimit_core::{
+    Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store, merge_batch,
+};
 
 use crate::error::Field;
 use crate::policy::{Applied, GLOBAL_KEY, Rule, Tier};
@@ -359,7 +361,7 @@ impl<S: Store + ?Sized> Limiter<S> {
         let decisions = if batch.is_empty() {
             Vec::new()
         } else {
-            let (merged, slots) = merge(&batch);
+            let (merged, slots) = merge_batch(&batch);
             let answered = match (*self.store).decide_all(&merged).await {
                 Ok(decisions) => decisions,
                 Err(e) => return Err(self.failed(&prepared, e)),
@@ -617,31 +619,6 @@ fn tier_request<'a>(tier: &'a Tier, key: &'a [u8], cost: u64) -> Result<Request<
 /// The error of decisions that do not match the requests they answer.
 const MISMATCH: distlimit_core::Error =
     distlimit_core::Error::InvalidRequest("the decisions do not match the prepared requests");
-
-/// `requests` with each (policy, key) pair once, costing the sum of its requests (the first
-/// one's limit), as [`Store::decide_all`] takes them; and for each request, the index of the
-/// merged one answering it.
-fn merge<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize>) {
-    let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
-    let mut slots = Vec::with_capacity(requests.len());
-    for request in requests {
-        let same = merged
-            .iter_mut()
-            .enumerate()
-            .find(|(_, m)| m.policy() == request.policy() && m.key() == request.key());
-        match same {
-            Some((slot, m)) => {
-                *m = m.with_cost(m.cost().saturating_add(request.cost()));
-                slots.push(slot);
-            }
-            None => {
-                slots.push(merged.len());
-                merged.push(*request);
-            }
-        }
-    }
-    (merged, slots)
-}
 
 /// A check prepared by [`Limiter::prepare`], to be decided in a batch with other requests.
 ///

@@ -539,7 +539,9 @@ impl Checker {
             }
             let (chunk, next) = rest.split_at(len.min(rest.len()));
             rest = next;
-            let (mut merged, slots) = merge(chunk);
+            // A YAML rule and a TOML tier share a state only when a rule's `<domain>/<path>`
+            // is a policy's `<policy>/<tier>`.
+            let (mut merged, slots) = distlimit_core::merge_batch(chunk);
             if denied {
                 merged.iter_mut().for_each(|r| *r = r.with_cost(0));
             }
@@ -598,32 +600,6 @@ fn pending_requests(pending: &[Pending]) -> Result<Vec<Request<'_>>, CheckError>
                 .map_err(|e| CheckError::InvalidArgument(e.to_string()))
         })
         .collect()
-}
-
-/// `requests` with each (policy, key) pair once, costing the sum of its requests (the first
-/// one's limit), as [`Store::decide_all`] takes them; and for each request, the index of the
-/// merged one answering it. A YAML rule and a TOML tier share a state only when a rule's
-/// `<domain>/<path>` is a policy's `<policy>/<tier>`.
-fn merge<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize>) {
-    let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
-    let mut slots = Vec::with_capacity(requests.len());
-    for request in requests {
-        let same = merged
-            .iter_mut()
-            .enumerate()
-            .find(|(_, m)| m.policy() == request.policy() && m.key() == request.key());
-        match same {
-            Some((slot, m)) => {
-                *m = m.with_cost(m.cost().saturating_add(request.cost()));
-                slots.push(slot);
-            }
-            None => {
-                slots.push(merged.len());
-                merged.push(*request);
-            }
-        }
-    }
-    (merged, slots)
 }
 
 fn validate(request: &CheckRequest<'_>) -> Result<(), CheckError> {

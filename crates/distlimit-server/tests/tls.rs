@@ -24,7 +24,7 @@ use rcgen::{
 };
 use rustls::pki_types::ServerName;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -264,19 +264,6 @@ fn essentials(answer: &RateLimitResponse) -> Vec<(i32, Option<u32>, u32)> {
             )
         })
         .collect()
-}
-
-/// Reads until the server closes `socket`; panics if it is still open after `limit`.
-async fn closed_within(socket: &mut TcpStream, limit: Duration) -> Duration {
-    let started = Instant::now();
-    let mut buf = [0u8; 1024];
-    loop {
-        match tokio::time::timeout(limit, socket.read(&mut buf)).await {
-            Err(_) => panic!("still open after {limit:?}"),
-            Ok(Ok(0) | Err(_)) => return started.elapsed(),
-            Ok(Ok(_)) => {}
-        }
-    }
 }
 
 #[tokio::test]
@@ -629,15 +616,7 @@ async fn rotated_certificates_serve_new_connections_and_bad_ones_are_refused() {
 }
 
 fn start_error(flags: &[&str]) -> TlsError {
-    let mut argv = vec![
-        "distlimit-server",
-        "--grpc",
-        "127.0.0.1:0",
-        "--http",
-        "127.0.0.1:0",
-    ];
-    argv.extend_from_slice(flags);
-    let args = Args::parse_from(argv);
+    let args = args(flags);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

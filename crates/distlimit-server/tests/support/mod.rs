@@ -36,18 +36,39 @@ pub struct Running {
     task: Option<JoinHandle<io::Result<()>>>,
 }
 
+/// The command line of a server on loopback ports chosen by the system, with `flags`.
+pub fn args(flags: &[&str]) -> Args {
+    let mut argv = vec![
+        "distlimit-server",
+        "--grpc",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ];
+    argv.extend_from_slice(flags);
+    Args::parse_from(argv)
+}
+
+/// Reads until the server closes `socket`; how long that took. Panics if it is still open after
+/// `limit`.
+pub async fn closed_within(socket: &mut tokio::net::TcpStream, limit: Duration) -> Duration {
+    use tokio::io::AsyncReadExt;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(limit, socket.read(&mut buf)).await {
+            Err(_) => panic!("still open after {limit:?}"),
+            Ok(Ok(0) | Err(_)) => return started.elapsed(),
+            // What the server sent first (an HTTP/2 preface and settings, say).
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
 impl Running {
     /// Starts a server with `flags` (besides the loopback addresses).
     pub async fn start(flags: &[&str]) -> Self {
-        let mut argv = vec![
-            "distlimit-server",
-            "--grpc",
-            "127.0.0.1:0",
-            "--http",
-            "127.0.0.1:0",
-        ];
-        argv.extend_from_slice(flags);
-        let args = Args::parse_from(argv);
+        let args = args(flags);
         let server = Server::build(&args).await.expect("server starts");
         let checker = server.checker().clone();
         let reloads = server.reloads();
