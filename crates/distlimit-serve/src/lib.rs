@@ -24,7 +24,7 @@ use tokio::time::{Instant, Sleep};
 #[cfg(feature = "tls")]
 mod tls;
 #[cfg(feature = "tls")]
-pub use crate::tls::{Alpn, Tls, TlsError, TlsFiles, TlsReload, TlsWatcher};
+pub use crate::tls::{Alpn, MAX_TLS_FILE_BYTES, Tls, TlsError, TlsFiles, TlsReload, TlsWatcher};
 /// The stream of a connection after its TLS handshake (tokio-rustls'), from [`Tls::accept`].
 #[cfg(feature = "tls")]
 pub type TlsConnection = tokio_rustls::server::TlsStream<Connection>;
@@ -667,6 +667,29 @@ impl<B: http_body::Body> http_body::Body for TrackedBody<B> {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Reads the file at `path`, at most `limit` bytes: for files an operator points a server at
+/// (configuration, certificates), which it reads again on every reload. A larger file, or a
+/// path to something that never ends (`/dev/zero`), is an [`io::ErrorKind::InvalidData`] error
+/// instead of memory exhausted or a reload that never returns.
+///
+/// # Errors
+///
+/// Those of opening and reading the file, and the one above.
+pub fn read_at_most(path: &std::path::Path, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {limit} bytes"),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// Completes at Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called, not

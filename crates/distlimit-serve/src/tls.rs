@@ -156,10 +156,14 @@ struct Contents {
     client_ca: Option<Vec<u8>>,
 }
 
+/// The largest certificate, key or CA file read: a chain or a CA bundle is a few to a few
+/// hundred KiB.
+pub const MAX_TLS_FILE_BYTES: u64 = 1 << 20;
+
 impl Contents {
     fn read(files: &TlsFiles) -> Result<Self, TlsError> {
         let read = |path: &Path| {
-            std::fs::read(path).map_err(|source| TlsError::Read {
+            crate::read_at_most(path, MAX_TLS_FILE_BYTES).map_err(|source| TlsError::Read {
                 path: path.to_owned(),
                 source,
             })

@@ -645,11 +645,23 @@ fn bad_startup_files_are_refused_naming_the_file() {
     )
     .unwrap();
     let missing = dir.path().join("missing.pem");
+    // Past the size a certificate file may have (a path to a device that never ends, say).
+    let huge = dir.path().join("huge.pem");
+    std::fs::write(
+        &huge,
+        vec![b'-'; usize::try_from(distlimit_serve::MAX_TLS_FILE_BYTES).unwrap() + 1],
+    )
+    .unwrap();
     let s = |p: &Path| p.to_str().unwrap().to_owned();
     let (cert_s, key_s) = (s(&cert), s(&key));
 
     let cases: Vec<(Vec<String>, &Path, &str)> = vec![
         (vec![s(&missing), key_s.clone()], &missing, "cannot read"),
+        (
+            vec![s(&huge), key_s.clone()],
+            &huge,
+            "larger than 1048576 bytes",
+        ),
         (vec![cert_s.clone(), s(&missing)], &missing, "cannot read"),
         (
             vec![s(&garbage), key_s.clone()],

@@ -441,15 +441,21 @@ pub struct Source {
 ///
 /// # Errors
 ///
-/// [`RateLimitConfigError::Io`] when the path or a file cannot be read.
+/// [`RateLimitConfigError::Io`] when the path or a file cannot be read, is not UTF-8, or is
+/// larger than [`MAX_CONFIG_FILE_BYTES`].
 pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| RateLimitConfigError::Io { path, source }
     };
+    let read = |path: &Path| {
+        let bytes = distlimit_serve::read_at_most(path, MAX_CONFIG_FILE_BYTES)?;
+        String::from_utf8(bytes)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+    };
     let meta = std::fs::metadata(path).map_err(io(path))?;
     if !meta.is_dir() {
-        let contents = std::fs::read_to_string(path).map_err(io(path))?;
+        let contents = read(path).map_err(io(path))?;
         return Ok(vec![Source {
             path: path.to_path_buf(),
             contents,
@@ -478,7 +484,7 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
     files
         .into_iter()
         .map(|file| {
-            let contents = std::fs::read_to_string(&file).map_err(io(&file))?;
+            let contents = read(&file).map_err(io(&file))?;
             Ok(Source {
                 path: file,
                 contents,
@@ -486,6 +492,9 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
         })
         .collect()
 }
+
+/// The largest configuration file read (each file of a directory): 16 MiB.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
 
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
