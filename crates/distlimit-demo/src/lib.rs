@@ -196,6 +196,8 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
             args.redis_budget()
                 .max(distlimit_redis::DEFAULT_RESPONSE_TIMEOUT),
         )
+        // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
+        .observer(Arc::new(metrics.clone()))
         .connect()
         .await?;
     tracing::info!(

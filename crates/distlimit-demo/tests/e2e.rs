@@ -239,6 +239,14 @@ async fn race(url: &str, algorithm: &str, lease: bool) {
         for sample in exposition.find("distlimit_decisions_total", &[("policy", "api")]) {
             assert_ne!(sample.labels["source"], "fallback", "{algorithm}");
         }
+        // The Redis store reports its calls on the same page.
+        assert!(
+            exposition
+                .value("distlimit_store_calls_in_flight", &[("store", "redis")])
+                .is_some(),
+            "{algorithm}: no distlimit_store_calls_in_flight\n{}",
+            reply.body
+        );
         if lease {
             let takes = exposition.value("distlimit_lease_takes_total", &[("store", "lease")]);
             assert!(

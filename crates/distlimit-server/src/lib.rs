@@ -243,6 +243,8 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
     };
     let redis = RedisStore::builder(url.as_str())
         .response_timeout(args.redis_timeout())
+        // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
+        .observer(Arc::new(metrics.clone()))
         .connect()
         .await?;
     tracing::info!(

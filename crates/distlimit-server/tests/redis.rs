@@ -69,6 +69,11 @@ async fn two_instances_on_one_redis_admit_exactly_the_limit() {
     assert_eq!(admitted, LIMIT, "{}", a.checker.metrics().encode());
     let metrics = a.checker.metrics().encode();
     assert!(!metrics.contains(r#"source="fallback""#), "{metrics}");
+    // The Redis store reports its calls: how many are in flight, decisions per coalesced call.
+    assert!(
+        metrics.contains(r#"distlimit_store_calls_in_flight{store="redis"}"#),
+        "{metrics}"
+    );
     a.stop().await;
     b.stop().await;
 }
