@@ -9,8 +9,9 @@
 //! itself costs), and a TCP echo of 64 bytes (one loopback round trip between two processes,
 //! the floor of any remote call on this machine).
 //!
-//! `cargo bench -p distlimit-server --bench rls [-- memory|redis]` (bounded: at most `ROUNDS`
-//! decisions and `MAX_TIME` per line).
+//! `cargo bench -p distlimit-server --bench rls [-- memory|redis|hot]` (bounded: at most `ROUNDS`
+//! decisions and `MAX_TIME` per line). `-- hot`: one tenant's key on Redis, decided in Redis
+//! and from token leases (`--lease`), side by side.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -32,7 +33,7 @@ use distlimit_core::{Key, Limit, Quota, Request, Store};
 use distlimit_memory::MemoryStore;
 use distlimit_server::check::{CheckRequest, Descriptor};
 use distlimit_server::{Args, Checker, Server};
-use distlimit_test::server::RedisServer;
+use distlimit_test::server::{RedisServer, info_field};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -424,6 +425,96 @@ async fn bench_store(name: &str, flags: &[&str], store: Arc<dyn Store>) {
     }
 }
 
+/// One tenant's key, hot: a TOML GCRA policy that never denies at these rates.
+const HOT_CONFIG: &str = r#"
+[[policy]]
+name = "hot"
+tiers = [ { name = "t", algorithm = "gcra", limit = 1000000, per = "1s" } ]
+
+[domain.bench]
+descriptors = [ { keys = ["tenant"], policy = "hot" } ]
+"#;
+
+/// Scripts Redis has run, and the CPU time its process has used.
+fn redis_work(redis: &RedisServer) -> (u64, Duration) {
+    let scripts = ["evalsha", "eval"]
+        .iter()
+        .map(|c| redis.command_calls(c).unwrap())
+        .sum();
+    let info = redis.info("cpu").unwrap();
+    let cpu: f64 = ["used_cpu_sys", "used_cpu_user"]
+        .iter()
+        .filter_map(|f| info_field(&info, f)?.parse::<f64>().ok())
+        .sum();
+    (scripts, Duration::from_secs_f64(cpu))
+}
+
+/// `cargo bench --bench rls -- hot`: every request on one tenant's key, on Redis, from the
+/// server deciding each in Redis and from the server spending token leases (`--lease hot`),
+/// in the same run: decisions/s, latency, the server's CPU, and what Redis did per decision.
+async fn bench_hot(redis: &RedisServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hot.toml");
+    std::fs::write(&path, HOT_CONFIG).unwrap();
+    let url = redis.url();
+    let flags = ["--redis", url.as_str(), "--redis-budget-ms", "1000"];
+    let leased: Vec<&str> = flags.iter().copied().chain(["--lease", "hot"]).collect();
+    let servers = [
+        (
+            "server, every decision in Redis",
+            ServerProcess::start(&path, &flags),
+        ),
+        ("server, --lease hot", ServerProcess::start(&path, &leased)),
+    ];
+    println!(
+        "
+redis, one hot key"
+    );
+    println!(
+        "    {:<34} {:>11}  {:>14}  {:>14}  {:>11}  {:>13}  {:>12}",
+        "", "calls", "", "", "server CPU", "Redis scripts", "Redis CPU"
+    );
+    for in_flight in [1usize, 64, 256] {
+        println!("  {in_flight} in flight");
+        for (what, server) in &servers {
+            let pool = server.clients().await;
+            let cpu_before = server.cpu();
+            let (scripts_before, redis_before) = redis_work(redis);
+            let line = run(in_flight, move |_, i| {
+                let mut client = pool[(i % pool.len() as u64) as usize].clone();
+                async move {
+                    let request = RateLimitRequest {
+                        domain: "bench".into(),
+                        descriptors: vec![RateLimitDescriptor {
+                            entries: vec![Entry {
+                                key: "tenant".into(),
+                                value: "hot".into(),
+                            }],
+                            ..RateLimitDescriptor::default()
+                        }],
+                        hits_addend: 0,
+                    };
+                    let answer = client.should_rate_limit(request).await.unwrap();
+                    assert_eq!(answer.into_inner().overall_code, Code::Ok as i32);
+                }
+            })
+            .await;
+            let (scripts, redis_cpu) = redis_work(redis);
+            let per = |n: f64| n / line.count.max(1) as f64;
+            let cpu = server.cpu().saturating_sub(cpu_before);
+            println!(
+                "    {what:<34} {:>9.0}/s  p50 {:>8.1}µs  p99 {:>8.1}µs  {:>9.1}µs  {:>13.4}  {:>10.2}µs",
+                line.per_sec,
+                line.p50.as_secs_f64() * 1e6,
+                line.p99.as_secs_f64() * 1e6,
+                per(cpu.as_secs_f64() * 1e6),
+                per((scripts - scripts_before) as f64),
+                per(redis_cpu.saturating_sub(redis_before).as_secs_f64() * 1e6),
+            );
+        }
+    }
+}
+
 /// `cargo bench --bench rls -- callgrind`: the server's instructions per decision on the memory
 /// store and on Redis, counted by callgrind (repeatable on a busy machine, unlike time): the server runs
 /// under `valgrind --tool=callgrind`, gets 500 requests to warm up, then its counters are
@@ -573,29 +664,34 @@ fn main() {
         if wanted("memory") {
             bench_store("memory store", &[], Arc::new(MemoryStore::new())).await;
         }
-        if !wanted("redis") {
+        if !wanted("redis") && !wanted("hot") {
             return;
         }
         let Some(redis) = RedisServer::start() else {
             println!("\nredis: skipped (no redis-server)");
             return;
         };
-        let url = redis.url();
-        let own: Arc<dyn Store> =
-            Arc::new(distlimit_redis::RedisStore::connect(&url).await.unwrap());
-        bench_store(
-            "redis (hybrid over RedisStore; the store column is RedisStore alone)",
-            &[
-                "--redis",
-                url.as_str(),
-                "--redis-budget-ms",
-                "1000",
-                "--redis-timeout-ms",
-                "1000",
-            ],
-            own,
-        )
-        .await;
+        if wanted("redis") {
+            let url = redis.url();
+            let own: Arc<dyn Store> =
+                Arc::new(distlimit_redis::RedisStore::connect(&url).await.unwrap());
+            bench_store(
+                "redis (hybrid over RedisStore; the store column is RedisStore alone)",
+                &[
+                    "--redis",
+                    url.as_str(),
+                    "--redis-budget-ms",
+                    "1000",
+                    "--redis-timeout-ms",
+                    "1000",
+                ],
+                own,
+            )
+            .await;
+        }
+        if wanted("hot") {
+            bench_hot(&redis).await;
+        }
         drop(redis);
     });
 }

@@ -52,6 +52,15 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "MODE", default_value_t = FailureModeArg::Fallback)]
     pub failure_mode: FailureModeArg,
 
+    /// Spend this TOML policy's limit from token leases (repeat for several): each instance
+    /// withdraws units from Redis ahead of use and spends them in memory, so a hot key costs
+    /// about one Redis call per lease instead of one per request, and the instances together
+    /// never admit more than the limit. Token bucket and GCRA tiers lease; other tiers, YAML
+    /// rules and requests of several store requests are decided in Redis as usual. Only with
+    /// `--redis`.
+    #[arg(long = "lease", value_name = "POLICY", requires = "redis")]
+    pub lease: Vec<String>,
+
     /// Add the rate-limit headers to every answer: `RateLimit` and `RateLimit-Policy`, and the
     /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` trio.
     #[arg(long)]

@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod net;
 pub mod reload;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use distlimit_core::Store;
 use distlimit_hybrid::Hybrid;
+use distlimit_lease::Leased;
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_redis::RedisStore;
@@ -98,6 +100,14 @@ impl Server {
             None => (Config::empty(), Vec::new()),
         };
         tracing::info!(domains = config.domains().count(), "configuration loaded");
+        for name in &args.lease {
+            if config.policies().is_none_or(|set| set.get(name).is_none()) {
+                tracing::warn!(
+                    policy = %name,
+                    "--lease names no TOML policy of the configuration (yet): nothing leases under it"
+                );
+            }
+        }
         let metrics = Metrics::new();
         let store = store(args, &metrics).await?;
         let mut checker = Checker::new(store, config, metrics);
@@ -261,5 +271,20 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
         .observer(Arc::new(metrics.clone()))
         .build()?;
     metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
-    Ok(Arc::new(hybrid))
+    if args.lease.is_empty() {
+        return Ok(Arc::new(hybrid));
+    }
+    // The limiter names a tier's state `<policy>/<tier>`; policy names hold no '/'. A YAML
+    // rule's state is a fixed window, which never leases.
+    let leased: HashSet<String> = args.lease.iter().cloned().collect();
+    tracing::info!("token leases for the policies {:?}", args.lease);
+    let store = Arc::new(
+        Leased::matching(move |name| {
+            leased.contains(name.split_once('/').map_or(name, |(policy, _)| policy))
+        })
+        .observer(Arc::new(metrics.clone()))
+        .build(hybrid),
+    );
+    distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
+    Ok(store)
 }

@@ -8,6 +8,8 @@ mod support;
 
 use std::time::Duration;
 
+use clap::Parser;
+use distlimit_server::Args;
 use distlimit_test::server::RedisServer;
 use support::*;
 
@@ -217,4 +219,162 @@ async fn after_a_redis_restart_the_instances_share_the_limit_again() {
     assert_eq!(admitted, LIMIT);
     a.stop().await;
     b.stop().await;
+}
+
+/// A TOML token bucket of `burst` that does not refill while the test runs (one unit per
+/// hour), and one of 100 000 per second, under the domain `leased`.
+fn leased_config(burst: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limits.toml"),
+        format!(
+            r#"
+[[policy]]
+name = "scarce"
+tiers = [ {{ name = "t", algorithm = "token_bucket", limit = 1, per = "1h", burst = {burst} }} ]
+
+[[policy]]
+name = "hot"
+tiers = [ {{ name = "t", algorithm = "gcra", limit = 100000, per = "1s" }} ]
+
+[domain.leased]
+descriptors = [
+  {{ keys = ["scarce"], policy = "scarce" }},
+  {{ keys = ["hot"], policy = "hot" }},
+]
+"#
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+/// A counter or gauge's value in an instance's metrics (0 when absent).
+fn metric(server: &Running, series: &str) -> f64 {
+    let text = server.checker.metrics().encode();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_spending_from_leases_admit_exactly_the_limit() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = leased_config(LIMIT);
+    let flags = [
+        "--redis",
+        url.as_str(),
+        "--instances",
+        "2",
+        "--redis-budget-ms",
+        "5000",
+        "--lease",
+        "scarce",
+    ];
+    let a = Running::with_config(dir.path(), &flags).await;
+    let b = Running::with_config(dir.path(), &flags).await;
+    let scarce = || request("leased", vec![descriptor(&[("scarce", "k")])]);
+    // 16 clients, 8 per instance, sending 3 x LIMIT requests between them at once.
+    let mut tasks = Vec::new();
+    for c in 0..16u32 {
+        let mut client = if c % 2 == 0 {
+            a.client().await
+        } else {
+            b.client().await
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..(3 * LIMIT).div_ceil(16) {
+                if call(&mut client, scarce()).await.overall_code == OK {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert!(admitted <= LIMIT, "{admitted} admitted of {LIMIT}");
+    // Units one instance withdrew and did not spend go back to Redis when its lease ends (a
+    // horizon, 100 ms): asked again after that, the two instances admit the rest, and not
+    // one more (bounded: 20 rounds).
+    let mut clients = [a.client().await, b.client().await];
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let mut round = 0;
+        for client in &mut clients {
+            for _ in 0..LIMIT {
+                if call(client, scarce()).await.overall_code == OK {
+                    round += 1;
+                }
+            }
+        }
+        admitted += round;
+        if round == 0 && admitted == LIMIT {
+            break;
+        }
+    }
+    assert_eq!(admitted, LIMIT, "{}", a.checker.metrics().encode());
+    for server in [&a, &b] {
+        let takes = metric(server, r#"distlimit_lease_takes_total{store="lease"}"#);
+        assert!(takes >= 1.0, "{}", server.checker.metrics().encode());
+        let metrics = server.checker.metrics().encode();
+        assert!(!metrics.contains(r#"source="fallback""#), "{metrics}");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Scripts run by `redis` so far.
+fn script_calls(redis: &RedisServer) -> u64 {
+    ["evalsha", "eval"]
+        .iter()
+        .map(|c| redis.command_calls(c).unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_hot_key_costs_a_fraction_of_a_redis_call_per_request() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = leased_config(LIMIT);
+    let flags = ["--redis", url.as_str(), "--redis-budget-ms", "5000"];
+    let leased_flags: Vec<&str> = flags.iter().copied().chain(["--lease", "hot"]).collect();
+    const REQUESTS: u32 = 1_000;
+    let mut calls = Vec::new();
+    // The same requests without leases, then with: Redis scripts run for each.
+    for flags in [&flags[..], &leased_flags] {
+        let server = Running::with_config(dir.path(), flags).await;
+        let before = script_calls(&redis);
+        let mut client = server.client().await;
+        for _ in 0..REQUESTS {
+            let answer = call(
+                &mut client,
+                request("leased", vec![descriptor(&[("hot", "tenant")])]),
+            )
+            .await;
+            assert_eq!(answer.overall_code, OK);
+        }
+        calls.push(script_calls(&redis) - before);
+        server.stop().await;
+    }
+    // Leases share a limit through Redis: without it, the flag is refused.
+    assert!(Args::try_parse_from(["distlimit-server", "--lease", "hot"]).is_err());
+    println!(
+        "{REQUESTS} requests on a hot key: {} Redis scripts without leases, {} with",
+        calls[0], calls[1]
+    );
+    assert!(calls[0] >= u64::from(REQUESTS), "{calls:?}");
+    assert!(
+        (1..=u64::from(REQUESTS) / 5).contains(&calls[1]),
+        "{} Redis scripts for {REQUESTS} leased requests",
+        calls[1]
+    );
 }
