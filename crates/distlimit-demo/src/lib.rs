@@ -5,7 +5,6 @@ mod args;
 /// Serving with the hardened defaults of every server this project ships ([`distlimit_serve`]).
 pub use distlimit_serve as serve;
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -215,15 +214,11 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
     if args.lease.is_empty() {
         return Ok(Arc::new(hybrid));
     }
-    // The limiter names a tier's state `<policy>/<tier>`; policy names hold no '/'.
-    let leased: HashSet<String> = args.lease.iter().cloned().collect();
     tracing::info!("token leases for the policies {:?}", args.lease);
     let store = Arc::new(
-        Leased::matching(move |name| {
-            leased.contains(name.split_once('/').map_or(name, |(policy, _)| policy))
-        })
-        .observer(Arc::new(metrics.clone()))
-        .build(hybrid),
+        Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
+            .observer(Arc::new(metrics.clone()))
+            .build(hybrid),
     );
     distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
     Ok(store)

@@ -38,6 +38,8 @@ pub const STORE_NAME: &str = "lease";
 #[derive(Clone)]
 enum Policies {
     Names(HashSet<Box<str>>),
+    /// Limiter policy names: a state `<policy>/<tier>` or `<policy>` leases when `<policy>` is one.
+    Limiter(HashSet<Box<str>>),
     Matching(Arc<dyn Fn(&str) -> bool + Send + Sync>),
 }
 
@@ -45,6 +47,9 @@ impl Policies {
     fn lease(&self, policy: &str) -> bool {
         match self {
             Policies::Names(names) => names.contains(policy),
+            Policies::Limiter(names) => {
+                names.contains(policy.split_once('/').map_or(policy, |(policy, _)| policy))
+            }
             Policies::Matching(f) => f(policy),
         }
     }
@@ -203,6 +208,37 @@ impl Leased<()> {
         P: Into<Box<str>>,
     {
         Self::with(Policies::Names(
+            policies.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// A builder leasing for every tier of the `distlimit_policy::Limiter` policies named in
+    /// `policies`: the limiter names a tier's state `<policy>/<tier>` (or `<policy>` alone),
+    /// and a policy name never holds a `/`.
+    ///
+    /// ```
+    /// use distlimit_core::{Key, Limit, Quota, Request, Store};
+    /// use distlimit_lease::Leased;
+    /// use distlimit_memory::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let leased = Leased::for_limiter_policies(["api"]).build(MemoryStore::new());
+    /// let limit = Limit::gcra(Quota::per_hour(1_000)?);
+    /// for policy in ["api/free", "api", "apis/free", "other"] {
+    ///     let request = Request::new(Key::new("tenant-7")?, limit).with_policy(policy)?;
+    ///     leased.decide(&request).await?;
+    /// }
+    /// // A lease each for the two states of the policy `api`, none for the others.
+    /// assert_eq!(leased.stats().leases, 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn for_limiter_policies<I, P>(policies: I) -> Builder
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<Box<str>>,
+    {
+        Self::with(Policies::Limiter(
             policies.into_iter().map(Into::into).collect(),
         ))
     }

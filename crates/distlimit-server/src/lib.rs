@@ -9,7 +9,6 @@ pub mod metrics;
 pub mod net;
 pub mod reload;
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -274,16 +273,12 @@ async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartEr
     if args.lease.is_empty() {
         return Ok(Arc::new(hybrid));
     }
-    // The limiter names a tier's state `<policy>/<tier>`; policy names hold no '/'. A YAML
-    // rule's state is a fixed window, which never leases.
-    let leased: HashSet<String> = args.lease.iter().cloned().collect();
+    // A YAML rule's state is a fixed window, which never leases.
     tracing::info!("token leases for the policies {:?}", args.lease);
     let store = Arc::new(
-        Leased::matching(move |name| {
-            leased.contains(name.split_once('/').map_or(name, |(policy, _)| policy))
-        })
-        .observer(Arc::new(metrics.clone()))
-        .build(hybrid),
+        Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
+            .observer(Arc::new(metrics.clone()))
+            .build(hybrid),
     );
     distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
     Ok(store)
