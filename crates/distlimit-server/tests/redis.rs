@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Parser;
 use distlimit_server::Args;
 use distlimit_test::server::RedisServer;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use support::*;
 
 const LIMIT: u32 = 50;
@@ -24,6 +25,33 @@ descriptors:
     rate_limit: {{ unit: hour, requests_per_unit: {LIMIT} }}
 "
     ))
+}
+
+/// 16 clients, 8 per instance, sending 3 x LIMIT `request`s between them at once: how many
+/// were admitted.
+async fn race(a: &Running, b: &Running, request: fn() -> RateLimitRequest) -> u32 {
+    let mut tasks = Vec::new();
+    for c in 0..16u32 {
+        let mut client = if c % 2 == 0 {
+            a.client().await
+        } else {
+            b.client().await
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..(3 * LIMIT).div_ceil(16) {
+                if call(&mut client, request()).await.overall_code == OK {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    admitted
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,28 +74,10 @@ async fn two_instances_on_one_redis_admit_exactly_the_limit() {
     let a = Running::with_config(dir.path(), &flags).await;
     let b = Running::with_config(dir.path(), &flags).await;
     align(3_600, Duration::from_secs(10)).await;
-    // 16 clients, 8 per instance, sending 3 x LIMIT requests between them at once.
-    let mut tasks = Vec::new();
-    for c in 0..16u32 {
-        let addr = if c % 2 == 0 { a.grpc } else { b.grpc };
-        tasks.push(tokio::spawn(async move {
-            let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://{addr}"))
-                .await
-                .unwrap();
-            let mut admitted = 0;
-            for _ in 0..(3 * LIMIT).div_ceil(16) {
-                let answer = call(&mut client, request("shared", vec![descriptor(&[("tenant", "t1")])])).await;
-                if answer.overall_code == OK {
-                    admitted += 1;
-                }
-            }
-            admitted
-        }));
-    }
-    let mut admitted = 0;
-    for task in tasks {
-        admitted += task.await.unwrap();
-    }
+    let admitted = race(&a, &b, || {
+        request("shared", vec![descriptor(&[("tenant", "t1")])])
+    })
+    .await;
     assert_eq!(admitted, LIMIT, "{}", a.checker.metrics().encode());
     let metrics = a.checker.metrics().encode();
     assert!(!metrics.contains(r#"source="fallback""#), "{metrics}");
@@ -277,28 +287,7 @@ async fn two_instances_spending_from_leases_admit_exactly_the_limit() {
     let a = Running::with_config(dir.path(), &flags).await;
     let b = Running::with_config(dir.path(), &flags).await;
     let scarce = || request("leased", vec![descriptor(&[("scarce", "k")])]);
-    // 16 clients, 8 per instance, sending 3 x LIMIT requests between them at once.
-    let mut tasks = Vec::new();
-    for c in 0..16u32 {
-        let mut client = if c % 2 == 0 {
-            a.client().await
-        } else {
-            b.client().await
-        };
-        tasks.push(tokio::spawn(async move {
-            let mut admitted = 0;
-            for _ in 0..(3 * LIMIT).div_ceil(16) {
-                if call(&mut client, scarce()).await.overall_code == OK {
-                    admitted += 1;
-                }
-            }
-            admitted
-        }));
-    }
-    let mut admitted = 0;
-    for task in tasks {
-        admitted += task.await.unwrap();
-    }
+    let mut admitted = race(&a, &b, scarce).await;
     assert!(admitted <= LIMIT, "{admitted} admitted of {LIMIT}");
     // Units one instance withdrew and did not spend go back to Redis when its lease ends (a
     // horizon, 100 ms): asked again after that, the two instances admit the rest, and not
