@@ -367,3 +367,45 @@ async fn a_leased_hot_key_costs_a_fraction_of_a_redis_call_per_request() {
         calls[1]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_under_leases_is_answered_by_the_fallback_without_errors() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = leased_config(LIMIT);
+    let flags = [
+        "--redis",
+        url.as_str(),
+        "--instances",
+        "5",
+        "--lease",
+        "scarce",
+    ];
+    let server = Running::with_config(dir.path(), &flags).await;
+    let mut client = server.client().await;
+    let scarce = || request("leased", vec![descriptor(&[("scarce", "outage")])]);
+    assert_eq!(call(&mut client, scarce()).await.overall_code, OK);
+    redis.kill();
+    // Answers, never a gRPC error, and never more than the limit: what the lease held, then
+    // the fallback's share (LIMIT / 5).
+    let mut admitted = 1;
+    for _ in 0..2 * LIMIT {
+        let answer = client
+            .should_rate_limit(scarce())
+            .await
+            .expect("no gRPC error during the outage")
+            .into_inner();
+        if answer.overall_code == OK {
+            admitted += 1;
+        }
+    }
+    println!("{admitted} of {LIMIT} admitted across a Redis outage under leases");
+    assert!(
+        (LIMIT / 5..=LIMIT).contains(&admitted),
+        "{admitted} admitted: {}",
+        server.checker.metrics().encode()
+    );
+    server.stop().await;
+}
