@@ -3,7 +3,7 @@
 //!
 //! 1. a take never grants more than was available (a peek's `remaining`) nor more than asked;
 //! 2. `take(k)` then `give_back(k)` at the same instant leaves a state that decides exactly like
-//!    the one before, at that instant and after;
+//!    the one before, at that instant and after, also when the limit changed in between;
 //! 3. giving back never raises a key above its capacity;
 //! 4. clients holding leases (taken, spent locally, the rest given back when the lease ends)
 //!    never spend more, in total, than the algorithm admits from a fresh key;
@@ -117,6 +117,32 @@ proptest! {
         let grant = limit.take(&mut state, now, want).unwrap();
         limit.give_back(&mut state, now, grant.granted).unwrap();
         alike(&limit, &before, &state, now)?;
+    }
+
+    /// A lease taken under one quota and given back after the limit changed (a reload) leaves
+    /// the key as if the lease had never been taken: the next decision under the new limit
+    /// sees what the key's own decisions spent, carried over, and no more nor less.
+    #[test]
+    fn take_then_give_back_across_a_limit_change_restores_the_state(
+        from in limit(),
+        to in quota(),
+        history in prop::collection::vec((0u64..2_000_000, 0u64..70), 0..8),
+        want in 0u64..100,
+    ) {
+        let to = Limit::new(from.algorithm(), to);
+        let (before, now) = warmed(&from, &history);
+        let mut state = before.clone();
+        let mut written = Some(*from.quota());
+        let grant = from.take_from(&mut state, &mut written, now, want).unwrap();
+        to.give_back_from(&mut state, &mut written, now, grant.granted).unwrap();
+        for cost in [0, 1, to.capacity() / 2, to.capacity()] {
+            prop_assert_eq!(
+                to.evaluate_from(Some(&state), written.as_ref(), now, cost),
+                to.evaluate_from(Some(&before), Some(from.quota()), now, cost),
+                "cost {}",
+                cost
+            );
+        }
     }
 
     #[test]

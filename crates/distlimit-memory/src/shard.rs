@@ -451,8 +451,8 @@ impl<const W: usize, A> Part<Compact<W, A>> {
         state.decide(quota, now, cost)
     }
 
-    /// Gives `units` back to `id`'s GCRA entry, if the table holds one: carried over first when
-    /// written under another quota, as `Limit::give_back_from`.
+    /// Gives `units` back to `id`'s GCRA entry, if the table holds one: under the quota it was
+    /// written under, which stays its quota, as `Limit::give_back_from`.
     fn give_back(
         &mut self,
         hash: u64,
@@ -460,20 +460,14 @@ impl<const W: usize, A> Part<Compact<W, A>> {
         quota: &Quota,
         now: u64,
         units: u64,
-        stamps: &mut Stamps,
+        stamps: &Stamps,
     ) {
         let Some(entry) = self.get_mut(hash, id) else {
             return;
         };
-        let mut stamp = entry.word >> STAMP_SHIFT;
+        let stamp = entry.word >> STAMP_SHIFT;
         let mut state = entry.state();
-        if let Some(from) = stamps.get(stamp)
-            && from != quota
-        {
-            state = state.carried(from, quota, now);
-            stamp = stamps.of(quota);
-        }
-        state.give_back(quota, now, units);
+        state.give_back(stamps.get(stamp).unwrap_or(quota), now, units);
         entry.word = stamped(state.tat_us, stamp);
     }
 
@@ -667,7 +661,7 @@ impl Table {
             return;
         }
         let quota = limit.quota();
-        let stamps = &mut self.stamps;
+        let stamps = &self.stamps;
         match Home::of(id, limit) {
             Home::Word => self.word.give_back(hash, id, quota, now, units, stamps),
             Home::Short => self.short.give_back(hash, id, quota, now, units, stamps),
@@ -676,19 +670,15 @@ impl Table {
                 if let Some(entry) = self.wide.get_mut(hash, id)
                     && entry.state.algorithm() == limit.algorithm()
                 {
+                    // Under the quota the state was written under, which stays its quota.
                     let stamp = entry.expires >> STAMP_SHIFT;
-                    let before = stamps.get(stamp).copied();
-                    let mut written = before;
+                    let mut written = stamps.get(stamp).copied();
                     if limit
                         .give_back_from(&mut entry.state, &mut written, now, units)
                         .is_ok()
                     {
-                        let stamp = if written == before {
-                            stamp
-                        } else {
-                            stamps.of(quota)
-                        };
-                        entry.expires = stamped(entry.state.expires_at(quota), stamp);
+                        let written = written.as_ref().unwrap_or(quota);
+                        entry.expires = stamped(entry.state.expires_at(written), stamp);
                     }
                 }
             }

@@ -28,6 +28,10 @@ const LEASE_SCRIPT: &str = concat!(
 static LEASE_SHA: LazyLock<String> =
     LazyLock::new(|| redis::Script::new(LEASE_SCRIPT).get_hash().to_owned());
 
+/// The most units one call gives back (exact as a Lua number); the script caps them at the
+/// burst of the key's state.
+const MAX_GIVE_BACK: u64 = 1 << 52;
+
 /// The text of the lease script, for tools that load or inspect it.
 pub fn lease_source() -> &'static str {
     LEASE_SCRIPT
@@ -58,14 +62,17 @@ impl Exchange<'_> {
             TimeSource::Server => cmd.arg(""),
             TimeSource::Client(now) => cmd.arg(now),
         };
-        // Both at most the capacity, so every product in the script stays below 2^53.
+        // `want` at most the capacity, and the units given back at most the capacity of the
+        // quota their state was written under (the script caps them at its burst; that quota
+        // may differ from this one after a limit change), so every product in the script stays
+        // below 2^53.
         let capacity = self.limit.capacity();
         let q = self.limit.quota();
         match self.limit.algorithm() {
             Algorithm::Gcra => cmd.arg(2),
             _ => cmd.arg(1),
         };
-        cmd.arg(self.give_back.min(capacity))
+        cmd.arg(self.give_back.min(MAX_GIVE_BACK))
             .arg(self.want.min(capacity));
         match self.limit.algorithm() {
             Algorithm::Gcra => cmd.arg(q.burst()).arg(q.emission_interval_us()),

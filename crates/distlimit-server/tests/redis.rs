@@ -409,3 +409,57 @@ async fn a_redis_outage_under_leases_is_answered_by_the_fallback_without_errors(
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_lowered_by_a_reload_holds_under_leases_as_without() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    // One instance spending leases, one deciding in Redis, each on a key of its own.
+    let dir = leased_config(LIMIT);
+    let flags = ["--redis", url.as_str(), "--redis-budget-ms", "5000"];
+    let leased_flags: Vec<&str> = flags.iter().copied().chain(["--lease", "scarce"]).collect();
+    let mut servers = [
+        (
+            "leased",
+            Running::with_config(dir.path(), &leased_flags).await,
+        ),
+        ("plain", Running::with_config(dir.path(), &flags).await),
+    ];
+    let scarce = |key: &str| request("leased", vec![descriptor(&[("scarce", key)])]);
+    for (key, server) in &servers {
+        let mut client = server.client().await;
+        for _ in 0..10 {
+            assert_eq!(call(&mut client, scarce(key)).await.overall_code, OK);
+        }
+    }
+    // The limit drops from LIMIT to 12 (the config is read again every 50 ms).
+    let lowered = leased_config(12);
+    std::fs::copy(
+        lowered.path().join("limits.toml"),
+        dir.path().join("limits.toml"),
+    )
+    .unwrap();
+    let mut admitted = Vec::new();
+    for (key, server) in &mut servers {
+        assert!(matches!(
+            server.next_reload().await,
+            distlimit_server::Reload::Applied { .. }
+        ));
+        let mut client = server.client().await;
+        let mut n = 0;
+        for _ in 0..LIMIT {
+            if call(&mut client, scarce(key)).await.overall_code == OK {
+                n += 1;
+            }
+        }
+        admitted.push(n);
+    }
+    println!("after the limit dropped to 12 with 10 spent: {admitted:?} admitted (leased, plain)");
+    assert_eq!(admitted[0], admitted[1], "leases admitted otherwise");
+    assert!(admitted[1] <= 2, "{admitted:?}");
+    for (_, server) in servers {
+        server.stop().await;
+    }
+}

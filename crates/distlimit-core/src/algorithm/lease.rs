@@ -99,9 +99,11 @@ impl Limit {
         Ok(Grant { granted, decision })
     }
 
-    /// [`give_back`](Self::give_back) on a state written under the quota `written`: a state of
-    /// this algorithm written under another quota is carried over first (and `written` becomes
-    /// this limit's quota).
+    /// [`give_back`](Self::give_back) on a state written under the quota `written`: the units
+    /// go back under that quota, the one they were taken under, and the state stays written
+    /// under it (the next decision carries it over). Carrying over first would be wrong when the
+    /// limit was lowered: the carry-over caps what was spent at the new capacity, units still
+    /// held included, and giving them back after it would return units the cap already dropped.
     pub fn give_back_from(
         &self,
         state: &mut State,
@@ -113,13 +115,8 @@ impl Limit {
         if units == 0 || state.algorithm() != self.algorithm {
             return Ok(());
         }
-        if let Some(from) = written
-            && *from != self.quota
-        {
-            *state = state.carried(from, &self.quota, now_us);
-            *written = Some(self.quota);
-        }
-        self.give_back(state, now_us, units)
+        let quota = written.unwrap_or(self.quota);
+        Limit::new(self.algorithm, quota).give_back(state, now_us, units)
     }
 }
 

@@ -1,7 +1,8 @@
 -- Leases on KEYS[1] (distlimit_core::Limit::give_back then Limit::take, at one instant): give back
 -- ARGV[3] unspent units, then withdraw up to ARGV[4] of the units available.
--- ARGV: time ('' = the server's TIME), algorithm (1 token bucket, 2 gcra), give back, want (both
--- at most the capacity), then the algorithm's parameters (as for its single-key script).
+-- ARGV: time ('' = the server's TIME), algorithm (1 token bucket, 2 gcra), give back (at most
+-- 2^52, capped here at the burst of the key's state), want (at most the capacity), then the
+-- algorithm's parameters (as for its single-key script).
 -- Reply: granted, then the five decision fields (what decide_<algorithm> answers for a request of
 -- the units granted, or its peek when nothing was granted), as six big-endian doubles.
 
@@ -15,11 +16,22 @@ local function store(key, state, ttl, slack)
   end
 end
 
+-- Units go back under the quota the state was written under (the one they were taken under),
+-- which stays its quota: the next decision carries it over (Limit::give_back_from).
+
 -- Token bucket (TokenBucket::give_back): the deficit at `now` less `units` tokens, at least 0.
 -- A key without a state, or with another algorithm's, is full already: nothing changes.
 local function give_back_token_bucket(key, A, i, now, units, slack)
   local burst, rate, unit = tonumber(A[i]), tonumber(A[i + 1]), tonumber(A[i + 2])
-  local deficit, last, _, fresh = read_token_bucket(redis.call('GET', key), key, burst, rate, unit, now)
+  local v = redis.call('GET', key)
+  if v and #v == 41 and string.byte(v) == 1 then
+    local _, _, wb, wr, wu = struct.unpack('>ddddd', v, 2)
+    burst, rate, unit = wb, wr, wu
+  end
+  if units > burst then
+    units = burst
+  end
+  local deficit, last, _, fresh = read_token_bucket(v, key, burst, rate, unit, now)
   if not deficit then
     return last
   end
@@ -49,7 +61,15 @@ end
 -- without a state, or with another algorithm's, is full already: nothing changes.
 local function give_back_gcra(key, A, i, now, units, slack)
   local burst, t = tonumber(A[i]), tonumber(A[i + 1])
-  local tat, carried, fresh = read_gcra(redis.call('GET', key), key, burst, t, now)
+  local v = redis.call('GET', key)
+  if v and #v == 25 and string.byte(v) == 2 then
+    local _, wb, wt = struct.unpack('>ddd', v, 2)
+    burst, t = wb, wt
+  end
+  if units > burst then
+    units = burst
+  end
+  local tat, carried, fresh = read_gcra(v, key, burst, t, now)
   if not tat then
     return carried
   end
