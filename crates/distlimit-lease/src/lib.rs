@@ -501,10 +501,14 @@ impl<S: LeaseStore> Store for Leased<S> {
         self.decide_leased(&slot, request).await
     }
 
-    /// Batches go to the store as they are (all-or-nothing across keys is the store's); the
+    /// A batch of one request is that request's decision, which a lease serves. Larger
+    /// batches go to the store as they are (all-or-nothing across keys is the store's); the
     /// units they charge are withdrawn there, next to the leases.
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        self.inner.decide_all(requests).await
+        match requests {
+            [one] => Ok(vec![self.decide(one).await?]),
+            _ => self.inner.decide_all(requests).await,
+        }
     }
 
     /// A decision the lease can make alone (spent from it, or denied while the store has

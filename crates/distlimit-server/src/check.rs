@@ -545,13 +545,7 @@ impl Checker {
             if denied {
                 merged.iter_mut().for_each(|r| *r = r.with_cost(0));
             }
-            // One store request is the common case (one descriptor, one tier): `decide`, which
-            // token leases serve; a lease never serves a batch.
-            let answered = match merged.as_slice() {
-                [one] => self.store.decide(one).await.map(|d| vec![d]),
-                _ => self.store.decide_all(&merged).await,
-            };
-            let answered = match answered {
+            let answered = match self.store.decide_all(&merged).await {
                 Ok(answered) => answered,
                 Err(error) if error.is_invalid_input() => {
                     return Err(CheckError::InvalidArgument(error.to_string()));
