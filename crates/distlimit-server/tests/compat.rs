@@ -407,3 +407,283 @@ fn envoyproxys_integration_config_directory_loads() {
         assert!(c.has_domain(domain), "{domain}");
     }
 }
+
+/// The statistics name of `entries` in the one domain of `yaml`.
+fn stat(yaml: &str, entries: &[(&str, &str)]) -> String {
+    let c = Config::from_yaml("inline.yaml", yaml).unwrap_or_else(|e| panic!("{e}"));
+    let domain = c.domains().next().unwrap().to_owned();
+    let m = c
+        .lookup(&domain, entries.iter().copied())
+        .unwrap_or_else(|| panic!("{entries:?} matched nothing in\n{yaml}"));
+    format!("{domain}.{}", m.metric_path(entries))
+}
+
+/// `TestValueToMetric_*` and `TestWildcardStatsBehavior`: their inline configurations as YAML.
+#[test]
+fn value_to_metric_names() {
+    let chain = "
+domain: domain
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: { unit: minute, requests_per_unit: 60 }
+";
+    let run = [
+        ("route", "draw"),
+        ("http_method", "GET"),
+        ("subject_id", "123"),
+    ];
+    assert_eq!(
+        stat(chain, &run),
+        "domain.route_draw.http_method_GET.subject_id"
+    );
+    for (entries, expected) in [
+        (
+            [("route", ""), ("http_method", "GET"), ("subject_id", "123")],
+            "domain.route.http_method_GET.subject_id",
+        ),
+        (
+            [
+                ("route", "draw"),
+                ("http_method", ""),
+                ("subject_id", "123"),
+            ],
+            "domain.route_draw.http_method.subject_id",
+        ),
+        (
+            [("route", ""), ("http_method", ""), ("subject_id", "123")],
+            "domain.route.http_method.subject_id",
+        ),
+    ] {
+        assert_eq!(stat(chain, &entries), expected);
+    }
+    // detailed_metric at the leaf wins over value_to_metric.
+    let detailed = chain.replace(
+        "          - key: subject_id\n",
+        "          - key: subject_id\n            detailed_metric: true\n",
+    );
+    assert_eq!(
+        stat(&detailed, &run),
+        "domain.route_draw.http_method_GET.subject_id_123"
+    );
+
+    let two = |flag_1: &str, flag_2: &str| {
+        format!(
+            "
+domain: d
+descriptors:
+  - key: k1
+    {flag_1}
+    descriptors:
+      - key: k2
+        {flag_2}
+        descriptors:
+          - key: k3
+            rate_limit: {{ unit: second, requests_per_unit: 1 }}
+"
+        )
+    };
+    let xyz = [("k1", "X"), ("k2", "Y"), ("k3", "Z")];
+    assert_eq!(
+        stat(&two("value_to_metric: true", ""), &xyz),
+        "d.k1_X.k2.k3"
+    );
+    assert_eq!(
+        stat(&two("", "value_to_metric: true"), &xyz),
+        "d.k1.k2_Y.k3"
+    );
+    assert_eq!(stat(&two("", ""), &xyz), "d.k1.k2.k3");
+
+    let configured = "
+domain: test-domain
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value: GET
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: { unit: minute, requests_per_unit: 60 }
+      - key: http_method
+        value: POST
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: { unit: minute, requests_per_unit: 30 }
+";
+    for method in ["GET", "POST"] {
+        assert_eq!(
+            stat(
+                configured,
+                &[
+                    ("route", "api"),
+                    ("http_method", method),
+                    ("subject_id", "u")
+                ]
+            ),
+            format!("test-domain.route_api.http_method_{method}.subject_id")
+        );
+    }
+    let wildcard = "
+domain: domain
+descriptors:
+  - key: user
+    value_to_metric: true
+    descriptors:
+      - key: action
+        value: read*
+        value_to_metric: true
+        descriptors:
+          - key: resource
+            rate_limit: { unit: minute, requests_per_unit: 100 }
+";
+    assert_eq!(
+        stat(
+            wildcard,
+            &[
+                ("user", "alice"),
+                ("action", "readfile"),
+                ("resource", "documents")
+            ]
+        ),
+        "domain.user_alice.action_readfile.resource"
+    );
+
+    let wild = |value: &str, flags: &str| {
+        format!(
+            "domain: test-domain\ndescriptors:\n  - key: wild\n    value: '{value}'\n{flags}    rate_limit: {{ unit: minute, requests_per_unit: 20 }}\n"
+        )
+    };
+    let foo1 = [("wild", "foo1")];
+    assert_eq!(stat(&wild("foo*", ""), &foo1), "test-domain.wild_foo*");
+    assert_eq!(
+        stat(&wild("foo*", "    value_to_metric: true\n"), &foo1),
+        "test-domain.wild_foo1"
+    );
+    assert_eq!(
+        stat(&wild("foo*", "    share_threshold: true\n"), &foo1),
+        "test-domain.wild_foo*"
+    );
+    assert_eq!(
+        stat(
+            &wild(
+                "foo*",
+                "    share_threshold: true\n    value_to_metric: true\n"
+            ),
+            &foo1
+        ),
+        "test-domain.wild_foo*"
+    );
+    for value in ["foo123bar456", "fooXbarY"] {
+        assert_eq!(
+            stat(&wild("foo*bar*", ""), &[("wild", value)]),
+            "test-domain.wild_foo*bar*"
+        );
+    }
+    assert_eq!(
+        stat(
+            &wild("foo*bar*", "    value_to_metric: true\n"),
+            &[("wild", "foo123bar456")]
+        ),
+        "test-domain.wild_foo123bar456"
+    );
+    let other = "
+domain: test-domain
+descriptors:
+  - key: wild
+    value: foo*
+    descriptors:
+      - key: other
+        value_to_metric: true
+        descriptors:
+          - key: limit
+            rate_limit: { unit: minute, requests_per_unit: 20 }
+";
+    assert_eq!(
+        stat(other, &[("wild", "foo1"), ("other", "bar"), ("limit", "X")]),
+        "test-domain.wild_foo*.other_bar.limit"
+    );
+}
+
+/// `TestDetailedMetric`: its inline configurations as YAML.
+#[test]
+fn detailed_metric_names() {
+    let nested = |detailed_1: bool, detailed_2: bool| {
+        format!(
+            "
+domain: nested
+descriptors:
+  - key: key-1
+    detailed_metric: {detailed_1}
+    rate_limit: {{ unit: minute, requests_per_unit: 100 }}
+    descriptors:
+      - key: key-2
+        detailed_metric: {detailed_2}
+        rate_limit: {{ unit: minute, requests_per_unit: 5 }}
+"
+        )
+    };
+    let top = [("key-1", "value-1")];
+    let both = [("key-1", "value-1"), ("key-2", "value-2")];
+    assert_eq!(stat(&nested(true, false), &top), "nested.key-1_value-1");
+    assert_eq!(stat(&nested(false, false), &top), "nested.key-1");
+    assert_eq!(
+        stat(&nested(true, true), &both),
+        "nested.key-1_value-1.key-2_value-2"
+    );
+    assert_eq!(stat(&nested(false, false), &both), "nested.key-1.key-2");
+
+    let realistic = "
+domain: nested
+descriptors:
+  - key: key_1
+    detailed_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 500 }
+  - key: key_1
+    value: some-value-for-key-1
+    rate_limit: { unit: minute, requests_per_unit: 500 }
+  - key: key_2
+    detailed_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 5000 }
+    descriptors:
+      - key: key_3
+        detailed_metric: true
+      - key: key_3
+        value: requested-key3-value
+        detailed_metric: true
+        rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: key_2
+    value: specific-id
+    detailed_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 50000 }
+    descriptors:
+      - key: key_3
+        detailed_metric: true
+      - key: key_3
+        value: requested-key3-value
+        detailed_metric: true
+        rate_limit: { unit: minute, requests_per_unit: 100 }
+";
+    assert_eq!(
+        stat(realistic, &[("key_1", "value-for-key-1")]),
+        "nested.key_1_value-for-key-1"
+    );
+    assert_eq!(
+        stat(realistic, &[("key_2", "key-2-value")]),
+        "nested.key_2_key-2-value"
+    );
+    assert_eq!(
+        stat(
+            realistic,
+            &[("key_2", "key-2-value"), ("key_3", "requested-key3-value")]
+        ),
+        "nested.key_2_key-2-value.key_3_requested-key3-value"
+    );
+}
