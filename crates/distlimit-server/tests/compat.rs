@@ -286,53 +286,54 @@ fn share_threshold() {
         expect(&c, &[("files", value)], 100, m, "test-domain.files_files/*");
         assert_eq!(counter(&c, &[("files", value)]), ["files/*"]);
     }
-    // share_threshold wins over value_to_metric and detailed_metric in names.
-    let route = [("route", "api/v1"), ("method", "GET")];
-    expect(&c, &route, 60, m, "test-domain.route_api/*.method");
-    assert_eq!(counter(&c, &route), ["api/*", "GET"]);
-    let service = [("service", "svc/users"), ("endpoint", "get")];
-    expect(
-        &c,
-        &service,
-        80,
-        m,
-        "test-domain.service_svc/*.endpoint_get",
-    );
-    assert_eq!(counter(&c, &service), ["svc/*", "get"]);
-    let nested = [("nested", "parent"), ("files", "nested/file1.txt")];
-    expect(
-        &c,
-        &nested,
-        200,
-        m,
-        "test-domain.nested_parent.files_nested/*",
-    );
-    assert_eq!(counter(&c, &nested), ["parent", "nested/*"]);
-    let both = [("files", "top/a"), ("files", "nested/b")];
-    expect(&c, &both, 300, m, "test-domain.files_top/*.files_nested/*");
-    assert_eq!(counter(&c, &both), ["top/*", "nested/*"]);
-    let mixed = [("path", "path/a"), ("file", "file/b"), ("type", "pdf")];
-    expect(
-        &c,
-        &mixed,
-        120,
-        m,
-        "test-domain.path_path/*.file_file/*.type",
-    );
-    assert_eq!(counter(&c, &mixed), ["path/*", "file/b", "pdf"]);
-    let two = [
-        ("user", "user/1"),
-        ("resource", "res/2"),
-        ("action", "read"),
+    // (entries, limit, name, counter values): share_threshold wins over value_to_metric and
+    // detailed_metric in names; a shared wildcard at any level keys the counter by its pattern.
+    let cases: [(&[(&str, &str)], u32, &str, &[&str]); 6] = [
+        (
+            &[("route", "api/v1"), ("method", "GET")],
+            60,
+            "test-domain.route_api/*.method",
+            &["api/*", "GET"],
+        ),
+        (
+            &[("service", "svc/users"), ("endpoint", "get")],
+            80,
+            "test-domain.service_svc/*.endpoint_get",
+            &["svc/*", "get"],
+        ),
+        (
+            &[("nested", "parent"), ("files", "nested/file1.txt")],
+            200,
+            "test-domain.nested_parent.files_nested/*",
+            &["parent", "nested/*"],
+        ),
+        (
+            &[("files", "top/a"), ("files", "nested/b")],
+            300,
+            "test-domain.files_top/*.files_nested/*",
+            &["top/*", "nested/*"],
+        ),
+        (
+            &[("path", "path/a"), ("file", "file/b"), ("type", "pdf")],
+            120,
+            "test-domain.path_path/*.file_file/*.type",
+            &["path/*", "file/b", "pdf"],
+        ),
+        (
+            &[
+                ("user", "user/1"),
+                ("resource", "res/2"),
+                ("action", "read"),
+            ],
+            150,
+            "test-domain.user_user/*.resource_res/*.action",
+            &["user/*", "res/*", "read"],
+        ),
     ];
-    expect(
-        &c,
-        &two,
-        150,
-        m,
-        "test-domain.user_user/*.resource_res/*.action",
-    );
-    assert_eq!(counter(&c, &two), ["user/*", "res/*", "read"]);
+    for (entries, rpu, name, values) in cases {
+        expect(&c, entries, rpu, m, name);
+        assert_eq!(counter(&c, entries), values);
+    }
     // An exact value comes before the shared wildcard.
     expect(&c, &[("file", "test1")], 50, m, "test-domain.file_test1");
     assert_eq!(counter(&c, &[("file", "test1")]), ["test1"]);
@@ -340,34 +341,34 @@ fn share_threshold() {
         expect(&c, &[("file", value)], 100, m, "test-domain.file_test*");
         assert_eq!(counter(&c, &[("file", value)]), ["test*"]);
     }
-    for value in ["/api/v1", "/api/users/v1", "/apiv1"] {
-        expect(
-            &c,
-            &[("midpath", value)],
+    // Middle and multiple wildcards: (key, values that match, limit, name, a value that does not).
+    for (key, values, rpu, name, other) in [
+        (
+            "midpath",
+            &["/api/v1", "/api/users/v1", "/apiv1"][..],
             100,
-            m,
             "test-domain.midpath_/api*v1",
-        );
-    }
-    assert_eq!(limit_of(&c, &[("midpath", "/api/v2")]), None);
-    for value in ["svcAepBrpc", "svc-users-ep-get-rpc"] {
-        expect(
-            &c,
-            &[("multiroute", value)],
+            "/api/v2",
+        ),
+        (
+            "multiroute",
+            &["svcAepBrpc", "svc-users-ep-get-rpc"],
             50,
-            m,
             "test-domain.multiroute_svc*ep*rpc",
-        );
-    }
-    assert_eq!(limit_of(&c, &[("multiroute", "svcABCrpc")]), None);
-    for value in ["/api/v2", "/api-beta-v2"] {
-        expect(
-            &c,
-            &[("midroute", value)],
+            "svcABCrpc",
+        ),
+        (
+            "midroute",
+            &["/api/v2", "/api-beta-v2"],
             80,
-            m,
             "test-domain.midroute_/api*v2",
-        );
+            "/api/v1",
+        ),
+    ] {
+        for value in values {
+            expect(&c, &[(key, value)], rpu, m, name);
+        }
+        assert_eq!(limit_of(&c, &[(key, other)]), None);
     }
     let tenant = [("tenant", "t-acme-prod"), ("resource", "res-x-v2")];
     expect(

@@ -7,30 +7,6 @@ mod support;
 use distlimit_server::Reload;
 use support::*;
 
-fn limit_of(rpu: u32) -> String {
-    format!(
-        "
-domain: d
-descriptors:
-  - key: user
-    rate_limit: {{ unit: hour, requests_per_unit: {rpu} }}
-"
-    )
-}
-
-async fn configured_limit(server: &Running) -> Option<u32> {
-    let mut client = server.client().await;
-    let answer = call(
-        &mut client,
-        request("d", vec![descriptor(&[("user", "r")])]),
-    )
-    .await;
-    answer.statuses[0]
-        .current_limit
-        .as_ref()
-        .map(|l| l.requests_per_unit)
-}
-
 #[cfg(unix)]
 #[tokio::test]
 async fn a_configmap_whose_data_vanished_keeps_the_running_limits() {
