@@ -288,7 +288,8 @@ fn share_threshold() {
     }
     // (entries, limit, name, counter values): share_threshold wins over value_to_metric and
     // detailed_metric in names; a shared wildcard at any level keys the counter by its pattern.
-    let cases: [(&[(&str, &str)], u32, &str, &[&str]); 6] = [
+    type Case<'a> = (&'a [(&'a str, &'a str)], u32, &'a str, &'a [&'a str]);
+    let cases: [Case<'_>; 6] = [
         (
             &[("route", "api/v1"), ("method", "GET")],
             60,
