@@ -5,6 +5,8 @@
 //! Deliberate differences are listed in the crate README ("Compatibility").
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use distlimit_server::config::{Match, RuleLimit, Unit};
@@ -688,4 +690,64 @@ descriptors:
         ),
         "nested.key_2_key-2-value.key_3_requested-key3-value"
     );
+}
+
+/// The fixtures served by the server over gRPC answer as envoyproxy/ratelimit's service does:
+/// the limit each descriptor lands on, OK without a limit where none applies, unlimited with
+/// the largest remaining count, and the first over-limit request denied.
+#[tokio::test]
+async fn fixtures_served_over_grpc() {
+    use support::*;
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["basic_config.yaml", "share_threshold.yaml"] {
+        let yaml = std::fs::read_to_string(fixture(name)).unwrap();
+        // One domain per file: the second fixture is served under its own domain.
+        let yaml = yaml.replacen("domain: test-domain", &format!("domain: {name}"), 1);
+        std::fs::write(dir.path().join(name), yaml).unwrap();
+    }
+    let server = Running::with_config(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    let basic = "basic_config.yaml";
+    let one = |entries: &[(&str, &str)]| request(basic, vec![descriptor(entries)]);
+
+    let answer = call(&mut client, one(&[("key1", "value1"), ("subkey1", "x")])).await;
+    assert_eq!(answer.overall_code, OK);
+    let limit = answer.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (5, 1)); // SECOND
+    for entries in [
+        &[("key2", "value3")][..],
+        &[("key1", "value1")],
+        &[("nope", "x")],
+    ] {
+        let answer = call(&mut client, one(entries)).await;
+        assert_eq!(answer.overall_code, OK, "{entries:?}");
+        assert_eq!(answer.statuses[0].current_limit, None, "{entries:?}");
+    }
+    let unlimited = call(&mut client, one(&[("key6", "x")])).await;
+    assert_eq!(unlimited.statuses[0].limit_remaining, u32::MAX);
+    // key3: one an hour (both requests in one window).
+    align(3_600, std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        call(&mut client, one(&[("key3", "a")])).await.overall_code,
+        OK
+    );
+    let denied = call(&mut client, one(&[("key3", "a")])).await;
+    assert_eq!(denied.overall_code, OVER_LIMIT);
+    assert_eq!(
+        call(&mut client, one(&[("key3", "b")])).await.overall_code,
+        OK
+    );
+    // The share_threshold fixture is served too (its counters are shared once the decision
+    // applies `Match::counter_entries`).
+    let shared = call(
+        &mut client,
+        request(
+            "share_threshold.yaml",
+            vec![descriptor(&[("files", "files/a")])],
+        ),
+    )
+    .await;
+    let limit = shared.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(limit.requests_per_unit, 100);
+    server.stop().await;
 }
