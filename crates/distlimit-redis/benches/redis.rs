@@ -17,7 +17,7 @@
 //!   coalescing off and on (the default), side by side, and over the pool mode with as many connections as there are tasks (its rows show the `PING`s the pool
 //!   sent per decision, from `INFO commandstats`: 0 since the pool's manager does not ping). Each run
 //!   stops after a fixed number of decisions or [`RUN_LIMIT`], whichever comes first.
-//! * `ceiling`: `redis-benchmark -c C -P 1 -r 100000 evalsha <sha> 1 <key> <ARGV>` with exactly
+//! * `ceiling`: `redis-benchmark -c C -P 1 -r 100000 -x evalsha <sha> 1 <key> < ARGV` with exactly
 //!   the key layout and `ARGV` the driver sends (`script.rs`, "Arguments"): C connections with
 //!   one request each. At 256 in flight also `-c 16 -P 16` (`pipelined`), closer to what one
 //!   multiplexed connection does (many requests per read and write).
@@ -55,7 +55,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use distlimit_core::{Algorithm, Key, Limit, Quota, Request, Store};
-use distlimit_redis::{RedisStore, script};
+use distlimit_redis::RedisStore;
+use distlimit_redis::test_hook as script;
 use distlimit_test::server::{self, RedisServer};
 use redis::aio::{ConnectionLike, ConnectionManager};
 
@@ -619,7 +620,7 @@ async fn serial_comparison(
         Serial::Ours(Algorithm::Gcra, false),
         Serial::Raw(
             Some(Algorithm::Gcra),
-            load(&mut conn, script::script_source(Algorithm::Gcra).unwrap()).await,
+            load(&mut conn, script::script_source()).await,
         ),
     ];
     let mut results: Vec<(Vec<u64>, usize, Duration)> = series
@@ -716,25 +717,11 @@ fn summarize(
     }
 }
 
-/// The `ARGV` the driver sends for one request of cost 1 under `limit` with server time
-/// (`script.rs`, "Arguments"): `""`, cost, then the algorithm's parameters.
-fn driver_argv(limit: &Limit) -> Vec<String> {
-    let q = limit.quota();
-    let params: Vec<u64> = match limit.algorithm() {
-        Algorithm::TokenBucket => {
-            let (rate, unit) = q.refill_units();
-            vec![q.burst(), rate, unit]
-        }
-        Algorithm::Gcra => vec![q.burst(), q.emission_interval_us()],
-        Algorithm::SlidingWindow => {
-            let (gr, steps) = q.window_granule();
-            vec![q.limit(), q.period_us(), gr, steps]
-        }
-        _ => vec![q.limit(), q.period_us()],
-    };
-    let mut argv = vec![String::new(), "1".to_owned()];
-    argv.extend(params.iter().map(u64::to_string));
-    argv
+/// The `ARGV[1]` the driver sends for one request of cost 1 under `limit` with server time
+/// (`script.rs`, "Arguments"): one string of doubles, given to `redis-benchmark` on its
+/// standard input (`-x`, it holds zero bytes).
+fn driver_argv(limit: &Limit) -> Vec<u8> {
+    script::single_argument(limit, 1, script::TimeSource::Server).unwrap()
 }
 
 /// The driver's Redis key for a 12-digit identity, as a `redis-benchmark -r` pattern.
@@ -779,9 +766,7 @@ async fn measure_raw<C: ConnectionLike + Send>(
         let t = Instant::now();
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(1).arg(key.as_bytes());
-        for a in &argv {
-            cmd.arg(a.as_str());
-        }
+        cmd.arg(argv.as_slice());
         let _: redis::Value = cmd.query_async(conn).await.unwrap();
         latencies.push(t.elapsed().as_nanos() as u64);
     }
@@ -811,7 +796,7 @@ fn redis_benchmark(
     (clients, pipeline): (usize, usize),
     count: usize,
 ) -> Row {
-    let sha = script::script_sha1(limit.algorithm()).unwrap();
+    let sha = script::script_sha1();
     let mut cmd = Command::new(bin);
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-n", &count.to_string()])
@@ -825,12 +810,16 @@ fn redis_benchmark(
             "3",
             "--csv",
         ])
-        .args(["evalsha", sha, "1", &key_pattern(store)])
-        .args(driver_argv(&limit))
-        .stdin(Stdio::null())
+        .args(["-x", "evalsha", sha, "1", &key_pattern(store)])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("could not start redis-benchmark");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&driver_argv(&limit)).unwrap();
+    }
     let deadline = Instant::now() + RUN_LIMIT * 4;
     loop {
         if child.try_wait().unwrap().is_some() {

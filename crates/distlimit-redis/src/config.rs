@@ -246,7 +246,7 @@ impl RedisStoreBuilder {
     }
 
     /// Judge requests by `clock` instead of Redis' `TIME`: the time is read from it for every
-    /// call and passed to the script ([`TimeSource::Client`](crate::script::TimeSource::Client)).
+    /// call and passed to the script, instead of the script reading `TIME`.
     /// Meant for deterministic tests (with a [`ManualClock`](distlimit_core::ManualClock)); in
     /// production, clients with skewed clocks would over-admit.
     pub fn client_clock(mut self, clock: impl Clock + 'static) -> Self {
