@@ -70,9 +70,9 @@
 //!
 //! # Reply
 //!
-//! One string: per group its payload (a decision is five doubles, `allowed` (1 or 0), `limit`,
-//! `remaining`, `reset_after` µs, `retry_after` µs: 40 bytes; a failed group's error message,
-//! after its length), then one status byte per group. A string rather than an array of integers
+//! One string: per group a status byte and its payload (a decision is five doubles, `allowed` (1
+//! or 0), `limit`, `remaining`, `reset_after` µs, `retry_after` µs: 40 bytes; a failed group's
+//! error message, after its length). A string rather than an array of integers
 //! because Redis 7.0 converts a Lua array into a reply for about 0.45 µs, a tenth of a decision's
 //! cost inside Redis, and a string for next to nothing. It is parsed strictly: a reply of another
 //! type or length, a value that is not an integer in `[0, 2^53)`, or fields that contradict each
@@ -134,8 +134,9 @@
 //!
 //! The Lua lives in `src/scripts/`, each piece written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, `refund.lua` and `lease.lua` (one function each), and `entry.lua`, the
-//! main. The script text is put together at compile time (`concat!(include_str!(…))`).
+//! `decide_<algorithm>`, `refund.lua` and `lease.lua` (one function each), and the main in two
+//! parts, `entry.lua` (the call of one request alone, the common one) and `entry_groups.lua` (the
+//! general path). The script text is put together at compile time (`concat!(include_str!(…))`).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -267,7 +268,8 @@ impl Expect {
     }
 }
 
-/// The entry script: the prelude, every algorithm, the refund and lease functions, the main.
+/// The entry script: the prelude, every algorithm, the main with the call of one request, the
+/// refund and lease functions, the general path.
 const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/prelude.lua"),
     include_str!("scripts/token_bucket.lua"),
@@ -275,9 +277,10 @@ const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/fixed_window.lua"),
     include_str!("scripts/sliding_log.lua"),
     include_str!("scripts/sliding_window.lua"),
+    include_str!("scripts/entry.lua"),
     include_str!("scripts/refund.lua"),
     include_str!("scripts/lease.lua"),
-    include_str!("scripts/entry.lua"),
+    include_str!("scripts/entry_groups.lua"),
 );
 
 /// The entry script's SHA-1, as `EVALSHA` names it.
@@ -625,7 +628,11 @@ impl<'a> Call<'a> {
             }
             other => other,
         };
-        let mut answers = self.parse(reply.map_err(|e| map_error(e, &[]))?)?;
+        let reply = reply.map_err(|e| {
+            let keys: Vec<&[u8]> = self.groups.iter().flat_map(|g| g.key_slices()).collect();
+            map_error(e, &keys)
+        })?;
+        let mut answers = self.parse(reply)?;
         if let [Err(_)] = answers.as_slice()
             && let Some(Err(e)) = answers.pop()
         {
@@ -705,22 +712,19 @@ impl<'a> Call<'a> {
                 describe(&reply)
             )));
         };
-        let groups = self.groups.len();
-        let Some(split) = bytes.len().checked_sub(groups) else {
-            return Err(protocol("the script answered too few bytes".into()));
-        };
         let cut = || protocol("the script's reply is cut short".into());
-        let (mut body, status) = bytes.split_at(split);
-        let mut out = Vec::with_capacity(groups);
-        for (group, &status) in self.groups.iter().zip(status) {
+        let mut body = bytes.as_slice();
+        let mut out = Vec::with_capacity(self.groups.len());
+        for group in &self.groups {
+            let (&status, rest) = body.split_first().ok_or_else(cut)?;
             match status {
                 b'o' => {
-                    let (part, rest) = body.split_at_checked(group.reply_len()).ok_or_else(cut)?;
+                    let (part, rest) = rest.split_at_checked(group.reply_len()).ok_or_else(cut)?;
                     body = rest;
                     out.push(group.answer(part));
                 }
                 b'e' => {
-                    let (len, rest) = body.split_first_chunk::<4>().ok_or_else(cut)?;
+                    let (len, rest) = rest.split_first_chunk::<4>().ok_or_else(cut)?;
                     let len = u32::from_be_bytes(*len) as usize;
                     let (message, rest) = rest.split_at_checked(len).ok_or_else(cut)?;
                     body = rest;
@@ -1049,7 +1053,7 @@ mod tests {
     fn the_script_is_built_from_its_parts() {
         let source = script_source();
         assert!(source.starts_with(include_str!("scripts/prelude.lua")));
-        assert!(source.ends_with(include_str!("scripts/entry.lua")));
+        assert!(source.ends_with(include_str!("scripts/entry_groups.lua")));
         for name in [
             "token_bucket",
             "gcra",

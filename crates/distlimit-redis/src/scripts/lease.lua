@@ -1,13 +1,13 @@
 -- Leases (op 5 of entry.lua): distlimit_core::Limit::give_back then Limit::take on `key`, at one
 -- instant: give back `back` unspent units (at most 2^52, capped here at the burst of the key's
 -- state), then withdraw up to `want` (at most the capacity) of the units available. `algorithm`
--- is 1 (token bucket) or 2 (GCRA), `p` its parameters (as for decide_<algorithm>), `expiry` the
+-- is 1 (token bucket) or 2 (GCRA), p1, p2, p3 its parameters (as for decide_<algorithm>), `expiry` the
 -- call's server time in ms and `slack` the client-time slack: keys expire at `expiry` plus their
 -- TTL, as every write of entry.lua.
 -- Returns granted, then the five decision fields (what decide_<algorithm> answers for a request
 -- of the units granted, or its peek when nothing was granted), as six big-endian doubles; or
 -- nil, message. The give-back helpers are local to it, so calls without a lease never build them.
-local function lease(key, algorithm, p, now, back, want, expiry, slack)
+local function lease(key, algorithm, p1, p2, p3, now, back, want, expiry, slack)
   -- Writes `state` with the TTL of a state that may be forgotten `ttl` µs from now, or deletes
   -- the key when that is not in the future (the state then decides like a fresh one).
   local function store(state, ttl)
@@ -24,7 +24,7 @@ local function lease(key, algorithm, p, now, back, want, expiry, slack)
   -- Token bucket (TokenBucket::give_back): the deficit at `now` less `units` tokens, at least 0.
   -- A key without a state, or with another algorithm's, is full already: nothing changes.
   local function give_back_token_bucket(units)
-    local burst, rate, unit = p[1], p[2], p[3]
+    local burst, rate, unit = p1, p2, p3
     local v = redis.call('GET', key)
     if v and #v == 41 and string.byte(v) == 1 then
       local _, _, wb, wr, wu = struct.unpack('>ddddd', v, 2)
@@ -61,7 +61,7 @@ local function lease(key, algorithm, p, now, back, want, expiry, slack)
   -- GCRA (Gcra::give_back): the arrival time moves back by units * T, never before now. A key
   -- without a state, or with another algorithm's, is full already: nothing changes.
   local function give_back_gcra(units)
-    local burst, t = p[1], p[2]
+    local burst, t = p1, p2
     local v = redis.call('GET', key)
     if v and #v == 25 and string.byte(v) == 2 then
       local _, wb, wt = struct.unpack('>ddd', v, 2)
@@ -101,7 +101,7 @@ local function lease(key, algorithm, p, now, back, want, expiry, slack)
     end
   end
   -- A peek: `remaining` is what is available now.
-  local a, l, r, rs, rt = decide(key, p, 1, now, 0)
+  local a, l, r, rs, rt = decide(key, now, 0, p1, p2, p3)
   if not a then
     return nil, l
   end
@@ -111,7 +111,7 @@ local function lease(key, algorithm, p, now, back, want, expiry, slack)
   end
   if granted > 0 then
     local state
-    a, l, r, rs, rt, state = decide(key, p, 1, now, granted)
+    a, l, r, rs, rt, state = decide(key, now, granted, p1, p2, p3)
     if not a then
       return nil, l
     end

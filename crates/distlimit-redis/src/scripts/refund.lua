@@ -1,12 +1,12 @@
 -- Refunds (op 4 of entry.lua): gives back what an all-or-nothing batch charged on `key`, after a
--- later group of the same request (in another Cluster slot) denied it. `algorithm` and `p` (the
--- four parameter slots) are those of the charge, `cost` its cost and `at` the time (µs, same
+-- later group of the same request (in another Cluster slot) denied it. `algorithm` and p1, p2,
+-- p3 (its first parameters) are those of the charge, `cost` its cost and `at` the time (µs, same
 -- clock as `now`) it was decided at. Never gives back more than the state can still owe the
 -- charge, so a refund never admits more than deciding without the charge would have; it may give
 -- back less (the refill or expiry since the charge is not credited twice). A value that is not a
 -- state of the key's algorithm is left alone. Writes keep the key's TTL (the charge's, at least
 -- what the refunded state needs).
-local function refund(key, algorithm, p, cost, at, now)
+local function refund(key, algorithm, p1, p2, p3, cost, at, now)
   local elapsed = now - at
   if elapsed < 0 then
     elapsed = 0
@@ -18,9 +18,9 @@ local function refund(key, algorithm, p, cost, at, now)
     -- Only states stamped with the charge's parameters (see the prelude): a state carried
     -- over to other parameters since is left alone. The stamp is kept as it is.
     if algorithm == 1 and tag == 1 and len == 41 and string.sub(v, 18) == struct.pack('>ddd',
-        p[1], p[2], p[3]) then
+        p1, p2, p3) then
       -- Token bucket: the deficit is additive; at most elapsed * rate of the charge refilled.
-      local rate, unit = p[2], p[3]
+      local rate, unit = p2, p3
       local charged, credit = cost * unit, 0
       if elapsed < math.ceil(charged / rate) then
         credit = charged - elapsed * rate
@@ -42,16 +42,16 @@ local function refund(key, algorithm, p, cost, at, now)
         new = struct.pack('>Bdd', 1, deficit, last) .. string.sub(v, 18)
       end
     elseif algorithm == 2 and tag == 2 and len == 25
-        and string.sub(v, 10) == struct.pack('>dd', p[1], p[2]) then
+        and string.sub(v, 10) == struct.pack('>dd', p1, p2) then
       -- GCRA: the theoretical arrival time moved by cost * T, less any time it was idle since.
-      local credit = cost * p[2] - elapsed
+      local credit = cost * p2 - elapsed
       if credit > 0 then
         new = struct.pack('>Bd', 2, struct.unpack('>d', v, 2) - credit) .. string.sub(v, 10)
       end
     elseif algorithm == 3 and tag == 3 and len == 25
-        and string.sub(v, 18) == struct.pack('>d', p[2]) then
+        and string.sub(v, 18) == struct.pack('>d', p2) then
       -- Fixed window: only while the charge's window is the stored one.
-      local period = p[2]
+      local period = p2
       local start, count = struct.unpack('>dd', v, 2)
       if start == at - at % period then
         count = count - cost
@@ -61,9 +61,9 @@ local function refund(key, algorithm, p, cost, at, now)
         new = struct.pack('>Bdd', 3, start, count) .. string.sub(v, 18)
       end
     elseif algorithm == 5 and tag == 5 and len == 33
-        and string.sub(v, 26) == struct.pack('>d', p[2]) then
+        and string.sub(v, 26) == struct.pack('>d', p2) then
       -- Sliding window: the charge is in the current window's count, or the previous one's.
-      local period = p[2]
+      local period = p2
       local start, prev, cur = struct.unpack('>ddd', v, 2)
       local s = at - at % period
       if start == s then
