@@ -77,7 +77,7 @@ impl fmt::Debug for Coalescer {
     }
 }
 
-/// A call slot held by a caller that sends its own script; freed on drop (also when the
+/// A call slot held by a caller that sends its own call; freed on drop (also when the
 /// caller's future is dropped), handing the slot to the queue if anyone waits.
 pub(crate) struct Slot<'a> {
     coalescer: &'a Arc<Coalescer>,
@@ -112,7 +112,7 @@ impl Coalescer {
     }
 
     /// A free call slot for hash slot `slot` (0 on one server), if there is one: the caller
-    /// then sends its own script at once.
+    /// then sends its own call at once.
     pub(crate) fn slot(self: &Arc<Self>, slot: u16) -> Option<Slot<'_>> {
         let mut queues = self.lock();
         let queue = queues.by_slot.entry(slot).or_default();

@@ -180,7 +180,7 @@ impl RedisStoreBuilder {
 
     /// Coalesce script calls (on by default): when every call slot is taken (see
     /// [`coalesce_in_flight`](Self::coalesce_in_flight)), the decisions waiting for one are sent
-    /// as one script call that decides each exactly as its own script would, in arrival order.
+    /// as one script call that decides each exactly as a call of its own would, in arrival order.
     /// A decision that finds a free slot is sent at once, alone, so nothing waits at low load.
     /// In a Cluster, per hash slot. See the [crate documentation](crate#coalesced-script-calls).
     pub fn coalesce(mut self, on: bool) -> Self {

@@ -40,7 +40,7 @@ pub struct RedisStore {
 
 struct Inner {
     backend: Arc<Backend>,
-    /// Coalesces script calls; `None` when off (and in a Cluster).
+    /// Coalesces script calls; `None` when off.
     coalescer: Option<Arc<Coalescer>>,
     layout: KeyLayout,
     clock: Option<Arc<dyn Clock>>,
@@ -287,7 +287,7 @@ impl RedisStore {
     }
 
     /// A Cluster batch whose keys live in several slots (a global tier next to a key's tiers):
-    /// one all-or-nothing script per slot, in the order the slots first appear in the batch;
+    /// one all-or-nothing call per slot, in the order the slots first appear in the batch;
     /// once a group denies, the groups before it are given their units back and the rest are
     /// only evaluated. See the crate documentation, "Batches across Cluster slots".
     async fn decide_across_slots(

@@ -50,10 +50,17 @@ if #blob == 96 then
       return struct.pack('>BI4', 101, #l) .. l
     end
     if state then
+      -- As `write` below, which this call does not build.
       redis.call('SET', key, state, 'PXAT', string.format('%d', expiry + math.ceil(rs / 1000) + slack))
     end
     -- 111: 'o'.
     return struct.pack('>Bddddd', 111, allowed, l, r, rs, rt)
   end
+end
+
+-- Writes `state` at `key` for a decision whose reset_after is `reset` µs: the key expires at the
+-- call's instant (ms, rounded up) plus ceil(reset / 1000) ms, plus the client-time slack.
+local function write(key, state, reset, slack)
+  redis.call('SET', key, state, 'PXAT', string.format('%d', expiry + math.ceil(reset / 1000) + slack))
 end
 

@@ -3,18 +3,20 @@
 -- One request on `key` of the limit at P[b] (algorithm, then its parameters): its decision, and
 -- its state written when it has one (admitted with a cost, or carried over from other parameters).
 local function one(key, P, b, now, slack, cost)
-  local a, l, r, rs, rt, state = algorithms[P[b]](key, now, cost, P[b + 1], P[b + 2], P[b + 3], P[b + 4])
+  local a, l, r, rs, rt, state = algorithms[P[b]](key, now, cost, P[b + 1], P[b + 2], P[b + 3],
+    P[b + 4])
   if not a then
     return nil, l
   end
   if state then
-    redis.call('SET', key, state, 'PXAT', string.format('%d', expiry + math.ceil(rs / 1000) + slack))
+    write(key, state, rs, slack)
   end
   return struct.pack('>ddddd', a, l, r, rs, rt)
 end
 
--- A batch of n requests on KEYS[k ..], limits at P[bs[j]], costs `cs`: every request is evaluated first (no writes), and only if every one is allowed (and
--- `commit`) are the admitted states written; otherwise the requests that alone would pass are
+-- A batch of n requests on KEYS[k ..], limits at P[bs[j]], costs `cs`: every request is
+-- evaluated first (no writes), and only if every one is allowed (and `commit`) are the admitted
+-- states written; otherwise the requests that alone would pass are
 -- answered as peeks (cost 0), since nothing was charged.
 local function all(k, P, bs, cs, now, slack, n, commit)
   local out, states, resets, allowed = {}, {}, {}, {}
@@ -34,8 +36,7 @@ local function all(k, P, bs, cs, now, slack, n, commit)
   if commit then
     for j = 1, n do
       if states[j] then
-        redis.call('SET', KEYS[k + j - 1], states[j], 'PXAT',
-          string.format('%d', expiry + math.ceil(resets[j] / 1000) + slack))
+        write(KEYS[k + j - 1], states[j], resets[j], slack)
       end
     end
   else
@@ -104,7 +105,7 @@ while pos <= size do
     l, back, want, pos = struct.unpack('>ddd', blob, pos)
     local b = 5 * l - 4
     ok, reply, err = pcall(lease, KEYS[k], P[b], P[b + 1], P[b + 2], P[b + 3], now, back, want,
-      expiry, slack)
+      slack)
   end
   k = k + n
   g = g + 2

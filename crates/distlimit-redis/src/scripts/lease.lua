@@ -1,18 +1,17 @@
 -- Leases (op 5 of entry.lua): distlimit_core::Limit::give_back then Limit::take on `key`, at one
 -- instant: give back `back` unspent units (at most 2^52, capped here at the burst of the key's
 -- state), then withdraw up to `want` (at most the capacity) of the units available. `algorithm`
--- is 1 (token bucket) or 2 (GCRA), p1, p2, p3 its parameters (as for decide_<algorithm>), `expiry` the
--- call's server time in ms and `slack` the client-time slack: keys expire at `expiry` plus their
--- TTL, as every write of entry.lua.
+-- is 1 (token bucket) or 2 (GCRA), p1, p2, p3 its parameters (as for decide_<algorithm>) and
+-- `slack` the client-time slack; writes go through entry.lua's `write`.
 -- Returns granted, then the five decision fields (what decide_<algorithm> answers for a request
 -- of the units granted, or its peek when nothing was granted), as six big-endian doubles; or
 -- nil, message. The give-back helpers are local to it, so calls without a lease never build them.
-local function lease(key, algorithm, p1, p2, p3, now, back, want, expiry, slack)
+local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
   -- Writes `state` with the TTL of a state that may be forgotten `ttl` µs from now, or deletes
   -- the key when that is not in the future (the state then decides like a fresh one).
   local function store(state, ttl)
     if ttl > 0 then
-      redis.call('SET', key, state, 'PXAT', string.format('%d', expiry + math.ceil(ttl / 1000) + slack))
+      write(key, state, ttl, slack)
     else
       redis.call('DEL', key)
     end
@@ -116,7 +115,7 @@ local function lease(key, algorithm, p1, p2, p3, now, back, want, expiry, slack)
       return nil, l
     end
     if state then
-      redis.call('SET', key, state, 'PXAT', string.format('%d', expiry + math.ceil(rs / 1000) + slack))
+      write(key, state, rs, slack)
     end
   end
   return struct.pack('>dddddd', granted, a, l, r, rs, rt)
