@@ -64,3 +64,17 @@ local function write(key, state, reset, slack)
   redis.call('SET', key, state, 'PXAT', string.format('%d', expiry + math.ceil(reset / 1000) + slack))
 end
 
+-- One request of `cost` on `key` by `decide` with parameters p1..p4: its decision as five
+-- doubles, and its state written when it has one (admitted with a cost, or carried over from
+-- other parameters); or nil, message.
+local function settle(key, decide, now, cost, slack, p1, p2, p3, p4)
+  local a, l, r, rs, rt, state = decide(key, now, cost, p1, p2, p3, p4)
+  if not a then
+    return nil, l
+  end
+  if state then
+    write(key, state, rs, slack)
+  end
+  return struct.pack('>ddddd', a, l, r, rs, rt)
+end
+

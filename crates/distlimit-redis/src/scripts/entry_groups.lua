@@ -1,19 +1,5 @@
 -- The entry script's general path (see entry.lua): any number of groups of any op.
 
--- One request on `key` of the limit at P[b] (algorithm, then its parameters): its decision, and
--- its state written when it has one (admitted with a cost, or carried over from other parameters).
-local function one(key, P, b, now, slack, cost)
-  local a, l, r, rs, rt, state = algorithms[P[b]](key, now, cost, P[b + 1], P[b + 2], P[b + 3],
-    P[b + 4])
-  if not a then
-    return nil, l
-  end
-  if state then
-    write(key, state, rs, slack)
-  end
-  return struct.pack('>ddddd', a, l, r, rs, rt)
-end
-
 -- A batch of n requests on KEYS[k ..], limits at P[bs[j]], costs `cs`: every request is
 -- evaluated first (no writes), and only if every one is allowed (and `commit`) are the admitted
 -- states written; otherwise the requests that alone would pass are
@@ -74,7 +60,9 @@ while pos <= size do
   if op == 0 then
     local l, cost
     l, cost, pos = struct.unpack('>dd', blob, pos)
-    ok, reply, err = pcall(one, KEYS[k], P, 5 * l - 4, now, slack, cost)
+    local b = 5 * l - 4
+    ok, reply, err = pcall(settle, KEYS[k], algorithms[P[b]], now, cost, slack, P[b + 1],
+      P[b + 2], P[b + 3], P[b + 4])
   elseif op <= 3 then
     local bs, cs = {}, {}
     for j = 1, n do

@@ -2,7 +2,7 @@
 -- instant: give back `back` unspent units (at most 2^52, capped here at the burst of the key's
 -- state), then withdraw up to `want` (at most the capacity) of the units available. `algorithm`
 -- is 1 (token bucket) or 2 (GCRA), p1, p2, p3 its parameters (as for decide_<algorithm>) and
--- `slack` the client-time slack; writes go through entry.lua's `write`.
+-- `slack` the client-time slack; writes go through entry.lua's `write` and `settle`.
 -- Returns granted, then the five decision fields (what decide_<algorithm> answers for a request
 -- of the units granted, or its peek when nothing was granted), as six big-endian doubles; or
 -- nil, message. The give-back helpers are local to it, so calls without a lease never build them.
@@ -109,14 +109,11 @@ local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
     granted = r
   end
   if granted > 0 then
-    local state
-    a, l, r, rs, rt, state = decide(key, now, granted, p1, p2, p3)
-    if not a then
-      return nil, l
+    local reply, err = settle(key, decide, now, granted, slack, p1, p2, p3)
+    if not reply then
+      return nil, err
     end
-    if state then
-      write(key, state, rs, slack)
-    end
+    return struct.pack('>d', granted) .. reply
   end
-  return struct.pack('>dddddd', granted, a, l, r, rs, rt)
+  return struct.pack('>dddddd', 0, a, l, r, rs, rt)
 end
