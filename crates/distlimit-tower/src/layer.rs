@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -176,7 +176,14 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
         }
         // Several limits, or a store to await: one all-or-nothing batch, awaited once.
         more.insert(0, first);
-        Start::Check(Box::pin(async move { self.check(&more).await }))
+        let mut check: CheckFuture = Box::pin(async move { self.check(&more).await });
+        // Polled once here (a future may be polled with any waker; the response future polls
+        // it with the task's from then on): a batch the store answers at once (the memory
+        // store's) is decided without a clone of the inner service.
+        match check.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(step) => Start::Decided(step),
+            Poll::Pending => Start::Check(check),
+        }
     }
 }
 
@@ -236,12 +243,15 @@ impl OwnedKey {
 ///    axum's `ConnectInfo<SocketAddr>` with feature `axum`, tonic's `TcpConnectInfo` with
 ///    feature `tonic`) and, through trusted proxies only, the forwarding header
 ///    ([`ClientIpResolver`]).
-/// 2. The [`PolicySelector`] names the policy; none lets the request through unchecked.
+/// 2. The [`PolicySelector`] names the policy; none lets the request through unchecked. With
+///    several limits ([`RateLimitLayerBuilder::and`]), each limit's selector, and a limit whose
+///    selector names none does not apply.
 /// 3. The [`KeyExtractor`] names the key. When the key needs the client IP and no peer address
 ///    is known (the server was not set up to record it), the request is answered 500 (gRPC
 ///    `INTERNAL`): a limiter that cannot tell clients apart must not quietly share one bucket.
 /// 4. The limiter charges the request's [cost](RateLimitLayerBuilder::cost) (one unit unless
-///    configured) and decides, within the timeout. Allowed: the inner service is called (with
+///    configured) and decides, within the timeout; several limits are one all-or-nothing batch
+///    ([`Limiter::check_all`]). Allowed: the inner service is called (with
 ///    rate-limit headers added to its response under [`RateLimitHeaders::Always`]). Denied:
 ///    429 with a problem document and `Retry-After`, or gRPC `RESOURCE_EXHAUSTED`. A store error
 ///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
@@ -251,7 +261,9 @@ impl OwnedKey {
 /// without waiting (`Store::decide_now`; the memory store does) decides there too
 /// ([`Limiter::check_now`](distlimit_policy::Limiter::check_now)), so the request goes on with
 /// nothing allocated and no clone of the inner service; otherwise the request allocates one
-/// boxed future (the limiter's check, which borrows the limiter, the policy and the key). Keys
+/// boxed future (the limiter's check, which borrows the limiter, the policies and the keys),
+/// polled once in `call`: a batch of several limits the store answers at once is decided
+/// there too, without a clone of the inner service. Keys
 /// are on the stack (IP) or share the header's bytes; no lock is taken. A request no policy
 /// applies to goes straight to the inner service, without a box or a clone of it.
 #[derive(Clone)]
