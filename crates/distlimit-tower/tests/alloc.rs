@@ -119,6 +119,9 @@ fn a_denied_request_allocates_little() {
     println!("two limits: allocations per admitted request {admitted}, per denied {denied}");
     // The layer's boxed future and its batch, and `Limiter::check_all`'s own (a regression
     // guard: what the batch allocates today, not a goal).
-    assert!(admitted <= 15.0, "{admitted} allocations per admitted request");
+    assert!(
+        admitted <= 15.0,
+        "{admitted} allocations per admitted request"
+    );
     assert!(denied <= 18.0, "{denied} allocations per denied request");
 }

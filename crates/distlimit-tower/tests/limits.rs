@@ -4,33 +4,14 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use distlimit_core::Store;
-use distlimit_policy::{Limiter, PolicySet};
 use distlimit_tower::{KeyExtractor, RateLimitHeaders, RateLimitLayer, RouteTable};
 use http::{HeaderName, StatusCode};
-use support::{frozen_store, get_path, serve};
+use support::{frozen_store, get_path, limiter, serve};
 
-/// Per client IP 3 an hour, per user 2 an hour; neither refills within a test (a frozen clock, 46 minutes into the hour's window).
-const POLICIES: &str = r#"
-[[policy]]
-name = "ip"
-tiers = [{ name = "hour", algorithm = "fixed_window", limit = 3, per = "1h" }]
-
-[[policy]]
-name = "user"
-tiers = [{ name = "hour", algorithm = "fixed_window", limit = 2, per = "1h" }]
-"#;
-
+/// The user's header. The shared policies `ip` (3 an hour) and `user` (2 an hour) never refill
+/// here.
 const USER: HeaderName = HeaderName::from_static("x-user-id");
-
-fn limiter<S: Store>(store: S) -> Arc<Limiter<S>> {
-    Arc::new(Limiter::new(
-        Arc::new(store),
-        PolicySet::from_toml_str(POLICIES).unwrap(),
-    ))
-}
 
 fn per_ip_and_user<S: Store + 'static>(store: S) -> RateLimitLayer {
     RateLimitLayer::builder(limiter(store), "ip")
