@@ -131,11 +131,13 @@ impl Computed {
             out.ratelimit = w.span(|s| push_ratelimit(s, shown));
             out.policy = w.span(|s| push_ratelimit_policy(s, shown));
         }
-        let tightest = shown
-            .tiers()
-            .map(|(_, t)| *t.decision())
-            .min_by_key(|d| d.remaining());
-        if legacy && let Some(d) = tightest {
+        let tightest = || {
+            shown
+                .tiers()
+                .map(|(_, t)| *t.decision())
+                .min_by_key(|d| d.remaining())
+        };
+        if legacy && let Some(d) = tightest() {
             let values = [d.limit(), d.remaining(), ceil_secs(d.reset_after())];
             out.legacy = values.map(|n| w.span(|s| push_u64(s, n)));
         }

@@ -137,11 +137,9 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
         );
         // The request's cost, computed once for every limit without a cost of its own.
         let mut shared_cost = None;
-        let mut first: Option<Check> = None;
-        let mut more: Vec<Check> = Vec::new();
-        for limit in &self.limits {
+        let mut check_of = |limit: &LimitSpec| -> Result<Option<Check>, Rejection> {
             let Some(policy) = limit.policy.select(&info) else {
-                continue;
+                return Ok(None);
             };
             let Some(key) = owned_key(&limit.key, &info, client_ip) else {
                 tracing::error!(
@@ -149,34 +147,62 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
                      (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
                 );
                 let detail = "The rate limiter cannot identify the client.";
-                return Start::Reject(Rejection::Misconfigured { detail });
+                return Err(Rejection::Misconfigured { detail });
             };
             let cost = match &limit.cost {
                 Some(cost) => cost(&info),
                 None => *shared_cost
                     .get_or_insert_with(|| self.cost.as_deref().map_or(1, |cost| cost(&info))),
             };
-            let check = Check { policy, key, cost };
-            match first {
-                None => first = Some(check),
-                Some(_) => more.push(check),
-            }
-        }
-        let Some(first) = first else {
-            return Start::Unchecked;
+            Ok(Some(Check { policy, key, cost }))
         };
-        if more.is_empty() {
-            // One limit on a store that answers at once (`Store::decide_now`; the memory store
-            // does) is decided here: no future to box, no clone of the inner service.
-            let (policy, key, cost) = (&first.policy, first.key.as_bytes(), first.cost);
-            if let Some(result) = self.limiter.check_now(policy, key, cost) {
-                let verdicts = result.as_ref().map(std::slice::from_ref);
-                return Start::Decided(self.step(policy, verdicts));
+        let mut checks = match &self.limits[..] {
+            // One limit (the common layer): no list.
+            [limit] => match check_of(limit) {
+                Ok(Some(check)) => return self.start_one(check),
+                Ok(None) => return Start::Unchecked,
+                Err(rejection) => return Start::Reject(rejection),
+            },
+            limits => {
+                let mut checks = Vec::with_capacity(limits.len());
+                for limit in limits {
+                    match check_of(limit) {
+                        Ok(Some(check)) => checks.push(check),
+                        Ok(None) => {}
+                        Err(rejection) => return Start::Reject(rejection),
+                    }
+                }
+                checks
             }
+        };
+        match checks.len() {
+            0 => Start::Unchecked,
+            1 => match checks.pop() {
+                Some(check) => self.start_one(check),
+                None => Start::Unchecked,
+            },
+            _ => self.start_batch(checks),
         }
-        // Several limits, or a store to await: one all-or-nothing batch, awaited once.
-        more.insert(0, first);
-        let mut check: CheckFuture = Box::pin(async move { self.check(&more).await });
+    }
+}
+
+impl<S: Store + ?Sized + 'static> Config<S> {
+    /// Starts the check of a request one limit applies to.
+    fn start_one(self: Arc<Self>, check: Check) -> Start {
+        // A store that answers at once (`Store::decide_now`; the memory store does) decides
+        // here: no future to box, no clone of the inner service.
+        let (policy, key, cost) = (&check.policy, check.key.as_bytes(), check.cost);
+        if let Some(result) = self.limiter.check_now(policy, key, cost) {
+            let verdicts = result.as_ref().map(std::slice::from_ref);
+            return Start::Decided(self.step(policy, verdicts));
+        }
+        self.start_batch(vec![check])
+    }
+
+    /// Starts the check of several limits, or of one the store must be awaited for: one
+    /// all-or-nothing batch, awaited once.
+    fn start_batch(self: Arc<Self>, checks: Vec<Check>) -> Start {
+        let mut check: CheckFuture = Box::pin(async move { self.check(&checks).await });
         // Polled once here (a future may be polled with any waker; the response future polls
         // it with the task's from then on): a batch the store answers at once (the memory
         // store's) is decided without a clone of the inner service.
