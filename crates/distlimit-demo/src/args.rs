@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use distlimit_tower::Cidr;
 
+use crate::serve::store::StoreArgs;
 use crate::serve::{self, ServeConfig};
 
 /// The demo service's command line (`distlimit-demo --help`).
@@ -17,33 +18,15 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
 
-    /// Share the limit through this Redis: redis://host:port, rediss://…,
-    /// redis+sentinel://host:port[,host:port…]/service or redis+cluster://host:port[,host:port…].
-    /// Without it, the embedded memory store limits this process alone.
-    #[arg(long, value_name = "URL")]
-    pub redis: Option<String>,
-
     /// A TOML policy file (hot-reloaded). It must define the policy `api`; without it, a token
     /// bucket of 100 refilled at 60 per minute.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
 
-    /// Spend this policy's limit from token leases (repeat for several; token bucket and GCRA
-    /// tiers, other tiers decide in Redis as usual): each instance withdraws units from Redis
-    /// ahead of use and spends them in memory, never admitting more than the limit together.
-    /// Only with --redis.
-    #[arg(long = "lease", value_name = "POLICY", requires = "redis")]
-    pub lease: Vec<String>,
-
-    /// How many instances share the Redis limit (1 to 10000): while Redis is unreachable each
-    /// instance enforces 1/N of it on its own.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_INSTANCES))]
-    pub instances: u64,
-
-    /// Time budget of one Redis decision, in milliseconds (1 to 60000); past it the local
-    /// fallback answers and the circuit breaker opens.
-    #[arg(long, value_name = "MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS))]
-    pub redis_budget_ms: u64,
+    /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
+    /// `--failure-mode`, `--lease` (shared with `distlimit-server`).
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// A proxy (CIDR) whose X-Forwarded-For is believed; repeat for several. None by default:
     /// the client IP is the socket peer.
@@ -71,13 +54,6 @@ pub struct Args {
     pub shutdown_timeout_ms: u64,
 }
 
-/// The most instances `--instances` accepts: beyond it each one's share of a limit rounds to
-/// nothing useful.
-const MAX_INSTANCES: u64 = 10_000;
-
-/// The longest Redis budget `--redis-budget-ms` accepts: one minute.
-const MAX_REDIS_BUDGET_MS: u64 = 60_000;
-
 /// The longest timeout a flag accepts: one day, in milliseconds.
 const MAX_TIMEOUT_MS: u64 = 86_400_000;
 
@@ -90,11 +66,6 @@ const fn millis(duration: Duration) -> u64 {
 }
 
 impl Args {
-    /// The Redis time budget.
-    pub fn redis_budget(&self) -> Duration {
-        Duration::from_millis(self.redis_budget_ms)
-    }
-
     /// The server's limits, from the flags.
     pub fn serve_config(&self) -> ServeConfig {
         ServeConfig {

@@ -12,12 +12,9 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::HeaderName;
 use distlimit_core::Store;
-use distlimit_hybrid::Hybrid;
-use distlimit_lease::Leased;
-use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_policy::{ConfigWatcher, Limiter, PolicyConfigError, PolicySet, Reload};
-use distlimit_redis::RedisStore;
+use distlimit_serve::store::StoreError;
 use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
 
@@ -48,7 +45,7 @@ tiers = [{ name = "client", algorithm = "token_bucket", limit = 600, per = "1m",
 "#;
 
 /// The name of the Redis store in metrics and logs.
-pub const REDIS_STORE: &str = "redis";
+pub use distlimit_serve::store::REDIS_STORE;
 
 /// How often a `--policy` file is checked for changes.
 pub const RELOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -63,7 +60,9 @@ pub enum StartError {
     /// The policy file does not define [`POLICY`] or [`IP_POLICY`].
     #[error("policy: the file must define the policy \"{0}\" that /api/data uses")]
     MissingPolicy(&'static str),
-    /// Redis could not be reached or the URL is invalid (the error names Redis itself).
+    /// Redis refused the configuration: an invalid URL, rejected credentials (the error names
+    /// Redis itself). An unreachable Redis is no error: the demo starts, the failure mode
+    /// answers, and Redis is connected in the background.
     #[error(transparent)]
     Redis(#[from] distlimit_core::Error),
     /// The listening address could not be bound (in use, or not this host's).
@@ -77,6 +76,15 @@ pub enum StartError {
     /// The hybrid store's configuration was refused.
     #[error("hybrid store: {0}")]
     Hybrid(#[from] distlimit_hybrid::ConfigError),
+}
+
+impl From<StoreError> for StartError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Redis(error) => Self::Redis(error),
+            StoreError::Hybrid(error) => Self::Hybrid(error),
+        }
+    }
 }
 
 /// The service, built from [`Args`] and ready to [`serve`](Demo::serve).
@@ -96,7 +104,7 @@ impl Demo {
     ///
     /// # Errors
     ///
-    /// An invalid policy file, or an unreachable Redis.
+    /// An invalid policy file, or a Redis configuration Redis refuses.
     pub async fn build(args: &Args) -> Result<Self, StartError> {
         let policies = match &args.policy {
             Some(path) => PolicySet::from_toml_file(path)?,
@@ -108,7 +116,9 @@ impl Demo {
             }
         }
         let metrics = Metrics::new();
-        let store = store(args, &metrics).await?;
+        let store = distlimit_serve::store::build(&args.store, &metrics)
+            .await?
+            .store;
         let limiter = limiter(store, policies, &metrics);
         // A reload that drops a policy the routes use is refused, the running set kept.
         for name in [POLICY, IP_POLICY] {
@@ -182,46 +192,6 @@ impl Demo {
 /// A limiter on `store` reporting to `metrics`.
 pub fn limiter(store: Arc<dyn Store>, policies: PolicySet, metrics: &Metrics) -> Arc<Limiter> {
     Arc::new(Limiter::new(store, policies).with_observer(Arc::new(metrics.clone())))
-}
-
-async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartError> {
-    let Some(url) = &args.redis else {
-        tracing::info!("store: memory (this process only)");
-        return Ok(Arc::new(MemoryStore::new()));
-    };
-    // Redis' own reply timeout never cuts a call the budget still allows.
-    let redis = RedisStore::builder(url.as_str())
-        .response_timeout(
-            args.redis_budget()
-                .max(distlimit_redis::DEFAULT_RESPONSE_TIMEOUT),
-        )
-        // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
-        .observer(Arc::new(metrics.clone()))
-        .connect()
-        .await?;
-    tracing::info!(
-        "store: redis ({:?}), memory fallback with 1/{} of each limit",
-        redis.mode(),
-        args.instances
-    );
-    let hybrid = Hybrid::builder(redis, MemoryStore::new())
-        .name(REDIS_STORE)
-        .budget(args.redis_budget())
-        .instances(args.instances)
-        .observer(Arc::new(metrics.clone()))
-        .build()?;
-    metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
-    if args.lease.is_empty() {
-        return Ok(Arc::new(hybrid));
-    }
-    tracing::info!("token leases for the policies {:?}", args.lease);
-    let store = Arc::new(
-        Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
-            .observer(Arc::new(metrics.clone()))
-            .build(hybrid),
-    );
-    distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
-    Ok(store)
 }
 
 /// The workspace README's Rust examples, compiled (and run where they are not `no_run`) as

@@ -4,16 +4,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use distlimit_demo::{Args, Demo, shutdown_signal};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    distlimit_serve::logging::init();
     match run(Args::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -24,6 +18,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    // SIGHUP is logged, never fatal: the policy file is reloaded whenever it changes.
+    let _hangup =
+        distlimit_demo::serve::hangup_signal("ignored: --policy is reloaded when it changes");
     let demo = Demo::build(&args).await?;
     let listener = Demo::bind(args.listen).await?;
     let shutdown = shutdown_signal();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use distlimit_hybrid::FailureMode;
+use distlimit_serve::store::StoreArgs;
 
 /// The rate-limit service's command line (`distlimit-server --help`).
 #[derive(Clone, Debug, Parser)]
@@ -25,41 +25,10 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub http: SocketAddr,
 
-    /// Share the limits through this Redis: redis://host:port, rediss://…,
-    /// redis+sentinel://host:port[,host:port…]/service or redis+cluster://host:port[,host:port…].
-    /// Without it, the embedded memory store limits this process alone.
-    #[arg(long, value_name = "URL")]
-    pub redis: Option<String>,
-
-    /// How many instances share the Redis limits: while Redis is unreachable each instance
-    /// enforces 1/N of each limit on its own.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub instances: u64,
-
-    /// Time budget of one Redis decision, in milliseconds; past it the local fallback answers
-    /// and the circuit breaker opens.
-    #[arg(long, value_name = "MS", default_value_t = 50)]
-    pub redis_budget_ms: u64,
-
-    /// Time limit of one Redis reply, in milliseconds (the store's own; the budget above bounds
-    /// the whole decision).
-    #[arg(long, value_name = "MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
-    pub redis_timeout_ms: u64,
-
-    /// What decisions do while Redis cannot decide: `fallback` (this instance enforces its
-    /// share of each limit), `fail-open` (admit) or `fail-closed` (gRPC UNAVAILABLE, HTTP 503,
-    /// and Envoy's `failure_mode_deny` decides).
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = FailureModeArg::Fallback)]
-    pub failure_mode: FailureModeArg,
-
-    /// Spend this TOML policy's limit from token leases (repeat for several): each instance
-    /// withdraws units from Redis ahead of use and spends them in memory, so a hot key costs
-    /// about one Redis call per lease instead of one per request, and the instances together
-    /// never admit more than the limit. Token bucket and GCRA tiers lease; other tiers, YAML
-    /// rules and requests of several store requests are decided in Redis as usual. Only with
-    /// `--redis`.
-    #[arg(long = "lease", value_name = "POLICY", requires = "redis")]
-    pub lease: Vec<String>,
+    /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
+    /// `--failure-mode`, `--lease` (shared with the demo).
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// Add the rate-limit headers to every answer: `RateLimit` and `RateLimit-Policy`, and the
     /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` trio.
@@ -120,38 +89,7 @@ pub struct Args {
 /// Default of `--grpc-idle-timeout-ms`: 65 minutes.
 pub const DEFAULT_GRPC_IDLE_TIMEOUT_MS: u64 = 65 * 60 * 1000;
 
-/// `--failure-mode`: the hybrid store's [`FailureMode`] for every rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum FailureModeArg {
-    /// The local fallback store decides, with `1/--instances` of each limit.
-    Fallback,
-    /// Admit unchecked.
-    FailOpen,
-    /// Answer an error.
-    FailClosed,
-}
-
-impl From<FailureModeArg> for FailureMode {
-    fn from(mode: FailureModeArg) -> Self {
-        match mode {
-            FailureModeArg::Fallback => FailureMode::Fallback,
-            FailureModeArg::FailOpen => FailureMode::FailOpen,
-            FailureModeArg::FailClosed => FailureMode::FailClosed,
-        }
-    }
-}
-
 impl Args {
-    /// The Redis time budget.
-    pub fn redis_budget(&self) -> Duration {
-        Duration::from_millis(self.redis_budget_ms)
-    }
-
-    /// The Redis reply timeout.
-    pub fn redis_timeout(&self) -> Duration {
-        Duration::from_millis(self.redis_timeout_ms)
-    }
-
     /// The reload poll interval.
     pub fn reload_interval(&self) -> Duration {
         Duration::from_millis(self.reload_interval_ms)

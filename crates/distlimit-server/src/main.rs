@@ -4,7 +4,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use distlimit_server::{Args, Server, shutdown_signal};
-use tracing_subscriber::EnvFilter;
 
 /// mimalloc: each request allocates and frees many small buffers (HTTP/2 frames, protobuf
 /// messages, futures), where glibc's allocator spent a sixth of the server's instructions.
@@ -13,12 +12,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    distlimit_serve::logging::init();
     match run(Args::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

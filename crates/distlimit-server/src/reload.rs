@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::check::Checker;
 use crate::config::{Config, RateLimitConfigError, Source, read_sources};
+use crate::metrics::LoadResult;
 
 /// The last thing a reload did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,20 +54,31 @@ impl Drop for Watcher {
     }
 }
 
-/// Starts reloading `path` into `checker` every `interval`; `loaded` is what the running
-/// configuration was read from. Needs a Tokio runtime.
-pub fn watch(
+/// Starts reloading `path` into `checker` every `interval`, and at once when `hangup`'s value
+/// changes (SIGHUP); `loaded` is what the running configuration was read from. Needs a Tokio
+/// runtime.
+pub(crate) fn watch(
     checker: Arc<Checker>,
     path: PathBuf,
     interval: Duration,
     loaded: Vec<Source>,
+    mut hangup: watch::Receiver<u64>,
 ) -> Watcher {
     let (tx, events) = watch::channel(Reload::Waiting);
     let task = tokio::spawn(async move {
         let mut seen = Ok(loaded);
         let mut generation = 0;
         loop {
-            tokio::time::sleep(interval).await;
+            let signalled = tokio::select! {
+                () = tokio::time::sleep(interval) => false,
+                changed = hangup.changed() => {
+                    if changed.is_err() {
+                        // No signal can come any more: poll on the interval alone.
+                        tokio::time::sleep(interval).await;
+                    }
+                    changed.is_ok()
+                }
+            };
             let read_path = path.clone();
             let read = tokio::task::spawn_blocking(move || read_sources(&read_path))
                 .await
@@ -82,6 +94,9 @@ pub fn watch(
                 _ => false,
             };
             if unchanged {
+                if signalled {
+                    tracing::info!(path = %path.display(), "configuration unchanged");
+                }
                 continue;
             }
             let parsed = read.and_then(|sources| {
@@ -94,6 +109,9 @@ pub fn watch(
                     generation += 1;
                     let domains = config.domains().count();
                     checker.set_config(config);
+                    checker
+                        .request_metrics()
+                        .on_config_load(LoadResult::success);
                     tracing::info!(
                         path = %path.display(),
                         generation,
@@ -103,6 +121,7 @@ pub fn watch(
                     tx.send_replace(Reload::Applied { generation });
                 }
                 Err(error) => {
+                    checker.request_metrics().on_config_load(LoadResult::error);
                     let message = error.to_string();
                     tracing::error!(
                         file = %error.file().map(|f| f.display().to_string()).unwrap_or_default(),
