@@ -9,7 +9,7 @@ use distlimit_serve::store::StoreArgs;
 
 /// The rate-limit service's command line (`distlimit-server --help`).
 #[derive(Clone, Debug, Parser)]
-#[command(name = "distlimit-server", version, about)]
+#[command(name = "distlimit-server", version, about, args_override_self = true)]
 pub struct Args {
     /// envoyproxy/ratelimit's YAML configuration: a file, or a directory whose `.yaml`/`.yml`
     /// files are read (dot files skipped). Reloaded when it changes. Without it, no domain is
@@ -141,5 +141,297 @@ impl Default for Args {
     /// The defaults, as if run without flags.
     fn default() -> Self {
         Self::parse_from(["distlimit-server"])
+    }
+}
+
+/// An envoyproxy/ratelimit environment variable with a value the server cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("environment variable {name}={value:?}: {why}")]
+pub struct EnvError {
+    /// The variable.
+    pub name: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+impl Args {
+    /// The command line `args` (the program name first) over the settings envoyproxy/ratelimit
+    /// reads from its environment (through `env`, [`std::env::var`] in the binary), so that
+    /// an existing deployment's variables keep working: a flag given on the command line wins
+    /// over its variable. The variables and their flags:
+    ///
+    /// | variables | flag |
+    /// |---|---|
+    /// | `GRPC_HOST` (default `0.0.0.0`), `GRPC_PORT` | `--grpc HOST:PORT` |
+    /// | `HOST` (default `0.0.0.0`), `PORT` | `--http HOST:PORT` |
+    /// | `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` (default `config`) | `--config ROOT/SUBDIRECTORY/APPDIRECTORY` |
+    /// | `REDIS_URL`, `REDIS_SOCKET_TYPE` (`tcp`, `unix`), `REDIS_TYPE` (`SINGLE`, `SENTINEL`: `name,host:port,…`; `CLUSTER`: `host:port,…`), `REDIS_AUTH` (`password` or `user:password`), `REDIS_TLS` | `--redis URL` (a `REDIS_URL` with a scheme is taken as is) |
+    /// | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
+    /// | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT` | `--tls-cert`, `--tls-key`, `--tls-client-ca` (both ports) |
+    ///
+    /// A group is used only when one of its variables is set (`--grpc` from `GRPC_HOST` or
+    /// `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY`), `--redis` only
+    /// when `BACKEND_TYPE` is unset or `redis`. `LOG_LEVEL` is read by the logging setup.
+    ///
+    /// # Errors
+    ///
+    /// A variable the server cannot use (a port that is no number), or the command line's
+    /// errors (`clap`'s, which print the help or the version too).
+    pub fn from_env_and_args<I, T>(
+        env: impl Fn(&str) -> Option<String>,
+        args: I,
+    ) -> Result<Result<Self, clap::Error>, EnvError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut args = args.into_iter().map(Into::into);
+        let program = args.next().unwrap_or_else(|| "distlimit-server".into());
+        let mut argv = vec![program];
+        argv.extend(env_flags(&env)?.into_iter().map(Into::into));
+        argv.extend(args);
+        Ok(Self::try_parse_from(argv))
+    }
+}
+
+/// The flags of envoyproxy/ratelimit's environment variables (see
+/// [`Args::from_env_and_args`]).
+fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvError> {
+    let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    let truthy = |name: &'static str| -> Result<bool, EnvError> {
+        match var(name).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("false" | "0" | "f" | "no") => Ok(false),
+            Some("true" | "1" | "t" | "yes") => Ok(true),
+            Some(_) => Err(EnvError {
+                name,
+                value: var(name).unwrap_or_default(),
+                why: "expected true or false",
+            }),
+        }
+    };
+    let mut flags = Vec::new();
+    for (flag, host, port) in [
+        ("--grpc", "GRPC_HOST", "GRPC_PORT"),
+        ("--http", "HOST", "PORT"),
+    ] {
+        if var(host).is_none() && var(port).is_none() {
+            continue;
+        }
+        let default = if flag == "--grpc" { "8081" } else { "8080" };
+        let port_value = var(port).unwrap_or_else(|| default.to_owned());
+        if port_value.trim().parse::<u16>().is_err() {
+            return Err(EnvError {
+                name: port,
+                value: port_value,
+                why: "expected a port number, 0 to 65535",
+            });
+        }
+        let host = var(host).unwrap_or_else(|| "0.0.0.0".to_owned());
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        flags.extend([flag.to_owned(), format!("{host}:{}", port_value.trim())]);
+    }
+    if var("RUNTIME_ROOT").is_some() || var("RUNTIME_SUBDIRECTORY").is_some() {
+        let mut path = PathBuf::from(
+            var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into()),
+        );
+        if let Some(sub) = var("RUNTIME_SUBDIRECTORY") {
+            path.push(sub);
+        }
+        path.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
+        flags.extend(["--config".to_owned(), path.display().to_string()]);
+    }
+    let redis_backend = var("BACKEND_TYPE").is_none_or(|b| b.eq_ignore_ascii_case("redis"));
+    if let (Some(url), true) = (var("REDIS_URL"), redis_backend) {
+        flags.extend([
+            "--redis".to_owned(),
+            redis_url(&var, &url, truthy("REDIS_TLS")?)?,
+        ]);
+    }
+    if truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        flags.push("--response-headers".to_owned());
+    }
+    if truthy("GRPC_SERVER_USE_TLS")? {
+        for (name, flag) in [
+            ("GRPC_SERVER_TLS_CERT", "--tls-cert"),
+            ("GRPC_SERVER_TLS_KEY", "--tls-key"),
+            ("GRPC_CLIENT_TLS_CACERT", "--tls-client-ca"),
+        ] {
+            if let Some(path) = var(name) {
+                flags.extend([flag.to_owned(), path]);
+            }
+        }
+    }
+    Ok(flags)
+}
+
+/// `--redis` from envoyproxy/ratelimit's `REDIS_URL` (no scheme) and its companions.
+fn redis_url(
+    var: &impl Fn(&str) -> Option<String>,
+    url: &str,
+    tls: bool,
+) -> Result<String, EnvError> {
+    let url = url.trim();
+    if url.contains("://") {
+        return Ok(url.to_owned());
+    }
+    let bad = |name: &'static str, value: String, why: &'static str| EnvError { name, value, why };
+    let (user, password) = match var("REDIS_AUTH") {
+        None => (None, None),
+        Some(auth) => match auth.split_once(':') {
+            Some((user, password)) => (Some(percent_encode(user)), Some(percent_encode(password))),
+            None => (None, Some(percent_encode(&auth))),
+        },
+    };
+    let userinfo = match (&user, &password) {
+        (Some(user), Some(password)) => format!("{user}:{password}@"),
+        (None, Some(password)) => format!(":{password}@"),
+        _ => String::new(),
+    };
+    let scheme = if tls { "rediss" } else { "redis" };
+    let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
+    let kind = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
+    match kind.to_ascii_uppercase().as_str() {
+        "SINGLE" => match socket.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(format!("{scheme}://{userinfo}{url}")),
+            "unix" => {
+                let mut query = Vec::new();
+                if let Some(user) = user {
+                    query.push(format!("user={user}"));
+                }
+                if let Some(password) = password {
+                    query.push(format!("pass={password}"));
+                }
+                let query = if query.is_empty() {
+                    String::new()
+                } else {
+                    format!("?{}", query.join("&"))
+                };
+                Ok(format!("unix://{url}{query}"))
+            }
+            _ => Err(bad("REDIS_SOCKET_TYPE", socket, "expected tcp or unix")),
+        },
+        "SENTINEL" => match url.split_once(',') {
+            Some((service, hosts)) if !service.is_empty() && !hosts.is_empty() => Ok(format!(
+                "{scheme}+sentinel://{userinfo}{hosts}/{}",
+                percent_encode(service)
+            )),
+            _ => Err(bad(
+                "REDIS_URL",
+                url.to_owned(),
+                "REDIS_TYPE=SENTINEL expects name,host:port[,host:port…]",
+            )),
+        },
+        "CLUSTER" => Ok(format!("{scheme}+cluster://{userinfo}{url}")),
+        _ => Err(bad(
+            "REDIS_TYPE",
+            kind,
+            "expected SINGLE, SENTINEL or CLUSTER",
+        )),
+    }
+}
+
+/// `text` with every byte but the URL's unreserved ones percent-encoded.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn parse(env: &[(&str, &str)], args: &[&str]) -> Args {
+        let env = |name: &str| {
+            env.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let argv = std::iter::once("distlimit-server").chain(args.iter().copied());
+        Args::from_env_and_args(env, argv).unwrap().unwrap()
+    }
+
+    #[test]
+    fn envoyproxy_variables_set_the_flags_and_the_command_line_wins() {
+        let args = parse(
+            &[
+                ("GRPC_PORT", "9081"),
+                ("HOST", "127.0.0.1"),
+                ("PORT", "9080"),
+                ("RUNTIME_ROOT", "/data"),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "redis.local:6379"),
+                ("REDIS_AUTH", "p@ss"),
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ],
+            &[],
+        );
+        assert_eq!(args.grpc, "0.0.0.0:9081".parse().unwrap());
+        assert_eq!(args.http, "127.0.0.1:9080".parse().unwrap());
+        assert_eq!(args.config, Some(PathBuf::from("/data/ratelimit/config")));
+        assert_eq!(
+            args.store.redis.as_deref(),
+            Some("redis://:p%40ss@redis.local:6379")
+        );
+        assert!(args.response_headers);
+        let args = parse(&[("GRPC_PORT", "9081")], &["--grpc", "127.0.0.1:1"]);
+        assert_eq!(args.grpc, "127.0.0.1:1".parse().unwrap());
+        // Nothing set: the flags' defaults.
+        assert_eq!(parse(&[], &[]).grpc, Args::default().grpc);
+    }
+
+    #[test]
+    fn redis_topologies_and_sockets() {
+        let url = |env: &[(&str, &str)]| parse(env, &[]).store.redis.unwrap();
+        assert_eq!(
+            url(&[("REDIS_URL", "/var/run/redis.sock"), ("REDIS_AUTH", "u:p")]),
+            "unix:///var/run/redis.sock?user=u&pass=p"
+        );
+        assert_eq!(
+            url(&[
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_TLS", "true"),
+            ]),
+            "rediss+sentinel://s1:26379,s2:26379/mymaster"
+        );
+        assert_eq!(
+            url(&[("REDIS_URL", "a:7000,b:7001"), ("REDIS_TYPE", "CLUSTER")]),
+            "redis+cluster://a:7000,b:7001"
+        );
+        assert_eq!(
+            url(&[("REDIS_URL", "redis://x:1"), ("REDIS_SOCKET_TYPE", "udp")]),
+            "redis://x:1"
+        );
+        let memcache = parse(&[("REDIS_URL", "x:1"), ("BACKEND_TYPE", "memcache")], &[]);
+        assert_eq!(memcache.store.redis, None);
+    }
+
+    #[test]
+    fn unusable_variables_are_named() {
+        let env = |name: &str| (name == "GRPC_PORT").then(|| "http".to_owned());
+        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
+        assert_eq!(error.name, "GRPC_PORT");
+        let env = |name: &str| match name {
+            "REDIS_URL" => Some("x:1".to_owned()),
+            "REDIS_SOCKET_TYPE" => Some("udp".to_owned()),
+            _ => None,
+        };
+        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
+        assert_eq!(error.name, "REDIS_SOCKET_TYPE");
     }
 }

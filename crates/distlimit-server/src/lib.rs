@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
-pub use crate::args::{Args, DEFAULT_GRPC_IDLE_TIMEOUT_MS};
+pub use crate::args::{Args, DEFAULT_GRPC_IDLE_TIMEOUT_MS, EnvError};
 pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
 pub use crate::config::{Config, RateLimitConfigError};
 pub use crate::grpc::RateLimitGrpc;

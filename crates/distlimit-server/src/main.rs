@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use distlimit_server::{Args, Server, shutdown_signal};
 
 /// mimalloc: each request allocates and frees many small buffers (HTTP/2 frames, protobuf
@@ -13,7 +12,16 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     distlimit_serve::logging::init();
-    match run(Args::parse()).await {
+    // envoyproxy/ratelimit's environment variables, under the command line.
+    let args = match Args::from_env_and_args(|name| std::env::var(name).ok(), std::env::args_os()) {
+        Ok(Ok(args)) => args,
+        Ok(Err(clap)) => clap.exit(),
+        Err(error) => {
+            tracing::error!("{error}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error}");

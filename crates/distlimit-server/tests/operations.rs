@@ -26,12 +26,15 @@ struct Binary {
 }
 
 impl Binary {
-    /// Starts the binary on loopback ports chosen by the system with `flags`, and waits until
-    /// it listens (10 s at most).
+    /// Starts the binary with `flags` and the environment variables `envs`, on loopback ports
+    /// chosen by the system unless `envs` sets `GRPC_PORT`, and waits until it listens (10 s
+    /// at most).
     fn start(flags: &[&str], envs: &[(&str, &str)]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_distlimit-server"));
+        if !envs.iter().any(|(name, _)| *name == "GRPC_PORT") {
+            command.args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"]);
+        }
         command
-            .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
             .args(flags)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -409,4 +412,41 @@ fn a_failure_on_every_request_logs_a_few_lines_not_one_per_request() {
         "{}",
         binary.log()
     );
+}
+
+#[test]
+fn envoyproxy_environment_variables_configure_the_binary() {
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("config.yaml"), CONFIG).unwrap();
+    let root_path = root.path().to_str().unwrap();
+    let mut binary = Binary::start(
+        &[],
+        &[
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("RUNTIME_ROOT", root_path),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ],
+    );
+    // The configuration of RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config: 3 an hour.
+    let answers: Vec<bool> = (0..4)
+        .map(|_| check(binary.http).1.contains("OVER_LIMIT"))
+        .collect();
+    assert_eq!(answers, [false, false, false, true], "{}", binary.log());
+    binary.signal("TERM");
+    assert_eq!(binary.wait_exit(Duration::from_secs(10)), Some(0));
+
+    // A variable the server cannot use stops it with its name.
+    let output = Command::new(env!("CARGO_BIN_EXE_distlimit-server"))
+        .env("GRPC_PORT", "grpc")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("GRPC_PORT"), "{stderr}");
 }
