@@ -2,13 +2,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Parser;
 use distlimit_tower::Cidr;
 
 use crate::serve::store::StoreArgs;
-use crate::serve::{self, ServeConfig};
+use crate::serve::{ServeArgs, ServeConfig};
 
 /// The demo service's command line (`distlimit-demo --help`).
 #[derive(Clone, Debug, Parser)]
@@ -33,47 +32,16 @@ pub struct Args {
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<Cidr>,
 
-    /// A request's head must arrive within this many milliseconds of the connection starting
-    /// to wait for it (at accept, and after each response).
-    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_HEADER_READ_TIMEOUT), value_parser = timeout_ms())]
-    pub header_read_timeout_ms: u64,
-
-    /// A connection with no request in progress on which no byte moves for this many
-    /// milliseconds is closed.
-    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_IDLE_TIMEOUT), value_parser = timeout_ms())]
-    pub idle_timeout_ms: u64,
-
-    /// At most this many connections at once (more wait in the accept backlog); lowered to the
-    /// descriptor limit minus 64.
-    #[arg(long, value_name = "N", default_value_t = serve::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: u32,
-
-    /// After SIGTERM or Ctrl-C, requests in progress get this many milliseconds to finish;
-    /// then the process exits.
-    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_SHUTDOWN_TIMEOUT), value_parser = timeout_ms())]
-    pub shutdown_timeout_ms: u64,
-}
-
-/// The longest timeout a flag accepts: one day, in milliseconds.
-const MAX_TIMEOUT_MS: u64 = 86_400_000;
-
-fn timeout_ms() -> clap::builder::RangedU64ValueParser<u64> {
-    clap::value_parser!(u64).range(1..=MAX_TIMEOUT_MS)
-}
-
-const fn millis(duration: Duration) -> u64 {
-    duration.as_millis() as u64
+    /// The serving limits: `--header-read-timeout-ms`, `--idle-timeout-ms`,
+    /// `--max-connections`, `--shutdown-timeout-ms` (shared with `distlimit-server`).
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 impl Args {
     /// The server's limits, from the flags.
     pub fn serve_config(&self) -> ServeConfig {
-        ServeConfig {
-            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
-            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
-            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
-            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
-        }
+        self.serve.serve_config()
     }
 }
 
@@ -81,5 +49,28 @@ impl Default for Args {
     /// The defaults, as if run without flags.
     fn default() -> Self {
         Self::parse_from(["distlimit-demo"])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_shared_flags_are_those_of_the_server() {
+        let args = Args::try_parse_from([
+            "distlimit-demo",
+            "--max-connections",
+            "5000000000",
+            "--failure-mode",
+            "fail-closed",
+            "--redis-timeout-ms",
+            "300",
+        ])
+        .unwrap();
+        assert_eq!(args.serve.max_connections, 5_000_000_000);
+        assert_eq!(args.store.redis_timeout_ms, 300);
+        assert!(Args::try_parse_from(["distlimit-demo", "--redis-budget-ms", "0"]).is_err());
     }
 }

@@ -21,6 +21,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
+#[cfg(feature = "cli")]
+mod args;
+#[cfg(feature = "cli")]
+pub use crate::args::{MAX_TIMEOUT_MS, ServeArgs};
 #[cfg(feature = "logging")]
 pub mod logging;
 #[cfg(feature = "store")]

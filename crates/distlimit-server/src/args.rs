@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use distlimit_serve::ServeArgs;
 use distlimit_serve::store::StoreArgs;
 
 /// The rate-limit service's command line (`distlimit-server --help`).
@@ -39,15 +40,11 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub reload_interval_ms: u64,
 
-    /// The most connections each server (gRPC, HTTP) holds open at once; further clients wait
-    /// in the kernel's accept queue.
-    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_connections: u64,
-
-    /// An HTTP connection with no request in progress, and none started or ended, for this long
-    /// is closed, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub idle_timeout_ms: u64,
+    /// The serving limits of both ports: `--header-read-timeout-ms` (also the deadline of a
+    /// connection's first request on either port), `--idle-timeout-ms` (the HTTP port's),
+    /// `--max-connections` (each port's), `--shutdown-timeout-ms` (shared with the demo).
+    #[command(flatten)]
+    pub serve: ServeArgs,
 
     /// A gRPC connection with no request in progress, and none started or ended, for this long
     /// is closed, in milliseconds. The default, 65 minutes, is above the 1 hour after which
@@ -55,11 +52,6 @@ pub struct Args {
     /// this side can cross a request Envoy has just sent on the connection.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_GRPC_IDLE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub grpc_idle_timeout_ms: u64,
-
-    /// An HTTP request's head must arrive within this time, and a connection on either port
-    /// that has started no request this long after it was accepted is closed, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub header_read_timeout_ms: u64,
 
     /// Time limit of one request, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -79,11 +71,6 @@ pub struct Args {
     /// Needs `--tls-cert` and `--tls-key`.
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-
-    /// After SIGTERM or Ctrl-C, how long the requests in flight may take to finish, in
-    /// milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
-    pub shutdown_timeout_ms: u64,
 }
 
 /// Default of `--grpc-idle-timeout-ms`: 65 minutes.
@@ -102,7 +89,7 @@ impl Args {
 
     /// The shutdown deadline.
     pub fn shutdown_timeout(&self) -> Duration {
-        Duration::from_millis(self.shutdown_timeout_ms)
+        self.serve.shutdown_timeout()
     }
 
     /// The serving limits of the gRPC port: those of [`serve_config`](Self::serve_config)
@@ -128,12 +115,7 @@ impl Args {
 
     /// The serving limits of the HTTP port.
     pub fn serve_config(&self) -> distlimit_serve::ServeConfig {
-        distlimit_serve::ServeConfig {
-            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
-            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
-            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
-            shutdown_timeout: self.shutdown_timeout(),
-        }
+        self.serve.serve_config()
     }
 }
 
@@ -419,6 +401,21 @@ mod tests {
         );
         let memcache = parse(&[("REDIS_URL", "x:1"), ("BACKEND_TYPE", "memcache")], &[]);
         assert_eq!(memcache.store.redis, None);
+    }
+
+    #[test]
+    fn the_shared_flags_are_bounded_as_in_the_demo() {
+        let parse = |flags: &[&str]| {
+            Args::try_parse_from(std::iter::once("distlimit-server").chain(flags.iter().copied()))
+        };
+        // Range-checked here too now (the demo's ranges): 1 to 60000.
+        assert!(parse(&["--redis-budget-ms", "0"]).is_err());
+        assert!(parse(&["--redis-budget-ms", "60001"]).is_err());
+        assert!(parse(&["--instances", "10001"]).is_err());
+        assert!(parse(&["--shutdown-timeout-ms", "0"]).is_err());
+        // u64 in both binaries (the demo's was u32).
+        let args = parse(&["--max-connections", "5000000000"]).unwrap();
+        assert_eq!(args.serve.max_connections, 5_000_000_000);
     }
 
     #[test]
