@@ -5,9 +5,9 @@ pub mod check;
 pub mod config;
 pub mod grpc;
 pub mod http;
-pub mod metrics;
-pub mod net;
-pub mod reload;
+mod metrics;
+mod net;
+mod reload;
 
 use std::future::Future;
 use std::io;
@@ -27,6 +27,9 @@ pub use crate::args::{Args, DEFAULT_GRPC_IDLE_TIMEOUT_MS, EnvError};
 pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
 pub use crate::config::{Config, RateLimitConfigError};
 pub use crate::grpc::RateLimitGrpc;
+pub use crate::metrics::{
+    LoadResult, Protocol, RequestMetrics, RequestResult, UNCONFIGURED_DOMAIN,
+};
 pub use crate::reload::{Reload, Watcher};
 /// Completes at Ctrl-C or SIGTERM; installed when called, so an early signal is not lost.
 pub use distlimit_serve::shutdown_signal;
