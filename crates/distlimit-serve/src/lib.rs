@@ -27,6 +27,8 @@ mod args;
 pub use crate::args::{MAX_TIMEOUT_MS, ServeArgs};
 #[cfg(feature = "logging")]
 pub mod logging;
+mod poll;
+pub use crate::poll::{FileWatcher, Reload, poll_files};
 #[cfg(feature = "store")]
 pub mod store;
 #[cfg(feature = "tls")]

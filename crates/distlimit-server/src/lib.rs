@@ -142,11 +142,13 @@ impl Server {
         let checker = Arc::new(checker);
         // SIGHUP reads the configuration at once (what envoyproxy/ratelimit's users expect)
         // instead of ending the process.
-        let what = match &args.config {
-            Some(_) => "reading the configuration now",
-            None => "ignored (no --config to reload)",
+        let what = match (&args.config, &tls) {
+            (Some(_), _) => "reading the configuration now",
+            (None, Some(_)) => "reading the TLS files now",
+            (None, None) => "ignored (no --config to reload)",
         };
         let hangup = distlimit_serve::hangup_signal(what);
+        let hangup_tls = hangup.clone();
         let watcher = args.config.as_ref().map(|path| {
             reload::watch(
                 checker.clone(),
@@ -157,7 +159,7 @@ impl Server {
             )
         });
         let tls = tls.map(|tls| {
-            let watcher = tls.watch(args.reload_interval());
+            let watcher = tls.watch(args.reload_interval(), Some(hangup_tls));
             (tls, watcher)
         });
         Ok(Self {
