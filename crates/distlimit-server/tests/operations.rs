@@ -211,33 +211,31 @@ fn eventually(limit: Duration, mut probe: impl FnMut() -> bool) -> bool {
     false
 }
 
-#[test]
-fn starts_while_redis_is_down_answers_from_the_fallback_and_moves_to_redis() {
-    let Some(mut redis) = RedisServer::start() else {
-        return;
-    };
-    // Stopped by PID before the binary starts: its port refuses connections.
+/// A Redis server stopped by PID (its port refuses connections), and the binary started on
+/// [`CONFIG`] with it as `--redis` and `--failure-mode mode`, and how long the start took;
+/// `None` without redis-server.
+fn start_while_redis_is_down(
+    mode: &str,
+) -> Option<(RedisServer, tempfile::TempDir, Binary, Duration)> {
+    let mut redis = RedisServer::start()?;
     redis.kill();
     let dir = config_dir(CONFIG);
     let config = dir.path().to_str().unwrap();
     let url = redis.url();
     let started = Instant::now();
-    let mut binary = Binary::start(
-        &[
-            "--config",
-            config,
-            "--redis",
-            &url,
-            "--failure-mode",
-            "fallback",
-        ],
+    let binary = Binary::start(
+        &["--config", config, "--redis", &url, "--failure-mode", mode],
         &[],
     );
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "started in {:?}",
-        started.elapsed()
-    );
+    Some((redis, dir, binary, started.elapsed()))
+}
+
+#[test]
+fn starts_while_redis_is_down_answers_from_the_fallback_and_moves_to_redis() {
+    let Some((mut redis, _dir, mut binary, start)) = start_while_redis_is_down("fallback") else {
+        return;
+    };
+    assert!(start < Duration::from_secs(5), "started in {start:?}");
     // Ready (the fallback answers), and says Redis is down.
     let (status, body) = http(binary.http, "GET", "/ready", "");
     assert_eq!(
@@ -372,24 +370,9 @@ fn on_sigterm_both_health_services_turn_not_serving() {
 
 #[test]
 fn a_failure_on_every_request_logs_a_few_lines_not_one_per_request() {
-    let Some(mut redis) = RedisServer::start() else {
+    let Some((_redis, _dir, binary, _)) = start_while_redis_is_down("fail-closed") else {
         return;
     };
-    redis.kill();
-    let dir = config_dir(CONFIG);
-    let config = dir.path().to_str().unwrap();
-    let url = redis.url();
-    let binary = Binary::start(
-        &[
-            "--config",
-            config,
-            "--redis",
-            &url,
-            "--failure-mode",
-            "fail-closed",
-        ],
-        &[],
-    );
     let requests = 200;
     let mut unavailable = 0;
     let started = Instant::now();
@@ -449,4 +432,38 @@ fn envoyproxy_environment_variables_configure_the_binary() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("GRPC_PORT"), "{stderr}");
+}
+
+/// The JSON body of the server README's `curl … /v1/check … -d '<body>'`.
+fn readme_curl_body() -> String {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .unwrap();
+    let start = readme
+        .find("/v1/check -H 'content-type: application/json'")
+        .expect("the README's curl");
+    let rest = &readme[start..];
+    let body = &rest[rest.find("-d '").unwrap() + 4..];
+    body[..body.find('\'').unwrap()].to_owned()
+}
+
+#[test]
+fn the_repository_example_config_answers_the_readme_curl_ok_then_over_limit() {
+    // The root README's command: `--config ./ratelimit-config` from the repository root.
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ratelimit-config");
+    let binary = Binary::start(&["--config", config.to_str().unwrap()], &[]);
+    let body = readme_curl_body();
+    let answers: Vec<(u16, bool)> = (0..6)
+        .map(|_| {
+            let (status, text) = http(binary.http, "POST", "/v1/check", &body);
+            (status, text.contains(r#""overall_code":"OVER_LIMIT""#))
+        })
+        .collect();
+    let ok = (200, false);
+    assert_eq!(
+        answers,
+        [ok, ok, ok, ok, ok, (429, true)],
+        "for {body}:\n{}",
+        binary.log()
+    );
 }
