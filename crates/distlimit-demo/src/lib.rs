@@ -13,7 +13,8 @@ use axum::Router;
 use axum::http::HeaderName;
 use distlimit_core::Store;
 use distlimit_metrics::Metrics;
-use distlimit_policy::{ConfigWatcher, Limiter, PolicyConfigError, PolicySet, Reload};
+use distlimit_policy::{Limiter, PolicyConfigError, PolicySet};
+use distlimit_serve::FileWatcher;
 use distlimit_serve::store::StoreError;
 use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
@@ -46,6 +47,10 @@ tiers = [{ name = "client", algorithm = "token_bucket", limit = 600, per = "1m",
 
 /// The name of the Redis store in metrics and logs.
 pub use distlimit_serve::store::REDIS_STORE;
+
+/// What a reload of the `--policy` file did: the binaries' one reload event, its `Rejected`
+/// error the policy file's.
+pub type PolicyReload = distlimit_serve::Reload<PolicyConfigError>;
 
 /// How often a `--policy` file is checked for changes.
 pub const RELOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -93,7 +98,7 @@ pub struct Demo {
     router: Router,
     metrics: Metrics,
     limiter: Arc<Limiter>,
-    watcher: Option<ConfigWatcher>,
+    watcher: Option<FileWatcher<PolicyConfigError>>,
     serve_config: ServeConfig,
 }
 
@@ -124,10 +129,16 @@ impl Demo {
         for name in [POLICY, IP_POLICY] {
             limiter.declare(name)?;
         }
-        let watcher = match &args.policy {
-            Some(path) => Some(distlimit_policy::watch(&limiter, path, RELOAD_INTERVAL)?),
-            None => None,
+        // SIGHUP rereads the policy file at once instead of ending the process.
+        let what = match &args.policy {
+            Some(_) => "reading the policy file now",
+            None => "ignored (no --policy to reload)",
         };
+        let hangup = distlimit_serve::hangup_signal(what);
+        let watcher = args
+            .policy
+            .as_ref()
+            .map(|path| watch_policy(limiter.clone(), path.clone(), hangup));
         let limits = api_limits(
             limiter.clone(),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
@@ -153,8 +164,8 @@ impl Demo {
 
     /// The policy file's reload events (`None` without `--policy`): await `changed()` on the
     /// receiver to learn that a version was applied or rejected.
-    pub fn policy_reloads(&self) -> Option<tokio::sync::watch::Receiver<Reload>> {
-        self.watcher.as_ref().map(ConfigWatcher::subscribe)
+    pub fn policy_reloads(&self) -> Option<tokio::sync::watch::Receiver<PolicyReload>> {
+        self.watcher.as_ref().map(FileWatcher::subscribe)
     }
 
     /// The limiter behind `/api/data`.
@@ -187,6 +198,40 @@ impl Demo {
         let _watcher = self.watcher;
         serve(listener, self.router, self.serve_config, shutdown).await
     }
+}
+
+/// Polls the policy file at `path` (every [`RELOAD_INTERVAL`], and at once when `hangup`
+/// changes) through the binaries' one file poller: a changed file that parses and keeps the
+/// declared policies replaces the running set; any other is refused and the set kept.
+fn watch_policy(
+    limiter: Arc<Limiter>,
+    path: std::path::PathBuf,
+    hangup: tokio::sync::watch::Receiver<u64>,
+) -> FileWatcher<PolicyConfigError> {
+    // The bytes applied or refused last; `None` after a read error, so the file counts as
+    // changed once it is readable again.
+    let seen = std::sync::Mutex::new(None::<Vec<u8>>);
+    distlimit_serve::poll_files("policy file", RELOAD_INTERVAL, Some(hangup), move || {
+        let mut seen = seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Ok(bytes) = std::fs::read(&path) else {
+            *seen = None;
+            // The same read again, for the policy crate's error naming the file.
+            return PolicySet::from_toml_file(&path).map(|_| false);
+        };
+        if seen.as_deref() == Some(bytes.as_slice()) {
+            return Ok(false);
+        }
+        *seen = Some(bytes.clone());
+        drop(seen);
+        let parsed = match std::str::from_utf8(&bytes) {
+            Ok(text) => PolicySet::from_toml_str(text),
+            // The policy crate's error for a file that is not UTF-8, naming it.
+            Err(_) => PolicySet::from_toml_file(&path),
+        };
+        parsed.and_then(|set| limiter.replace(set)).map(|()| true)
+    })
 }
 
 /// A limiter on `store` reporting to `metrics`.

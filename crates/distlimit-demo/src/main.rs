@@ -18,9 +18,6 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    // SIGHUP is logged, never fatal: the policy file is reloaded whenever it changes.
-    let _hangup =
-        distlimit_demo::serve::hangup_signal("ignored: --policy is reloaded when it changes");
     let demo = Demo::build(&args).await?;
     let listener = Demo::bind(args.listen).await?;
     let shutdown = shutdown_signal();

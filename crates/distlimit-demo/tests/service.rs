@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use clap::Parser;
 use distlimit_core::ManualClock;
+use distlimit_demo::PolicyReload as Reload;
 use distlimit_demo::{
     Args, DATA_BODY, DEFAULT_POLICIES, Demo, ServeConfig, StartError, api_limits, limiter, router,
     serve,
 };
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
-use distlimit_policy::{PolicySet, Reload};
+use distlimit_policy::PolicySet;
 use distlimit_tower::TrustedProxies;
 use http::StatusCode;
 use support::openmetrics::parse;
