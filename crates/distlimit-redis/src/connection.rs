@@ -9,53 +9,50 @@
 //! another attempt, within the same per-call deadline: `MOVED` and `ASK` (the slot lives
 //! elsewhere), `TRYAGAIN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused the command
 //! before running it), a refused connection (standalone and Cluster), and `NOSCRIPT` (handled
-//! in [`script`](crate::script)). `CLUSTERDOWN` also proves it, but lasts until a crashed
+//! once, by the call itself, in [`script`](crate::script)). `CLUSTERDOWN` also proves it, but lasts until a crashed
 //! primary's replica is promoted (seconds), so it fails the call at once.
 //!
 //! redis-rs' own Cluster retries cannot make that distinction (redis 1.8.1,
-//! `src/cluster_handling/async_connection/request.rs`, `choose_response`, lines 164–306): it
-//! resends a request on *every* error whose `RetryMethod` asks for it, and
-//! `RedisError::retry_method` (`src/errors/redis_error.rs`, lines 429–465) gives an I/O error
-//! `Reconnect` when the connection dropped (the request is moved back to the pending queue and
-//! resent once the node is reconnected, `request.rs` lines 228–234) and `RetryImmediately` for
-//! any other I/O error (lines 301–304), including the per-node response timeout, which surfaces
-//! as an `io::ErrorKind::TimedOut` error (`src/aio/runtime.rs`, lines 187–192). So a script
-//! that ran and whose answer was lost, or came late, is run again, up to 16 times by default
-//! (`DEFAULT_RETRIES`, `src/cluster_handling/client.rs`, line 170). Only a caller that stopped
-//! waiting ends it: a retry checks whether anyone still awaits the answer (`request.rs`,
-//! line 313), which is why the default setup (an overall timeout equal to the per-node one)
-//! rarely resends, while a longer overall timeout does. Measured against the test Cluster with
-//! writes paused on the masters for 1 s: a per-node timeout of 100 ms and an overall one of 3 s
-//! ran an `INCR` script twice (the caller got "timed out" all the same); with `retries(0)`, once.
-//! The server errors, by contrast, are mapped to redirects and waits
-//! (`src/errors/server_error.rs`, lines 60–81), and those replies prove the command did not run.
+//! `src/cluster_handling/async_connection/request.rs`, `choose_response`): it resends a request on
+//! *every* error whose `RetryMethod` asks for it, and `RedisError::retry_method`
+//! (`src/errors/redis_error.rs`) gives an I/O error `Reconnect` when the connection dropped (the
+//! request is moved back to the pending queue and resent once the node is reconnected) and
+//! `RetryImmediately` for any other I/O error, including the per-node response timeout, which
+//! surfaces as an `io::ErrorKind::TimedOut` error (`src/aio/runtime.rs`). So a script that ran and
+//! whose answer was lost, or came late, is run again, up to 16 times by default (`DEFAULT_RETRIES`,
+//! `src/cluster_handling/client.rs`). Only a caller that stopped waiting ends it: a retry checks
+//! whether anyone still awaits the answer, which is why the default setup (an overall timeout equal
+//! to the per-node one) rarely resends, while a longer overall timeout does. Measured against the
+//! test Cluster with writes paused on the masters for 1 s: a per-node timeout of 100 ms and an
+//! overall one of 3 s ran an `INCR` script twice (the caller got "timed out" all the same); with
+//! `retries(0)`, once. The server errors, by contrast, are mapped to redirects and waits
+//! (`src/errors/server_error.rs`), and those replies prove the command did not run.
 //!
 //! There is no per-request switch, so the Cluster client is built with `retries(0)` (every error
 //! comes back at once; the slot map is still refreshed on `MOVED`, because `choose_response`
 //! returns `PollFlushAction::RebuildSlots` whether or not it retries, and requests wait for the
-//! refresh, `poll_flush`, `src/cluster_handling/async_connection/mod.rs`, lines 1713–1745), a
-//! per-node response timeout equal to the per-call one and no overall timeout (each call has its
-//! own deadline here), and the redirects above are followed here. `ASK` is followed the way
-//! redis-rs does it (`get_redirected_connection`, same file, lines 930–950): `ASKING` then the
-//! script, on the named node, in one pipeline.
+//! refresh, `poll_flush`, `src/cluster_handling/async_connection/mod.rs`), a per-node response
+//! timeout equal to the per-call one and no overall timeout (each call has its own deadline here),
+//! and the redirects above are followed here. `ASK` is followed the way redis-rs does it
+//! (`get_redirected_connection`, same file): `ASKING` then the script, on the named node, in one
+//! pipeline.
 //!
-//! The standalone `ConnectionManager` never resends a command: it returns the error and
-//! reconnects in the background (`src/aio/connection_manager.rs`, lines 361–385 and 700–730);
-//! its reconnection itself is not retried here (`number_of_retries = 0`), so during an outage
-//! every call fails fast with a refused connection instead of waiting out a backoff. A failed
-//! reconnection stays the manager's answer until a call finds it: that call gets the stored
-//! refusal while the manager starts connecting anew (`reconnect_if_io_error`, lines 415–426 and
-//! 623–672). So a call answered with a refused connection, which proves nothing was sent, is run
-//! once more on the same manager, which waits for the new connection: the first call after a
-//! restart (a breaker's probe) runs on a live connection instead of failing on the memory of the
-//! outage.
+//! The standalone `ConnectionManager` never resends a command: it returns the error and reconnects
+//! in the background (`src/aio/connection_manager.rs`); its reconnection itself is not retried here
+//! (`number_of_retries = 0`), so during an outage every call fails fast with a refused connection
+//! instead of waiting out a backoff. A failed reconnection stays the manager's answer until a call
+//! finds it: that call gets the stored refusal while the manager starts connecting anew
+//! (`reconnect_if_io_error`). So a call answered with a refused connection, which proves nothing
+//! was sent, is run once more on the same manager, which waits for the new connection: the first
+//! call after a restart (a breaker's probe) runs on a live connection instead of failing on the
+//! memory of the outage.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use deadpool::managed::{PoolError, RecycleError};
-use distlimit_core::{Decision, Error, Limit, NotSent};
+use distlimit_core::{Error, NotSent};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -70,7 +67,7 @@ use redis::{
 use tokio::time::Instant;
 
 use crate::config::{Certs, NodeAuth, STORE, config_error};
-use crate::script::{self, ScriptRequest, TimeSource};
+use crate::script::{self, Answer, Call};
 
 /// The most attempts one call makes in a Cluster (redirects and waits), within its deadline.
 const MAX_CLUSTER_ATTEMPTS: u32 = 16;
@@ -78,106 +75,8 @@ const MAX_CLUSTER_ATTEMPTS: u32 = 16;
 /// The first wait after `TRYAGAIN`, `LOADING` and the like; doubled per attempt.
 const CLUSTER_RETRY_WAIT: Duration = Duration::from_millis(5);
 
-/// One script call, runnable on any connection.
-pub(crate) trait Op: Sync {
-    type Output: Send;
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Self::Output, Error>> + Send;
-}
-
-/// One request on one key: [`script::decide`].
-pub(crate) struct Single<'a> {
-    pub(crate) key: &'a [u8],
-    pub(crate) limit: &'a Limit,
-    pub(crate) cost: u64,
-}
-
-impl Op for Single<'_> {
-    type Output = Decision;
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        script::decide(conn, self.key, self.limit, self.cost, time)
-    }
-}
-
-/// A batch: [`script::decide_all`].
-pub(crate) struct Batch<'a, 'k> {
-    pub(crate) requests: &'a [ScriptRequest<'k>],
-}
-
-impl Op for Batch<'_, '_> {
-    type Output = Vec<Decision>;
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send {
-        script::decide_all(conn, self.requests, time)
-    }
-}
-
-/// One group of a batch that spans Cluster slots, charged if all admitted:
-/// [`script::charge_group`].
-pub(crate) struct ChargeGroup<'a, 'k> {
-    pub(crate) requests: &'a [ScriptRequest<'k>],
-}
-
-impl Op for ChargeGroup<'_, '_> {
-    type Output = (Vec<Decision>, Option<u64>);
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Self::Output, Error>> + Send {
-        script::charge_group(conn, self.requests, time)
-    }
-}
-
-/// One group of a batch that spans Cluster slots, evaluated without charging:
-/// [`script::evaluate_group`].
-pub(crate) struct EvaluateGroup<'a, 'k> {
-    pub(crate) requests: &'a [ScriptRequest<'k>],
-}
-
-impl Op for EvaluateGroup<'_, '_> {
-    type Output = Vec<Decision>;
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send {
-        script::evaluate_group(conn, self.requests, time)
-    }
-}
-
-/// Gives back what a [`ChargeGroup`] charged at `at`: [`script::refund`].
-pub(crate) struct Refund<'a, 'k> {
-    pub(crate) requests: &'a [ScriptRequest<'k>],
-    pub(crate) at: u64,
-}
-
-impl Op for Refund<'_, '_> {
-    type Output = ();
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
-        script::refund(conn, self.requests, self.at, time)
-    }
-}
+/// What a call answers: per group its answer or its own error.
+pub(crate) type Answers = Vec<Result<Answer, Error>>;
 
 /// The connections of one store.
 pub(crate) enum Backend {
@@ -199,28 +98,23 @@ pub(crate) struct Timeouts {
 }
 
 impl Backend {
-    /// Runs `op` within the response timeout.
+    /// Runs `call` within the response timeout.
     ///
     /// The large futures of rare paths (deadpool's checkout, 6.4 KiB; a sentinel lookup) are
     /// boxed where they start: in this future they made it 13 KiB, which every decision of every
     /// mode copied into its own boxed future (14 000 of a Redis-backed server's 91 000
     /// instructions per decision).
-    pub(crate) async fn call<O: Op>(
-        &self,
-        op: &O,
-        time: TimeSource,
-        timeouts: Timeouts,
-    ) -> Result<O::Output, Error> {
+    pub(crate) async fn call(&self, call: &Call<'_>, timeouts: Timeouts) -> Result<Answers, Error> {
         let after = timeouts.response;
         match self {
             Backend::Manager(manager) => {
                 within(after, async {
                     let mut conn = manager.clone();
-                    match op.run(&mut conn, time).await {
+                    match call.run(&mut conn).await {
                         // The manager answered with the failure of its last reconnection (made
                         // while the server was down), and has just started another one: nothing
                         // was sent, so the call waits for the new connection and runs on it.
-                        Err(e) if refused(&e) => op.run(&mut conn, time).await,
+                        Err(e) if refused(&e) => call.run(&mut conn).await,
                         result => result,
                     }
                 })
@@ -234,7 +128,7 @@ impl Backend {
                     // Broken until the call completes: a call the deadline cuts short leaves it
                     // so, and the pool replaces the connection at its next checkout.
                     pooled.broken = true;
-                    let result = op.run(&mut pooled.conn, time).await;
+                    let result = call.run(&mut pooled.conn).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
                     if matches!(&result, Err(e) if lost_connection(e)) {
                         // The server went away (a restart, a crash): every connection opened
@@ -245,8 +139,8 @@ impl Backend {
                 })
                 .await
             }
-            Backend::Sentinel(sentinel) => sentinel.call(op, time, timeouts).await,
-            Backend::Cluster(cluster) => cluster_call(cluster, op, time, after).await,
+            Backend::Sentinel(sentinel) => sentinel.call(call, timeouts).await,
+            Backend::Cluster(cluster) => cluster_call(cluster, call, after).await,
         }
     }
 
@@ -422,13 +316,13 @@ impl Backend {
         let result = match self {
             Backend::Manager(manager) => {
                 let mut conn = manager.clone();
-                within(after, crate::coalesce::load_scripts(&mut conn)).await
+                within(after, script::load_scripts(&mut conn)).await
             }
             Backend::Pool(pool) => {
                 within(after, async {
                     let mut pooled = pool.get().await.map_err(|e| pool_error(e, after))?;
                     pooled.broken = true;
-                    let result = crate::coalesce::load_scripts(&mut pooled.conn).await;
+                    let result = script::load_scripts(&mut pooled.conn).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
                     result
                 })
@@ -437,7 +331,7 @@ impl Backend {
             Backend::Sentinel(sentinel) => {
                 within(after, async {
                     let mut conn = sentinel.connection().await?.conn;
-                    crate::coalesce::load_scripts(&mut conn).await
+                    script::load_scripts(&mut conn).await
                 })
                 .await
             }
@@ -845,14 +739,13 @@ fn did_not_run(err: &Error) -> Option<Next> {
     }
 }
 
-/// Runs `op` on the Cluster, following redirects and waits that prove the script did not run,
+/// Runs `call` on the Cluster, following redirects and waits that prove the script did not run,
 /// within `after` in all.
-async fn cluster_call<O: Op>(
+async fn cluster_call(
     cluster: &ClusterConnection,
-    op: &O,
-    time: TimeSource,
+    call: &Call<'_>,
     after: Duration,
-) -> Result<O::Output, Error> {
+) -> Result<Answers, Error> {
     let deadline = Instant::now() + after;
     let mut conn = cluster.clone();
     let mut ask: Option<SingleNodeRoutingInfo> = None;
@@ -861,13 +754,13 @@ async fn cluster_call<O: Op>(
     loop {
         attempt += 1;
         let result = match ask.take() {
-            None => tokio::time::timeout_at(deadline, op.run(&mut conn, time)).await,
+            None => tokio::time::timeout_at(deadline, call.run(&mut conn)).await,
             Some(node) => {
                 let mut asking = Asking {
                     conn: &mut conn,
                     node,
                 };
-                tokio::time::timeout_at(deadline, op.run(&mut asking, time)).await
+                tokio::time::timeout_at(deadline, call.run(&mut asking)).await
             }
         };
         let err = match result {
@@ -1057,25 +950,25 @@ impl SentinelBackend {
         }
     }
 
-    async fn call<O: Op>(
-        &self,
-        op: &O,
-        time: TimeSource,
-        timeouts: Timeouts,
-    ) -> Result<O::Output, Error> {
+    async fn call(&self, call: &Call<'_>, timeouts: Timeouts) -> Result<Answers, Error> {
         let mut used = None;
         let result = within(timeouts.response, async {
             let Current { id, mut conn, .. } = self.connection().await?;
             used = Some(id);
-            op.run(&mut conn, time).await
+            call.run(&mut conn).await
         })
         .await;
-        if let (Err(e), Some(id)) = (&result, used) {
-            // A timeout, a lost connection, `READONLY` from a demoted primary: the next call
-            // asks the sentinels where the primary is now.
-            if e.is_transient() {
-                self.invalidate(id);
-            }
+        // A timeout, a lost connection, `READONLY` from a demoted primary (for the whole call,
+        // or for a group of a coalesced one): the next call asks the sentinels where the
+        // primary is now.
+        let transient = match &result {
+            Err(e) => e.is_transient(),
+            Ok(answers) => answers
+                .iter()
+                .any(|a| matches!(a, Err(e) if e.is_transient())),
+        };
+        if let (true, Some(id)) = (transient, used) {
+            self.invalidate(id);
         }
         result
     }
@@ -1145,14 +1038,15 @@ mod tests {
     fn a_call_future_stays_small() {
         // Every decision moves this future into a box (the store's `async_trait` methods):
         // rare paths with large futures (deadpool's checkout, a sentinel lookup) box their own.
-        let op = Batch { requests: &[] };
         let timeouts = Timeouts {
             connect: Duration::from_secs(1),
             response: Duration::from_secs(1),
         };
-        let size = output_size(|backend: &'static Backend| {
-            backend.call(&op, TimeSource::Server, timeouts)
-        });
+        let size = output_size(
+            |(backend, call): (&'static Backend, &'static Call<'static>)| {
+                backend.call(call, timeouts)
+            },
+        );
         assert!(size <= 4096, "Backend::call's future is {size} bytes");
     }
 
