@@ -2,12 +2,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Parser;
 use distlimit_tower::Cidr;
 
-use crate::serve::{self, ServeConfig};
+use crate::serve::store::StoreArgs;
+use crate::serve::{ServeArgs, ServeConfig};
 
 /// The demo service's command line (`distlimit-demo --help`).
 #[derive(Clone, Debug, Parser)]
@@ -17,92 +17,31 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
 
-    /// Share the limit through this Redis: redis://host:port, rediss://…,
-    /// redis+sentinel://host:port[,host:port…]/service or redis+cluster://host:port[,host:port…].
-    /// Without it, the embedded memory store limits this process alone.
-    #[arg(long, value_name = "URL")]
-    pub redis: Option<String>,
-
     /// A TOML policy file (hot-reloaded). It must define the policy `api`; without it, a token
     /// bucket of 100 refilled at 60 per minute.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
 
-    /// Spend this policy's limit from token leases (repeat for several; token bucket and GCRA
-    /// tiers, other tiers decide in Redis as usual): each instance withdraws units from Redis
-    /// ahead of use and spends them in memory, never admitting more than the limit together.
-    /// Only with --redis.
-    #[arg(long = "lease", value_name = "POLICY", requires = "redis")]
-    pub lease: Vec<String>,
-
-    /// How many instances share the Redis limit (1 to 10000): while Redis is unreachable each
-    /// instance enforces 1/N of it on its own.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_INSTANCES))]
-    pub instances: u64,
-
-    /// Time budget of one Redis decision, in milliseconds (1 to 60000); past it the local
-    /// fallback answers and the circuit breaker opens.
-    #[arg(long, value_name = "MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS))]
-    pub redis_budget_ms: u64,
+    /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
+    /// `--failure-mode`, `--lease` (shared with `distlimit-server`).
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// A proxy (CIDR) whose X-Forwarded-For is believed; repeat for several. None by default:
     /// the client IP is the socket peer.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<Cidr>,
 
-    /// A request's head must arrive within this many milliseconds of the connection starting
-    /// to wait for it (at accept, and after each response).
-    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_HEADER_READ_TIMEOUT), value_parser = timeout_ms())]
-    pub header_read_timeout_ms: u64,
-
-    /// A connection with no request in progress on which no byte moves for this many
-    /// milliseconds is closed.
-    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_IDLE_TIMEOUT), value_parser = timeout_ms())]
-    pub idle_timeout_ms: u64,
-
-    /// At most this many connections at once (more wait in the accept backlog); lowered to the
-    /// descriptor limit minus 64.
-    #[arg(long, value_name = "N", default_value_t = serve::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: u32,
-
-    /// After SIGTERM or Ctrl-C, requests in progress get this many milliseconds to finish;
-    /// then the process exits.
-    #[arg(long, value_name = "MS", default_value_t = millis(serve::DEFAULT_SHUTDOWN_TIMEOUT), value_parser = timeout_ms())]
-    pub shutdown_timeout_ms: u64,
-}
-
-/// The most instances `--instances` accepts: beyond it each one's share of a limit rounds to
-/// nothing useful.
-const MAX_INSTANCES: u64 = 10_000;
-
-/// The longest Redis budget `--redis-budget-ms` accepts: one minute.
-const MAX_REDIS_BUDGET_MS: u64 = 60_000;
-
-/// The longest timeout a flag accepts: one day, in milliseconds.
-const MAX_TIMEOUT_MS: u64 = 86_400_000;
-
-fn timeout_ms() -> clap::builder::RangedU64ValueParser<u64> {
-    clap::value_parser!(u64).range(1..=MAX_TIMEOUT_MS)
-}
-
-const fn millis(duration: Duration) -> u64 {
-    duration.as_millis() as u64
+    /// The serving limits: `--header-read-timeout-ms`, `--idle-timeout-ms`,
+    /// `--max-connections`, `--shutdown-timeout-ms` (shared with `distlimit-server`).
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 impl Args {
-    /// The Redis time budget.
-    pub fn redis_budget(&self) -> Duration {
-        Duration::from_millis(self.redis_budget_ms)
-    }
-
     /// The server's limits, from the flags.
     pub fn serve_config(&self) -> ServeConfig {
-        ServeConfig {
-            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
-            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
-            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
-            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
-        }
+        self.serve.serve_config()
     }
 }
 
@@ -110,5 +49,28 @@ impl Default for Args {
     /// The defaults, as if run without flags.
     fn default() -> Self {
         Self::parse_from(["distlimit-demo"])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_shared_flags_are_those_of_the_server() {
+        let args = Args::try_parse_from([
+            "distlimit-demo",
+            "--max-connections",
+            "5000000000",
+            "--failure-mode",
+            "fail-closed",
+            "--redis-timeout-ms",
+            "300",
+        ])
+        .unwrap();
+        assert_eq!(args.serve.max_connections, 5_000_000_000);
+        assert_eq!(args.store.redis_timeout_ms, 300);
+        assert!(Args::try_parse_from(["distlimit-demo", "--redis-budget-ms", "0"]).is_err());
     }
 }

@@ -12,12 +12,10 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::HeaderName;
 use distlimit_core::Store;
-use distlimit_hybrid::Hybrid;
-use distlimit_lease::Leased;
-use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
-use distlimit_policy::{ConfigWatcher, Limiter, PolicyConfigError, PolicySet, Reload};
-use distlimit_redis::RedisStore;
+use distlimit_policy::{Limiter, PolicyConfigError, PolicySet};
+use distlimit_serve::FileWatcher;
+use distlimit_serve::store::StoreError;
 use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
 
@@ -48,7 +46,11 @@ tiers = [{ name = "client", algorithm = "token_bucket", limit = 600, per = "1m",
 "#;
 
 /// The name of the Redis store in metrics and logs.
-pub const REDIS_STORE: &str = "redis";
+pub use distlimit_serve::store::REDIS_STORE;
+
+/// What a reload of the `--policy` file did: the binaries' one reload event, its `Rejected`
+/// error the policy file's.
+pub type PolicyReload = distlimit_serve::Reload<PolicyConfigError>;
 
 /// How often a `--policy` file is checked for changes.
 pub const RELOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -63,7 +65,9 @@ pub enum StartError {
     /// The policy file does not define [`POLICY`] or [`IP_POLICY`].
     #[error("policy: the file must define the policy \"{0}\" that /api/data uses")]
     MissingPolicy(&'static str),
-    /// Redis could not be reached or the URL is invalid (the error names Redis itself).
+    /// Redis refused the configuration: an invalid URL, rejected credentials (the error names
+    /// Redis itself). An unreachable Redis is no error: the demo starts, the failure mode
+    /// answers, and Redis is connected in the background.
     #[error(transparent)]
     Redis(#[from] distlimit_core::Error),
     /// The listening address could not be bound (in use, or not this host's).
@@ -79,13 +83,22 @@ pub enum StartError {
     Hybrid(#[from] distlimit_hybrid::ConfigError),
 }
 
+impl From<StoreError> for StartError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Redis(error) => Self::Redis(error),
+            StoreError::Hybrid(error) => Self::Hybrid(error),
+        }
+    }
+}
+
 /// The service, built from [`Args`] and ready to [`serve`](Demo::serve).
 #[derive(Debug)]
 pub struct Demo {
     router: Router,
     metrics: Metrics,
     limiter: Arc<Limiter>,
-    watcher: Option<ConfigWatcher>,
+    watcher: Option<FileWatcher<PolicyConfigError>>,
     serve_config: ServeConfig,
 }
 
@@ -96,7 +109,7 @@ impl Demo {
     ///
     /// # Errors
     ///
-    /// An invalid policy file, or an unreachable Redis.
+    /// An invalid policy file, or a Redis configuration Redis refuses.
     pub async fn build(args: &Args) -> Result<Self, StartError> {
         let policies = match &args.policy {
             Some(path) => PolicySet::from_toml_file(path)?,
@@ -108,16 +121,24 @@ impl Demo {
             }
         }
         let metrics = Metrics::new();
-        let store = store(args, &metrics).await?;
+        let store = distlimit_serve::store::build(&args.store, &metrics)
+            .await?
+            .store;
         let limiter = limiter(store, policies, &metrics);
         // A reload that drops a policy the routes use is refused, the running set kept.
         for name in [POLICY, IP_POLICY] {
             limiter.declare(name)?;
         }
-        let watcher = match &args.policy {
-            Some(path) => Some(distlimit_policy::watch(&limiter, path, RELOAD_INTERVAL)?),
-            None => None,
+        // SIGHUP rereads the policy file at once instead of ending the process.
+        let what = match &args.policy {
+            Some(_) => "reading the policy file now",
+            None => "ignored (no --policy to reload)",
         };
+        let hangup = distlimit_serve::hangup_signal(what);
+        let watcher = args
+            .policy
+            .as_ref()
+            .map(|path| watch_policy(limiter.clone(), path.clone(), hangup));
         let limits = api_limits(
             limiter.clone(),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
@@ -143,8 +164,8 @@ impl Demo {
 
     /// The policy file's reload events (`None` without `--policy`): await `changed()` on the
     /// receiver to learn that a version was applied or rejected.
-    pub fn policy_reloads(&self) -> Option<tokio::sync::watch::Receiver<Reload>> {
-        self.watcher.as_ref().map(ConfigWatcher::subscribe)
+    pub fn policy_reloads(&self) -> Option<tokio::sync::watch::Receiver<PolicyReload>> {
+        self.watcher.as_ref().map(FileWatcher::subscribe)
     }
 
     /// The limiter behind `/api/data`.
@@ -179,49 +200,43 @@ impl Demo {
     }
 }
 
+/// Polls the policy file at `path` (every [`RELOAD_INTERVAL`], and at once when `hangup`
+/// changes) through the binaries' one file poller: a changed file that parses and keeps the
+/// declared policies replaces the running set; any other is refused and the set kept.
+fn watch_policy(
+    limiter: Arc<Limiter>,
+    path: std::path::PathBuf,
+    hangup: tokio::sync::watch::Receiver<u64>,
+) -> FileWatcher<PolicyConfigError> {
+    // The bytes applied or refused last; `None` after a read error, so the file counts as
+    // changed once it is readable again.
+    let seen = std::sync::Mutex::new(None::<Vec<u8>>);
+    distlimit_serve::poll_files("policy file", RELOAD_INTERVAL, Some(hangup), move || {
+        let mut seen = seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Ok(bytes) = std::fs::read(&path) else {
+            *seen = None;
+            // The same read again, for the policy crate's error naming the file.
+            return PolicySet::from_toml_file(&path).map(|_| false);
+        };
+        if seen.as_deref() == Some(bytes.as_slice()) {
+            return Ok(false);
+        }
+        *seen = Some(bytes.clone());
+        drop(seen);
+        let parsed = match std::str::from_utf8(&bytes) {
+            Ok(text) => PolicySet::from_toml_str(text),
+            // The policy crate's error for a file that is not UTF-8, naming it.
+            Err(_) => PolicySet::from_toml_file(&path),
+        };
+        parsed.and_then(|set| limiter.replace(set)).map(|()| true)
+    })
+}
+
 /// A limiter on `store` reporting to `metrics`.
 pub fn limiter(store: Arc<dyn Store>, policies: PolicySet, metrics: &Metrics) -> Arc<Limiter> {
     Arc::new(Limiter::new(store, policies).with_observer(Arc::new(metrics.clone())))
-}
-
-async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartError> {
-    let Some(url) = &args.redis else {
-        tracing::info!("store: memory (this process only)");
-        return Ok(Arc::new(MemoryStore::new()));
-    };
-    // Redis' own reply timeout never cuts a call the budget still allows.
-    let redis = RedisStore::builder(url.as_str())
-        .response_timeout(
-            args.redis_budget()
-                .max(distlimit_redis::DEFAULT_RESPONSE_TIMEOUT),
-        )
-        // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
-        .observer(Arc::new(metrics.clone()))
-        .connect()
-        .await?;
-    tracing::info!(
-        "store: redis ({:?}), memory fallback with 1/{} of each limit",
-        redis.mode(),
-        args.instances
-    );
-    let hybrid = Hybrid::builder(redis, MemoryStore::new())
-        .name(REDIS_STORE)
-        .budget(args.redis_budget())
-        .instances(args.instances)
-        .observer(Arc::new(metrics.clone()))
-        .build()?;
-    metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
-    if args.lease.is_empty() {
-        return Ok(Arc::new(hybrid));
-    }
-    tracing::info!("token leases for the policies {:?}", args.lease);
-    let store = Arc::new(
-        Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
-            .observer(Arc::new(metrics.clone()))
-            .build(hybrid),
-    );
-    distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
-    Ok(store)
 }
 
 /// The workspace README's Rust examples, compiled (and run where they are not `no_run`) as

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use clap::Parser;
 use distlimit_core::ManualClock;
+use distlimit_demo::PolicyReload as Reload;
 use distlimit_demo::{
     Args, DATA_BODY, DEFAULT_POLICIES, Demo, ServeConfig, StartError, api_limits, limiter, router,
     serve,
 };
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
-use distlimit_policy::{PolicySet, Reload};
+use distlimit_policy::PolicySet;
 use distlimit_tower::TrustedProxies;
 use http::StatusCode;
 use support::openmetrics::parse;
@@ -349,9 +350,9 @@ async fn a_policy_file_without_the_api_policies_is_refused() {
 fn the_command_line_has_the_seed_defaults() {
     let args = Args::default();
     assert_eq!(args.listen.to_string(), "127.0.0.1:3000");
-    assert_eq!(args.redis, None);
+    assert_eq!(args.store.redis, None);
     assert_eq!(args.policy, None);
-    assert_eq!(args.instances, 1);
+    assert_eq!(args.store.instances, 1);
     assert!(Args::try_parse_from(["distlimit-demo", "--instances", "0"]).is_err());
     assert!(Args::try_parse_from(["distlimit-demo", "--trusted-proxy", "10.0.0.0/33"]).is_err());
     let args = Args::parse_from(["distlimit-demo", "--trusted-proxy", "10.0.0.0/8"]);

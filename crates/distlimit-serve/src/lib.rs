@@ -21,6 +21,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
+#[cfg(feature = "cli")]
+mod args;
+#[cfg(feature = "cli")]
+pub use crate::args::{MAX_TIMEOUT_MS, ServeArgs};
+#[cfg(feature = "logging")]
+pub mod logging;
+mod poll;
+pub use crate::poll::{FileWatcher, Reload, poll_files};
+#[cfg(feature = "store")]
+pub mod store;
 #[cfg(feature = "tls")]
 mod tls;
 #[cfg(feature = "tls")]
@@ -690,6 +700,41 @@ pub fn read_at_most(path: &std::path::Path, limit: u64) -> io::Result<Vec<u8>> {
         ));
     }
     Ok(bytes)
+}
+
+/// Counts SIGHUPs from now on, so the default action (ending the process at once, without
+/// draining or a log line) never happens: each SIGHUP is logged at INFO with `what` it does,
+/// and bumps the returned channel's value, which the file pollers of the binaries await to read
+/// their files at once. Installed when called, like [`shutdown_signal`]; where SIGHUP cannot be
+/// listened to (not Unix, or the handler cannot be installed) the value never changes. Needs a
+/// Tokio runtime.
+pub fn hangup_signal(what: &'static str) -> tokio::sync::watch::Receiver<u64> {
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hangup) => {
+                tokio::spawn(async move {
+                    while hangup.recv().await.is_some() {
+                        tracing::info!("SIGHUP: {what}");
+                        tx.send_modify(|count| *count += 1);
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!("SIGHUP cannot be handled: {error}");
+                // Held forever so that receivers wait instead of seeing a closed channel.
+                std::mem::forget(tx);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = what;
+        std::mem::forget(tx);
+    }
+    rx
 }
 
 /// Completes at Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called, not

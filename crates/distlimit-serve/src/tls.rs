@@ -16,7 +16,6 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_rustls::server::TlsStream;
 
 use crate::Connection;
@@ -183,24 +182,9 @@ struct Loaded {
     h2: Arc<ServerConfig>,
 }
 
-/// What the last reload of a [`Tls`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TlsReload {
-    /// The files have not changed since the start.
-    Waiting,
-    /// Changed files were applied to new connections; `generation` counts the applied versions
-    /// (the start is 0).
-    Applied {
-        /// 1 for the first reload applied, then 2, …
-        generation: u64,
-    },
-    /// Changed files were refused; the running certificate keeps serving.
-    Rejected {
-        /// Why, naming the file.
-        error: String,
-    },
-}
+/// What the last reload of a [`Tls`] did: the poller's [`Reload`](crate::Reload), whose
+/// `Rejected` error names the file; the running certificate keeps serving meanwhile.
+pub type TlsReload = crate::Reload<String>;
 
 struct Inner {
     files: TlsFiles,
@@ -271,54 +255,15 @@ impl Tls {
         Ok(true)
     }
 
-    /// Starts a task that calls [`reload`](Self::reload) every `interval`, logging what it
-    /// applies and, once per distinct change, what it refuses (with the file's path). Dropping
-    /// the returned [`TlsWatcher`] stops it. Needs a Tokio runtime.
-    pub fn watch(&self, interval: Duration) -> TlsWatcher {
-        let (tx, events) = watch::channel(TlsReload::Waiting);
+    /// Starts the file poller ([`poll_files`](crate::poll_files)) on
+    /// [`reload`](Self::reload) every `interval`, and at once when `hangup` changes: it logs
+    /// what it applies and, once per distinct change, what it refuses (with the file's path).
+    /// Dropping the returned [`TlsWatcher`] stops it. Needs a Tokio runtime.
+    pub fn watch(&self, interval: Duration, hangup: Option<watch::Receiver<u64>>) -> TlsWatcher {
         let tls = self.clone();
-        let task = tokio::spawn(async move {
-            let mut generation = 0;
-            let mut refused: Option<String> = None;
-            loop {
-                tokio::time::sleep(interval).await;
-                let reloading = tls.clone();
-                let reloaded = match tokio::task::spawn_blocking(move || reloading.reload()).await {
-                    Ok(reloaded) => reloaded,
-                    Err(join) => {
-                        tracing::warn!("TLS reload: {join}");
-                        continue;
-                    }
-                };
-                match reloaded {
-                    // Back to the running files: a later refusal is news again.
-                    Ok(false) => refused = None,
-                    Ok(true) => {
-                        generation += 1;
-                        refused = None;
-                        tracing::info!(
-                            cert = %tls.inner.files.cert_chain.display(),
-                            generation,
-                            "TLS certificate reloaded"
-                        );
-                        tx.send_replace(TlsReload::Applied { generation });
-                    }
-                    Err(error) => {
-                        let message = error.to_string();
-                        if refused.as_deref() == Some(message.as_str()) {
-                            continue;
-                        }
-                        tracing::error!(
-                            file = %error.path().map(|p| p.display().to_string()).unwrap_or_default(),
-                            "TLS files refused, the running certificate is kept: {message}"
-                        );
-                        refused = Some(message.clone());
-                        tx.send_replace(TlsReload::Rejected { error: message });
-                    }
-                }
-            }
-        });
-        TlsWatcher { task, events }
+        crate::poll_files("TLS files", interval, hangup, move || {
+            tls.reload().map_err(|error| error.to_string())
+        })
     }
 
     /// The rustls configuration new connections get on a port speaking `alpn`.
@@ -366,24 +311,7 @@ impl Tls {
 }
 
 /// A running TLS reload task (from [`Tls::watch`]); dropping it stops the task.
-#[derive(Debug)]
-pub struct TlsWatcher {
-    task: JoinHandle<()>,
-    events: watch::Receiver<TlsReload>,
-}
-
-impl TlsWatcher {
-    /// Reload events: await `changed()` to learn that a version was applied or refused.
-    pub fn subscribe(&self) -> watch::Receiver<TlsReload> {
-        self.events.clone()
-    }
-}
-
-impl Drop for TlsWatcher {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+pub type TlsWatcher = crate::FileWatcher<String>;
 
 fn pem_error(path: &Path, error: rustls_pki_types::pem::Error) -> TlsError {
     TlsError::Pem {

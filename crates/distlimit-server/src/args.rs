@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use distlimit_hybrid::FailureMode;
+use distlimit_serve::ServeArgs;
+use distlimit_serve::store::StoreArgs;
 
 /// The rate-limit service's command line (`distlimit-server --help`).
 #[derive(Clone, Debug, Parser)]
-#[command(name = "distlimit-server", version, about)]
+#[command(name = "distlimit-server", version, about, args_override_self = true)]
 pub struct Args {
     /// envoyproxy/ratelimit's YAML configuration: a file, or a directory whose `.yaml`/`.yml`
     /// files are read (dot files skipped). Reloaded when it changes. Without it, no domain is
@@ -25,41 +26,10 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub http: SocketAddr,
 
-    /// Share the limits through this Redis: redis://host:port, rediss://…,
-    /// redis+sentinel://host:port[,host:port…]/service or redis+cluster://host:port[,host:port…].
-    /// Without it, the embedded memory store limits this process alone.
-    #[arg(long, value_name = "URL")]
-    pub redis: Option<String>,
-
-    /// How many instances share the Redis limits: while Redis is unreachable each instance
-    /// enforces 1/N of each limit on its own.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub instances: u64,
-
-    /// Time budget of one Redis decision, in milliseconds; past it the local fallback answers
-    /// and the circuit breaker opens.
-    #[arg(long, value_name = "MS", default_value_t = 50)]
-    pub redis_budget_ms: u64,
-
-    /// Time limit of one Redis reply, in milliseconds (the store's own; the budget above bounds
-    /// the whole decision).
-    #[arg(long, value_name = "MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
-    pub redis_timeout_ms: u64,
-
-    /// What decisions do while Redis cannot decide: `fallback` (this instance enforces its
-    /// share of each limit), `fail-open` (admit) or `fail-closed` (gRPC UNAVAILABLE, HTTP 503,
-    /// and Envoy's `failure_mode_deny` decides).
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = FailureModeArg::Fallback)]
-    pub failure_mode: FailureModeArg,
-
-    /// Spend this TOML policy's limit from token leases (repeat for several): each instance
-    /// withdraws units from Redis ahead of use and spends them in memory, so a hot key costs
-    /// about one Redis call per lease instead of one per request, and the instances together
-    /// never admit more than the limit. Token bucket and GCRA tiers lease; other tiers, YAML
-    /// rules and requests of several store requests are decided in Redis as usual. Only with
-    /// `--redis`.
-    #[arg(long = "lease", value_name = "POLICY", requires = "redis")]
-    pub lease: Vec<String>,
+    /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
+    /// `--failure-mode`, `--lease` (shared with the demo).
+    #[command(flatten)]
+    pub store: StoreArgs,
 
     /// Add the rate-limit headers to every answer: `RateLimit` and `RateLimit-Policy`, and the
     /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` trio.
@@ -70,15 +40,11 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub reload_interval_ms: u64,
 
-    /// The most connections each server (gRPC, HTTP) holds open at once; further clients wait
-    /// in the kernel's accept queue.
-    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_connections: u64,
-
-    /// An HTTP connection with no request in progress, and none started or ended, for this long
-    /// is closed, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub idle_timeout_ms: u64,
+    /// The serving limits of both ports: `--header-read-timeout-ms` (also the deadline of a
+    /// connection's first request on either port), `--idle-timeout-ms` (the HTTP port's),
+    /// `--max-connections` (each port's), `--shutdown-timeout-ms` (shared with the demo).
+    #[command(flatten)]
+    pub serve: ServeArgs,
 
     /// A gRPC connection with no request in progress, and none started or ended, for this long
     /// is closed, in milliseconds. The default, 65 minutes, is above the 1 hour after which
@@ -86,11 +52,6 @@ pub struct Args {
     /// this side can cross a request Envoy has just sent on the connection.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_GRPC_IDLE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub grpc_idle_timeout_ms: u64,
-
-    /// An HTTP request's head must arrive within this time, and a connection on either port
-    /// that has started no request this long after it was accepted is closed, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub header_read_timeout_ms: u64,
 
     /// Time limit of one request, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -110,48 +71,12 @@ pub struct Args {
     /// Needs `--tls-cert` and `--tls-key`.
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-
-    /// After SIGTERM or Ctrl-C, how long the requests in flight may take to finish, in
-    /// milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
-    pub shutdown_timeout_ms: u64,
 }
 
 /// Default of `--grpc-idle-timeout-ms`: 65 minutes.
 pub const DEFAULT_GRPC_IDLE_TIMEOUT_MS: u64 = 65 * 60 * 1000;
 
-/// `--failure-mode`: the hybrid store's [`FailureMode`] for every rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum FailureModeArg {
-    /// The local fallback store decides, with `1/--instances` of each limit.
-    Fallback,
-    /// Admit unchecked.
-    FailOpen,
-    /// Answer an error.
-    FailClosed,
-}
-
-impl From<FailureModeArg> for FailureMode {
-    fn from(mode: FailureModeArg) -> Self {
-        match mode {
-            FailureModeArg::Fallback => FailureMode::Fallback,
-            FailureModeArg::FailOpen => FailureMode::FailOpen,
-            FailureModeArg::FailClosed => FailureMode::FailClosed,
-        }
-    }
-}
-
 impl Args {
-    /// The Redis time budget.
-    pub fn redis_budget(&self) -> Duration {
-        Duration::from_millis(self.redis_budget_ms)
-    }
-
-    /// The Redis reply timeout.
-    pub fn redis_timeout(&self) -> Duration {
-        Duration::from_millis(self.redis_timeout_ms)
-    }
-
     /// The reload poll interval.
     pub fn reload_interval(&self) -> Duration {
         Duration::from_millis(self.reload_interval_ms)
@@ -164,7 +89,7 @@ impl Args {
 
     /// The shutdown deadline.
     pub fn shutdown_timeout(&self) -> Duration {
-        Duration::from_millis(self.shutdown_timeout_ms)
+        self.serve.shutdown_timeout()
     }
 
     /// The serving limits of the gRPC port: those of [`serve_config`](Self::serve_config)
@@ -190,12 +115,7 @@ impl Args {
 
     /// The serving limits of the HTTP port.
     pub fn serve_config(&self) -> distlimit_serve::ServeConfig {
-        distlimit_serve::ServeConfig {
-            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
-            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
-            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
-            shutdown_timeout: self.shutdown_timeout(),
-        }
+        self.serve.serve_config()
     }
 }
 
@@ -203,5 +123,312 @@ impl Default for Args {
     /// The defaults, as if run without flags.
     fn default() -> Self {
         Self::parse_from(["distlimit-server"])
+    }
+}
+
+/// An envoyproxy/ratelimit environment variable with a value the server cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("environment variable {name}={value:?}: {why}")]
+pub struct EnvError {
+    /// The variable.
+    pub name: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+impl Args {
+    /// The command line `args` (the program name first) over the settings envoyproxy/ratelimit
+    /// reads from its environment (through `env`, [`std::env::var`] in the binary), so that
+    /// an existing deployment's variables keep working: a flag given on the command line wins
+    /// over its variable. The variables and their flags:
+    ///
+    /// | variables | flag |
+    /// |---|---|
+    /// | `GRPC_HOST` (default `0.0.0.0`), `GRPC_PORT` | `--grpc HOST:PORT` |
+    /// | `HOST` (default `0.0.0.0`), `PORT` | `--http HOST:PORT` |
+    /// | `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` (default `config`) | `--config ROOT/SUBDIRECTORY/APPDIRECTORY` |
+    /// | `REDIS_URL`, `REDIS_SOCKET_TYPE` (`tcp`, `unix`), `REDIS_TYPE` (`SINGLE`, `SENTINEL`: `name,host:port,…`; `CLUSTER`: `host:port,…`), `REDIS_AUTH` (`password` or `user:password`), `REDIS_TLS` | `--redis URL` (a `REDIS_URL` with a scheme is taken as is) |
+    /// | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
+    /// | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT` | `--tls-cert`, `--tls-key`, `--tls-client-ca` (both ports) |
+    ///
+    /// A group is used only when one of its variables is set (`--grpc` from `GRPC_HOST` or
+    /// `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY`), `--redis` only
+    /// when `BACKEND_TYPE` is unset or `redis`. `LOG_LEVEL` is read by the logging setup.
+    ///
+    /// # Errors
+    ///
+    /// A variable the server cannot use (a port that is no number), or the command line's
+    /// errors (`clap`'s, which print the help or the version too).
+    pub fn from_env_and_args<I, T>(
+        env: impl Fn(&str) -> Option<String>,
+        args: I,
+    ) -> Result<Result<Self, clap::Error>, EnvError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut args = args.into_iter().map(Into::into);
+        let program = args.next().unwrap_or_else(|| "distlimit-server".into());
+        let mut argv = vec![program];
+        argv.extend(env_flags(&env)?.into_iter().map(Into::into));
+        argv.extend(args);
+        Ok(Self::try_parse_from(argv))
+    }
+}
+
+/// The flags of envoyproxy/ratelimit's environment variables (see
+/// [`Args::from_env_and_args`]).
+fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvError> {
+    let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    let truthy = |name: &'static str| -> Result<bool, EnvError> {
+        match var(name).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("false" | "0" | "f" | "no") => Ok(false),
+            Some("true" | "1" | "t" | "yes") => Ok(true),
+            Some(_) => Err(EnvError {
+                name,
+                value: var(name).unwrap_or_default(),
+                why: "expected true or false",
+            }),
+        }
+    };
+    let mut flags = Vec::new();
+    for (flag, host, port) in [
+        ("--grpc", "GRPC_HOST", "GRPC_PORT"),
+        ("--http", "HOST", "PORT"),
+    ] {
+        if var(host).is_none() && var(port).is_none() {
+            continue;
+        }
+        let default = if flag == "--grpc" { "8081" } else { "8080" };
+        let port_value = var(port).unwrap_or_else(|| default.to_owned());
+        if port_value.trim().parse::<u16>().is_err() {
+            return Err(EnvError {
+                name: port,
+                value: port_value,
+                why: "expected a port number, 0 to 65535",
+            });
+        }
+        let host = var(host).unwrap_or_else(|| "0.0.0.0".to_owned());
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        flags.extend([flag.to_owned(), format!("{host}:{}", port_value.trim())]);
+    }
+    if var("RUNTIME_ROOT").is_some() || var("RUNTIME_SUBDIRECTORY").is_some() {
+        let mut path = PathBuf::from(
+            var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into()),
+        );
+        if let Some(sub) = var("RUNTIME_SUBDIRECTORY") {
+            path.push(sub);
+        }
+        path.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
+        flags.extend(["--config".to_owned(), path.display().to_string()]);
+    }
+    let redis_backend = var("BACKEND_TYPE").is_none_or(|b| b.eq_ignore_ascii_case("redis"));
+    if let (Some(url), true) = (var("REDIS_URL"), redis_backend) {
+        flags.extend([
+            "--redis".to_owned(),
+            redis_url(&var, &url, truthy("REDIS_TLS")?)?,
+        ]);
+    }
+    if truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        flags.push("--response-headers".to_owned());
+    }
+    if truthy("GRPC_SERVER_USE_TLS")? {
+        for (name, flag) in [
+            ("GRPC_SERVER_TLS_CERT", "--tls-cert"),
+            ("GRPC_SERVER_TLS_KEY", "--tls-key"),
+            ("GRPC_CLIENT_TLS_CACERT", "--tls-client-ca"),
+        ] {
+            if let Some(path) = var(name) {
+                flags.extend([flag.to_owned(), path]);
+            }
+        }
+    }
+    Ok(flags)
+}
+
+/// `--redis` from envoyproxy/ratelimit's `REDIS_URL` (no scheme) and its companions.
+fn redis_url(
+    var: &impl Fn(&str) -> Option<String>,
+    url: &str,
+    tls: bool,
+) -> Result<String, EnvError> {
+    let url = url.trim();
+    if url.contains("://") {
+        return Ok(url.to_owned());
+    }
+    let bad = |name: &'static str, value: String, why: &'static str| EnvError { name, value, why };
+    let (user, password) = match var("REDIS_AUTH") {
+        None => (None, None),
+        Some(auth) => match auth.split_once(':') {
+            Some((user, password)) => (Some(percent_encode(user)), Some(percent_encode(password))),
+            None => (None, Some(percent_encode(&auth))),
+        },
+    };
+    let userinfo = match (&user, &password) {
+        (Some(user), Some(password)) => format!("{user}:{password}@"),
+        (None, Some(password)) => format!(":{password}@"),
+        _ => String::new(),
+    };
+    let scheme = if tls { "rediss" } else { "redis" };
+    let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
+    let kind = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
+    match kind.to_ascii_uppercase().as_str() {
+        "SINGLE" => match socket.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(format!("{scheme}://{userinfo}{url}")),
+            "unix" => {
+                let mut query = Vec::new();
+                if let Some(user) = user {
+                    query.push(format!("user={user}"));
+                }
+                if let Some(password) = password {
+                    query.push(format!("pass={password}"));
+                }
+                let query = if query.is_empty() {
+                    String::new()
+                } else {
+                    format!("?{}", query.join("&"))
+                };
+                Ok(format!("unix://{url}{query}"))
+            }
+            _ => Err(bad("REDIS_SOCKET_TYPE", socket, "expected tcp or unix")),
+        },
+        "SENTINEL" => match url.split_once(',') {
+            Some((service, hosts)) if !service.is_empty() && !hosts.is_empty() => Ok(format!(
+                "{scheme}+sentinel://{userinfo}{hosts}/{}",
+                percent_encode(service)
+            )),
+            _ => Err(bad(
+                "REDIS_URL",
+                url.to_owned(),
+                "REDIS_TYPE=SENTINEL expects name,host:port[,host:port…]",
+            )),
+        },
+        "CLUSTER" => Ok(format!("{scheme}+cluster://{userinfo}{url}")),
+        _ => Err(bad(
+            "REDIS_TYPE",
+            kind,
+            "expected SINGLE, SENTINEL or CLUSTER",
+        )),
+    }
+}
+
+/// `text` with every byte but the URL's unreserved ones percent-encoded.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn parse(env: &[(&str, &str)], args: &[&str]) -> Args {
+        let env = |name: &str| {
+            env.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let argv = std::iter::once("distlimit-server").chain(args.iter().copied());
+        Args::from_env_and_args(env, argv).unwrap().unwrap()
+    }
+
+    #[test]
+    fn envoyproxy_variables_set_the_flags_and_the_command_line_wins() {
+        let args = parse(
+            &[
+                ("GRPC_PORT", "9081"),
+                ("HOST", "127.0.0.1"),
+                ("PORT", "9080"),
+                ("RUNTIME_ROOT", "/data"),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "redis.local:6379"),
+                ("REDIS_AUTH", "p@ss"),
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ],
+            &[],
+        );
+        assert_eq!(args.grpc, "0.0.0.0:9081".parse().unwrap());
+        assert_eq!(args.http, "127.0.0.1:9080".parse().unwrap());
+        assert_eq!(args.config, Some(PathBuf::from("/data/ratelimit/config")));
+        assert_eq!(
+            args.store.redis.as_deref(),
+            Some("redis://:p%40ss@redis.local:6379")
+        );
+        assert!(args.response_headers);
+        let args = parse(&[("GRPC_PORT", "9081")], &["--grpc", "127.0.0.1:1"]);
+        assert_eq!(args.grpc, "127.0.0.1:1".parse().unwrap());
+        // Nothing set: the flags' defaults.
+        assert_eq!(parse(&[], &[]).grpc, Args::default().grpc);
+    }
+
+    #[test]
+    fn redis_topologies_and_sockets() {
+        let url = |env: &[(&str, &str)]| parse(env, &[]).store.redis.unwrap();
+        assert_eq!(
+            url(&[("REDIS_URL", "/var/run/redis.sock"), ("REDIS_AUTH", "u:p")]),
+            "unix:///var/run/redis.sock?user=u&pass=p"
+        );
+        assert_eq!(
+            url(&[
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_TLS", "true"),
+            ]),
+            "rediss+sentinel://s1:26379,s2:26379/mymaster"
+        );
+        assert_eq!(
+            url(&[("REDIS_URL", "a:7000,b:7001"), ("REDIS_TYPE", "CLUSTER")]),
+            "redis+cluster://a:7000,b:7001"
+        );
+        assert_eq!(
+            url(&[("REDIS_URL", "redis://x:1"), ("REDIS_SOCKET_TYPE", "udp")]),
+            "redis://x:1"
+        );
+        let memcache = parse(&[("REDIS_URL", "x:1"), ("BACKEND_TYPE", "memcache")], &[]);
+        assert_eq!(memcache.store.redis, None);
+    }
+
+    #[test]
+    fn the_shared_flags_are_bounded_as_in_the_demo() {
+        let parse = |flags: &[&str]| {
+            Args::try_parse_from(std::iter::once("distlimit-server").chain(flags.iter().copied()))
+        };
+        // Range-checked here too now (the demo's ranges): 1 to 60000.
+        assert!(parse(&["--redis-budget-ms", "0"]).is_err());
+        assert!(parse(&["--redis-budget-ms", "60001"]).is_err());
+        assert!(parse(&["--instances", "10001"]).is_err());
+        assert!(parse(&["--shutdown-timeout-ms", "0"]).is_err());
+        // u64 in both binaries (the demo's was u32).
+        let args = parse(&["--max-connections", "5000000000"]).unwrap();
+        assert_eq!(args.serve.max_connections, 5_000_000_000);
+    }
+
+    #[test]
+    fn unusable_variables_are_named() {
+        let env = |name: &str| (name == "GRPC_PORT").then(|| "http".to_owned());
+        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
+        assert_eq!(error.name, "GRPC_PORT");
+        let env = |name: &str| match name {
+            "REDIS_URL" => Some("x:1".to_owned()),
+            "REDIS_SOCKET_TYPE" => Some("udp".to_owned()),
+            _ => None,
+        };
+        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
+        assert_eq!(error.name, "REDIS_SOCKET_TYPE");
     }
 }

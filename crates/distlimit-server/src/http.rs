@@ -91,6 +91,8 @@ pub struct HttpState {
     pub headers: bool,
     /// False once shutdown began: `/ready` answers 503.
     pub ready: Arc<AtomicBool>,
+    /// Where Redis stands (`None` without `--redis`): `/ready` names it.
+    pub redis: Option<distlimit_serve::store::RedisStatus>,
     /// The time limit of one check.
     pub timeout: Duration,
 }
@@ -215,12 +217,17 @@ async fn metrics(State(state): State<HttpState>) -> Response {
 }
 
 async fn ready(State(state): State<HttpState>) -> Response {
-    if state.ready.load(Ordering::Acquire) {
-        json(StatusCode::OK, r#"{"status":"ready"}"#.into())
-    } else {
-        json(
+    if !state.ready.load(Ordering::Acquire) {
+        return json(
             StatusCode::SERVICE_UNAVAILABLE,
             r#"{"status":"shutting down"}"#.into(),
-        )
+        );
     }
+    // Ready while Redis is down: the failure mode answers; the body says which.
+    let body = match &state.redis {
+        None => r#"{"status":"ready"}"#,
+        Some(redis) if redis.is_deciding() => r#"{"status":"ready","redis":"up"}"#,
+        Some(_) => r#"{"status":"ready","redis":"down"}"#,
+    };
+    json(StatusCode::OK, body.into())
 }

@@ -5,9 +5,9 @@ pub mod check;
 pub mod config;
 pub mod grpc;
 pub mod http;
-pub mod metrics;
-pub mod net;
-pub mod reload;
+mod metrics;
+mod net;
+mod reload;
 
 use std::future::Future;
 use std::io;
@@ -15,29 +15,37 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use distlimit_core::Store;
-use distlimit_hybrid::Hybrid;
-use distlimit_lease::Leased;
-use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
-use distlimit_redis::RedisStore;
 use distlimit_serve::TlsWatcher;
+use distlimit_serve::store::{RedisStatus, StoreError};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic_health::ServingStatus;
 
-pub use crate::args::{Args, DEFAULT_GRPC_IDLE_TIMEOUT_MS, FailureModeArg};
+pub use crate::args::{Args, DEFAULT_GRPC_IDLE_TIMEOUT_MS, EnvError};
 pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
 pub use crate::config::{Config, RateLimitConfigError};
 pub use crate::grpc::RateLimitGrpc;
+pub use crate::metrics::{
+    LoadResult, Protocol, RequestMetrics, RequestResult, UNCONFIGURED_DOMAIN,
+};
 pub use crate::reload::{Reload, Watcher};
 /// Completes at Ctrl-C or SIGTERM; installed when called, so an early signal is not lost.
 pub use distlimit_serve::shutdown_signal;
+/// The store flags (shared with the demo), `--failure-mode`'s values and where Redis stands.
+pub use distlimit_serve::store::{FailureModeArg, REDIS_STORE, StoreArgs};
 /// The TLS of both ports (`--tls-cert`), its errors and its reload events.
 pub use distlimit_serve::{Tls, TlsError, TlsFiles, TlsReload};
 
-/// The name of the Redis store in metrics and logs.
-pub const REDIS_STORE: &str = "redis";
+/// The gRPC health service name that reports Redis: `SERVING` while Redis decides,
+/// `NOT_SERVING` while it is unreachable (not connected yet, or the circuit breaker open) and
+/// the failure mode answers. Only with `--redis`; the overall service (`""`) and the RLS
+/// service stay `SERVING` meanwhile, since the failure mode answers.
+pub const REDIS_HEALTH_SERVICE: &str = "distlimit.redis";
+
+/// How often the state of Redis is read for the health service, `/ready` and the metrics.
+const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How many requests one gRPC connection runs at once.
 pub const GRPC_CONCURRENCY_PER_CONNECTION: u32 = 1024;
@@ -49,7 +57,8 @@ pub enum StartError {
     /// The configuration is invalid.
     #[error("config: {0}")]
     Config(#[from] RateLimitConfigError),
-    /// Redis could not be reached or the URL is invalid.
+    /// Redis refused the configuration (an invalid URL, rejected credentials). An unreachable
+    /// Redis is no error: the server starts and connects in the background.
     #[error("redis: {0}")]
     Redis(#[from] distlimit_core::Error),
     /// The hybrid store's configuration was refused.
@@ -61,12 +70,22 @@ pub enum StartError {
     Tls(#[from] distlimit_serve::TlsError),
 }
 
+impl From<StoreError> for StartError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Redis(error) => Self::Redis(error),
+            StoreError::Hybrid(error) => Self::Hybrid(error),
+        }
+    }
+}
+
 /// The service, built from [`Args`] and ready to [`serve`](Server::serve).
 #[derive(Debug)]
 pub struct Server {
     checker: Arc<Checker>,
     watcher: Option<Watcher>,
     tls: Option<(Tls, TlsWatcher)>,
+    redis: Option<RedisStatus>,
     args: Args,
 }
 
@@ -77,7 +96,9 @@ impl Server {
     ///
     /// # Errors
     ///
-    /// An invalid configuration, a missing or unusable TLS file, or an unreachable Redis.
+    /// An invalid configuration, a missing or unusable TLS file, or a Redis configuration
+    /// Redis refuses. A Redis that does not answer is connected in the background while the
+    /// failure mode (`--failure-mode`) answers.
     pub async fn build(args: &Args) -> Result<Self, StartError> {
         let tls = match args.tls_files() {
             Some(files) => {
@@ -99,7 +120,7 @@ impl Server {
             None => (Config::empty(), Vec::new()),
         };
         tracing::info!(domains = config.domains().count(), "configuration loaded");
-        for name in &args.lease {
+        for name in &args.store.lease {
             if config.policies().is_none_or(|set| set.get(name).is_none()) {
                 tracing::warn!(
                     policy = %name,
@@ -108,30 +129,51 @@ impl Server {
             }
         }
         let metrics = Metrics::new();
-        let store = store(args, &metrics).await?;
-        let mut checker = Checker::new(store, config, metrics);
+        let built = distlimit_serve::store::build(&args.store, &metrics).await?;
+        let mut checker = Checker::new(built.store, config, metrics);
         if let Some(tls) = &tls {
             checker.register_tls(tls);
         }
+        if args.config.is_some() {
+            checker
+                .request_metrics()
+                .on_config_load(metrics::LoadResult::success);
+        }
         let checker = Arc::new(checker);
+        // SIGHUP reads the configuration at once (what envoyproxy/ratelimit's users expect)
+        // instead of ending the process.
+        let what = match (&args.config, &tls) {
+            (Some(_), _) => "reading the configuration now",
+            (None, Some(_)) => "reading the TLS files now",
+            (None, None) => "ignored (no --config to reload)",
+        };
+        let hangup = distlimit_serve::hangup_signal(what);
+        let hangup_tls = hangup.clone();
         let watcher = args.config.as_ref().map(|path| {
             reload::watch(
                 checker.clone(),
                 path.clone(),
                 args.reload_interval(),
                 sources,
+                hangup,
             )
         });
         let tls = tls.map(|tls| {
-            let watcher = tls.watch(args.reload_interval());
+            let watcher = tls.watch(args.reload_interval(), Some(hangup_tls));
             (tls, watcher)
         });
         Ok(Self {
             checker,
             watcher,
             tls,
+            redis: built.redis,
             args: args.clone(),
         })
+    }
+
+    /// Where Redis stands (`None` without `--redis`).
+    pub fn redis(&self) -> Option<&RedisStatus> {
+        self.redis.as_ref()
     }
 
     /// The decisions.
@@ -184,9 +226,38 @@ impl Server {
                 health
                     .set_not_serving::<RateLimitServiceServer<RateLimitGrpc>>()
                     .await;
+                // The overall service too: a probe of `""` must see the shutdown as well.
+                health
+                    .set_service_status("", ServingStatus::NotServing)
+                    .await;
                 let _ = stop_tx.send(true);
             });
         }
+        // Redis' state on the health service and the metrics; `/ready` reads it itself.
+        let _status = self.redis.clone().map(|redis| {
+            let health = health.clone();
+            let checker = self.checker.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                let mut last = None;
+                let mut tick = tokio::time::interval(STATUS_INTERVAL);
+                loop {
+                    tick.tick().await;
+                    let deciding = redis.is_deciding();
+                    if last != Some(deciding) {
+                        let status = if deciding {
+                            ServingStatus::Serving
+                        } else {
+                            ServingStatus::NotServing
+                        };
+                        health
+                            .set_service_status(REDIS_HEALTH_SERVICE, status)
+                            .await;
+                        checker.request_metrics().set_redis_up(deciding);
+                        last = Some(deciding);
+                    }
+                }
+            }))
+        });
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -214,6 +285,7 @@ impl Server {
             checker: self.checker.clone(),
             headers: args.response_headers,
             ready,
+            redis: self.redis.clone(),
             timeout: args.request_timeout(),
         });
         let http_stopped = stopped(stop_rx.clone());
@@ -245,41 +317,11 @@ impl Server {
     }
 }
 
-async fn store(args: &Args, metrics: &Metrics) -> Result<Arc<dyn Store>, StartError> {
-    let Some(url) = &args.redis else {
-        tracing::info!("store: memory (this process only)");
-        return Ok(Arc::new(MemoryStore::new()));
-    };
-    let redis = RedisStore::builder(url.as_str())
-        .response_timeout(args.redis_timeout())
-        // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
-        .observer(Arc::new(metrics.clone()))
-        .connect()
-        .await?;
-    tracing::info!(
-        "store: redis ({:?}), failure mode {:?}, memory fallback with 1/{} of each limit",
-        redis.mode(),
-        args.failure_mode,
-        args.instances
-    );
-    let hybrid = Hybrid::builder(redis, MemoryStore::new())
-        .name(REDIS_STORE)
-        .budget(args.redis_budget())
-        .instances(args.instances)
-        .default_failure_mode(args.failure_mode.into())
-        .observer(Arc::new(metrics.clone()))
-        .build()?;
-    metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
-    if args.lease.is_empty() {
-        return Ok(Arc::new(hybrid));
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
-    // A YAML rule's state is a fixed window, which never leases.
-    tracing::info!("token leases for the policies {:?}", args.lease);
-    let store = Arc::new(
-        Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
-            .observer(Arc::new(metrics.clone()))
-            .build(hybrid),
-    );
-    distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
-    Ok(store)
 }

@@ -2,9 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use distlimit_server::{Args, Server, shutdown_signal};
-use tracing_subscriber::EnvFilter;
 
 /// mimalloc: each request allocates and frees many small buffers (HTTP/2 frames, protobuf
 /// messages, futures), where glibc's allocator spent a sixth of the server's instructions.
@@ -13,13 +11,17 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Args::parse()).await {
+    distlimit_serve::logging::init();
+    // envoyproxy/ratelimit's environment variables, under the command line.
+    let args = match Args::from_env_and_args(|name| std::env::var(name).ok(), std::env::args_os()) {
+        Ok(Ok(args)) => args,
+        Ok(Err(clap)) => clap.exit(),
+        Err(error) => {
+            tracing::error!("{error}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error}");

@@ -1,6 +1,7 @@
 //! Metrics of the requests themselves, beside the per-rule decisions of `distlimit-metrics`:
 //! `distlimit_server_requests_total` by domain, protocol and result, and
-//! `distlimit_server_request_duration_seconds` by protocol, and with TLS
+//! `distlimit_server_request_duration_seconds` by protocol, `distlimit_server_config_loads_total`
+//! by result, `distlimit_server_store_up` with `--redis`, and with TLS
 //! `distlimit_server_tls_handshake_failures_total` by protocol. Served on `/metrics` together
 //! with the decision series, from one registry.
 
@@ -15,6 +16,7 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
@@ -53,6 +55,26 @@ struct RequestLabels {
     result: RequestResult,
 }
 
+/// How a configuration load ended.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum LoadResult {
+    /// Read and applied.
+    success,
+    /// Refused: the running configuration is kept.
+    error,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LoadLabels {
+    result: LoadResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    store: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProtocolLabels {
     protocol: Protocol,
@@ -75,6 +97,8 @@ pub struct RequestMetrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     duration: Family<ProtocolLabels, Histogram>,
+    redis_up: Family<StoreLabels, Gauge>,
+    config_loads: Family<LoadLabels, Counter>,
 }
 
 impl std::fmt::Debug for RequestMetrics {
@@ -105,10 +129,26 @@ impl RequestMetrics {
             Unit::Seconds,
             duration.clone(),
         );
+        let redis_up = Family::<StoreLabels, Gauge>::default();
+        server.register(
+            "store_up",
+            "1 while the store decides, 0 while it is unreachable (not connected yet, or the \
+             circuit breaker open) and the failure mode answers; only with --redis",
+            redis_up.clone(),
+        );
+        let config_loads = Family::<LoadLabels, Counter>::default();
+        server.register(
+            "config_loads",
+            "Configuration loads by result: success (at start and each applied reload) or error \
+             (a changed configuration refused, the running one kept)",
+            config_loads.clone(),
+        );
         Self {
             registry,
             requests,
             duration,
+            redis_up,
+            config_loads,
         }
     }
 
@@ -117,6 +157,21 @@ impl RequestMetrics {
     pub fn register_tls(&mut self, tls: &Tls) {
         self.registry
             .register_collector(Box::new(TlsFailures(tls.clone())));
+    }
+
+    /// Sets `distlimit_server_store_up{store="redis"}`: whether Redis decides.
+    pub fn set_redis_up(&self, up: bool) {
+        let labels = StoreLabels {
+            store: distlimit_serve::store::REDIS_STORE,
+        };
+        self.redis_up.get_or_create(&labels).set(i64::from(up));
+    }
+
+    /// Counts one configuration load: `distlimit_server_config_loads_total{result}`.
+    pub fn on_config_load(&self, result: LoadResult) {
+        self.config_loads
+            .get_or_create(&LoadLabels { result })
+            .inc();
     }
 
     /// Counts one request of `domain` (`None`: not configured) by `protocol`.

@@ -16,7 +16,7 @@ use tonic::transport::server::Connected;
 /// An accepted gRPC connection; tonic puts its [`ConnectionInfo`] into each request's
 /// extensions, where `distlimit_serve::TrackRequestsLayer` counts the request in progress.
 #[derive(Debug)]
-pub struct GrpcConnection(Stream);
+pub(crate) struct GrpcConnection(Stream);
 
 /// A plaintext connection or one after its TLS handshake.
 #[derive(Debug)]
@@ -97,7 +97,7 @@ impl Connected for GrpcConnection {
 /// lives (and stops accepting, dropping the listener, once it is dropped). With `tls`, each
 /// connection's handshake (ALPN `h2`) runs on a task of its own within `handshake_timeout`,
 /// never in the accept loop; a failed one is logged at debug and closes that connection only.
-pub fn incoming(
+pub(crate) fn incoming(
     mut acceptor: Acceptor,
     tls: Option<Tls>,
     handshake_timeout: Duration,

@@ -3,6 +3,7 @@
 mod checks;
 mod faulty;
 mod macros;
+#[cfg(feature = "redis")]
 pub mod server;
 mod support;
 

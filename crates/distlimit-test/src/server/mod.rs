@@ -14,6 +14,25 @@
 //! Commands go through the `redis` crate's synchronous client ([`RedisServer::query`],
 //! [`RedisServer::command`]).
 //!
+//! # Example
+//!
+//! ```no_run
+//! use distlimit_test::server::{self, RedisServer, Setups, Stack};
+//!
+//! // A server of the test's own, for faults; `None` (a skip) without redis-server.
+//! let Some(mut redis) = RedisServer::start() else { return };
+//! redis.command(&["CONFIG", "RESETSTAT"]).unwrap();
+//! redis.kill();
+//! redis.restart().unwrap();
+//!
+//! // The shared setups, as `cargo xtask test` starts them.
+//! let bin = server::server_bin().expect("redis-server on the PATH");
+//! let stack = Stack::start(Setups::ALL, &bin).unwrap();
+//! for (key, value) in stack.env() {
+//!     eprintln!("export {key}={value}");
+//! }
+//! ```
+//!
 //! # Skipping and requiring
 //!
 //! The binary is `DISTLIMIT_REDIS_SERVER_BIN`, else `redis-server` on the `PATH`. When there is

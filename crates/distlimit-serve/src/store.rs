@@ -1,0 +1,417 @@
+//! The store of a shipped binary, assembled from its flags (feature `store`): the embedded
+//! memory store, or Redis behind a circuit breaker with a memory fallback, wrapped in token
+//! leases for the `--lease` policies. One assembly and one set of flags ([`StoreArgs`], a
+//! `clap::Args` that binaries flatten) for every binary.
+//!
+//! A Redis that does not answer at start does not stop the process: an outage is when pods
+//! restart. The store starts without it, the failure mode answers (the fallback's share of each
+//! limit, fail open or fail closed) and a task connects in the background with a backoff; the
+//! [`RedisStatus`] tells readiness probes and metrics where it stands.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlimit_core::{
+    BreakerState, Decision, Error, Grant, LeaseStore, NotSent, Observer, Outcome, Request, Store,
+};
+use distlimit_hybrid::{FailureMode, Hybrid};
+use distlimit_lease::Leased;
+use distlimit_memory::MemoryStore;
+use distlimit_metrics::Metrics;
+use distlimit_redis::{RedisStore, RedisStoreBuilder};
+
+/// The name of the Redis store in metrics and logs.
+pub const REDIS_STORE: &str = "redis";
+
+/// The most instances `--instances` accepts: beyond it each one's share of a limit rounds to
+/// nothing useful.
+pub const MAX_INSTANCES: u64 = 10_000;
+
+/// The longest Redis budget `--redis-budget-ms` accepts: one minute.
+pub const MAX_REDIS_BUDGET_MS: u64 = 60_000;
+
+/// The first wait between connection attempts to a Redis that did not answer at start; it
+/// doubles up to [`MAX_RECONNECT_BACKOFF`].
+pub const MIN_RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The longest wait between connection attempts to a Redis that did not answer at start.
+pub const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The store flags every binary shares (flatten them with `#[command(flatten)]`).
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+pub struct StoreArgs {
+    /// Share the limits through this Redis: redis://host:port, rediss://…, unix:///path,
+    /// redis+sentinel://host:port[,host:port…]/service or redis+cluster://host:port[,host:port…].
+    /// Without it, the embedded memory store limits this process alone. A Redis that does not
+    /// answer at start is connected in the background while the failure mode answers.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+
+    /// How many instances share the Redis limits (1 to 10000): while Redis is unreachable each
+    /// instance enforces 1/N of each limit on its own.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_INSTANCES))]
+    pub instances: u64,
+
+    /// Time budget of one Redis decision, in milliseconds (1 to 60000); past it the failure
+    /// mode answers and the circuit breaker opens.
+    #[arg(long, value_name = "MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS))]
+    pub redis_budget_ms: u64,
+
+    /// Time limit of one Redis reply, in milliseconds (the store's own; the budget above bounds
+    /// the whole decision).
+    #[arg(long, value_name = "MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS))]
+    pub redis_timeout_ms: u64,
+
+    /// What decisions do while Redis cannot decide: `fallback` (this instance enforces its
+    /// share of each limit), `fail-open` (admit) or `fail-closed` (answer an error).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = FailureModeArg::Fallback)]
+    pub failure_mode: FailureModeArg,
+
+    /// Spend this policy's limit from token leases (repeat for several): each instance
+    /// withdraws units from Redis ahead of use and spends them in memory, so a hot key costs
+    /// about one Redis call per lease instead of one per request, and the instances together
+    /// never admit more than the limit. Token bucket and GCRA tiers lease; other tiers decide
+    /// in Redis as usual. Only with `--redis`.
+    #[arg(long = "lease", value_name = "POLICY", requires = "redis")]
+    pub lease: Vec<String>,
+}
+
+/// `--failure-mode`: the hybrid store's [`FailureMode`] for every policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailureModeArg {
+    /// The local fallback store decides, with `1/--instances` of each limit.
+    Fallback,
+    /// Admit unchecked.
+    FailOpen,
+    /// Answer an error.
+    FailClosed,
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(mode: FailureModeArg) -> Self {
+        match mode {
+            FailureModeArg::Fallback => FailureMode::Fallback,
+            FailureModeArg::FailOpen => FailureMode::FailOpen,
+            FailureModeArg::FailClosed => FailureMode::FailClosed,
+        }
+    }
+}
+
+impl StoreArgs {
+    /// The Redis time budget.
+    pub fn redis_budget(&self) -> Duration {
+        Duration::from_millis(self.redis_budget_ms)
+    }
+
+    /// The Redis reply timeout.
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_timeout_ms)
+    }
+}
+
+/// Why the store could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis refused the configuration: an invalid URL, rejected credentials, an unknown
+    /// Sentinel service (the error names Redis itself). An unreachable Redis is no error.
+    #[error(transparent)]
+    Redis(#[from] distlimit_core::Error),
+    /// The hybrid store's configuration was refused.
+    #[error("hybrid store: {0}")]
+    Hybrid(#[from] distlimit_hybrid::ConfigError),
+}
+
+/// Where a binary's Redis stands, for readiness and metrics. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisStatus {
+    connected: Arc<AtomicBool>,
+    breaker: Arc<dyn Fn() -> BreakerState + Send + Sync>,
+}
+
+impl std::fmt::Debug for RedisStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStatus")
+            .field("connected", &self.is_connected())
+            .field("breaker", &self.breaker_state())
+            .finish()
+    }
+}
+
+impl RedisStatus {
+    /// Whether a connection to Redis has been made (at start, or later in the background).
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    /// The circuit breaker's state: `Open` while the failure mode answers.
+    pub fn breaker_state(&self) -> BreakerState {
+        (self.breaker)()
+    }
+
+    /// Whether Redis decides now: connected and the breaker not open.
+    pub fn is_deciding(&self) -> bool {
+        self.is_connected() && self.breaker_state() != BreakerState::Open
+    }
+}
+
+/// A store assembled by [`build`].
+#[derive(Clone)]
+pub struct BuiltStore {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Where Redis stands (`None` on the memory store).
+    pub redis: Option<RedisStatus>,
+}
+
+impl std::fmt::Debug for BuiltStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuiltStore")
+            .field("redis", &self.redis)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds the store of `args`, reporting to `metrics`: memory without `--redis`, else Redis
+/// behind a circuit breaker with a memory fallback holding `1/--instances` of each limit, in
+/// token leases for the `--lease` policies. A Redis that does not answer is connected in the
+/// background (every 100 ms to 2 s) while the failure mode answers. Needs a Tokio runtime.
+///
+/// # Errors
+///
+/// A Redis configuration Redis refuses (a bad URL, rejected credentials), or a refused hybrid
+/// configuration.
+pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, StoreError> {
+    let Some(url) = &args.redis else {
+        tracing::info!("store: memory (this process only)");
+        return Ok(BuiltStore {
+            store: Arc::new(MemoryStore::new()),
+            redis: None,
+        });
+    };
+    let builder = RedisStore::builder(url.as_str())
+        .response_timeout(args.redis_timeout())
+        // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
+        .observer(Arc::new(metrics.clone()));
+    let mode = FailureMode::from(args.failure_mode);
+    let redis = RedisPrimary::connect(builder, mode).await?;
+    let connected = redis.shared.connected.clone();
+    tracing::info!(
+        "store: redis, failure mode {mode:?}, memory fallback with 1/{} of each limit",
+        args.instances
+    );
+    let hybrid = Arc::new(
+        Hybrid::builder(redis, MemoryStore::new())
+            .name(REDIS_STORE)
+            .budget(args.redis_budget())
+            .instances(args.instances)
+            .default_failure_mode(mode)
+            .observer(Arc::new(LogTransitions {
+                metrics: metrics.clone(),
+                mode,
+            }))
+            .build()?,
+    );
+    metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
+    let breaker = {
+        let hybrid = hybrid.clone();
+        Arc::new(move || hybrid.breaker_state())
+    };
+    let status = Some(RedisStatus { connected, breaker });
+    if args.lease.is_empty() {
+        return Ok(BuiltStore {
+            store: hybrid,
+            redis: status,
+        });
+    }
+    tracing::info!("token leases for the policies {:?}", args.lease);
+    let store = Arc::new(
+        Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
+            .observer(Arc::new(metrics.clone()))
+            .build(hybrid),
+    );
+    distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
+    Ok(BuiltStore {
+        store,
+        redis: status,
+    })
+}
+
+/// The hybrid store's observer: the metrics, and one log line per breaker transition (the
+/// switch to the failure mode at WARN, the return to Redis at INFO), never one per request.
+struct LogTransitions {
+    metrics: Metrics,
+    mode: FailureMode,
+}
+
+impl Observer for LogTransitions {
+    fn on_decision(&self, policy: &str, outcome: Outcome, decision: &Decision, latency: Duration) {
+        self.metrics.on_decision(policy, outcome, decision, latency);
+    }
+
+    fn on_store_error(&self, store: &'static str, policy: &str, error: &Error) {
+        self.metrics.on_store_error(store, policy, error);
+    }
+
+    fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
+        self.metrics.on_breaker(store, from, to);
+        match to {
+            BreakerState::Open if from == BreakerState::Closed => tracing::warn!(
+                "{store}: circuit breaker open, failure mode {:?} answers until {store} \
+                 answers again",
+                self.mode
+            ),
+            BreakerState::Closed => {
+                tracing::info!("{store}: circuit breaker closed, {store} decides again")
+            }
+            _ => tracing::debug!("{store}: circuit breaker {from:?} -> {to:?}"),
+        }
+    }
+
+    fn on_evict(&self, store: &'static str, evicted: u64) {
+        self.metrics.on_evict(store, evicted);
+    }
+
+    fn on_lease_taken(&self, store: &'static str, policy: &str, units: u64) {
+        self.metrics.on_lease_taken(store, policy, units);
+    }
+
+    fn on_lease_returned(&self, store: &'static str, policy: &str, units: u64) {
+        self.metrics.on_lease_returned(store, policy, units);
+    }
+
+    fn on_lease_units(&self, store: &'static str, held: u64) {
+        self.metrics.on_lease_units(store, held);
+    }
+
+    fn on_coalesced(&self, store: &'static str, decisions: usize) {
+        self.metrics.on_coalesced(store, decisions);
+    }
+
+    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
+        self.metrics.on_connections(store, in_use, waiting);
+    }
+}
+
+/// Redis, connected now or later: until a connection is made every call fails with an
+/// [`Error::Unavailable`] that was [`NotSent`], which the hybrid store answers with its failure
+/// mode.
+#[derive(Debug)]
+pub struct RedisPrimary {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    store: OnceLock<RedisStore>,
+    connected: Arc<AtomicBool>,
+}
+
+impl RedisPrimary {
+    /// Connects with `builder`; when Redis does not answer (a refused connection, a timeout),
+    /// returns at once and keeps connecting in the background, logging the first failure at
+    /// WARN (naming `mode`, what answers meanwhile) and the connection at INFO.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`RedisStoreBuilder::connect`] that retrying cannot fix (not
+    /// [transient](Error::is_transient)): a bad URL, rejected credentials.
+    pub async fn connect(builder: RedisStoreBuilder, mode: FailureMode) -> Result<Self, Error> {
+        let shared = Arc::new(Shared::default());
+        match builder.clone().connect().await {
+            Ok(store) => {
+                tracing::info!("redis: connected ({:?})", store.mode());
+                shared.set(store);
+            }
+            Err(error) if error.is_transient() => {
+                tracing::warn!(
+                    "redis: {error}; starting without it, failure mode {mode:?} answers until it \
+                     does (retrying every {MIN_RECONNECT_BACKOFF:?} to {MAX_RECONNECT_BACKOFF:?})"
+                );
+                tokio::spawn(reconnect(Arc::downgrade(&shared), builder));
+            }
+            Err(error) => return Err(error),
+        }
+        Ok(Self { shared })
+    }
+
+    /// Whether a connection has been made.
+    pub fn is_connected(&self) -> bool {
+        self.shared.connected.load(Ordering::Acquire)
+    }
+
+    fn store(&self) -> Result<&RedisStore, Error> {
+        self.shared.store.get().ok_or_else(|| Error::Unavailable {
+            store: REDIS_STORE,
+            source: Box::new(NotSent("not connected yet".into())),
+        })
+    }
+}
+
+impl Shared {
+    fn set(&self, store: RedisStore) {
+        let _ = self.store.set(store);
+        self.connected.store(true, Ordering::Release);
+    }
+}
+
+/// Connects until it succeeds or the store is dropped; a non-transient error is logged at
+/// ERROR each time its message changes and retried too (a password fixed in Redis).
+async fn reconnect(shared: std::sync::Weak<Shared>, builder: RedisStoreBuilder) {
+    let mut backoff = MIN_RECONNECT_BACKOFF;
+    let mut last = String::new();
+    loop {
+        tokio::time::sleep(backoff).await;
+        let Some(target) = shared.upgrade() else {
+            return;
+        };
+        match builder.clone().connect().await {
+            Ok(store) => {
+                tracing::info!("redis: connected ({:?}); Redis decides again", store.mode());
+                target.set(store);
+                return;
+            }
+            Err(error) => {
+                let message = error.to_string();
+                if message != last {
+                    if error.is_transient() {
+                        tracing::debug!("redis: still unreachable: {message}");
+                    } else {
+                        tracing::error!("redis: {message}; retrying");
+                    }
+                    last = message;
+                }
+            }
+        }
+        backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
+    }
+}
+
+#[async_trait]
+impl Store for RedisPrimary {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        self.store()?.decide(request).await
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        self.store()?.decide_all(requests).await
+    }
+
+    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        // Not connected: the asynchronous path fails, and the hybrid store answers.
+        self.shared.store.get()?.decide_now(request)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for RedisPrimary {
+    async fn exchange(
+        &self,
+        request: &Request<'_>,
+        give_back: u64,
+        want: u64,
+    ) -> Result<Grant, Error> {
+        self.store()?.exchange(request, give_back, want).await
+    }
+}
