@@ -1,17 +1,6 @@
 //! The one all-or-nothing batch every check goes through: [`Item`]s in, one [`Answer`] per item
-//! out ([`Limiter::decide_batch`]).
-//!
-//! # All or nothing, and its one limit
-//!
-//! The store requests of the items not in shadow mode are decided together: either every one
-//! is charged, or none is. They go to the store in one [`Store::decide_all`] of at most
-//! [`MAX_BATCH`] requests (128): the tiers of every policy item (at most
-//! [`MAX_TIERS`](crate::MAX_TIERS) each, none for a listed key) plus one per request item,
-//! counted before requests on the same state and key are merged into one. A batch that needs
-//! more is decided in consecutive chunks of whole items, each all-or-nothing; once a chunk is
-//! denied, the later ones are only peeked at (charged nothing), but chunks admitted before it
-//! stay charged. Stores have no refund for every algorithm, so this is the one place the
-//! guarantee ends: Envoy's 64 descriptors of one store request each always fit in one batch.
+//! out ([`Limiter::decide_batch`](crate::Limiter::decide_batch), where its guarantee and its one
+//! limit are documented).
 
 use std::borrow::Cow;
 use std::sync::Arc;

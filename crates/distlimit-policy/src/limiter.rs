@@ -184,8 +184,17 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// its own (its tiers all or nothing), charging nothing when the batch was denied; its
     /// denial denies nothing. The observer sees each policy item as a check made alone.
     ///
-    /// All or nothing holds up to [`MAX_BATCH`](distlimit_core::MAX_BATCH) store requests;
-    /// past it, see [the batch's one limit](crate::batch).
+    /// # All or nothing, and its one limit
+    ///
+    /// The store requests of the items not in shadow mode go to the store in one
+    /// [`Store::decide_all`] of at most [`MAX_BATCH`](distlimit_core::MAX_BATCH) requests (128):
+    /// the tiers of every policy item (at most [`MAX_TIERS`](crate::MAX_TIERS) each, none for a
+    /// listed key) plus one per request item, counted before requests on the same state and key
+    /// are merged. A batch that needs more is decided in consecutive chunks of whole items,
+    /// each all-or-nothing; once a chunk is denied, the later ones are only peeked at (charged
+    /// nothing), but chunks admitted before it stay charged. Stores have no refund for every
+    /// algorithm, so this is the one place the guarantee ends: the Envoy server's 64
+    /// descriptors of one store request each (its YAML rules) always fit in one batch.
     ///
     /// # Errors
     ///
