@@ -142,3 +142,66 @@ async fn an_override_keeps_the_rules_state_only_in_the_same_unit() {
     assert_eq!(rule.statuses[0].limit_remaining, 13);
     server.stop().await;
 }
+
+/// `RateLimitRequest` as bytes on the wire: what a client with invalid UTF-8 sends.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    domain: Vec<u8>,
+    #[prost(message, repeated, tag = "2")]
+    descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    entries: Vec<RawEntry>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawEntry {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+#[tokio::test]
+async fn a_client_at_its_limit_stays_over_it_with_invalid_utf8() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+
+    let dir = config_dir(PER_USER);
+    let server = Running::with_config(dir.path(), &[]).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    align(3_600, Duration::from_secs(5)).await;
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let request = RawRequest {
+            domain: b"d".to_vec(),
+            descriptors: vec![RawDescriptor {
+                entries: vec![RawEntry {
+                    key: b"user".to_vec(),
+                    value: b"bad \xff\xfe utf-8".to_vec(),
+                }],
+            }],
+        };
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<RawRequest, RateLimitResponse>::default();
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        );
+        let answer = grpc
+            .unary(tonic::Request::new(request), path, codec)
+            .await
+            .expect("decided, not a gRPC error")
+            .into_inner();
+        answers.push(answer.overall_code);
+    }
+    assert_eq!(answers, [OK, OK, OVER_LIMIT]);
+    server.stop().await;
+}
