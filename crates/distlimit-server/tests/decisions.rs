@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Duration;
 
+use distlimit_server::Reload;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use support::*;
@@ -203,5 +204,34 @@ async fn a_client_at_its_limit_stays_over_it_with_invalid_utf8() {
         answers.push(answer.overall_code);
     }
     assert_eq!(answers, [OK, OK, OVER_LIMIT]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn toggling_detailed_metric_in_a_reload_keeps_the_state() {
+    let yaml = |detailed: bool| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: user\n    detailed_metric: {detailed}\n    \
+             rate_limit: {{ unit: hour, requests_per_unit: 5 }}\n"
+        )
+    };
+    let dir = config_dir(&yaml(false));
+    let file = dir.path().join("config.yaml");
+    let mut server = Running::with_config(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    align(3_600, Duration::from_secs(5)).await;
+    let alice = || request("d", vec![descriptor(&[("user", "alice")])]);
+    let mut admitted = 0;
+    for detailed in [true, false, true] {
+        for _ in 0..5 {
+            if call(&mut client, alice()).await.overall_code == OK {
+                admitted += 1;
+            }
+        }
+        std::fs::write(&file, yaml(detailed)).unwrap();
+        assert!(matches!(server.next_reload().await, Reload::Applied { .. }));
+    }
+    // 5 per hour, whatever the metrics flag said (the state was renamed with it: 10, 15).
+    assert_eq!(admitted, 5);
     server.stop().await;
 }
