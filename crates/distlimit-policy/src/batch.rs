@@ -138,7 +138,8 @@ impl Answer {
     }
 }
 
-fn outcome(allowed: bool, shadow: bool) -> Outcome {
+/// The outcome of a decision that was `allowed` or not, in shadow mode or not.
+pub(crate) fn outcome(allowed: bool, shadow: bool) -> Outcome {
     match (allowed, shadow) {
         (true, _) => Outcome::Allowed,
         (false, false) => Outcome::Denied,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use distlimit_core::{Algorithm, Decision, Observer, Outcome, Store};
 
-use crate::batch::{Answer, Engine, Item, MISMATCH, Resolved, STORE_LABEL, never};
+use crate::batch::{Answer, Engine, Item, MISMATCH, Resolved, STORE_LABEL, never, outcome};
 use crate::error::Field;
 use crate::policy::{Applied, Tier};
 use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
@@ -485,14 +485,9 @@ impl Verdict {
         decisions: Vec<Decision>,
         shadow: bool,
     ) -> Self {
-        let outcome = match (decision.is_allowed(), shadow) {
-            (true, _) => Outcome::Allowed,
-            (false, false) => Outcome::Denied,
-            (false, true) => Outcome::ShadowDenied,
-        };
         Self {
             applied: Arc::clone(applied),
-            outcome,
+            outcome: outcome(decision.is_allowed(), shadow),
             listed: None,
             decision,
             decisions,
