@@ -13,42 +13,39 @@
 //! primary's replica is promoted (seconds), so it fails the call at once.
 //!
 //! redis-rs' own Cluster retries cannot make that distinction (redis 1.8.1,
-//! `src/cluster_handling/async_connection/request.rs`, `choose_response`, lines 164–306): it
-//! resends a request on *every* error whose `RetryMethod` asks for it, and
-//! `RedisError::retry_method` (`src/errors/redis_error.rs`, lines 429–465) gives an I/O error
-//! `Reconnect` when the connection dropped (the request is moved back to the pending queue and
-//! resent once the node is reconnected, `request.rs` lines 228–234) and `RetryImmediately` for
-//! any other I/O error (lines 301–304), including the per-node response timeout, which surfaces
-//! as an `io::ErrorKind::TimedOut` error (`src/aio/runtime.rs`, lines 187–192). So a script
-//! that ran and whose answer was lost, or came late, is run again, up to 16 times by default
-//! (`DEFAULT_RETRIES`, `src/cluster_handling/client.rs`, line 170). Only a caller that stopped
-//! waiting ends it: a retry checks whether anyone still awaits the answer (`request.rs`,
-//! line 313), which is why the default setup (an overall timeout equal to the per-node one)
-//! rarely resends, while a longer overall timeout does. Measured against the test Cluster with
-//! writes paused on the masters for 1 s: a per-node timeout of 100 ms and an overall one of 3 s
-//! ran an `INCR` script twice (the caller got "timed out" all the same); with `retries(0)`, once.
-//! The server errors, by contrast, are mapped to redirects and waits
-//! (`src/errors/server_error.rs`, lines 60–81), and those replies prove the command did not run.
+//! `src/cluster_handling/async_connection/request.rs`, `choose_response`): it resends a request on
+//! *every* error whose `RetryMethod` asks for it, and `RedisError::retry_method`
+//! (`src/errors/redis_error.rs`) gives an I/O error `Reconnect` when the connection dropped (the
+//! request is moved back to the pending queue and resent once the node is reconnected) and
+//! `RetryImmediately` for any other I/O error, including the per-node response timeout, which
+//! surfaces as an `io::ErrorKind::TimedOut` error (`src/aio/runtime.rs`). So a script that ran and
+//! whose answer was lost, or came late, is run again, up to 16 times by default (`DEFAULT_RETRIES`,
+//! `src/cluster_handling/client.rs`). Only a caller that stopped waiting ends it: a retry checks
+//! whether anyone still awaits the answer, which is why the default setup (an overall timeout equal
+//! to the per-node one) rarely resends, while a longer overall timeout does. Measured against the
+//! test Cluster with writes paused on the masters for 1 s: a per-node timeout of 100 ms and an
+//! overall one of 3 s ran an `INCR` script twice (the caller got "timed out" all the same); with
+//! `retries(0)`, once. The server errors, by contrast, are mapped to redirects and waits
+//! (`src/errors/server_error.rs`), and those replies prove the command did not run.
 //!
 //! There is no per-request switch, so the Cluster client is built with `retries(0)` (every error
 //! comes back at once; the slot map is still refreshed on `MOVED`, because `choose_response`
 //! returns `PollFlushAction::RebuildSlots` whether or not it retries, and requests wait for the
-//! refresh, `poll_flush`, `src/cluster_handling/async_connection/mod.rs`, lines 1713–1745), a
-//! per-node response timeout equal to the per-call one and no overall timeout (each call has its
-//! own deadline here), and the redirects above are followed here. `ASK` is followed the way
-//! redis-rs does it (`get_redirected_connection`, same file, lines 930–950): `ASKING` then the
-//! script, on the named node, in one pipeline.
+//! refresh, `poll_flush`, `src/cluster_handling/async_connection/mod.rs`), a per-node response
+//! timeout equal to the per-call one and no overall timeout (each call has its own deadline here),
+//! and the redirects above are followed here. `ASK` is followed the way redis-rs does it
+//! (`get_redirected_connection`, same file): `ASKING` then the script, on the named node, in one
+//! pipeline.
 //!
-//! The standalone `ConnectionManager` never resends a command: it returns the error and
-//! reconnects in the background (`src/aio/connection_manager.rs`, lines 361–385 and 700–730);
-//! its reconnection itself is not retried here (`number_of_retries = 0`), so during an outage
-//! every call fails fast with a refused connection instead of waiting out a backoff. A failed
-//! reconnection stays the manager's answer until a call finds it: that call gets the stored
-//! refusal while the manager starts connecting anew (`reconnect_if_io_error`, lines 415–426 and
-//! 623–672). So a call answered with a refused connection, which proves nothing was sent, is run
-//! once more on the same manager, which waits for the new connection: the first call after a
-//! restart (a breaker's probe) runs on a live connection instead of failing on the memory of the
-//! outage.
+//! The standalone `ConnectionManager` never resends a command: it returns the error and reconnects
+//! in the background (`src/aio/connection_manager.rs`); its reconnection itself is not retried here
+//! (`number_of_retries = 0`), so during an outage every call fails fast with a refused connection
+//! instead of waiting out a backoff. A failed reconnection stays the manager's answer until a call
+//! finds it: that call gets the stored refusal while the manager starts connecting anew
+//! (`reconnect_if_io_error`). So a call answered with a refused connection, which proves nothing
+//! was sent, is run once more on the same manager, which waits for the new connection: the first
+//! call after a restart (a breaker's probe) runs on a live connection instead of failing on the
+//! memory of the outage.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
