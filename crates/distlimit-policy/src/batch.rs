@@ -117,6 +117,7 @@ impl Answer {
     }
 
     /// The verdict of a policy item, owned.
+    #[inline]
     pub fn into_verdict(self) -> Option<Verdict> {
         self.verdict
     }
@@ -129,6 +130,7 @@ impl Answer {
         }
     }
 
+    #[inline]
     fn of_verdict(verdict: Verdict) -> Self {
         Self {
             outcome: verdict.outcome(),
@@ -171,6 +173,7 @@ enum ResolvedKind<'s, 'a> {
 
 impl<'s, 'a> Resolved<'s, 'a> {
     /// Looks `item`'s policy up in `set` and validates its requests (nothing fails later).
+    #[inline]
     pub(crate) fn new(set: &'s PolicySet, item: &Item<'a>) -> Result<Self, CheckError> {
         let kind = match item.kind {
             ItemKind::Policy { policy, key, cost } => {
@@ -227,6 +230,7 @@ impl<'s, 'a> Resolved<'s, 'a> {
     }
 
     /// The number of store requests.
+    #[inline]
     fn len(&self) -> usize {
         match &self.kind {
             ResolvedKind::Policy {
@@ -260,6 +264,7 @@ impl<'s, 'a> Resolved<'s, 'a> {
 
     /// The answer from the decisions of [`requests`](Self::requests), in order (owned when the
     /// caller can give them: a verdict keeps them without a copy).
+    #[inline]
     fn answer(&self, decisions: Cow<'_, [Decision]>) -> Answer {
         match &self.kind {
             ResolvedKind::Policy {
@@ -287,6 +292,7 @@ impl<'s, 'a> Resolved<'s, 'a> {
 }
 
 /// The store request of `tier` for `key`.
+#[inline]
 pub(crate) fn tier_request<'a>(
     tier: &'a Tier,
     key: &'a [u8],
@@ -320,6 +326,9 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         items: &[Resolved<'_, '_>],
         mut out: impl FnMut(usize, Answer),
     ) -> Option<Result<(), CheckError>> {
+        if let [item] = items {
+            return Some(self.decide_one_now(item)?.map(|answer| out(0, answer)));
+        }
         let mut owner = None;
         for (i, item) in items.iter().enumerate() {
             match (item.len(), owner) {
@@ -345,6 +354,41 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             out(i, answer);
         }
         Some(Ok(()))
+    }
+
+    /// [`decide_now`](Self::decide_now) of a batch of one item (a check): its one request,
+    /// if any, straight to the store's `decide_now`.
+    #[inline]
+    pub(crate) fn decide_one_now(
+        &self,
+        item: &Resolved<'_, '_>,
+    ) -> Option<Result<Answer, CheckError>> {
+        let answer = match (&item.kind, item.len()) {
+            (_, 0) => item.answer(Cow::Borrowed(&[])),
+            (
+                ResolvedKind::Policy {
+                    applied, key, cost, ..
+                },
+                1,
+            ) => {
+                let tier = applied.tiers.first()?;
+                let request = match tier_request(tier, key, *cost) {
+                    Ok(request) => request,
+                    Err(e) => return Some(Err(e)),
+                };
+                match self.store.decide_now(&request)? {
+                    Ok(d) => item.answer(Cow::Borrowed(&[d])),
+                    Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),
+                }
+            }
+            (ResolvedKind::Request(request), _) => match self.store.decide_now(request)? {
+                Ok(d) => item.answer(Cow::Borrowed(&[d])),
+                Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),
+            },
+            _ => return None,
+        };
+        self.report(item, &answer);
+        Some(Ok(answer))
     }
 
     /// Decides `items`, all-or-nothing (see the [module docs](self)); each answer goes to `out`
@@ -494,6 +538,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     }
 
     /// Reports a policy item's answer to the observer, as a check.
+    #[inline]
     fn report(&self, item: &Resolved<'_, '_>, answer: &Answer) {
         if let (Some(observer), Some(started), Some(policy)) =
             (self.observer, self.started, item.policy())

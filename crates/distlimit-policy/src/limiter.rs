@@ -84,30 +84,26 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// Charges `cost` units to `key` under every tier of `policy`, all-or-nothing: a batch of
     /// one [`Item::policy`] ([`decide_batch`](Self::decide_batch)).
     ///
-    /// Decided without waiting when the store can (as [`check_now`](Self::check_now)), with the
-    /// policy looked up once; otherwise (a multi-tier batch, a Redis round trip) the check holds
-    /// the set it loaded until the store answers.
+    /// Decided without waiting when the store can ([`check_now`](Self::check_now): the policy
+    /// looked up once, no reference count taken); otherwise (a multi-tier batch, a Redis round
+    /// trip) the check holds the set it loaded until the store answers.
     pub async fn check_cost(
         &self,
         policy: &str,
         key: &[u8],
         cost: u64,
     ) -> Result<Verdict, CheckError> {
+        if let Some(result) = self.check_now(policy, key, cost) {
+            return result;
+        }
+        // The store must be awaited: the set is held (a reference count) until it answers.
         let set = self.policies.load_full();
         let engine = self.engine();
-        let item = match Resolved::new(&set, &Item::policy(policy, key, cost)) {
-            Ok(item) => [item],
-            Err(e) => return Err(e),
-        };
+        let item = [Resolved::new(&set, &Item::policy(policy, key, cost))?];
         let mut verdict = None;
-        let out = |_, answer: Answer| verdict = answer.into_verdict();
-        match engine.decide_now(&item, out) {
-            Some(result) => result?,
-            None => {
-                let out = |_, answer: Answer| verdict = answer.into_verdict();
-                engine.decide(&item, out).await?;
-            }
-        }
+        engine
+            .decide(&item, |_, answer: Answer| verdict = answer.into_verdict())
+            .await?;
         verdict.ok_or_else(|| MISMATCH.into())
     }
 
@@ -157,13 +153,11 @@ impl<S: Store + ?Sized> Limiter<S> {
     ) -> Option<Result<Verdict, CheckError>> {
         let set = self.policies.load();
         let item = match Resolved::new(&set, &Item::policy(policy, key, cost)) {
-            Ok(item) => [item],
+            Ok(item) => item,
             Err(e) => return Some(Err(e)),
         };
-        let mut verdict = None;
-        let out = |_, answer: Answer| verdict = answer.into_verdict();
-        Some(match self.engine().decide_now(&item, out)? {
-            Ok(()) => verdict.ok_or_else(|| MISMATCH.into()),
+        Some(match self.engine().decide_one_now(&item)? {
+            Ok(answer) => answer.into_verdict().ok_or_else(|| MISMATCH.into()),
             Err(e) => Err(e),
         })
     }
