@@ -1,4 +1,4 @@
-//! The HTTP side: routes, the rate-limit layers, the shutdown signal.
+//! The HTTP side: routes, the rate-limit layer, the shutdown signal.
 
 use std::sync::Arc;
 
@@ -13,51 +13,46 @@ use distlimit_policy::Limiter;
 use distlimit_tower::{
     ClientIpResolver, KeyExtractor, RateLimitHeaders, RateLimitLayer, TrustedProxies,
 };
-use tower_layer::Stack;
 
 /// The body of `GET /api/data`.
 pub const DATA_BODY: &str = r#"{"message":"Success"}"#;
 
-/// The two limits on `/api/data`, checked per request: first the client IP's, then the user's.
+/// The two limits on `/api/data`, one layer deciding both per request as one all-or-nothing
+/// batch: the client IP's and the user's.
 #[derive(Clone, Debug)]
 pub struct ApiLimits {
-    /// Policy [`IP_POLICY`], keyed by the client IP: one client cannot escape its limit by
-    /// sending a new `X-User-ID` with every request.
-    pub per_client_ip: RateLimitLayer,
-    /// Policy [`POLICY`], keyed by `X-User-ID`, else by the client IP.
-    pub per_user: RateLimitLayer,
+    /// Policy [`IP_POLICY`], keyed by the client IP (one client cannot escape its limit by
+    /// sending a new `X-User-ID` with every request), and policy [`POLICY`], keyed by
+    /// `X-User-ID`, else by the client IP. A request denied by either is charged by neither,
+    /// so a user over their own limit spends nothing of the address they share with others.
+    pub layer: RateLimitLayer,
 }
 
-/// The layers limiting `/api/data` ([`ApiLimits`]); the client IP is the socket peer, or what
-/// `trusted` proxies forward. Denials carry `Retry-After` and the `RateLimit` headers.
+/// The layer limiting `/api/data` ([`ApiLimits`]); the client IP is the socket peer, or what
+/// `trusted` proxies forward. Denials carry `Retry-After` and the `RateLimit` headers of the
+/// limit that denied.
 ///
 /// No time limit on the checks: the memory store never waits, and the Redis store is wrapped in
 /// a hybrid store whose own budget (`--redis-budget-ms`) hands slow calls to the local fallback.
 pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
-    let resolver = ClientIpResolver::new(trusted);
-    let layer = |policy: &str, key: KeyExtractor| {
-        RateLimitLayer::builder(limiter.clone(), policy)
-            .key(key)
-            .client_ip(resolver.clone())
-            .headers(RateLimitHeaders::Denied)
-            .timeout(None)
-            .build()
-    };
-    ApiLimits {
-        per_client_ip: layer(IP_POLICY, KeyExtractor::client_ip()),
-        per_user: layer(POLICY, KeyExtractor::header(USER_HEADER)),
-    }
+    let layer = RateLimitLayer::builder(limiter, IP_POLICY)
+        .key(KeyExtractor::client_ip())
+        .and(POLICY, KeyExtractor::header(USER_HEADER))
+        .client_ip(ClientIpResolver::new(trusted))
+        .headers(RateLimitHeaders::Denied)
+        .timeout(None)
+        .build();
+    ApiLimits { layer }
 }
 
 /// The routes: `GET /api/data` behind `limits` (none: unlimited, for comparisons), and the
 /// unlimited `GET /metrics` and `GET /healthz`.
 ///
 /// The limits wrap the route's `GET` handler only (`route_layer`): a request no handler serves
-/// (another path, 404, or another method, 405) spends nothing. Both are one `route_layer`, the
-/// client IP's outside: axum boxes each `route_layer` again and clones it per request.
+/// (another path, 404, or another method, 405) spends nothing.
 pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
     let data = match limits {
-        Some(limits) => get(data).route_layer(Stack::new(limits.per_user, limits.per_client_ip)),
+        Some(limits) => get(data).route_layer(limits.layer),
         None => get(data),
     };
     let ops = Router::new()

@@ -1,26 +1,23 @@
-//! `RedisStore` throughput and latency next to the Redis ceiling (`redis-benchmark` on the same
-//! script), a raw `EVALSHA` round trip and the scripts' own cost inside Redis, in one run against
-//! one private `redis-server`.
+//! `RedisStore` throughput and latency, a raw `EVALSHA` round trip and the script's own cost
+//! inside Redis, in one run against one private `redis-server`.
 //!
 //! Run with `cargo bench -p distlimit-redis --bench redis` (or `cargo xtask bench`). It starts
 //! `redis-server` (from `DISTLIMIT_REDIS_SERVER_BIN`, else `PATH`) with the workspace's harness
 //! (`distlimit_test::server`: a free loopback port, no persistence, killed by its PID at the end,
-//! also when the bench panics), and finds `redis-benchmark` next to it (else on `PATH`). Everything runs on one
-//! current-thread tokio runtime (like `redis-benchmark`'s one event loop), so the client uses
-//! one core and the server another.
+//! also when the bench panics). Everything runs on one current-thread tokio runtime, so the
+//! client uses one core and the server another.
 //!
-//! * Quota: 100 per second on random keys out of [`KEY_SPACE`] (12-digit identities, as
-//!   `redis-benchmark -r` writes them), so nearly every decision is admitted and writes its state
-//!   (`SET … PX`): the expensive path.
+//! * Quota: 100 per second on random keys out of [`KEY_SPACE`] (12-digit identities), so nearly
+//!   every decision is admitted and writes its state (`SET … PXAT`): the expensive path.
 //! * `ours`: `RedisStore::decide` (default key layout, server time) from 1, 64 and 256 tokio tasks
 //!   each looping decisions, over the default multiplexed connection (`ConnectionManager`) with
-//!   coalescing off and on (the default), side by side, and over the pool mode with as many connections as there are tasks (its rows show the `PING`s the pool
-//!   sent per decision, from `INFO commandstats`: 0 since the pool's manager does not ping). Each run
-//!   stops after a fixed number of decisions or [`RUN_LIMIT`], whichever comes first.
-//! * `ceiling`: `redis-benchmark -c C -P 1 -r 100000 evalsha <sha> 1 <key> <ARGV>` with exactly
-//!   the key layout and `ARGV` the driver sends (`script.rs`, "Arguments"): C connections with
-//!   one request each. At 256 in flight also `-c 16 -P 16` (`pipelined`), closer to what one
-//!   multiplexed connection does (many requests per read and write).
+//!   coalescing off and on (the default), side by side, and over the pool mode with as many
+//!   connections as there are tasks (its rows show the `PING`s the pool sent per decision, from
+//!   `INFO commandstats`: 0 since the pool's manager does not ping). Each run stops after a fixed
+//!   number of decisions or [`RUN_LIMIT`], whichever comes first.
+//! * No `redis-benchmark` ceiling: the script's one argument is a string of doubles holding zero
+//!   bytes, and `redis-benchmark` cuts every argument at its first zero byte. `Redis main thread
+//!   CPU` near 100% shows where Redis itself is the bottleneck.
 //! * `raw`: the redis crate's `ConnectionManager` (configured as the store's) sending `EVALSHA`
 //!   of `return 1` with the same key and arguments at 1 in flight; and the same with the real
 //!   GCRA script, which separates the driver's own overhead from the script's; and `return 1`
@@ -48,14 +45,14 @@
 
 use std::cell::Cell;
 use std::fmt::Write as _;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use distlimit_core::{Algorithm, Key, Limit, Quota, Request, Store};
-use distlimit_redis::{RedisStore, script};
+use distlimit_redis::RedisStore;
+use distlimit_redis::test_hook as script;
 use distlimit_test::server::{self, RedisServer};
 use redis::aio::{ConnectionLike, ConnectionManager};
 
@@ -83,14 +80,12 @@ fn main() {
     // `cargo bench` passes `--bench`; any other argument is a filter-free no-op here.
     let server = RedisServer::start()
         .expect("no redis-server: set DISTLIMIT_REDIS_SERVER_BIN or put it on PATH");
-    let bench_bin = redis_benchmark_bin(server.bin());
     let url = server.url();
     let quota = Quota::per_second(100).unwrap();
     println!(
-        "redis-server {} on {}, redis-benchmark {}",
+        "redis-server {} on {}",
         server_version(server.bin()),
-        server.name(),
-        bench_bin.display()
+        server.name()
     );
     println!("load before: {}", uptime());
 
@@ -146,24 +141,6 @@ fn main() {
                 );
                 rows.push(row);
                 drop(pooled);
-                let shapes: &[(usize, usize)] = if n == 256 {
-                    &[(256, 1), (16, 16)]
-                } else {
-                    &[(n, 1)]
-                };
-                for &shape in shapes {
-                    let cpu = Cpu::sample(&mut admin).await;
-                    let mut row = redis_benchmark(
-                        &bench_bin,
-                        &multiplexed,
-                        server.port(),
-                        limit,
-                        shape,
-                        count,
-                    );
-                    row.redis_cpu = cpu.busy(&mut admin).await;
-                    rows.push(row);
-                }
             }
         }
     });
@@ -619,7 +596,7 @@ async fn serial_comparison(
         Serial::Ours(Algorithm::Gcra, false),
         Serial::Raw(
             Some(Algorithm::Gcra),
-            load(&mut conn, script::script_source(Algorithm::Gcra).unwrap()).await,
+            load(&mut conn, script::script_source()).await,
         ),
     ];
     let mut results: Vec<(Vec<u64>, usize, Duration)> = series
@@ -716,34 +693,10 @@ fn summarize(
     }
 }
 
-/// The `ARGV` the driver sends for one request of cost 1 under `limit` with server time
-/// (`script.rs`, "Arguments"): `""`, cost, then the algorithm's parameters.
-fn driver_argv(limit: &Limit) -> Vec<String> {
-    let q = limit.quota();
-    let params: Vec<u64> = match limit.algorithm() {
-        Algorithm::TokenBucket => {
-            let (rate, unit) = q.refill_units();
-            vec![q.burst(), rate, unit]
-        }
-        Algorithm::Gcra => vec![q.burst(), q.emission_interval_us()],
-        Algorithm::SlidingWindow => {
-            let (gr, steps) = q.window_granule();
-            vec![q.limit(), q.period_us(), gr, steps]
-        }
-        _ => vec![q.limit(), q.period_us()],
-    };
-    let mut argv = vec![String::new(), "1".to_owned()];
-    argv.extend(params.iter().map(u64::to_string));
-    argv
-}
-
-/// The driver's Redis key for a 12-digit identity, as a `redis-benchmark -r` pattern.
-fn key_pattern(store: &RedisStore) -> String {
-    let probe = "000000000000";
-    let key = store.redis_key("", Key::new(probe).unwrap());
-    let key = String::from_utf8(key).unwrap();
-    assert_eq!(key.matches(probe).count(), 1, "{key}");
-    key.replace(probe, "__rand_int__")
+/// The `ARGV[1]` the driver sends for one request of cost 1 under `limit` with server time
+/// (`script.rs`, "Arguments"): one string of doubles.
+fn driver_argv(limit: &Limit) -> Vec<u8> {
+    script::single_argument(limit, 1, script::TimeSource::Server).unwrap()
 }
 
 /// `SCRIPT LOAD`s `source`, returning its SHA-1.
@@ -779,9 +732,7 @@ async fn measure_raw<C: ConnectionLike + Send>(
         let t = Instant::now();
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(1).arg(key.as_bytes());
-        for a in &argv {
-            cmd.arg(a.as_str());
-        }
+        cmd.arg(argv.as_slice());
         let _: redis::Value = cmd.query_async(conn).await.unwrap();
         latencies.push(t.elapsed().as_nanos() as u64);
     }
@@ -799,90 +750,6 @@ async fn command_calls(admin: &mut redis::aio::MultiplexedConnection, stat: &str
         usec_per_call(&info, stat).0
     } else {
         0.0
-    }
-}
-
-/// Runs `redis-benchmark` with `clients` connections on `limit`'s script, as the driver sends it.
-fn redis_benchmark(
-    bin: &Path,
-    store: &RedisStore,
-    port: u16,
-    limit: Limit,
-    (clients, pipeline): (usize, usize),
-    count: usize,
-) -> Row {
-    let sha = script::script_sha1(limit.algorithm()).unwrap();
-    let mut cmd = Command::new(bin);
-    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-n", &count.to_string()])
-        .args(["-r", &KEY_SPACE.to_string()])
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-P",
-            "1",
-            "--precision",
-            "3",
-            "--csv",
-        ])
-        .args(["evalsha", sha, "1", &key_pattern(store)])
-        .args(driver_argv(&limit))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("could not start redis-benchmark");
-    let deadline = Instant::now() + RUN_LIMIT * 4;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("redis-benchmark did not finish within {:?}", RUN_LIMIT * 4);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",
-    // "p99_latency_ms","max_latency_ms"
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("\"EVALSHA") || l.starts_with("\"evalsha"))
-        .unwrap_or_else(|| panic!("no result from redis-benchmark:\n{out}\n{err}"));
-    let fields: Vec<f64> = line
-        .split(',')
-        .skip(1)
-        .map(|f| f.trim_matches('"').parse().unwrap())
-        .collect();
-    Row {
-        what: if pipeline == 1 {
-            "ceiling"
-        } else {
-            "pipelined"
-        },
-        algorithm: limit.algorithm().name().to_owned(),
-        conn: format!("redis-benchmark -c {clients} -P {pipeline}"),
-        in_flight: clients * pipeline,
-        decisions: count,
-        errors: 0,
-        per_sec: fields[0],
-        p50_us: fields[3] * 1000.0,
-        p99_us: fields[5] * 1000.0,
-        redis_cpu: f64::NAN,
     }
 }
 
@@ -905,17 +772,10 @@ fn usec_per_call(info: &str, stat: &str) -> (f64, f64) {
 fn print_tables(rows: &[Row], stats: &[Stat], raw: &Row) {
     println!();
     println!(
-        "| algorithm | in flight | client | decisions/s | p50 µs | p99 µs | Redis main thread CPU | vs ceiling (same in flight) | p50 vs raw `return 1` |"
+        "| algorithm | in flight | client | decisions/s | p50 µs | p99 µs | Redis main thread CPU | p50 vs raw `return 1` |"
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
     for r in rows {
-        let ceiling = rows.iter().find(|c| {
-            c.what == "ceiling" && c.algorithm == r.algorithm && c.in_flight == r.in_flight
-        });
-        let vs_ceiling = match ceiling {
-            Some(c) if r.what != "ceiling" => format!("{:.0}%", 100.0 * r.per_sec / c.per_sec),
-            _ => "—".to_owned(),
-        };
         let vs_raw = if r.in_flight == 1 {
             format!("{:.3}", r.p50_us / raw.p50_us)
         } else {
@@ -932,7 +792,7 @@ fn print_tables(rows: &[Row], stats: &[Stat], raw: &Row) {
             _ => r.conn.clone(),
         };
         println!(
-            "| {} | {} | {}{} | {:.0} | {:.1} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {}{} | {:.0} | {:.1} | {:.1} | {} | {} |",
             r.algorithm,
             r.in_flight,
             who,
@@ -945,7 +805,6 @@ fn print_tables(rows: &[Row], stats: &[Stat], raw: &Row) {
             } else {
                 format!("{:.0}%", r.redis_cpu)
             },
-            vs_ceiling,
             vs_raw
         );
     }
@@ -968,27 +827,6 @@ fn print_tables(rows: &[Row], stats: &[Stat], raw: &Row) {
     println!();
     println!("Targets:");
     for algorithm in MAIN {
-        let find = |what: &str, conn: &str| {
-            rows.iter().find(|r| {
-                r.what == what
-                    && r.algorithm == algorithm.name()
-                    && r.in_flight == 256
-                    && r.conn.starts_with(conn)
-            })
-        };
-        let ceiling = find("ceiling", "redis-benchmark").unwrap();
-        for conn in [UNCOALESCED, "pool"] {
-            let ours = find("ours", conn).unwrap();
-            let ratio = ours.per_sec / ceiling.per_sec;
-            println!(
-                "- {} 256 in flight, {conn}: {:.0}% of the ceiling ({:.0} / {:.0}/s), target ≥ 90%: {}",
-                algorithm.name(),
-                100.0 * ratio,
-                ours.per_sec,
-                ceiling.per_sec,
-                if ratio >= 0.9 { "met" } else { "MISSED" }
-            );
-        }
         let store = |conn: &str, in_flight: usize| {
             rows.iter()
                 .find(|r| {
@@ -1057,12 +895,6 @@ fn print_tables(rows: &[Row], stats: &[Stat], raw: &Row) {
          script p50 = {:.3}",
         same("ours", UNCOALESCED) / same("raw", "ConnectionManager")
     );
-}
-
-/// `redis-benchmark` of the same installation as `server`.
-fn redis_benchmark_bin(server: &Path) -> PathBuf {
-    server::tool_bin(server, "redis-benchmark")
-        .expect("no redis-benchmark next to redis-server or on PATH")
 }
 
 fn server_version(bin: &Path) -> String {

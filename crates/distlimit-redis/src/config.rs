@@ -180,7 +180,7 @@ impl RedisStoreBuilder {
 
     /// Coalesce script calls (on by default): when every call slot is taken (see
     /// [`coalesce_in_flight`](Self::coalesce_in_flight)), the decisions waiting for one are sent
-    /// as one script call that decides each exactly as its own script would, in arrival order.
+    /// as one script call that decides each exactly as a call of its own would, in arrival order.
     /// A decision that finds a free slot is sent at once, alone, so nothing waits at low load.
     /// In a Cluster, per hash slot. See the [crate documentation](crate#coalesced-script-calls).
     pub fn coalesce(mut self, on: bool) -> Self {
@@ -246,7 +246,7 @@ impl RedisStoreBuilder {
     }
 
     /// Judge requests by `clock` instead of Redis' `TIME`: the time is read from it for every
-    /// call and passed to the script ([`TimeSource::Client`](crate::script::TimeSource::Client)).
+    /// call and passed to the script, instead of the script reading `TIME`.
     /// Meant for deterministic tests (with a [`ManualClock`](distlimit_core::ManualClock)); in
     /// production, clients with skewed clocks would over-admit.
     pub fn client_clock(mut self, clock: impl Clock + 'static) -> Self {

@@ -9,7 +9,7 @@
 //! another attempt, within the same per-call deadline: `MOVED` and `ASK` (the slot lives
 //! elsewhere), `TRYAGAIN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused the command
 //! before running it), a refused connection (standalone and Cluster), and `NOSCRIPT` (handled
-//! in [`script`](crate::script)). `CLUSTERDOWN` also proves it, but lasts until a crashed
+//! once, by the call itself, in [`script`](crate::script)). `CLUSTERDOWN` also proves it, but lasts until a crashed
 //! primary's replica is promoted (seconds), so it fails the call at once.
 //!
 //! redis-rs' own Cluster retries cannot make that distinction (redis 1.8.1,
@@ -52,7 +52,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use deadpool::managed::{PoolError, RecycleError};
-use distlimit_core::{Decision, Error, Limit, NotSent};
+use distlimit_core::{Error, NotSent};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -67,7 +67,7 @@ use redis::{
 use tokio::time::Instant;
 
 use crate::config::{Certs, NodeAuth, STORE, config_error};
-use crate::script::{self, ScriptRequest, TimeSource};
+use crate::script::{self, Answer, Call};
 
 /// The most attempts one call makes in a Cluster (redirects and waits), within its deadline.
 const MAX_CLUSTER_ATTEMPTS: u32 = 16;
@@ -75,106 +75,8 @@ const MAX_CLUSTER_ATTEMPTS: u32 = 16;
 /// The first wait after `TRYAGAIN`, `LOADING` and the like; doubled per attempt.
 const CLUSTER_RETRY_WAIT: Duration = Duration::from_millis(5);
 
-/// One script call, runnable on any connection.
-pub(crate) trait Op: Sync {
-    type Output: Send;
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Self::Output, Error>> + Send;
-}
-
-/// One request on one key: [`script::decide`].
-pub(crate) struct Single<'a> {
-    pub(crate) key: &'a [u8],
-    pub(crate) limit: &'a Limit,
-    pub(crate) cost: u64,
-}
-
-impl Op for Single<'_> {
-    type Output = Decision;
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send {
-        script::decide(conn, self.key, self.limit, self.cost, time)
-    }
-}
-
-/// A batch: [`script::decide_all`].
-pub(crate) struct Batch<'a, 'k> {
-    pub(crate) requests: &'a [ScriptRequest<'k>],
-}
-
-impl Op for Batch<'_, '_> {
-    type Output = Vec<Decision>;
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send {
-        script::decide_all(conn, self.requests, time)
-    }
-}
-
-/// One group of a batch that spans Cluster slots, charged if all admitted:
-/// [`script::charge_group`].
-pub(crate) struct ChargeGroup<'a, 'k> {
-    pub(crate) requests: &'a [ScriptRequest<'k>],
-}
-
-impl Op for ChargeGroup<'_, '_> {
-    type Output = (Vec<Decision>, Option<u64>);
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Self::Output, Error>> + Send {
-        script::charge_group(conn, self.requests, time)
-    }
-}
-
-/// One group of a batch that spans Cluster slots, evaluated without charging:
-/// [`script::evaluate_group`].
-pub(crate) struct EvaluateGroup<'a, 'k> {
-    pub(crate) requests: &'a [ScriptRequest<'k>],
-}
-
-impl Op for EvaluateGroup<'_, '_> {
-    type Output = Vec<Decision>;
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<Vec<Decision>, Error>> + Send {
-        script::evaluate_group(conn, self.requests, time)
-    }
-}
-
-/// Gives back what a [`ChargeGroup`] charged at `at`: [`script::refund`].
-pub(crate) struct Refund<'a, 'k> {
-    pub(crate) requests: &'a [ScriptRequest<'k>],
-    pub(crate) at: u64,
-}
-
-impl Op for Refund<'_, '_> {
-    type Output = ();
-
-    fn run<C: ConnectionLike + Send>(
-        &self,
-        conn: &mut C,
-        time: TimeSource,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
-        script::refund(conn, self.requests, self.at, time)
-    }
-}
+/// What a call answers: per group its answer or its own error.
+pub(crate) type Answers = Vec<Result<Answer, Error>>;
 
 /// The connections of one store.
 pub(crate) enum Backend {
@@ -196,28 +98,23 @@ pub(crate) struct Timeouts {
 }
 
 impl Backend {
-    /// Runs `op` within the response timeout.
+    /// Runs `call` within the response timeout.
     ///
     /// The large futures of rare paths (deadpool's checkout, 6.4 KiB; a sentinel lookup) are
     /// boxed where they start: in this future they made it 13 KiB, which every decision of every
     /// mode copied into its own boxed future (14 000 of a Redis-backed server's 91 000
     /// instructions per decision).
-    pub(crate) async fn call<O: Op>(
-        &self,
-        op: &O,
-        time: TimeSource,
-        timeouts: Timeouts,
-    ) -> Result<O::Output, Error> {
+    pub(crate) async fn call(&self, call: &Call<'_>, timeouts: Timeouts) -> Result<Answers, Error> {
         let after = timeouts.response;
         match self {
             Backend::Manager(manager) => {
                 within(after, async {
                     let mut conn = manager.clone();
-                    match op.run(&mut conn, time).await {
+                    match call.run(&mut conn).await {
                         // The manager answered with the failure of its last reconnection (made
                         // while the server was down), and has just started another one: nothing
                         // was sent, so the call waits for the new connection and runs on it.
-                        Err(e) if refused(&e) => op.run(&mut conn, time).await,
+                        Err(e) if refused(&e) => call.run(&mut conn).await,
                         result => result,
                     }
                 })
@@ -231,7 +128,7 @@ impl Backend {
                     // Broken until the call completes: a call the deadline cuts short leaves it
                     // so, and the pool replaces the connection at its next checkout.
                     pooled.broken = true;
-                    let result = op.run(&mut pooled.conn, time).await;
+                    let result = call.run(&mut pooled.conn).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
                     if matches!(&result, Err(e) if lost_connection(e)) {
                         // The server went away (a restart, a crash): every connection opened
@@ -242,8 +139,8 @@ impl Backend {
                 })
                 .await
             }
-            Backend::Sentinel(sentinel) => sentinel.call(op, time, timeouts).await,
-            Backend::Cluster(cluster) => cluster_call(cluster, op, time, after).await,
+            Backend::Sentinel(sentinel) => sentinel.call(call, timeouts).await,
+            Backend::Cluster(cluster) => cluster_call(cluster, call, after).await,
         }
     }
 
@@ -419,13 +316,13 @@ impl Backend {
         let result = match self {
             Backend::Manager(manager) => {
                 let mut conn = manager.clone();
-                within(after, crate::coalesce::load_scripts(&mut conn)).await
+                within(after, script::load_scripts(&mut conn)).await
             }
             Backend::Pool(pool) => {
                 within(after, async {
                     let mut pooled = pool.get().await.map_err(|e| pool_error(e, after))?;
                     pooled.broken = true;
-                    let result = crate::coalesce::load_scripts(&mut pooled.conn).await;
+                    let result = script::load_scripts(&mut pooled.conn).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
                     result
                 })
@@ -434,7 +331,7 @@ impl Backend {
             Backend::Sentinel(sentinel) => {
                 within(after, async {
                     let mut conn = sentinel.connection().await?.conn;
-                    crate::coalesce::load_scripts(&mut conn).await
+                    script::load_scripts(&mut conn).await
                 })
                 .await
             }
@@ -842,14 +739,13 @@ fn did_not_run(err: &Error) -> Option<Next> {
     }
 }
 
-/// Runs `op` on the Cluster, following redirects and waits that prove the script did not run,
+/// Runs `call` on the Cluster, following redirects and waits that prove the script did not run,
 /// within `after` in all.
-async fn cluster_call<O: Op>(
+async fn cluster_call(
     cluster: &ClusterConnection,
-    op: &O,
-    time: TimeSource,
+    call: &Call<'_>,
     after: Duration,
-) -> Result<O::Output, Error> {
+) -> Result<Answers, Error> {
     let deadline = Instant::now() + after;
     let mut conn = cluster.clone();
     let mut ask: Option<SingleNodeRoutingInfo> = None;
@@ -858,13 +754,13 @@ async fn cluster_call<O: Op>(
     loop {
         attempt += 1;
         let result = match ask.take() {
-            None => tokio::time::timeout_at(deadline, op.run(&mut conn, time)).await,
+            None => tokio::time::timeout_at(deadline, call.run(&mut conn)).await,
             Some(node) => {
                 let mut asking = Asking {
                     conn: &mut conn,
                     node,
                 };
-                tokio::time::timeout_at(deadline, op.run(&mut asking, time)).await
+                tokio::time::timeout_at(deadline, call.run(&mut asking)).await
             }
         };
         let err = match result {
@@ -1054,25 +950,25 @@ impl SentinelBackend {
         }
     }
 
-    async fn call<O: Op>(
-        &self,
-        op: &O,
-        time: TimeSource,
-        timeouts: Timeouts,
-    ) -> Result<O::Output, Error> {
+    async fn call(&self, call: &Call<'_>, timeouts: Timeouts) -> Result<Answers, Error> {
         let mut used = None;
         let result = within(timeouts.response, async {
             let Current { id, mut conn, .. } = self.connection().await?;
             used = Some(id);
-            op.run(&mut conn, time).await
+            call.run(&mut conn).await
         })
         .await;
-        if let (Err(e), Some(id)) = (&result, used) {
-            // A timeout, a lost connection, `READONLY` from a demoted primary: the next call
-            // asks the sentinels where the primary is now.
-            if e.is_transient() {
-                self.invalidate(id);
-            }
+        // A timeout, a lost connection, `READONLY` from a demoted primary (for the whole call,
+        // or for a group of a coalesced one): the next call asks the sentinels where the
+        // primary is now.
+        let transient = match &result {
+            Err(e) => e.is_transient(),
+            Ok(answers) => answers
+                .iter()
+                .any(|a| matches!(a, Err(e) if e.is_transient())),
+        };
+        if let (true, Some(id)) = (transient, used) {
+            self.invalidate(id);
         }
         result
     }
@@ -1142,14 +1038,15 @@ mod tests {
     fn a_call_future_stays_small() {
         // Every decision moves this future into a box (the store's `async_trait` methods):
         // rare paths with large futures (deadpool's checkout, a sentinel lookup) box their own.
-        let op = Batch { requests: &[] };
         let timeouts = Timeouts {
             connect: Duration::from_secs(1),
             response: Duration::from_secs(1),
         };
-        let size = output_size(|backend: &'static Backend| {
-            backend.call(&op, TimeSource::Server, timeouts)
-        });
+        let size = output_size(
+            |(backend, call): (&'static Backend, &'static Call<'static>)| {
+                backend.call(call, timeouts)
+            },
+        );
         assert!(size <= 4096, "Backend::call's future is {size} bytes");
     }
 

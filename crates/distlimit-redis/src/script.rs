@@ -1,44 +1,61 @@
-//! The Lua scripts: one atomic decision per `EVALSHA`, bit-identical to [`Limit::decide`].
+//! The Lua: one entry script, one call shape, one invoke helper, bit-identical to
+//! [`Limit::decide`].
 //!
-//! Every decision is one round trip running one script inside Redis, so concurrent requests on a
-//! key (from any number of connections, processes or hosts) are serialized by Redis itself. The
-//! scripts translate the reference model of `distlimit-core` line by line, on the same integer
-//! microseconds and units: for a valid [`Quota`](distlimit_core::Quota) and times below 2^52 µs
-//! every intermediate value stays below 2^53, where Lua's doubles are exact, so Redis answers
-//! exactly what [`Limit::decide`] answers (the `differential` test compares them step by step).
+//! Every store call is one round trip running the entry script inside Redis, so concurrent
+//! requests on a key (from any number of connections, processes or hosts) are serialized by Redis
+//! itself. The script translates the reference model of `distlimit-core` line by line, on the
+//! same integer microseconds and units: for a valid [`Quota`](distlimit_core::Quota) and times
+//! below 2^52 µs every intermediate value stays below 2^53, where Lua's doubles are exact, so
+//! Redis answers exactly what [`Limit::decide`] answers (the `differential` test compares them
+//! step by step).
 //!
-//! # Entry points
+//! # The call
 //!
-//! * [`decide`]: one request on one key, through the algorithm's single-key script (`GET`,
-//!   at most one `SET … PX`, and `TIME` in server-time mode).
-//! * [`decide_all`]: up to [`MAX_BATCH`] requests on distinct keys, all-or-nothing, through the
-//!   batch script: every request is evaluated first without writing; only if all are admitted are
-//!   their states written. In a Cluster the keys must share one hash slot (one `{tag}`); the
+//! A call ([`Call`]) carries one or more [`Group`]s, each decided alone, in order:
+//!
+//! * one request ([`Group::single`], what [`Store::decide`](distlimit_core::Store::decide)
+//!   sends): `GET`, at most one `SET`;
+//! * an all-or-nothing batch of any length up to [`MAX_BATCH`] ([`Group::batch`], what
+//!   `decide_all` sends): every request is evaluated first without writing; only if all are
+//!   admitted are their states written. In a Cluster the keys must share one hash slot; the
 //!   store decides a batch over several slots one slot group at a time, and gives back what
-//!   earlier groups charged when a later one denies, with `refund.lua` (see the crate
-//!   documentation, "Batches across Cluster slots").
+//!   earlier groups charged when a later one denies, with a refund group (see the crate
+//!   documentation, "Batches across Cluster slots");
+//! * a refund ([`Group::refund`]) and a lease exchange ([`Group::lease`]).
 //!
-//! Both are generic over [`redis::aio::ConnectionLike`]: a `MultiplexedConnection`, a
-//! `ConnectionManager`, a cluster connection or a pooled connection. They send `EVALSHA` and, when
-//! the server answers `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`), the same call once more
-//! as `EVAL` with the script's text, which also caches it again. A `NOSCRIPT` reply means the
-//! script did not run, so re-sending it cannot charge twice. Nothing else is ever retried.
+//! A store call is a call with one group; the coalescer (`coalesce.rs`) packs the groups of
+//! several waiting callers into the same shape. So Redis receives one encoding whatever the
+//! load, and a group is decided the same way alone or packed with others.
+//!
+//! `Call::run` is the one place a call is sent: `EVALSHA` and, when the server answers `NOSCRIPT`
+//! (a restart, a failover, `SCRIPT FLUSH`), the same call once more as `EVAL` with the script's
+//! text, which also caches it again. A `NOSCRIPT` reply means the script did not run, so
+//! re-sending it cannot charge twice. Nothing else is ever retried. (`redis::Script` answers
+//! `NOSCRIPT` with a `SCRIPT LOAD` and a second `EVALSHA`: a third round trip, a keyless command
+//! that a Cluster routes apart from the call and that the `ASK` path here would have to wrap too,
+//! and a copy of every key and argument into its own buffers.)
 //!
 //! A request whose cost exceeds the capacity never reaches Lua with that cost: it is sent as a
 //! peek (cost 0, which reads the state and writes nothing) and answered as a denial with
 //! `retry_after` = [`NEVER`], with the `remaining` and `reset_after` the model gives it. In a batch
-//! such a request makes the batch fail, so the batch is sent with its commit flag off.
+//! such a request makes the batch fail, so the batch is sent without charging.
 //!
 //! # Time
 //!
 //! [`TimeSource::Server`] (the default) reads Redis' `TIME` inside the script: every client is
 //! judged by one clock, so clients with skewed clocks cannot over-admit. Redis 7 replicates a
 //! script's effects, not the script, so reading the time before writing is safe.
-//! [`TimeSource::Client`] passes the caller's time instead, for deterministic tests only.
+//! [`TimeSource::Client`] passes the caller's time instead, for deterministic tests only. Each
+//! group carries its own time.
 //!
 //! # Arguments
 //!
-//! Quota parameters are computed in Rust and passed as decimal integers, so the scripts do no gcd:
+//! `KEYS` are every group's keys in turn; `ARGV[1]` is one string of big-endian IEEE-754 doubles
+//! holding integers below 2^53 (`entry.lua` documents it field by field): the format's version
+//! (0), the distinct limits
+//! (algorithm id and four parameter slots), then per group its time, op and request count, then
+//! per request the index of its limit and its values. Quota parameters are computed in Rust, so
+//! the script does no gcd:
 //!
 //! | algorithm | id | parameters |
 //! |---|---|---|
@@ -48,21 +65,19 @@
 //! | sliding log | 4 | `limit`, `period` µs |
 //! | sliding window | 5 | `limit`, `period` µs, `gr`, `steps` ([`Quota::window_granule`](distlimit_core::Quota::window_granule)) |
 //!
-//! * Single-key script: `KEYS = [key]`, `ARGV = [time, cost, parameters…]`.
-//! * Batch script: `KEYS = [key₁ … keyₙ]`, `ARGV = [time, flags, (id, cost, p₁, p₂, p₃, p₄)ₙ]`,
-//!   unused parameter slots `0`; `flags` bit 0: commit, bit 1: append the time decided at (one
-//!   more double after the decisions, for a refund).
-//! * Refund script: `KEYS = [key₁ … keyₙ]`, `ARGV = [time, (id, cost, p₁, p₂, p₃, p₄, at)ₙ]`
-//!   with `at` the time the batch decided at; the reply is the number of states rewritten.
+//! The encoding has no bound of its own: no Lua `unpack` of a list, one `struct.unpack` per
+//! record, so a batch of any length (and a coalesced call of any number of groups) decodes alike.
 //!
-//! `time` is the empty string for server time, else the client's time in µs.
+//! # Reply
 //!
-//! The reply is one string of big-endian IEEE-754 doubles holding integers: `allowed` (1 or 0),
-//! `limit`, `remaining`, `reset_after` µs, `retry_after` µs, once per key for the batch (40 bytes
-//! per decision). A string rather than an array of integers because Redis 7.0 converts a Lua
-//! array into a reply for about 0.45 µs, a tenth of a decision's cost inside Redis, and a string
-//! for next to nothing. It is parsed strictly: a reply of another type or length, a value that is
-//! not an integer in `[0, 2^53)`, or fields that contradict each other are an [`Error::Protocol`].
+//! One string: per group a status byte and its payload (a decision is five doubles, `allowed` (1
+//! or 0), `limit`, `remaining`, `reset_after` µs, `retry_after` µs: 40 bytes; a failed group's
+//! error message, after its length). A string rather than an array of integers
+//! because Redis 7.0 converts a Lua array into a reply for about 0.45 µs, a tenth of a decision's
+//! cost inside Redis, and a string for next to nothing. It is parsed strictly: a reply of another
+//! type or length, a value that is not an integer in `[0, 2^53)`, or fields that contradict each
+//! other are an [`Error::Protocol`]. A group that fails (a bad value at one of its keys) fails
+//! alone, with the error its keys' value gives; in a call of one group that error is the call's.
 //!
 //! # State encoding (a storage format)
 //!
@@ -87,8 +102,8 @@
 //! converted state, even when it is denied (it charges nothing; the key then refills at the new
 //! rate), as [`Limit::decide_from`](distlimit_core::Limit::decide_from) does. A value without a
 //! stamp (17, 9, 17 and 25 bytes, written before stamps) reads as written under the parameters it
-//! is read with. The refund script gives back only to a state stamped with the charge's
-//! parameters, and keeps the stamp.
+//! is read with. A refund gives back only to a state stamped with the charge's parameters, and
+//! keeps the stamp.
 //!
 //! The sliding log is one string of `(instant, cost)` pairs, instants strictly increasing, rewritten
 //! by each admitted request: the expired prefix is dropped and a request at an instant not newer
@@ -108,21 +123,20 @@
 //!   writes, and neither is ever replaced by a later request: see the crate documentation,
 //!   "A bad value at a key".
 //!
-//! Every write is `SET key value PX ttl` with `ttl = ⌈reset_after / 1000⌉` ms, where `reset_after`
-//! is that of the admitted decision, `State::expires_at − now`: a key disappears once it would
-//! decide like a fresh one, never earlier. Peeks and denials write nothing and leave the TTL as it
-//! was. TTLs are relative, so they hold whatever the client's clock says. In
-//! [`TimeSource::Client`] mode keys live [`CLIENT_TTL_SLACK`] longer.
+//! Every write is `SET key value PXAT t` with `t` the call's `TIME` in ms, rounded up, plus
+//! `⌈reset_after / 1000⌉` ms, where `reset_after` is that of the admitted decision,
+//! `State::expires_at − now`: a key disappears once it would decide like a fresh one, never
+//! earlier. Peeks and denials write nothing and leave the TTL as it was. Expiry instants are the
+//! server's, so they hold whatever the client's clock says. In [`TimeSource::Client`] mode keys
+//! live [`CLIENT_TTL_SLACK`] longer.
 //!
 //! # Sources
 //!
-//! The Lua lives in `src/scripts/`, each algorithm written once: `prelude.lua` (shared constants
+//! The Lua lives in `src/scripts/`, each piece written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, two mains, `single.lua` and `batch.lua`, and `refund.lua`, a script of
-//! its own. The script texts are put together at compile time (`concat!(include_str!(…))`): per algorithm the prelude, that
-//! algorithm and the single-key main (the lean hot path); for the batch the prelude, every
-//! algorithm and the batch main. [`script_source`] and [`batch_source`] return them, for example
-//! to run `redis-benchmark` on the very script the store sends.
+//! `decide_<algorithm>`, `refund.lua` and `lease.lua` (one function each), and the main in two
+//! parts, `entry.lua` (the call of one request alone, the common one) and `entry_groups.lua` (the
+//! general path). The script text is put together at compile time (`concat!(include_str!(…))`).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -207,7 +221,7 @@ impl Kind {
         }
     }
 
-    /// The algorithm's id in the batch script's arguments (and its state's tag byte).
+    /// The algorithm's id in the script's arguments (and its state's tag byte).
     pub(crate) fn id(self) -> u64 {
         match self {
             Kind::TokenBucket => 1,
@@ -216,11 +230,6 @@ impl Kind {
             Kind::SlidingLog => 4,
             Kind::SlidingWindow => 5,
         }
-    }
-
-    fn index(self) -> usize {
-        // Ids are 1..=5.
-        (self.id() - 1) as usize
     }
 }
 
@@ -238,276 +247,6 @@ pub(crate) fn parameters(kind: Kind, limit: &Limit) -> ([u64; 4], usize) {
             let (gr, steps) = q.window_granule();
             ([q.limit(), q.period_us(), gr, steps], 4)
         }
-    }
-}
-
-macro_rules! lua {
-    ($file:literal) => {
-        include_str!(concat!("scripts/", $file))
-    };
-}
-
-/// The single-key script of one algorithm: the prelude, the algorithm, and the single-key main
-/// bound to it.
-macro_rules! single_script {
-    ($file:literal, $function:literal) => {
-        concat!(
-            lua!("prelude.lua"),
-            lua!($file),
-            "local decide = ",
-            $function,
-            "\n",
-            lua!("single.lua"),
-        )
-    };
-}
-
-const TOKEN_BUCKET_SCRIPT: &str = single_script!("token_bucket.lua", "decide_token_bucket");
-const GCRA_SCRIPT: &str = single_script!("gcra.lua", "decide_gcra");
-const FIXED_WINDOW_SCRIPT: &str = single_script!("fixed_window.lua", "decide_fixed_window");
-const SLIDING_LOG_SCRIPT: &str = single_script!("sliding_log.lua", "decide_sliding_log");
-const SLIDING_WINDOW_SCRIPT: &str = single_script!("sliding_window.lua", "decide_sliding_window");
-const BATCH_SCRIPT: &str = concat!(
-    lua!("prelude.lua"),
-    lua!("token_bucket.lua"),
-    lua!("gcra.lua"),
-    lua!("fixed_window.lua"),
-    lua!("sliding_log.lua"),
-    lua!("sliding_window.lua"),
-    lua!("batch.lua"),
-);
-const REFUND_SCRIPT: &str = lua!("refund.lua");
-
-/// A script's text and SHA-1.
-pub(crate) struct Compiled {
-    pub(crate) source: &'static str,
-    pub(crate) sha: String,
-}
-
-impl std::fmt::Debug for Compiled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Compiled")
-            .field("sha", &self.sha)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Compiled {
-    pub(crate) fn new(source: &'static str) -> Self {
-        Self {
-            source,
-            sha: redis::Script::new(source).get_hash().to_owned(),
-        }
-    }
-}
-
-/// Every script, hashed once.
-struct Scripts {
-    /// Indexed by [`Kind::index`].
-    single: [Compiled; 5],
-    batch: Compiled,
-    /// Gives back what a batch group charged (Cluster batches across slots).
-    refund: Compiled,
-}
-
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    single: [
-        Compiled::new(TOKEN_BUCKET_SCRIPT),
-        Compiled::new(GCRA_SCRIPT),
-        Compiled::new(FIXED_WINDOW_SCRIPT),
-        Compiled::new(SLIDING_LOG_SCRIPT),
-        Compiled::new(SLIDING_WINDOW_SCRIPT),
-    ],
-    batch: Compiled::new(BATCH_SCRIPT),
-    refund: Compiled::new(REFUND_SCRIPT),
-});
-
-fn single(kind: Kind) -> &'static Compiled {
-    &SCRIPTS.single[kind.index()]
-}
-
-/// The text of `algorithm`'s single-key script, as sent with `EVAL` (for inspection, and for
-/// `redis-benchmark`). An algorithm the scripts do not implement is an [`Error::Config`].
-pub fn script_source(algorithm: Algorithm) -> Result<&'static str, Error> {
-    Ok(single(Kind::of(algorithm)?).source)
-}
-
-/// The SHA-1 of `algorithm`'s single-key script, as sent with `EVALSHA`.
-pub fn script_sha1(algorithm: Algorithm) -> Result<&'static str, Error> {
-    Ok(&single(Kind::of(algorithm)?).sha)
-}
-
-/// The text of the batch script.
-pub fn batch_source() -> &'static str {
-    SCRIPTS.batch.source
-}
-
-/// The SHA-1 of the batch script.
-pub fn batch_sha1() -> &'static str {
-    &SCRIPTS.batch.sha
-}
-
-/// Loads every script into the server's script cache (`SCRIPT LOAD`), so that the first
-/// decisions need no `EVAL`. Optional: [`decide`] and [`decide_all`] load a missing script
-/// themselves. It also tells early whether the connection may run scripts at all (an ACL
-/// without `EVALSHA` is an [`Error::Config`]). In a Cluster it loads on the node the connection
-/// routes `SCRIPT LOAD` to; the other nodes load on first use.
-pub async fn load_scripts<C>(conn: &mut C) -> Result<(), Error>
-where
-    C: ConnectionLike + Send,
-{
-    for script in SCRIPTS
-        .single
-        .iter()
-        .chain([&SCRIPTS.batch, &SCRIPTS.refund])
-    {
-        let sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script.source)
-            .query_async(conn)
-            .await
-            .map_err(|e| map_error(e, &[]))?;
-        if sha != script.sha {
-            return Err(protocol(format!(
-                "SCRIPT LOAD answered the SHA-1 {sha:?}, expected {}",
-                script.sha
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Decides one request of `cost` units on the Redis key `redis_key` under `limit`, charging it
-/// when admitted: exactly what [`Limit::decide`] answers on the key's state at the time `time`
-/// gives. One round trip (two when the server lost the script).
-///
-/// Errors: a client time above [`MAX_CLIENT_TIME_US`] is an [`Error::InvalidRequest`]; a wrong
-/// Redis type or an unreadable value at the key an [`Error::BadState`] (nothing written); a
-/// malformed reply an [`Error::Protocol`];
-/// connection failures as classified by the driver's error mapping.
-pub async fn decide<C>(
-    conn: &mut C,
-    redis_key: &[u8],
-    limit: &Limit,
-    cost: u64,
-    time: TimeSource,
-) -> Result<Decision, Error>
-where
-    C: ConnectionLike + Send,
-{
-    let call = Call::single(redis_key, limit, cost, time)?;
-    let mut decisions = call.run(conn).await?;
-    match (decisions.pop(), decisions.is_empty()) {
-        (Some(decision), true) => Ok(decision),
-        _ => Err(protocol("expected exactly one decision".to_owned())),
-    }
-}
-
-/// Decides a batch all-or-nothing: every request is evaluated at one instant, and all are charged
-/// only if all are admitted. One decision per request, in order: what that request alone would
-/// have been answered, as a peek in a denied batch (see
-/// [`Store::decide_all`](distlimit_core::Store::decide_all)). One round
-/// trip (two when the server lost the script).
-///
-/// An empty batch, one above [`MAX_BATCH`] or a Redis key twice is an [`Error::InvalidRequest`];
-/// other errors as for [`decide`]. In a Cluster every key must hash to one slot.
-pub async fn decide_all<C>(
-    conn: &mut C,
-    requests: &[ScriptRequest<'_>],
-    time: TimeSource,
-) -> Result<Vec<Decision>, Error>
-where
-    C: ConnectionLike + Send,
-{
-    let call = Call::batch(requests, time, Flags::Commit)?;
-    call.run(conn).await
-}
-
-/// What a batch call does besides deciding.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Flags {
-    /// Charge if every request is admitted.
-    Commit,
-    /// Charge if every request is admitted, and answer the time decided at.
-    CommitAndTime,
-    /// Charge nothing.
-    Evaluate,
-}
-
-/// [`decide_all`] on one group of a batch that spans Cluster slots: the decisions, and the
-/// time (µs, the node's clock or the client's) they were decided at when the group was charged
-/// (every request admitted), for [`refund`].
-pub(crate) async fn charge_group<C>(
-    conn: &mut C,
-    requests: &[ScriptRequest<'_>],
-    time: TimeSource,
-) -> Result<(Vec<Decision>, Option<u64>), Error>
-where
-    C: ConnectionLike + Send,
-{
-    let call = Call::batch(requests, time, Flags::CommitAndTime)?;
-    let (decisions, at) = call.run_timed(conn).await?;
-    let committed = call.args[0] & 1 == 1 && decisions.iter().all(Decision::is_allowed);
-    Ok((decisions, at.filter(|_| committed)))
-}
-
-/// The decisions of a batch group without charging anything.
-pub(crate) async fn evaluate_group<C>(
-    conn: &mut C,
-    requests: &[ScriptRequest<'_>],
-    time: TimeSource,
-) -> Result<Vec<Decision>, Error>
-where
-    C: ConnectionLike + Send,
-{
-    Call::batch(requests, time, Flags::Evaluate)?
-        .run(conn)
-        .await
-}
-
-/// Gives back what [`charge_group`] charged at `at` on `requests` (see `refund.lua`): never more
-/// than the states still owe the charge, so the refunded states never admit more than they
-/// would have without it.
-pub(crate) async fn refund<C>(
-    conn: &mut C,
-    requests: &[ScriptRequest<'_>],
-    at: u64,
-    time: TimeSource,
-) -> Result<(), Error>
-where
-    C: ConnectionLike + Send,
-{
-    check_time(time)?;
-    let mut keys = Vec::with_capacity(requests.len());
-    let mut args = Vec::with_capacity(7 * requests.len());
-    for r in requests {
-        let kind = Kind::of(r.limit.algorithm())?;
-        let (params, _) = parameters(kind, &r.limit);
-        keys.push(r.redis_key);
-        args.extend_from_slice(&[kind.id(), r.cost]);
-        args.extend_from_slice(&params);
-        args.push(at);
-    }
-    let call = Call {
-        script: &SCRIPTS.refund,
-        keys,
-        time,
-        args,
-        expect: Vec::new(),
-        time_reply: false,
-    };
-    let reply = match call.cmd(false).query_async::<Value>(conn).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            call.cmd(true).query_async::<Value>(conn).await
-        }
-        other => other,
-    };
-    match reply.map_err(|e| map_error(e, &call.keys))? {
-        Value::Int(_) => Ok(()),
-        other => Err(protocol(format!(
-            "the refund script answered {}, expected an integer",
-            describe(&other)
-        ))),
     }
 }
 
@@ -529,153 +268,545 @@ impl Expect {
     }
 }
 
-/// One script call, built and ready to send as `EVALSHA` (or `EVAL`).
-#[derive(Debug)]
-struct Call<'a> {
-    script: &'static Compiled,
-    keys: Vec<&'a [u8]>,
-    time: TimeSource,
-    /// `ARGV[2..]`.
-    args: Vec<u64>,
-    expect: Vec<Expect>,
-    /// The reply ends with the time decided at (a ninth double).
-    time_reply: bool,
+/// The entry script: the prelude, every algorithm, the main with the call of one request, the
+/// refund and lease functions, the general path.
+const ENTRY_SCRIPT: &str = concat!(
+    include_str!("scripts/prelude.lua"),
+    include_str!("scripts/token_bucket.lua"),
+    include_str!("scripts/gcra.lua"),
+    include_str!("scripts/fixed_window.lua"),
+    include_str!("scripts/sliding_log.lua"),
+    include_str!("scripts/sliding_window.lua"),
+    include_str!("scripts/entry.lua"),
+    include_str!("scripts/refund.lua"),
+    include_str!("scripts/lease.lua"),
+    include_str!("scripts/entry_groups.lua"),
+);
+
+/// The entry script's SHA-1, as `EVALSHA` names it.
+static ENTRY_SHA: LazyLock<String> =
+    LazyLock::new(|| redis::Script::new(ENTRY_SCRIPT).get_hash().to_owned());
+
+/// The text of the entry script, as sent with `EVAL`.
+pub fn script_source() -> &'static str {
+    ENTRY_SCRIPT
 }
 
-impl<'a> Call<'a> {
-    fn single(
-        redis_key: &'a [u8],
+/// The SHA-1 of the entry script, as sent with `EVALSHA`.
+pub fn script_sha1() -> &'static str {
+    &ENTRY_SHA
+}
+
+/// `ARGV[1]` of a call of one request of `cost` units under `limit` (for tools that send the
+/// script themselves, such as `redis-benchmark`).
+pub fn single_argument(limit: &Limit, cost: u64, time: TimeSource) -> Result<Vec<u8>, Error> {
+    let group = Group::single(b"", limit, cost, time)?;
+    Ok(Call::one(&group).arguments())
+}
+
+/// The most units one lease exchange gives back (exact as a Lua number); the script caps them
+/// at the burst of the key's state.
+const MAX_GIVE_BACK: u64 = 1 << 52;
+
+/// Loads the entry script into the server's script cache (`SCRIPT LOAD`), so that the first
+/// calls need no `EVAL`. Optional: a call loads a missing script itself. It also tells early
+/// whether the connection may run scripts at all (an ACL without `EVALSHA` is an
+/// [`Error::Config`]). In a Cluster it loads on the node the connection routes `SCRIPT LOAD`
+/// to; the other nodes load on first use.
+pub async fn load_scripts<C>(conn: &mut C) -> Result<(), Error>
+where
+    C: ConnectionLike + Send,
+{
+    // Asked first, in a small command: a server that wants authentication answers it with
+    // `NOAUTH`, while it refuses a command as large as the script from an unauthenticated client
+    // with a protocol error.
+    let exists: Vec<i64> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(ENTRY_SHA.as_str())
+        .query_async(conn)
+        .await
+        .map_err(|e| map_error(e, &[]))?;
+    if exists == [1] {
+        return Ok(());
+    }
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(ENTRY_SCRIPT)
+        .query_async(conn)
+        .await
+        .map_err(|e| map_error(e, &[]))?;
+    if sha != *ENTRY_SHA {
+        return Err(protocol(format!(
+            "SCRIPT LOAD answered the SHA-1 {sha:?}, expected {}",
+            *ENTRY_SHA
+        )));
+    }
+    Ok(())
+}
+
+/// What a group does (its op code in `entry.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GroupOp {
+    /// One request, charged when admitted (a state carried over is written even when denied).
+    One,
+    /// A batch evaluated without charging.
+    Evaluate,
+    /// A batch charged if every request is admitted.
+    Commit,
+    /// As [`GroupOp::Commit`], answering the time decided at too (for a later refund).
+    CommitTimed,
+    /// Gives back what a [`GroupOp::CommitTimed`] group charged.
+    Refund,
+    /// A lease exchange: give back unspent units, then take up to the units wanted.
+    Lease,
+}
+
+impl GroupOp {
+    fn code(self) -> u64 {
+        match self {
+            GroupOp::One => 0,
+            GroupOp::Evaluate => 1,
+            GroupOp::Commit => 2,
+            GroupOp::CommitTimed => 3,
+            GroupOp::Refund => 4,
+            GroupOp::Lease => 5,
+        }
+    }
+}
+
+/// A group's answer.
+#[derive(Debug, Default)]
+pub(crate) struct Answer {
+    /// One decision per request (none for a refund).
+    pub(crate) decisions: Vec<Decision>,
+    /// [`GroupOp::CommitTimed`]: the time (µs) the group was decided at, when it was charged.
+    pub(crate) at: Option<u64>,
+    /// [`GroupOp::Lease`]: the units granted.
+    pub(crate) granted: u64,
+}
+
+impl Answer {
+    /// The one decision of a single request.
+    pub(crate) fn decision(mut self) -> Result<Decision, Error> {
+        match (self.decisions.pop(), self.decisions.is_empty()) {
+            (Some(decision), true) => Ok(decision),
+            _ => Err(protocol("expected exactly one decision".to_owned())),
+        }
+    }
+}
+
+/// One group of a call, owned (it may wait in the coalescer's queue).
+#[derive(Debug)]
+pub(crate) struct Group {
+    /// The Redis keys, one after the other; `ends[j]` is where key `j` ends.
+    keys: Vec<u8>,
+    ends: Vec<usize>,
+    time: TimeSource,
+    op: GroupOp,
+    /// Per request: its limit (algorithm id and four parameter slots) and its values (cost;
+    /// cost and charge time for a refund; units given back and wanted for a lease).
+    requests: Vec<([u64; 5], [u64; 2])>,
+    expect: Vec<Expect>,
+}
+
+impl Group {
+    fn with_capacity(time: TimeSource, op: GroupOp, keys: usize, n: usize) -> Result<Self, Error> {
+        check_time(time)?;
+        Ok(Group {
+            keys: Vec::with_capacity(keys),
+            ends: Vec::with_capacity(n),
+            time,
+            op,
+            requests: Vec::with_capacity(n),
+            expect: Vec::with_capacity(n),
+        })
+    }
+
+    /// One request of `cost` units on `redis_key` under `limit`, charged when admitted.
+    pub(crate) fn single(
+        redis_key: &[u8],
         limit: &Limit,
         cost: u64,
         time: TimeSource,
     ) -> Result<Self, Error> {
-        check_time(time)?;
-        let kind = Kind::of(limit.algorithm())?;
-        let (expect, cost) = Expect::new(limit, cost);
-        let (params, count) = parameters(kind, limit);
-        let mut args = Vec::with_capacity(1 + count);
-        args.push(cost);
-        args.extend_from_slice(&params[..count]);
-        Ok(Self {
-            script: single(kind),
-            keys: vec![redis_key],
-            time,
-            args,
-            expect: vec![expect],
-            time_reply: false,
-        })
+        let mut group = Group::with_capacity(time, GroupOp::One, redis_key.len(), 1)?;
+        group.push(redis_key, limit, cost)?;
+        Ok(group)
     }
 
-    fn batch(
-        requests: &[ScriptRequest<'a>],
+    /// An all-or-nothing batch: `op` is [`GroupOp::Evaluate`], [`GroupOp::Commit`] or
+    /// [`GroupOp::CommitTimed`] (a batch holding a cost above its capacity is only evaluated).
+    /// An empty batch, one above [`MAX_BATCH`] or a Redis key twice is an
+    /// [`Error::InvalidRequest`].
+    pub(crate) fn batch(
+        requests: &[ScriptRequest<'_>],
         time: TimeSource,
-        flags: Flags,
+        op: GroupOp,
     ) -> Result<Self, Error> {
-        check_time(time)?;
         if requests.is_empty() {
             return Err(Error::InvalidRequest("empty batch"));
         }
         if requests.len() > MAX_BATCH {
             return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
         }
-        let mut keys = Vec::with_capacity(requests.len());
-        let mut args = Vec::with_capacity(1 + 6 * requests.len());
-        let mut expect = Vec::with_capacity(requests.len());
-        // Bit 0 commit (cleared below when a request can never pass), bit 1 answer the time.
-        args.push(match flags {
-            Flags::Commit => 1,
-            Flags::CommitAndTime => 3,
-            Flags::Evaluate => 0,
-        });
-        for r in requests {
-            if keys.contains(&r.redis_key) {
+        let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
+        let mut group = Group::with_capacity(time, op, bytes, requests.len())?;
+        for (i, r) in requests.iter().enumerate() {
+            if requests[..i].iter().any(|o| o.redis_key == r.redis_key) {
                 return Err(Error::InvalidRequest("the same key twice in one batch"));
             }
-            let kind = Kind::of(r.limit.algorithm())?;
-            let (e, cost) = Expect::new(&r.limit, r.cost);
-            let (params, _) = parameters(kind, &r.limit);
-            if e.never {
-                args[0] &= !1;
-            }
-            keys.push(r.redis_key);
-            args.extend_from_slice(&[kind.id(), cost]);
-            args.extend_from_slice(&params);
-            expect.push(e);
+            group.push(r.redis_key, &r.limit, r.cost)?;
         }
-        Ok(Self {
-            script: &SCRIPTS.batch,
-            keys,
-            time,
-            args,
-            expect,
-            time_reply: flags == Flags::CommitAndTime,
+        if group.expect.iter().any(|e| e.never) {
+            group.op = GroupOp::Evaluate;
+        }
+        Ok(group)
+    }
+
+    /// Gives back what a [`GroupOp::CommitTimed`] group of `requests` charged at `at` (see
+    /// `refund.lua`): never more than the states still owe the charge, so the refunded states
+    /// never admit more than they would have without it.
+    pub(crate) fn refund(
+        requests: &[ScriptRequest<'_>],
+        at: u64,
+        time: TimeSource,
+    ) -> Result<Self, Error> {
+        let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
+        let mut group = Group::with_capacity(time, GroupOp::Refund, bytes, requests.len())?;
+        for r in requests {
+            group.push(r.redis_key, &r.limit, r.cost)?;
+            if let Some(last) = group.requests.last_mut() {
+                last.1[1] = at.min(MAX_CLIENT_TIME_US);
+            }
+        }
+        Ok(group)
+    }
+
+    /// A lease exchange on `redis_key`: give back `give_back` units, then take up to `want`
+    /// (see `lease.lua`). A limit other than the token bucket and GCRA is an error.
+    pub(crate) fn lease(
+        redis_key: &[u8],
+        limit: &Limit,
+        give_back: u64,
+        want: u64,
+        time: TimeSource,
+    ) -> Result<Self, Error> {
+        limit.check_lease()?;
+        let mut group = Group::with_capacity(time, GroupOp::Lease, redis_key.len(), 1)?;
+        group.push(redis_key, limit, 0)?;
+        // `want` at most the capacity, and the units given back at most 2^52 (the script caps
+        // them at the burst of the quota their state was written under, which may differ from
+        // this one after a limit change), so every product in the script stays below 2^53.
+        if let Some(last) = group.requests.last_mut() {
+            last.1 = [give_back.min(MAX_GIVE_BACK), want.min(limit.capacity())];
+        }
+        Ok(group)
+    }
+
+    fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
+        let kind = Kind::of(limit.algorithm())?;
+        let (expect, cost) = Expect::new(limit, cost);
+        let ([p1, p2, p3, p4], _) = parameters(kind, limit);
+        self.keys.extend_from_slice(redis_key);
+        self.ends.push(self.keys.len());
+        self.requests.push(([kind.id(), p1, p2, p3, p4], [cost, 0]));
+        self.expect.push(expect);
+        Ok(())
+    }
+
+    /// The number of requests (decisions, or keys of a refund).
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// About what the group adds to a call, in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.keys.len() + 24 * (self.requests.len() + 1)
+    }
+
+    /// The first key (for the hash slot of the group).
+    pub(crate) fn first_key(&self) -> &[u8] {
+        &self.keys[..self.ends.first().copied().unwrap_or(0)]
+    }
+
+    fn key_slices(&self) -> impl Iterator<Item = &[u8]> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let key = &self.keys[start..end];
+            start = end;
+            key
         })
     }
 
-    /// The command: `EVALSHA sha …`, or with `eval` the fallback `EVAL source …`.
-    fn cmd(&self, eval: bool) -> Cmd {
-        let mut cmd = if eval {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.script.source);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&self.script.sha);
-            cmd
-        };
-        cmd.arg(self.keys.len());
-        for key in &self.keys {
-            cmd.arg(*key);
+    /// The bytes of the group's answer in a reply.
+    fn reply_len(&self) -> usize {
+        match self.op {
+            GroupOp::Refund => 0,
+            GroupOp::Lease => 8 + DECISION_BYTES,
+            GroupOp::CommitTimed => DECISION_BYTES * self.len() + 8,
+            GroupOp::One | GroupOp::Evaluate | GroupOp::Commit => DECISION_BYTES * self.len(),
         }
-        match self.time {
-            TimeSource::Server => cmd.arg(""),
-            TimeSource::Client(now) => cmd.arg(now),
-        };
-        for arg in &self.args {
-            cmd.arg(*arg);
-        }
-        cmd
     }
 
-    async fn run<C>(&self, conn: &mut C) -> Result<Vec<Decision>, Error>
-    where
-        C: ConnectionLike + Send,
-    {
-        Ok(self.run_timed(conn).await?.0)
+    /// Reads the group's answer from its part of the reply (`reply_len` bytes).
+    fn answer(&self, part: &[u8]) -> Result<Answer, Error> {
+        match self.op {
+            GroupOp::Refund => Ok(Answer::default()),
+            GroupOp::Lease => {
+                let granted = integer(&part[..8])?;
+                let want = self.requests.first().map_or(0, |r| r.1[1]);
+                let decision = self
+                    .expect
+                    .first()
+                    .ok_or_else(|| protocol("a lease without its request".to_owned()))
+                    .and_then(|e| parse_decision(&part[8..], *e))?;
+                if granted > want || (decision.is_denied() && granted > 0) {
+                    return Err(protocol(format!(
+                        "inconsistent lease reply: granted {granted} of {want}, {decision:?}"
+                    )));
+                }
+                Ok(Answer {
+                    decisions: vec![decision],
+                    at: None,
+                    granted,
+                })
+            }
+            GroupOp::One | GroupOp::Evaluate | GroupOp::Commit | GroupOp::CommitTimed => {
+                let split = DECISION_BYTES * self.len();
+                let decisions = part[..split]
+                    .chunks_exact(DECISION_BYTES)
+                    .zip(&self.expect)
+                    .map(|(chunk, e)| parse_decision(chunk, *e))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let at = if self.op == GroupOp::CommitTimed {
+                    let at = integer(&part[split..])?;
+                    decisions.iter().all(Decision::is_allowed).then_some(at)
+                } else {
+                    None
+                };
+                Ok(Answer {
+                    decisions,
+                    at,
+                    granted: 0,
+                })
+            }
+        }
+    }
+}
+
+/// One call of the entry script over `groups`, in order.
+#[derive(Debug)]
+pub(crate) struct Call<'a> {
+    groups: Vec<&'a Group>,
+}
+
+impl<'a> Call<'a> {
+    /// A call of `groups` (at least one).
+    pub(crate) fn new(groups: Vec<&'a Group>) -> Self {
+        Self { groups }
     }
 
-    /// The decisions, and the time decided at when the call asks for it.
-    async fn run_timed<C>(&self, conn: &mut C) -> Result<(Vec<Decision>, Option<u64>), Error>
-    where
-        C: ConnectionLike + Send,
-    {
+    /// A call of one group.
+    pub(crate) fn one(group: &'a Group) -> Self {
+        Self {
+            groups: vec![group],
+        }
+    }
+
+    /// Sends the call (`EVALSHA`, then `EVAL` on `NOSCRIPT`) and reads every group's answer.
+    /// The call fails as a whole on a failure of the call itself; a group fails alone on a bad
+    /// value at its keys, except in a call of one group, where its error is the call's (as if
+    /// the script had failed: what the connections classify, retry and fail over on).
+    pub(crate) async fn run<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+    ) -> Result<Vec<Result<Answer, Error>>, Error> {
         let reply = match self.cmd(false).query_async::<Value>(conn).await {
+            // The script did not run: sending it with its text cannot decide twice.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                // The script did not run: sending it with its text cannot charge twice.
                 self.cmd(true).query_async::<Value>(conn).await
             }
             other => other,
         };
-        let reply = reply.map_err(|e| map_error(e, &self.keys))?;
-        if !self.time_reply {
-            return Ok((parse_reply(reply, &self.expect)?, None));
+        let reply = reply.map_err(|e| {
+            let keys: Vec<&[u8]> = self.groups.iter().flat_map(|g| g.key_slices()).collect();
+            map_error(e, &keys)
+        })?;
+        let mut answers = self.parse(reply)?;
+        if let [Err(_)] = answers.as_slice()
+            && let Some(Err(e)) = answers.pop()
+        {
+            return Err(e);
         }
-        // The time decided at, a ninth double after the decisions.
-        let Value::BulkString(mut bytes) = reply else {
+        Ok(answers)
+    }
+
+    fn cmd(&self, eval: bool) -> Cmd {
+        let mut cmd = if eval {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(ENTRY_SCRIPT);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(ENTRY_SHA.as_str());
+            cmd
+        };
+        cmd.arg(self.groups.iter().map(|g| g.len()).sum::<usize>());
+        for group in &self.groups {
+            for key in group.key_slices() {
+                cmd.arg(key);
+            }
+        }
+        cmd.arg(self.arguments());
+        cmd
+    }
+
+    /// `ARGV[1]`: big-endian doubles (see `entry.lua`). Every value is an integer below 2^53
+    /// (quota bounds, [`MAX_CLIENT_TIME_US`], costs at most the capacity), exact in a double.
+    fn arguments(&self) -> Vec<u8> {
+        let mut limits: Vec<[u64; 5]> = Vec::new();
+        let mut body: Vec<f64> = Vec::new();
+        for group in &self.groups {
+            body.push(match group.time {
+                TimeSource::Server => -1.0,
+                TimeSource::Client(now) => exact(now),
+            });
+            body.push(exact(group.op.code()));
+            body.push(exact(group.len() as u64));
+            let width = match group.op {
+                GroupOp::Refund | GroupOp::Lease => 2,
+                _ => 1,
+            };
+            for (limit, values) in &group.requests {
+                let index = match limits.iter().position(|l| l == limit) {
+                    Some(i) => i,
+                    None => {
+                        limits.push(*limit);
+                        limits.len() - 1
+                    }
+                };
+                body.push(exact(index as u64 + 1));
+                body.extend(values[..width].iter().map(|&v| exact(v)));
+            }
+        }
+        let mut out = Vec::with_capacity(8 * (2 + 5 * limits.len() + body.len()));
+        // The format's version, 0: eight zero bytes. A server without scripting answers an
+        // `unknown command` error quoting the arguments up to their first zero byte; without
+        // them first it would quote bytes that are not UTF-8, and the error would be unreadable.
+        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(&exact(limits.len() as u64).to_be_bytes());
+        for value in limits.iter().flatten() {
+            out.extend_from_slice(&exact(*value).to_be_bytes());
+        }
+        for value in body {
+            out.extend_from_slice(&value.to_be_bytes());
+        }
+        out
+    }
+
+    /// The reply's parts: per group its answer, or its own error.
+    fn parse(&self, reply: Value) -> Result<Vec<Result<Answer, Error>>, Error> {
+        let Value::BulkString(bytes) = reply else {
             return Err(protocol(format!(
                 "the script answered {}, expected a string",
                 describe(&reply)
             )));
         };
-        let Some(split) = bytes.len().checked_sub(8) else {
-            return Err(protocol("the script answered no time".to_owned()));
-        };
-        let at = integer(&bytes[split..])?;
-        bytes.truncate(split);
-        Ok((
-            parse_reply(Value::BulkString(bytes), &self.expect)?,
-            Some(at),
-        ))
+        let cut = || protocol("the script's reply is cut short".into());
+        let mut body = bytes.as_slice();
+        let mut out = Vec::with_capacity(self.groups.len());
+        for group in &self.groups {
+            let (&status, rest) = body.split_first().ok_or_else(cut)?;
+            match status {
+                b'o' => {
+                    let (part, rest) = rest.split_at_checked(group.reply_len()).ok_or_else(cut)?;
+                    body = rest;
+                    out.push(group.answer(part));
+                }
+                b'e' => {
+                    let (len, rest) = rest.split_first_chunk::<4>().ok_or_else(cut)?;
+                    let len = u32::from_be_bytes(*len) as usize;
+                    let (message, rest) = rest.split_at_checked(len).ok_or_else(cut)?;
+                    body = rest;
+                    out.push(Err(group_error(message, group)));
+                }
+                other => {
+                    return Err(protocol(format!(
+                        "the script answered the status {other:#04x}"
+                    )));
+                }
+            }
+        }
+        if !body.is_empty() {
+            return Err(protocol(
+                "the script answered more bytes than its groups".into(),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// `x` as a double: exact for the integers below 2^53 the script is sent.
+#[allow(clippy::cast_precision_loss)]
+fn exact(x: u64) -> f64 {
+    x as f64
+}
+
+/// A group's error message from the script (`DISTLIMIT_CORRUPT …`, `WRONGTYPE …`), classified
+/// exactly as the same error reply of a whole call would be.
+fn group_error(message: &[u8], group: &Group) -> Error {
+    // Redis turns line breaks in error replies into spaces; so does this, and the message then
+    // parses as the error reply the script would have sent.
+    let mut wire = Vec::with_capacity(message.len() + 3);
+    wire.push(b'-');
+    wire.extend(message.iter().map(|&b| match b {
+        b'\r' | b'\n' => b' ',
+        b => b,
+    }));
+    wire.extend_from_slice(b"\r\n");
+    let keys: Vec<&[u8]> = group.key_slices().collect();
+    match redis::parse_redis_value(&wire).and_then(|v| v.extract_error()) {
+        Err(e) => map_error(e, &keys),
+        Ok(_) => protocol("the script failed a group without an error".into()),
+    }
+}
+
+/// Decides one request of `cost` units on the Redis key `redis_key` under `limit`, charging it
+/// when admitted, as the store does: one call of one group.
+pub async fn decide<C>(
+    conn: &mut C,
+    redis_key: &[u8],
+    limit: &Limit,
+    cost: u64,
+    time: TimeSource,
+) -> Result<Decision, Error>
+where
+    C: ConnectionLike + Send,
+{
+    let group = Group::single(redis_key, limit, cost, time)?;
+    only(Call::one(&group).run(conn).await?)?.decision()
+}
+
+/// Decides a batch all-or-nothing, as the store does: one call of one group.
+pub async fn decide_all<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    time: TimeSource,
+) -> Result<Vec<Decision>, Error>
+where
+    C: ConnectionLike + Send,
+{
+    let group = Group::batch(requests, time, GroupOp::Commit)?;
+    Ok(only(Call::one(&group).run(conn).await?)?.decisions)
+}
+
+/// The answer of a call of one group.
+pub(crate) fn only(mut answers: Vec<Result<Answer, Error>>) -> Result<Answer, Error> {
+    match (answers.pop(), answers.is_empty()) {
+        (Some(answer), true) => answer,
+        _ => Err(protocol(
+            "expected the answer of exactly one group".to_owned(),
+        )),
     }
 }
 
@@ -706,6 +837,7 @@ pub(crate) fn protocol(message: String) -> Error {
 /// The bytes of one decision in a reply: five big-endian doubles.
 pub(crate) const DECISION_BYTES: usize = 40;
 
+#[cfg(test)]
 /// Parses a script's reply: `expect.len()` decisions of five doubles each, every one an integer
 /// in `[0, 2^53)`, consistent with each other.
 fn parse_reply(reply: Value, expect: &[Expect]) -> Result<Vec<Decision>, Error> {
@@ -918,14 +1050,10 @@ mod tests {
     };
 
     #[test]
-    fn every_script_is_built_from_its_parts() {
-        for algorithm in Algorithm::ALL {
-            let source = script_source(algorithm).unwrap();
-            assert!(source.starts_with(lua!("prelude.lua")));
-            assert!(source.ends_with(lua!("single.lua")));
-            assert!(source.contains(&format!("local decide = decide_{}\n", algorithm.name())));
-            assert_eq!(script_sha1(algorithm).unwrap().len(), 40);
-        }
+    fn the_script_is_built_from_its_parts() {
+        let source = script_source();
+        assert!(source.starts_with(include_str!("scripts/prelude.lua")));
+        assert!(source.ends_with(include_str!("scripts/entry_groups.lua")));
         for name in [
             "token_bucket",
             "gcra",
@@ -933,9 +1061,10 @@ mod tests {
             "sliding_log",
             "sliding_window",
         ] {
-            assert!(batch_source().contains(&format!("local function decide_{name}(")));
+            assert!(source.contains(&format!("local function decide_{name}(")));
         }
-        assert!(!batch_source().contains("replicate_commands"));
+        assert!(!source.contains("replicate_commands"));
+        assert_eq!(script_sha1().len(), 40);
     }
 
     #[test]
@@ -1010,78 +1139,110 @@ mod tests {
         ));
     }
 
+    /// The doubles of a call's `ARGV[1]`, as integers (-1 for the server's time).
+    fn argv(groups: &[&Group]) -> Vec<i64> {
+        let bytes = Call::new(groups.to_vec()).arguments();
+        assert_eq!(bytes[..8], [0; 8], "the version");
+        bytes[8..]
+            .chunks_exact(8)
+            .map(|c| f64::from_be_bytes(c.try_into().unwrap()) as i64)
+            .collect()
+    }
+
     #[test]
     fn arguments_are_the_quota_parameters() {
         let q = Quota::from_parts(3, 1_000_000, 5).unwrap();
         let key = b"k".as_slice();
-        let call = Call::single(key, &Limit::token_bucket(q), 2, TimeSource::Client(7)).unwrap();
-        assert_eq!(call.args, [2, 5, 3, 1_000_000]);
-        let call = Call::single(key, &Limit::gcra(q), 6, TimeSource::Server).unwrap();
+        let g = Group::single(key, &Limit::token_bucket(q), 2, TimeSource::Client(7)).unwrap();
+        // One limit (token bucket: burst, L', P', 0); one group at time 7, op 0, one request
+        // (limit 1, cost 2).
+        assert_eq!(argv(&[&g]), [1, 1, 5, 3, 1_000_000, 0, 7, 0, 1, 1, 2]);
+        let g = Group::single(key, &Limit::gcra(q), 6, TimeSource::Server).unwrap();
         // Cost 6 > burst 5: sent as a peek.
-        assert_eq!(call.args, [0, 5, 333_334]);
-        assert!(call.expect[0].never);
+        assert_eq!(argv(&[&g]), [1, 2, 5, 333_334, 0, 0, -1, 0, 1, 1, 0]);
+        assert!(g.expect[0].never);
         let q = Quota::per_hour(10).unwrap();
-        let call = Call::single(key, &Limit::sliding_window(q), 1, TimeSource::Server).unwrap();
-        assert_eq!(call.args, [1, 10, 3_600_000_000, 3_434, 1_048_341]);
-        let call = Call::batch(
+        let g = Group::single(key, &Limit::sliding_window(q), 1, TimeSource::Server).unwrap();
+        assert_eq!(
+            argv(&[&g]),
+            [1, 5, 10, 3_600_000_000, 3_434, 1_048_341, -1, 0, 1, 1, 1]
+        );
+        let batch = Group::batch(
             &[
                 ScriptRequest::new(b"a", Limit::fixed_window(q), 1),
                 ScriptRequest::new(b"b", Limit::sliding_log(q), 11),
+                ScriptRequest::new(b"c", Limit::fixed_window(q), 2),
             ],
             TimeSource::Server,
-            Flags::Commit,
+            GroupOp::Commit,
         )
         .unwrap();
+        // A cost above the capacity: evaluated only (op 1); the shared limit sent once.
         assert_eq!(
-            call.args,
+            argv(&[&batch]),
             [
-                0,
+                2,
                 3,
-                1,
                 10,
                 3_600_000_000,
                 0,
                 0,
                 4,
-                0,
                 10,
                 3_600_000_000,
                 0,
-                0
+                0,
+                -1,
+                1,
+                3,
+                1,
+                1,
+                2,
+                0,
+                1,
+                2
             ]
         );
+        // Groups of one call share the limits.
+        let refund = Group::refund(
+            &[ScriptRequest::new(b"d", Limit::sliding_log(q), 4)],
+            99,
+            TimeSource::Client(100),
+        )
+        .unwrap();
+        let lease = Group::lease(b"e", &Limit::gcra(q), 1 << 60, 50, TimeSource::Server).unwrap();
+        let all = argv(&[&batch, &refund, &lease]);
+        assert_eq!(all[0], 3);
+        assert_eq!(&all[11..16], [2, 10, 360_000_000, 0, 0]);
+        assert_eq!(&all[25..], [100, 4, 1, 2, 4, 99, -1, 5, 1, 3, 1 << 52, 10]);
     }
 
     #[test]
     fn rejects_invalid_calls() {
         let limit = Limit::gcra(Quota::per_second(1).unwrap());
         assert!(matches!(
-            Call::single(b"k", &limit, 1, TimeSource::Client(1 << 52)),
+            Group::single(b"k", &limit, 1, TimeSource::Client(1 << 52)),
             Err(Error::InvalidRequest(_))
         ));
-        assert!(Call::single(b"k", &limit, 1, TimeSource::Client(MAX_CLIENT_TIME_US)).is_ok());
-        assert!(matches!(
-            Call::batch(&[], TimeSource::Server, Flags::Commit),
-            Err(Error::InvalidRequest(_))
-        ));
+        assert!(Group::single(b"k", &limit, 1, TimeSource::Client(MAX_CLIENT_TIME_US)).is_ok());
+        let batch = |r: &[ScriptRequest<'_>]| Group::batch(r, TimeSource::Server, GroupOp::Commit);
+        assert!(matches!(batch(&[]), Err(Error::InvalidRequest(_))));
         let twice = [
             ScriptRequest::new(b"k", limit, 1),
             ScriptRequest::new(b"k", limit, 1),
         ];
-        assert!(matches!(
-            Call::batch(&twice, TimeSource::Server, Flags::Commit),
-            Err(Error::InvalidRequest(_))
-        ));
-        let keys: Vec<Vec<u8>> = (0..=MAX_BATCH).map(|i| vec![i as u8 + 1]).collect();
+        assert!(matches!(batch(&twice), Err(Error::InvalidRequest(_))));
+        // Any length up to MAX_BATCH, whatever its value: the encoding has no bound of its own.
+        let keys: Vec<Vec<u8>> = (0..=MAX_BATCH).map(|i| i.to_be_bytes().to_vec()).collect();
         let many: Vec<ScriptRequest<'_>> = keys
             .iter()
             .map(|k| ScriptRequest::new(k, limit, 1))
             .collect();
-        assert!(matches!(
-            Call::batch(&many, TimeSource::Server, Flags::Commit),
-            Err(Error::InvalidRequest(_))
-        ));
-        assert!(Call::batch(&many[..MAX_BATCH], TimeSource::Server, Flags::Commit).is_ok());
+        assert!(matches!(batch(&many), Err(Error::InvalidRequest(_))));
+        let full = batch(&many[..MAX_BATCH]).unwrap();
+        assert_eq!(argv(&[&full]).len(), 1 + 5 + 3 + 2 * MAX_BATCH);
+        let window = Limit::fixed_window(Quota::per_second(1).unwrap());
+        assert!(Group::lease(b"k", &window, 0, 1, TimeSource::Server).is_err());
     }
 
     #[test]

@@ -4,13 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlimit_core::{Clock, Decision, Error, Key, MAX_BATCH, Request, Store, validate_batch};
+use distlimit_core::{Clock, Decision, Error, Key, Request, Store, validate_batch};
 
-use crate::coalesce::{Coalescer, Group};
+use crate::coalesce::Coalescer;
 use crate::config::{DEFAULT_COALESCE_IN_FLIGHT, RedisStoreBuilder, Topology};
-use crate::connection::{Backend, Batch, ChargeGroup, EvaluateGroup, Refund, Single, Timeouts};
+use crate::connection::{Backend, Timeouts};
 use crate::layout::{KeyBuf, KeyLayout, hash_slot};
-use crate::script::{ScriptRequest, TimeSource};
+use crate::script::{Answer, Call, Group, GroupOp, ScriptRequest, TimeSource, only};
 
 /// How a [`RedisStore`] reaches Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,7 +40,7 @@ pub struct RedisStore {
 
 struct Inner {
     backend: Arc<Backend>,
-    /// Coalesces script calls; `None` when off (and in a Cluster).
+    /// Coalesces script calls; `None` when off.
     coalescer: Option<Arc<Coalescer>>,
     layout: KeyLayout,
     clock: Option<Arc<dyn Clock>>,
@@ -189,16 +189,32 @@ impl RedisStore {
         self.inner.layout.redis_key(policy, key)
     }
 
-    /// Runs one script call (an `Op` of another module: leases) on this store's connections.
-    pub(crate) async fn run<O: crate::connection::Op>(&self, op: &O) -> Result<O::Output, Error> {
-        self.inner
-            .backend
-            .call(op, self.time(), self.inner.timeouts)
-            .await
+    /// Sends `group`: at once, a call of its own, when coalescing is off or a call slot is
+    /// free; else in the next coalesced call of its hash slot. The same encoding either way.
+    pub(crate) async fn send(&self, group: Group) -> Result<Answer, Error> {
+        let inner = &*self.inner;
+        let Some(coalescer) = &inner.coalescer else {
+            return only(
+                inner
+                    .backend
+                    .call(&Call::one(&group), inner.timeouts)
+                    .await?,
+            );
+        };
+        let slot = self.coalescing_slot(group.first_key());
+        if let Some(_slot) = coalescer.slot(slot) {
+            return only(
+                inner
+                    .backend
+                    .call(&Call::one(&group), inner.timeouts)
+                    .await?,
+            );
+        }
+        coalescer.queued(slot, group).await
     }
 
     /// Where the scripts read the time: Redis' `TIME`, or the configured client clock now.
-    fn time(&self) -> TimeSource {
+    pub(crate) fn time(&self) -> TimeSource {
         match &self.inner.clock {
             Some(clock) => TimeSource::Client(clock.now_us()),
             None => TimeSource::Server,
@@ -215,36 +231,8 @@ impl Store for RedisStore {
             request.key().as_bytes(),
             &mut key,
         );
-        let op = Single {
-            key: key.as_bytes(),
-            limit: request.limit(),
-            cost: request.cost(),
-        };
-        let time = self.time();
-        let Some(coalescer) = &self.inner.coalescer else {
-            return self
-                .inner
-                .backend
-                .call(&op, time, self.inner.timeouts)
-                .await;
-        };
-        let slot = self.coalescing_slot(op.key);
-        if let Some(_slot) = coalescer.slot(slot) {
-            // A free call slot: sent at once on its own script, as without coalescing.
-            return self
-                .inner
-                .backend
-                .call(&op, time, self.inner.timeouts)
-                .await;
-        }
-        let group = Group::single(op.key, op.limit, op.cost, time)?;
-        let mut decisions = coalescer.queued(slot, group).await?;
-        match (decisions.pop(), decisions.is_empty()) {
-            (Some(decision), true) => Ok(decision),
-            _ => Err(crate::script::protocol(
-                "expected exactly one decision".to_owned(),
-            )),
-        }
+        let group = Group::single(key.as_bytes(), request.limit(), request.cost(), self.time())?;
+        self.send(group).await?.decision()
     }
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
@@ -256,12 +244,12 @@ impl Store for RedisStore {
                 .map(|r| self.inner.layout.prefix().len() + r.key().len() + r.policy().len() + 8)
                 .sum(),
         );
-        let mut ends = [0usize; MAX_BATCH];
-        for (end, r) in ends.iter_mut().zip(requests) {
+        let mut ends = Vec::with_capacity(requests.len());
+        for r in requests {
             self.inner
                 .layout
                 .write(r.policy().as_bytes(), r.key().as_bytes(), &mut buf);
-            *end = buf.len();
+            ends.push(buf.len());
         }
         let mut start = 0;
         let script_requests: Vec<ScriptRequest<'_>> = ends
@@ -282,27 +270,8 @@ impl Store for RedisStore {
                 return self.decide_across_slots(&script_requests).await;
             }
         }
-        let op = Batch {
-            requests: &script_requests,
-        };
-        let time = self.time();
-        let Some(coalescer) = &self.inner.coalescer else {
-            return self
-                .inner
-                .backend
-                .call(&op, time, self.inner.timeouts)
-                .await;
-        };
-        let slot = self.coalescing_slot(script_requests[0].redis_key);
-        if let Some(_slot) = coalescer.slot(slot) {
-            return self
-                .inner
-                .backend
-                .call(&op, time, self.inner.timeouts)
-                .await;
-        }
-        let group = Group::batch(&script_requests, time)?;
-        coalescer.queued(slot, group).await
+        let group = Group::batch(&script_requests, self.time(), GroupOp::Commit)?;
+        Ok(self.send(group).await?.decisions)
     }
 }
 
@@ -318,7 +287,7 @@ impl RedisStore {
     }
 
     /// A Cluster batch whose keys live in several slots (a global tier next to a key's tiers):
-    /// one all-or-nothing script per slot, in the order the slots first appear in the batch;
+    /// one all-or-nothing call per slot, in the order the slots first appear in the batch;
     /// once a group denies, the groups before it are given their units back and the rest are
     /// only evaluated. See the crate documentation, "Batches across Cluster slots".
     async fn decide_across_slots(
@@ -347,33 +316,28 @@ impl RedisStore {
             }
             bounds.push(start..grouped.len());
         }
-        let backend = &self.inner.backend;
-        let timeouts = self.inner.timeouts;
         let mut charged: Vec<(std::ops::Range<usize>, u64)> = Vec::new();
         let mut decisions: Vec<Decision> = Vec::with_capacity(requests.len());
         let mut denied = false;
         for range in bounds {
             let group = &grouped[range.clone()];
-            let result = if denied {
-                backend
-                    .call(&EvaluateGroup { requests: group }, self.time(), timeouts)
-                    .await
+            let op = if denied {
+                GroupOp::Evaluate
             } else {
-                match backend
-                    .call(&ChargeGroup { requests: group }, self.time(), timeouts)
-                    .await
-                {
-                    Ok((group_decisions, Some(at))) => {
-                        charged.push((range, at));
-                        Ok(group_decisions)
-                    }
-                    Ok((group_decisions, None)) => {
-                        denied = true;
-                        Ok(group_decisions)
-                    }
-                    Err(e) => Err(e),
-                }
+                GroupOp::CommitTimed
             };
+            let result = match Group::batch(group, self.time(), op) {
+                Ok(group) => self.send(group).await,
+                Err(e) => Err(e),
+            };
+            let result = result.map(|answer| {
+                match (op, answer.at) {
+                    (GroupOp::CommitTimed, Some(at)) => charged.push((range, at)),
+                    (GroupOp::CommitTimed, None) => denied = true,
+                    _ => {}
+                }
+                answer.decisions
+            });
             match result {
                 Ok(group_decisions) => decisions.extend(group_decisions),
                 Err(e) => {
@@ -390,10 +354,11 @@ impl RedisStore {
             // answers stand: the batch is denied either way.
             for (range, _) in &charged {
                 let group = &grouped[range.clone()];
-                if let Ok(peeks) = backend
-                    .call(&EvaluateGroup { requests: group }, self.time(), timeouts)
-                    .await
-                {
+                let peeks = match Group::batch(group, self.time(), GroupOp::Evaluate) {
+                    Ok(group) => self.send(group).await.map(|a| a.decisions),
+                    Err(e) => Err(e),
+                };
+                if let Ok(peeks) = peeks {
                     for (slot, peek) in decisions[range.clone()].iter_mut().zip(peeks) {
                         *slot = peek;
                     }
@@ -414,16 +379,10 @@ impl RedisStore {
         charged: &[(std::ops::Range<usize>, u64)],
     ) {
         for (range, at) in charged {
-            let op = Refund {
-                requests: &grouped[range.clone()],
-                at: *at,
-            };
             // Nothing more to do on failure: the units stay spent.
-            let _ = self
-                .inner
-                .backend
-                .call(&op, self.time(), self.inner.timeouts)
-                .await;
+            if let Ok(group) = Group::refund(&grouped[range.clone()], *at, self.time()) {
+                let _ = self.send(group).await;
+            }
         }
     }
 }

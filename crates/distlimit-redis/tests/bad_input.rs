@@ -183,7 +183,9 @@ async fn a_paused_cluster_times_out_and_the_script_is_not_sent_again() {
     assert_eq!(masters.len(), 3);
     for conn in &mut masters {
         // Cached everywhere, so the paused `EVALSHA` is the whole call (no `NOSCRIPT`).
-        distlimit_redis::script::load_scripts(conn).await.unwrap();
+        distlimit_redis::test_hook::load_scripts(conn)
+            .await
+            .unwrap();
     }
     for conn in &mut masters {
         let () = redis::cmd("CLIENT")

@@ -12,6 +12,9 @@
 //!   `tests/conformance.rs`.
 //! * A bad value at one key of a coalesced call fails that caller alone; bad input keeps its
 //!   typed errors inside a coalesced call.
+//! * One script, one encoding: decisions, batches and lease exchanges, alone or coalesced, all
+//!   run the one entry script (the server caches one script, no `EVAL` is ever needed), and
+//!   exchanges queued with decisions on one key stay exact.
 //! * A server paused, then killed, under a coalesced call: every caller gets an error, none
 //!   hangs, nothing is applied twice.
 //! * Callers that give up (timeouts, dropped futures) at random, on four threads: no call slot
@@ -29,7 +32,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlimit_core::{
-    Algorithm, Decision, Error, Key, Limit, ManualClock, Observer, Quota, Request, Store,
+    Algorithm, Decision, Error, Key, LeaseStore, Limit, ManualClock, Observer, Quota, Request,
+    Store,
 };
 use distlimit_memory::MemoryStore;
 use distlimit_redis::RedisStore;
@@ -663,6 +667,98 @@ async fn a_bad_value_fails_only_its_own_caller_and_bad_input_keeps_its_errors() 
         .await
         .unwrap();
     assert_eq!(left, 5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One script, one encoding.
+
+/// Decisions, batches and lease exchanges from 64 concurrent callers on one call slot (so most
+/// are coalesced, mixed in one call): the server's script cache ends with exactly one script,
+/// every call was an `EVALSHA` of it, and on the one GCRA key they share, with the clock
+/// standing still, the units the exchanges granted plus the decisions admitted are exactly its
+/// capacity: queued with each other, leases and decisions neither over- nor under-spend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_is_the_one_entry_script_and_leases_coalesce_exactly() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    const CAPACITY: u64 = 40;
+    let sizes = Arc::new(Sizes::default());
+    let observer: Arc<dyn Observer> = sizes.clone();
+    let store = RedisStore::builder(server.url())
+        .coalesce_in_flight(1)
+        .client_clock(ManualClock::new(1_700_000_000_000_000))
+        .observer(observer)
+        .connect()
+        .await
+        .unwrap();
+    let hot = Limit::gcra(Quota::per_hour(CAPACITY).unwrap());
+    let window = Limit::fixed_window(Quota::per_hour(1_000).unwrap());
+    let tasks: Vec<JoinHandle<(u64, u64)>> = (0..64u64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let request = Request::new(Key::new("hot").unwrap(), hot);
+                match i % 4 {
+                    0 => {
+                        let keys: Vec<String> = (0..3).map(|j| format!("batch-{i}-{j}")).collect();
+                        let batch: Vec<Request<'_>> = keys
+                            .iter()
+                            .map(|k| Request::new(Key::new(k).unwrap(), window))
+                            .collect();
+                        let ds = store.decide_all(&batch).await.unwrap();
+                        assert!(ds.iter().all(Decision::is_allowed), "{ds:?}");
+                        (0, 0)
+                    }
+                    1 => (store.exchange(&request, 0, 2).await.unwrap().granted, 0),
+                    _ => (
+                        0,
+                        u64::from(store.decide(&request).await.unwrap().is_allowed()),
+                    ),
+                }
+            })
+        })
+        .collect();
+    let (mut granted, mut admitted) = (0, 0);
+    for task in tasks {
+        let (g, a) = task.await.unwrap();
+        granted += g;
+        admitted += a;
+    }
+    // 16 exchanges of 2 and 32 decisions of 1: more than the capacity asked for.
+    assert_eq!(
+        granted + admitted,
+        CAPACITY,
+        "granted {granted}, admitted {admitted}"
+    );
+    assert!(
+        sizes.calls.lock().unwrap().iter().any(|&n| n > 1),
+        "no call was coalesced: {:?}",
+        sizes.calls.lock().unwrap()
+    );
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let memory: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        memory
+            .lines()
+            .any(|l| l.trim() == "number_of_cached_scripts:1"),
+        "{memory}"
+    );
+    let commands: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(commands.contains("cmdstat_evalsha:"), "{commands}");
+    assert!(!commands.contains("cmdstat_eval:"), "{commands}");
 }
 
 // ---------------------------------------------------------------------------------------------

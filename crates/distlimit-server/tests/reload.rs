@@ -10,30 +10,6 @@ use clap::Parser;
 use distlimit_server::{Args, RateLimitConfigError, Reload, Server, StartError};
 use support::*;
 
-fn limit_of(rpu: u32) -> String {
-    format!(
-        "
-domain: d
-descriptors:
-  - key: user
-    rate_limit: {{ unit: hour, requests_per_unit: {rpu} }}
-"
-    )
-}
-
-async fn configured_limit(server: &Running) -> Option<u32> {
-    let mut client = server.client().await;
-    let answer = call(
-        &mut client,
-        request("d", vec![descriptor(&[("user", "r")])]),
-    )
-    .await;
-    answer.statuses[0]
-        .current_limit
-        .as_ref()
-        .map(|l| l.requests_per_unit)
-}
-
 #[tokio::test]
 async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
     let dir = config_dir(&limit_of(10));

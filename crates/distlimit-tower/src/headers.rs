@@ -7,18 +7,23 @@
 //! Retry-After: 1
 //! ```
 //!
-//! Each tier of the checked policy is one item named `"<policy>/<tier>"`. `q` is the limit
+//! Each tier of the checked policy is one item named `"<policy>/<tier>"` (with several limits
+//! in one layer, the tiers of every limit in an admitted request, of the limits that denied in a
+//! denial). `q` is the limit
 //! enforced (on a hybrid store's fallback, this instance's share, except for a token bucket or
 //! GCRA whose burst differs from its limit) and `w` the period in seconds (rounded up). `r` is what remains (in a denial, which
 //! charges no tier, what remains without this request); `t` is the seconds until
 //! more quota is available: for a denied tier its exact retry time, for an admitted one the time
 //! until it is back to full capacity, both rounded up (a 300 ms wait is `1`, never `0`), and
 //! omitted for a request that can never pass. Shadow-mode tiers are not shown to clients.
+//!
+//! [`push_ratelimit_item`] and [`push_ratelimit_policy_item`] write one item of each field, with
+//! the one escaping of names ([`push_sf_string`]), for any server (no HTTP types involved).
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use distlimit_policy::Verdict;
+use distlimit_policy::{TierVerdict, Verdict};
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 
@@ -97,38 +102,49 @@ impl Writer {
 }
 
 impl Computed {
-    /// The headers for `verdict`; `full` adds `RateLimit`/`RateLimit-Policy`, `legacy` the
-    /// `X-RateLimit-*` trio. A denial also gets `Retry-After` and its problem document.
-    pub(crate) fn new(verdict: &Verdict, full: bool, legacy: bool) -> Self {
-        let denied = !verdict.is_allowed();
-        let policy = verdict.policy();
-        let tiers = || verdict.tiers().filter(|t| !t.is_shadow());
+    /// The headers for the verdicts of one request's limits; `full` adds `RateLimit`/
+    /// `RateLimit-Policy`, `legacy` the `X-RateLimit-*` trio. A denial also gets `Retry-After`
+    /// and its problem document.
+    ///
+    /// When any verdict denied, only the verdicts that denied are shown: the limit that denied
+    /// is what the client must wait for (the others were charged nothing).
+    pub(crate) fn new(verdicts: &[Verdict], full: bool, legacy: bool) -> Self {
+        let denied = verdicts.iter().any(|v| !v.is_allowed());
+        let shown = Shown { verdicts, denied };
         // One allocation: a tier's items are its two names and a few numbers, the problem
         // document a few constants and the denying tiers' names.
-        let per_tier: usize = tiers()
-            .map(|t| 2 * (policy.len() + t.name().len()) + 96)
+        let per_tier: usize = shown
+            .tiers()
+            .map(|(policy, t)| 2 * (policy.len() + t.name().len()) + 96)
             .sum();
         let mut w = Writer(String::with_capacity(
             per_tier + if denied { 256 } else { 64 },
         ));
         let mut out = Self::default();
         if denied {
-            out.retry_after = retry_after(verdict);
+            out.retry_after = retry_after(shown);
             if let Some(secs) = out.retry_after_secs() {
                 out.retry_after_secs = w.span(|s| push_u64(s, secs));
             }
         }
         if full {
-            out.ratelimit = w.span(|s| push_ratelimit(s, verdict));
-            out.policy = w.span(|s| push_ratelimit_policy(s, verdict));
+            out.ratelimit = w.span(|s| push_ratelimit(s, shown));
+            out.policy = w.span(|s| push_ratelimit_policy(s, shown));
         }
-        if legacy && let Some(d) = tiers().map(|t| *t.decision()).min_by_key(|d| d.remaining()) {
+        let tightest = || {
+            shown
+                .tiers()
+                .map(|(_, t)| *t.decision())
+                .min_by_key(|d| d.remaining())
+        };
+        if legacy && let Some(d) = tightest() {
             let values = [d.limit(), d.remaining(), ceil_secs(d.reset_after())];
             out.legacy = values.map(|n| w.span(|s| push_u64(s, n)));
         }
         if denied {
             let retry_after = out.retry_after_secs();
-            out.problem = w.span(|s| crate::response::push_denial_problem(s, verdict, retry_after));
+            out.problem =
+                w.span(|s| crate::response::push_denial_problem(s, shown.verdicts(), retry_after));
         }
         out.text = Bytes::from(w.0);
         out
@@ -175,39 +191,56 @@ impl Computed {
     }
 }
 
+/// The verdicts a request's headers show: all of them when it was admitted, the ones that
+/// denied it when it was denied.
+#[derive(Clone, Copy)]
+struct Shown<'v> {
+    verdicts: &'v [Verdict],
+    denied: bool,
+}
+
+impl<'v> Shown<'v> {
+    /// The verdicts shown.
+    fn verdicts(self) -> impl Iterator<Item = &'v Verdict> + Clone {
+        self.verdicts
+            .iter()
+            .filter(move |v| !self.denied || !v.is_allowed())
+    }
+
+    /// The tiers shown (shadow-mode tiers never are), with their policy's name.
+    fn tiers(self) -> impl Iterator<Item = (&'v str, TierVerdict<'v>)> + Clone {
+        self.verdicts().flat_map(|v| {
+            v.tiers()
+                .filter(|t| !t.is_shadow())
+                .map(move |t| (v.policy(), t))
+        })
+    }
+}
+
 /// Appends `RateLimit`'s items: per tier, what remains (`r`) and when more is available (`t`).
-fn push_ratelimit(s: &mut String, verdict: &Verdict) {
-    let tiers = verdict.tiers().filter(|t| !t.is_shadow());
-    for (i, tier) in tiers.enumerate() {
+fn push_ratelimit(s: &mut String, shown: Shown<'_>) {
+    for (i, (policy, tier)) in shown.tiers().enumerate() {
         let d = tier.decision();
         if i > 0 {
             s.push_str(", ");
         }
-        push_sf_string(s, verdict.policy(), tier.name());
         // In a denial nothing was charged: the store answers the tiers that would have
         // admitted as peeks (`Store::decide_all`), their state as it is.
-        s.push_str(";r=");
-        push_u64(s, d.remaining());
         let t = if d.is_denied() {
-            (!d.is_never()).then(|| ceil_secs(d.retry_after()))
+            (!d.is_never()).then(|| d.retry_after())
         } else {
-            Some(ceil_secs(d.reset_after()))
+            Some(d.reset_after())
         };
-        if let Some(t) = t {
-            s.push_str(";t=");
-            push_u64(s, t);
-        }
+        push_ratelimit_item(s, &[policy, "/", tier.name()], d.remaining(), t);
     }
 }
 
 /// Appends `RateLimit-Policy`'s items: per tier, the quota enforced (`q`) and its window (`w`).
-fn push_ratelimit_policy(s: &mut String, verdict: &Verdict) {
-    let tiers = verdict.tiers().filter(|t| !t.is_shadow());
-    for (i, tier) in tiers.enumerate() {
+fn push_ratelimit_policy(s: &mut String, shown: Shown<'_>) {
+    for (i, (policy, tier)) in shown.tiers().enumerate() {
         if i > 0 {
             s.push_str(", ");
         }
-        push_sf_string(s, verdict.policy(), tier.name());
         // What is enforced: the decision's capacity, which on a hybrid store's fallback is
         // this instance's share. Where capacity and limit differ (a token bucket or GCRA
         // with its own burst), the share's limit is not in the decision: the policy's.
@@ -216,16 +249,22 @@ fn push_ratelimit_policy(s: &mut String, verdict: &Verdict) {
         } else {
             tier.limit()
         };
-        s.push_str(";q=");
-        push_u64(s, q);
-        s.push_str(";w=");
-        push_u64(s, ceil_secs(tier.period()).max(1));
+        push_ratelimit_policy_item(s, &[policy, "/", tier.name()], q, tier.period());
     }
 }
 
-/// The wait of a denial over its enforced tiers (shadow tiers never block); `None` when it can
-/// never pass.
-fn retry_after(verdict: &Verdict) -> Option<Duration> {
+/// The wait of a denial over the enforced tiers of the verdicts that denied (shadow tiers
+/// never block): the longest; `None` when one can never pass.
+fn retry_after(shown: Shown<'_>) -> Option<Duration> {
+    let mut wait = Duration::ZERO;
+    for verdict in shown.verdicts() {
+        wait = wait.max(verdict_retry_after(verdict)?);
+    }
+    Some(wait.max(Duration::from_micros(1)))
+}
+
+/// The wait of one denied verdict; `None` when it can never pass.
+fn verdict_retry_after(verdict: &Verdict) -> Option<Duration> {
     let mut wait = Duration::ZERO;
     let mut any = false;
     for tier in verdict.tiers().filter(|t| !t.is_shadow()) {
@@ -246,7 +285,7 @@ fn retry_after(verdict: &Verdict) -> Option<Duration> {
         }
         wait = d.retry_after();
     }
-    Some(wait.max(Duration::from_micros(1)))
+    Some(wait)
 }
 
 /// Appends `parts`, concatenated, as a JSON string escaped as serde_json escapes: `"`, `\\`
@@ -292,11 +331,56 @@ pub(crate) fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
 
-/// Appends `"<policy>/<tier>"` as a structured-field String: printable ASCII only, `"` and `\`
-/// escaped, anything else replaced by `?`.
-fn push_sf_string(out: &mut String, policy: &str, tier: &str) {
+/// Appends one item of a `RateLimit` field: `"<name>";r=<remaining>;t=<reset>`, the name
+/// being `name`'s parts concatenated ([`push_sf_string`]), `reset` rounded up to whole seconds
+/// ([`ceil_secs`]) and left out when `None` (a request that can never pass).
+///
+/// Items of one field are separated by `", "`. This and [`push_ratelimit_policy_item`] are the
+/// workspace's one writer of these fields, for any server that sends them (no HTTP types
+/// involved):
+///
+/// ```
+/// use std::time::Duration;
+/// use distlimit_tower::headers::{push_ratelimit_item, push_ratelimit_policy_item};
+///
+/// let mut ratelimit = String::new();
+/// push_ratelimit_item(&mut ratelimit, &["api", "/", "minute"], 0, Some(Duration::from_millis(1500)));
+/// assert_eq!(ratelimit, r#""api/minute";r=0;t=2"#);
+/// let mut policy = String::new();
+/// push_ratelimit_policy_item(&mut policy, &["per_user/minute"], 100, Duration::from_secs(60));
+/// assert_eq!(policy, r#""per_user/minute";q=100;w=60"#);
+/// ```
+pub fn push_ratelimit_item(
+    out: &mut String,
+    name: &[&str],
+    remaining: u64,
+    reset: Option<Duration>,
+) {
+    push_sf_string(out, name);
+    out.push_str(";r=");
+    push_u64(out, remaining);
+    if let Some(reset) = reset {
+        out.push_str(";t=");
+        push_u64(out, ceil_secs(reset));
+    }
+}
+
+/// Appends one item of a `RateLimit-Policy` field: `"<name>";q=<quota>;w=<window>`, the window
+/// in seconds rounded up and at least 1 (see [`push_ratelimit_item`]).
+pub fn push_ratelimit_policy_item(out: &mut String, name: &[&str], quota: u64, window: Duration) {
+    push_sf_string(out, name);
+    out.push_str(";q=");
+    push_u64(out, quota);
+    out.push_str(";w=");
+    push_u64(out, ceil_secs(window).max(1));
+}
+
+/// Appends `parts`, concatenated, as a structured-field String (RFC 9651 §3.3.3): quoted, `"`
+/// and `\` escaped, and every character outside printable ASCII (which a String cannot hold)
+/// replaced by `?`.
+pub fn push_sf_string(out: &mut String, parts: &[&str]) {
     out.push('"');
-    for part in [policy, "/", tier] {
+    for part in parts {
         // Names are nearly always plain: copied whole.
         if part
             .bytes()
@@ -342,7 +426,7 @@ mod tests {
     #[test]
     fn sf_strings_are_escaped() {
         let mut s = String::new();
-        push_sf_string(&mut s, "a\"b\\c", "é d");
+        push_sf_string(&mut s, &["a\"b\\c", "/", "é d"]);
         assert_eq!(s, r#""a\"b\\c/? d""#);
     }
 
@@ -380,7 +464,7 @@ mod tests {
                 Limit::fixed_window(Quota::per_day(1000).unwrap()),
             ))]);
         let v = limiter.check("api", b"k").await.unwrap();
-        let c = Computed::new(&v, true, true);
+        let c = Computed::new(std::slice::from_ref(&v), true, true);
         assert_eq!(
             text(&c, c.policy),
             r#""api/second";q=2;w=1, "api/day";q=1000;w=86400"#
@@ -393,13 +477,13 @@ mod tests {
         let v = limiter.check("api", b"k").await.unwrap();
         assert!(!v.is_allowed());
         // The second tier refills one unit every 300 ms: Retry-After rounds up to 1.
-        let c = Computed::new(&v, false, false);
+        let c = Computed::new(std::slice::from_ref(&v), false, false);
         assert_eq!(c.retry_after, Some(Duration::from_millis(300)));
         assert_eq!(c.retry_after_secs(), Some(1));
         assert_eq!(violated(&c), r#""api/second""#);
         assert!(text(&c, c.ratelimit).is_empty() && text(&c, c.policy).is_empty());
         assert!(text(&c, c.legacy[0]).is_empty());
-        let c = Computed::new(&v, true, false);
+        let c = Computed::new(std::slice::from_ref(&v), true, false);
         let rl = text(&c, c.ratelimit);
         assert!(
             rl.starts_with(r#""api/second";r=0;t=1, "api/day";r=998;t="#),
@@ -440,7 +524,7 @@ mod tests {
                 clock.advance(Duration::from_secs(advance));
                 let v = limiter.check("p", b"k").await.unwrap();
                 assert!(!v.is_allowed(), "{algorithm}");
-                let c = Computed::new(&v, true, false);
+                let c = Computed::new(std::slice::from_ref(&v), true, false);
                 let rl = text(&c, c.ratelimit);
                 let (deny, a) = rl.split_once(", ").unwrap();
                 assert!(deny.starts_with(r#""p/deny";r=0;t="#), "{algorithm}: {rl}");
@@ -463,13 +547,13 @@ mod tests {
         limiter.check("shadow", b"k").await.unwrap();
         let v = limiter.check("shadow", b"k").await.unwrap();
         assert!(v.is_allowed());
-        let c = Computed::new(&v, true, true);
+        let c = Computed::new(std::slice::from_ref(&v), true, true);
         assert!(text(&c, c.ratelimit).is_empty() && text(&c, c.legacy[0]).is_empty());
         assert!(c.retry_after.is_none() && c.text.is_empty());
 
         let v = limiter.check("listed", b"blocked").await.unwrap();
         assert!(!v.is_allowed());
-        let c = Computed::new(&v, true, true);
+        let c = Computed::new(std::slice::from_ref(&v), true, true);
         assert_eq!(c.retry_after, None);
         assert_eq!(violated(&c), r#""listed""#);
         assert!(text(&c, c.ratelimit).is_empty());

@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,7 +20,7 @@ use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client_ip::IpKey;
+use crate::client_ip::{ClientIp, IpKey};
 use crate::future::ResponseFuture;
 use crate::headers::Computed;
 use crate::key::{Kind as KeyKind, header_key};
@@ -61,10 +61,29 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The units a request charges (see [`RateLimitLayerBuilder::cost`]).
 type CostFn = dyn Fn(&RequestInfo<'_>) -> u64 + Send + Sync;
 
-struct Config<S: ?Sized> {
-    limiter: Arc<Limiter<S>>,
+/// One limit of a layer: the policy a request is checked against and its key.
+struct LimitSpec {
     policy: PolicySelector,
     key: KeyExtractor,
+    /// `None`: the layer's [cost](RateLimitLayerBuilder::cost).
+    cost: Option<Box<CostFn>>,
+}
+
+impl fmt::Debug for LimitSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("policy", &self.policy)
+            .field("key", &self.key)
+            .field("cost", &self.cost.as_ref().map(|_| ".."))
+            .finish()
+    }
+}
+
+struct Config<S: ?Sized> {
+    limiter: Arc<Limiter<S>>,
+    /// The builder's limit first, then those added with [`RateLimitLayerBuilder::and`]; never
+    /// empty.
+    limits: Vec<LimitSpec>,
     /// `None`: one unit per request.
     cost: Option<Box<CostFn>>,
     client_ip: ClientIpResolver,
@@ -116,38 +135,106 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
             head.extensions,
             client_ip,
         );
-        let Some(policy) = self.policy.select(&info) else {
-            return Start::Unchecked;
-        };
-        let key = match &self.key.0 {
-            KeyKind::ClientIp => None,
-            KeyKind::Header { name, max_len } => {
-                header_key(&info, name, *max_len).map(|v| OwnedKey::Header(v.clone()))
-            }
-            KeyKind::Custom(f) => f(&info).map(OwnedKey::Custom),
-        };
-        let key = match (key, client_ip) {
-            (Some(key), _) => key,
-            (None, Some(ip)) => OwnedKey::Ip(ip.key()),
-            (None, None) => {
+        // The request's cost, computed once for every limit without a cost of its own.
+        let mut shared_cost = None;
+        let mut check_of = |limit: &LimitSpec| -> Result<Option<Check>, Rejection> {
+            let Some(policy) = limit.policy.select(&info) else {
+                return Ok(None);
+            };
+            let Some(key) = owned_key(&limit.key, &info, client_ip) else {
                 tracing::error!(
                     "distlimit-tower: no peer address on the request; serve with ConnectInfo \
                      (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
                 );
                 let detail = "The rate limiter cannot identify the client.";
-                return Start::Reject(Rejection::Misconfigured { detail });
+                return Err(Rejection::Misconfigured { detail });
+            };
+            let cost = match &limit.cost {
+                Some(cost) => cost(&info),
+                None => *shared_cost
+                    .get_or_insert_with(|| self.cost.as_deref().map_or(1, |cost| cost(&info))),
+            };
+            Ok(Some(Check { policy, key, cost }))
+        };
+        let mut checks = match &self.limits[..] {
+            // One limit (the common layer): no list.
+            [limit] => match check_of(limit) {
+                Ok(Some(check)) => return self.start_one(check),
+                Ok(None) => return Start::Unchecked,
+                Err(rejection) => return Start::Reject(rejection),
+            },
+            limits => {
+                let mut checks = Vec::with_capacity(limits.len());
+                for limit in limits {
+                    match check_of(limit) {
+                        Ok(Some(check)) => checks.push(check),
+                        Ok(None) => {}
+                        Err(rejection) => return Start::Reject(rejection),
+                    }
+                }
+                checks
             }
         };
-        let cost = self.cost.as_deref().map_or(1, |cost| cost(&info));
+        match checks.len() {
+            0 => Start::Unchecked,
+            1 => match checks.pop() {
+                Some(check) => self.start_one(check),
+                None => Start::Unchecked,
+            },
+            _ => self.start_batch(checks),
+        }
+    }
+}
+
+impl<S: Store + ?Sized + 'static> Config<S> {
+    /// Starts the check of a request one limit applies to.
+    fn start_one(self: Arc<Self>, check: Check) -> Start {
         // A store that answers at once (`Store::decide_now`; the memory store does) decides
         // here: no future to box, no clone of the inner service.
-        if let Some(result) = self.limiter.check_now(&policy, key.as_bytes(), cost) {
-            return Start::Decided(self.step(&policy, result));
+        let (policy, key, cost) = (&check.policy, check.key.as_bytes(), check.cost);
+        if let Some(result) = self.limiter.check_now(policy, key, cost) {
+            let verdicts = result.as_ref().map(std::slice::from_ref);
+            return Start::Decided(self.step(policy, verdicts));
         }
-        Start::Check(Box::pin(async move {
-            self.check(&policy, key.as_bytes(), cost).await
-        }))
+        self.start_batch(vec![check])
     }
+
+    /// Starts the check of several limits, or of one the store must be awaited for: one
+    /// all-or-nothing batch, awaited once.
+    fn start_batch(self: Arc<Self>, checks: Vec<Check>) -> Start {
+        let mut check: CheckFuture = Box::pin(async move { self.check(&checks).await });
+        // Polled once here (a future may be polled with any waker; the response future polls
+        // it with the task's from then on): a batch the store answers at once (the memory
+        // store's) is decided without a clone of the inner service.
+        match check.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(step) => Start::Decided(step),
+            Poll::Pending => Start::Check(check),
+        }
+    }
+}
+
+/// The key `key` names for a request, with the client IP as the fallback; `None` when the key
+/// needs the client IP and no peer address is known.
+fn owned_key(
+    key: &KeyExtractor,
+    info: &RequestInfo<'_>,
+    client_ip: Option<ClientIp>,
+) -> Option<OwnedKey> {
+    let found = match &key.0 {
+        KeyKind::ClientIp => None,
+        KeyKind::Header { name, max_len } => {
+            header_key(info, name, *max_len).map(|v| OwnedKey::Header(v.clone()))
+        }
+        KeyKind::Custom(f) => f(info).map(OwnedKey::Custom),
+    };
+    found.or_else(|| client_ip.map(|ip| OwnedKey::Ip(ip.key())))
+}
+
+/// One limit of one request: its policy, key and cost.
+struct Check {
+    policy: Arc<str>,
+    key: OwnedKey,
+    cost: u64,
 }
 
 /// A request's key, owned by its check: a header value (a cheap clone: the values hyper parses
@@ -182,12 +269,15 @@ impl OwnedKey {
 ///    axum's `ConnectInfo<SocketAddr>` with feature `axum`, tonic's `TcpConnectInfo` with
 ///    feature `tonic`) and, through trusted proxies only, the forwarding header
 ///    ([`ClientIpResolver`]).
-/// 2. The [`PolicySelector`] names the policy; none lets the request through unchecked.
+/// 2. The [`PolicySelector`] names the policy; none lets the request through unchecked. With
+///    several limits ([`RateLimitLayerBuilder::and`]), each limit's selector, and a limit whose
+///    selector names none does not apply.
 /// 3. The [`KeyExtractor`] names the key. When the key needs the client IP and no peer address
 ///    is known (the server was not set up to record it), the request is answered 500 (gRPC
 ///    `INTERNAL`): a limiter that cannot tell clients apart must not quietly share one bucket.
 /// 4. The limiter charges the request's [cost](RateLimitLayerBuilder::cost) (one unit unless
-///    configured) and decides, within the timeout. Allowed: the inner service is called (with
+///    configured) and decides, within the timeout; several limits are one all-or-nothing batch
+///    ([`Limiter::check_all`]). Allowed: the inner service is called (with
 ///    rate-limit headers added to its response under [`RateLimitHeaders::Always`]). Denied:
 ///    429 with a problem document and `Retry-After`, or gRPC `RESOURCE_EXHAUSTED`. A store error
 ///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
@@ -197,7 +287,9 @@ impl OwnedKey {
 /// without waiting (`Store::decide_now`; the memory store does) decides there too
 /// ([`Limiter::check_now`](distlimit_policy::Limiter::check_now)), so the request goes on with
 /// nothing allocated and no clone of the inner service; otherwise the request allocates one
-/// boxed future (the limiter's check, which borrows the limiter, the policy and the key). Keys
+/// boxed future (the limiter's check, which borrows the limiter, the policies and the keys),
+/// polled once in `call`: a batch of several limits the store answers at once is decided
+/// there too, without a clone of the inner service. Keys
 /// are on the stack (IP) or share the header's bytes; no lock is taken. A request no policy
 /// applies to goes straight to the inner service, without a box or a clone of it.
 #[derive(Clone)]
@@ -214,8 +306,7 @@ impl fmt::Debug for RateLimitLayer {
 impl<S: ?Sized> fmt::Debug for Config<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policy", &self.policy)
-            .field("key", &self.key)
+            .field("limits", &self.limits)
             .field("cost", &self.cost.as_ref().map(|_| ".."))
             .field("client_ip", &self.client_ip)
             .field("headers", &self.headers)
@@ -244,8 +335,11 @@ impl RateLimitLayer {
         RateLimitLayerBuilder {
             config: Config {
                 limiter,
-                policy: policy.into(),
-                key: KeyExtractor::default(),
+                limits: vec![LimitSpec {
+                    policy: policy.into(),
+                    key: KeyExtractor::default(),
+                    cost: None,
+                }],
                 cost: None,
                 client_ip: ClientIpResolver::default(),
                 headers: RateLimitHeaders::default(),
@@ -312,10 +406,82 @@ impl<S: ?Sized> fmt::Debug for RateLimitLayerBuilder<S> {
 }
 
 impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
-    /// How requests are keyed (default: [`KeyExtractor::client_ip`]).
+    /// How requests are keyed under the builder's policy (default:
+    /// [`KeyExtractor::client_ip`]). Limits added with [`and`](Self::and) name their own key.
     #[must_use]
     pub fn key(mut self, key: KeyExtractor) -> Self {
-        self.config.key = key;
+        if let Some(first) = self.config.limits.first_mut() {
+            first.key = key;
+        }
+        self
+    }
+
+    /// Adds a limit: requests are also checked against the policy `policy` picks, keyed by
+    /// `key`, charged the layer's [cost](Self::cost).
+    ///
+    /// Every limit that applies to a request (its selector names a policy) is decided in one
+    /// all-or-nothing batch ([`Limiter::check_all`]), awaited once: the request is admitted
+    /// and charged under all of them, or denied and charged under none. A client over one
+    /// limit spends nothing of the others, so one user over their own limit cannot use up the
+    /// limit of the address they share with others. A denial's headers and problem document
+    /// name the limits that denied; an admitted request's headers (under
+    /// [`RateLimitHeaders::Always`]) list every limit's tiers.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Limiter, PolicySet};
+    /// use distlimit_tower::{KeyExtractor, RateLimitLayer};
+    /// use http::HeaderName;
+    ///
+    /// let policies = PolicySet::from_toml_str(
+    ///     r#"
+    ///     [[policy]]
+    ///     name = "per-ip"
+    ///     tiers = [ { name = "minute", limit = 600, per = "1m" } ]
+    ///
+    ///     [[policy]]
+    ///     name = "per-user"
+    ///     tiers = [ { name = "minute", limit = 60, per = "1m" } ]
+    ///     "#,
+    /// )?;
+    /// let limiter = Arc::new(Limiter::new(Arc::new(MemoryStore::new()), policies));
+    /// // Per client IP and per user (the IP where `X-User-ID` is missing), all or nothing.
+    /// let layer = RateLimitLayer::builder(limiter, "per-ip")
+    ///     .key(KeyExtractor::client_ip())
+    ///     .and("per-user", KeyExtractor::header(HeaderName::from_static("x-user-id")))
+    ///     .try_build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn and(mut self, policy: impl Into<PolicySelector>, key: KeyExtractor) -> Self {
+        self.config.limits.push(LimitSpec {
+            policy: policy.into(),
+            key,
+            cost: None,
+        });
+        self
+    }
+
+    /// Adds a limit, like [`and`](Self::and), charging `cost` units per request instead of the
+    /// layer's cost: a per-request limit next to a per-byte one, say.
+    #[must_use]
+    pub fn and_with_cost<F>(
+        mut self,
+        policy: impl Into<PolicySelector>,
+        key: KeyExtractor,
+        cost: F,
+    ) -> Self
+    where
+        F: Fn(&RequestInfo<'_>) -> u64 + Send + Sync + 'static,
+    {
+        self.config.limits.push(LimitSpec {
+            policy: policy.into(),
+            key,
+            cost: Some(Box::new(cost)),
+        });
         self
     }
 
@@ -323,7 +489,8 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     /// more than others: a batch endpoint charged per item, an upload per megabyte declared in
     /// `content-length`, a GraphQL query by its complexity.
     ///
-    /// Every tier of the policy is charged `cost`, all or nothing. A cost of 0 charges nothing
+    /// Every tier of the policy (of every limit without a cost of its own,
+    /// [`and_with_cost`](Self::and_with_cost)) is charged `cost`, all or nothing. A cost of 0 charges nothing
     /// and is denied only when not even one unit is left. A cost above a tier's burst can never
     /// pass: it is answered 429 without `Retry-After`, like a deny-listed client.
     ///
@@ -409,7 +576,7 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     /// drops one is refused. A policy the set does not define is answered per request as a
     /// store failure ([`OnError`]); [`try_build`](Self::try_build) refuses it instead.
     pub fn build(self) -> RateLimitLayer {
-        for policy in self.config.policy.policies() {
+        for policy in self.config.policies() {
             // An undefined policy is reported by every check that uses it (see above).
             let _ = self.config.limiter.declare(&policy);
         }
@@ -425,7 +592,7 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     ///
     /// The first policy the limiter's active set does not define.
     pub fn try_build(self) -> Result<RateLimitLayer, PolicyConfigError> {
-        for policy in self.config.policy.policies() {
+        for policy in self.config.policies() {
             self.config.limiter.declare(&policy)?;
         }
         Ok(RateLimitLayer {
@@ -517,10 +684,22 @@ pub(crate) enum Step {
 }
 
 impl<S: Store + ?Sized> Config<S> {
-    async fn check(&self, policy: &str, key: &[u8], cost: u64) -> Step {
-        let check = self.limiter.check_cost(policy, key, cost);
+    /// Every policy the layer's limits can name.
+    fn policies(&self) -> impl Iterator<Item = Arc<str>> + '_ {
+        self.limits.iter().flat_map(|limit| limit.policy.policies())
+    }
+
+    /// Decides a request's limits as one all-or-nothing batch.
+    async fn check(&self, checks: &[Check]) -> Step {
+        // Named in logs by its first policy (the layer's own, when it applies).
+        let policy = checks.first().map_or("", |c| &*c.policy);
+        let batch: Vec<(&str, &[u8], u64)> = checks
+            .iter()
+            .map(|c| (&*c.policy, c.key.as_bytes(), c.cost))
+            .collect();
+        let check = self.limiter.check_all(&batch);
         let Some(limit) = self.timeout else {
-            return self.step(policy, check.await);
+            return self.step(policy, check.await.as_deref());
         };
         let mut check = std::pin::pin!(check);
         // A check answered at its first poll (the memory store never waits) needs no timer.
@@ -539,21 +718,21 @@ impl<S: Store + ?Sized> Config<S> {
                 }
             },
         };
-        self.step(policy, result)
+        self.step(policy, result.as_deref())
     }
 
-    /// What a check's result means for the request.
-    fn step(&self, policy: &str, result: Result<Verdict, CheckError>) -> Step {
+    /// What a check's result (a verdict per limit) means for the request.
+    fn step(&self, policy: &str, result: Result<&[Verdict], &CheckError>) -> Step {
         match result {
-            Ok(verdict) if verdict.is_allowed() => {
+            Ok(verdicts) if verdicts.iter().all(Verdict::is_allowed) => {
                 let full = self.headers == RateLimitHeaders::Always;
                 let headers = (full || self.legacy_headers)
-                    .then(|| Computed::new(&verdict, full, self.legacy_headers));
+                    .then(|| Computed::new(verdicts, full, self.legacy_headers));
                 Step::Pass(headers)
             }
-            Ok(verdict) => {
+            Ok(verdicts) => {
                 let full = self.headers != RateLimitHeaders::Never;
-                let computed = Computed::new(&verdict, full, self.legacy_headers);
+                let computed = Computed::new(verdicts, full, self.legacy_headers);
                 Step::Reject(Rejection::Denied(computed))
             }
             Err(CheckError::UnknownPolicy(name)) => {

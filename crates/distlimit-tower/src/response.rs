@@ -122,10 +122,14 @@ const DENIED_NEVER: &str = concat!(
 );
 
 /// Appends the problem document of a denial: the wait when it can pass later, and the tiers
-/// that denied (the policy, for a deny-listed key) in `violated-policies`. From constant
-/// prefixes, the document written member by member cost a third of the denial's formatting
-/// (callgrind, `benches/http.rs` of distlimit-demo).
-pub(crate) fn push_denial_problem(s: &mut String, verdict: &Verdict, retry_after: Option<u64>) {
+/// that denied (the policy, for a deny-listed key) of the `verdicts` that denied, in
+/// `violated-policies`. From constant prefixes, the document written member by member cost a
+/// third of the denial's formatting (callgrind, `benches/http.rs` of distlimit-demo).
+pub(crate) fn push_denial_problem<'v>(
+    s: &mut String,
+    verdicts: impl Iterator<Item = &'v Verdict>,
+    retry_after: Option<u64>,
+) {
     match retry_after {
         Some(secs) => {
             s.push_str(DENIED_UNTIL);
@@ -133,7 +137,6 @@ pub(crate) fn push_denial_problem(s: &mut String, verdict: &Verdict, retry_after
         }
         None => s.push_str(DENIED_NEVER),
     }
-    let policy = verdict.policy();
     let mut items = 0;
     let mut item = |s: &mut String, parts: &[&str]| {
         s.push_str(if items == 0 {
@@ -144,12 +147,15 @@ pub(crate) fn push_denial_problem(s: &mut String, verdict: &Verdict, retry_after
         push_json_string(s, parts);
         items += 1;
     };
-    if verdict.listed() == Some(Listed::Deny) {
-        item(s, &[policy]);
-    }
-    let tiers = verdict.tiers().filter(|t| !t.is_shadow());
-    for tier in tiers.filter(|t| t.decision().is_denied()) {
-        item(s, &[policy, "/", tier.name()]);
+    for verdict in verdicts.filter(|v| !v.is_allowed()) {
+        let policy = verdict.policy();
+        if verdict.listed() == Some(Listed::Deny) {
+            item(s, &[policy]);
+        }
+        let tiers = verdict.tiers().filter(|t| !t.is_shadow());
+        for tier in tiers.filter(|t| t.decision().is_denied()) {
+            item(s, &[policy, "/", tier.name()]);
+        }
     }
     s.push_str(if items > 0 { "]}" } else { "}" });
 }
@@ -222,7 +228,7 @@ mod tests {
                 break verdict;
             }
         };
-        Rejection::Denied(Computed::new(&verdict, full, legacy))
+        Rejection::Denied(Computed::new(std::slice::from_ref(&verdict), full, legacy))
     }
 
     fn futures_now<F: std::future::Future>(future: F) -> F::Output {

@@ -41,8 +41,7 @@ local function read_gcra(v, key, burst, t, now)
   return tat, carried, false
 end
 
-local function decide_gcra(key, A, i, now, cost)
-  local burst, t = tonumber(A[i]), tonumber(A[i + 1])
+local function decide_gcra(key, now, cost, burst, t)
   -- A carried-over state is kept even when denied.
   local tat, carried = read_gcra(redis.call('GET', key), key, burst, t, now)
   if not tat then

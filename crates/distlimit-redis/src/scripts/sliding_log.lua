@@ -2,8 +2,7 @@
 -- tag 4, then one (instant µs, cost) pair per admitted instant, instants strictly increasing,
 -- costs at least 1. An entry counts while instant + period > now; a commit drops the expired
 -- prefix, and merges a request into the newest entry when that entry is not older than now.
-local function decide_sliding_log(key, A, i, now, cost)
-  local limit, period = tonumber(A[i]), tonumber(A[i + 1])
+local function decide_sliding_log(key, now, cost, limit, period)
   -- used: the live entries' cost; live: byte offset of the first live entry (0: none); len: the
   -- value's length; last_t, last_c: the newest entry.
   local used, live, len, last_t, last_c = 0, 0, 0, -1, 0

@@ -24,9 +24,7 @@ local function roll_window(start, prev, cur, now, period)
   return start, prev, cur, elapsed
 end
 
-local function decide_sliding_window(key, A, i, now, cost)
-  local limit, period = tonumber(A[i]), tonumber(A[i + 1])
-  local gr, steps = tonumber(A[i + 2]), tonumber(A[i + 3])
+local function decide_sliding_window(key, now, cost, limit, period, gr, steps)
   local start, prev, cur, wp = 0, 0, 0, period
   local v = redis.call('GET', key)
   if v then

@@ -56,8 +56,7 @@ local function read_token_bucket(v, key, burst, rate, unit, now)
   return deficit, last, carried, false
 end
 
-local function decide_token_bucket(key, A, i, now, cost)
-  local burst, rate, unit = tonumber(A[i]), tonumber(A[i + 1]), tonumber(A[i + 2])
+local function decide_token_bucket(key, now, cost, burst, rate, unit)
   -- A carried-over state is kept even when denied.
   local deficit, last, carried = read_token_bucket(redis.call('GET', key), key, burst, rate, unit, now)
   if not deficit then

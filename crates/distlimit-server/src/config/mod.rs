@@ -23,9 +23,19 @@
 //! they were written, then the `key` without a value. A limit applies only where the request's
 //! last entry lands; a descriptor that matches nothing, or lands on a node without a limit, is
 //! not limited.
+//!
+//! Every field envoyproxy/ratelimit reads is read: `quota_mode`, `share_threshold`,
+//! `value_to_metric` and `detailed_metric` are exposed on the [`Match`] for the decision;
+//! `metadata` is accepted and ignored. YAML merge keys (`<<: *anchor`) and a UTF-8 byte order
+//! mark are accepted. Loading is linear in the file's size; flow nesting deeper than
+//! [`MAX_FLOW_DEPTH`] is refused before parsing.
 
 mod policies;
+mod scan;
 
+pub use self::scan::MAX_FLOW_DEPTH;
+
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -135,6 +145,11 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// `shadow_mode`: counted as usual, but a denial is answered OK (and counted in metrics).
     pub shadow_mode: bool,
+    /// `quota_mode` (envoyproxy/ratelimit's soft limit): this descriptor being over its limit
+    /// does not deny the request by itself. A request is `OVER_LIMIT` when a descriptor
+    /// without `quota_mode` is over its limit, or when every descriptor with `quota_mode` (and
+    /// a counted limit) is; the descriptor's own status still reads `OVER_LIMIT`.
+    pub quota_mode: bool,
 }
 
 /// Where a descriptor landed: the rule to apply and the state it counts in.
@@ -148,6 +163,119 @@ pub struct Match<'c> {
     pub path: &'c str,
     /// `detailed_metric` of the matched node: metrics name the request's own values.
     pub detailed_metric: bool,
+    /// The nodes the request's entries landed on, to name metrics and counters.
+    trail: Trail<'c>,
+}
+
+/// What a lookup walked through, kept only when a flag on the way needs it later.
+#[derive(Clone, Copy, Debug)]
+struct Trail<'c> {
+    root: &'c Level,
+    /// A node on the way matched by a wildcard has `share_threshold`.
+    shares: bool,
+    /// A node on the way has `value_to_metric`.
+    values_to_metric: bool,
+}
+
+/// How one entry landed on its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Landed {
+    /// `key` and `value` as written.
+    Exact,
+    /// A `value` with `*`.
+    Wildcard,
+    /// `key` alone.
+    KeyOnly,
+}
+
+impl<'c> Match<'c> {
+    /// The entries the descriptor's counter is keyed by: `entries` (the ones looked up), except
+    /// that an entry landing on a wildcard with `share_threshold: true` is keyed by the pattern
+    /// (`files/*`), so every value under the pattern counts against one shared limit, as in
+    /// envoyproxy/ratelimit. Borrows `entries` when no `share_threshold` applies.
+    pub fn counter_entries<'a>(
+        &self,
+        entries: &'a [(&'a str, &'a str)],
+    ) -> Cow<'a, [(&'a str, &'a str)]>
+    where
+        'c: 'a,
+    {
+        if !self.trail.shares {
+            return Cow::Borrowed(entries);
+        }
+        let mut keyed = entries.to_vec();
+        walk(
+            self.trail.root,
+            entries.iter().copied(),
+            |i, node, landed| {
+                if let (Some(entry), Some(pattern)) = (keyed.get_mut(i), node.shared(landed)) {
+                    entry.1 = pattern;
+                }
+            },
+        );
+        Cow::Owned(keyed)
+    }
+
+    /// The descriptor's name in metrics, below the domain, as envoyproxy/ratelimit names its
+    /// statistics for `entries` (the ones looked up): [`Match::path`], except that
+    /// - `detailed_metric` names every entry `key_value` (with `share_threshold`: the pattern
+    ///   for an entry that landed on a shared wildcard, `key` alone for an empty value);
+    /// - otherwise `value_to_metric` on a node names its entry `key_value` with the request's
+    ///   value (a `share_threshold` wildcard keeps its pattern).
+    pub fn metric_path(&self, entries: &[(&str, &str)]) -> Cow<'c, str> {
+        let join = |segments: Vec<String>| Cow::Owned(segments.join("."));
+        if self.detailed_metric {
+            if !self.trail.shares {
+                return join(entries.iter().map(|(k, v)| format!("{k}_{v}")).collect());
+            }
+            let mut segments: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| {
+                    if v.is_empty() {
+                        (*k).to_owned()
+                    } else {
+                        format!("{k}_{v}")
+                    }
+                })
+                .collect();
+            walk(
+                self.trail.root,
+                entries.iter().copied(),
+                |i, node, landed| {
+                    if let (Some(segment), Some(pattern)) =
+                        (segments.get_mut(i), node.shared(landed))
+                    {
+                        *segment = format!("{}_{pattern}", node.key);
+                    }
+                },
+            );
+            return join(segments);
+        }
+        if !self.trail.values_to_metric {
+            return Cow::Borrowed(self.path);
+        }
+        let mut segments = Vec::with_capacity(entries.len());
+        walk(
+            self.trail.root,
+            entries.iter().copied(),
+            |i, node, landed| {
+                let value = entries.get(i).map_or("", |e| e.1);
+                let shown = match (landed, node.shared(landed)) {
+                    (_, Some(pattern)) => pattern,
+                    (Landed::Wildcard | Landed::KeyOnly, None) if node.value_to_metric => value,
+                    (Landed::Wildcard, None) => node.value.as_str(),
+                    (Landed::Exact, None) => value,
+                    (Landed::KeyOnly, None) => "",
+                };
+                segments.push(if shown.is_empty() {
+                    node.key.clone()
+                } else {
+                    format!("{}_{shown}", node.key)
+                });
+            },
+        );
+        join(segments)
+    }
 }
 
 /// A loaded configuration: every domain of every file.
@@ -185,7 +313,43 @@ struct Node {
     path: String,
     rule: Option<Rule>,
     detailed_metric: bool,
+    /// `value_to_metric`: metrics name the request's value at this level.
+    value_to_metric: bool,
+    /// `share_threshold` (only on a wildcard value): every value under the pattern shares one
+    /// counter.
+    share_threshold: bool,
     children: Level,
+}
+
+impl Node {
+    /// The pattern standing for the request's value in counters and metrics, when this node
+    /// shares its counter and the entry landed on it through its wildcard.
+    fn shared(&self, landed: Landed) -> Option<&str> {
+        (self.share_threshold && landed == Landed::Wildcard).then_some(self.value.as_str())
+    }
+}
+
+/// Walks `entries` down from `root`, calling `visit` with each entry's index, the node it
+/// landed on and how, until an entry lands nowhere or on a node without children.
+fn walk<'c, 'e>(
+    root: &'c Level,
+    entries: impl Iterator<Item = (&'e str, &'e str)>,
+    mut visit: impl FnMut(usize, &'c Node, Landed),
+) {
+    let mut level = root;
+    for (i, (key, value)) in entries.enumerate() {
+        let Some((index, landed)) = level.find(key, value) else {
+            return;
+        };
+        let Some(node) = level.nodes.get(index) else {
+            return;
+        };
+        visit(i, node, landed);
+        if node.children.nodes.is_empty() {
+            return;
+        }
+        level = &node.children;
+    }
 }
 
 impl Config {
@@ -363,38 +527,47 @@ impl Config {
         I: IntoIterator<Item = (&'e str, &'e str)>,
         I::IntoIter: ExactSizeIterator,
     {
-        let mut level = &self.domains.get(domain)?.root;
+        let root = &self.domains.get(domain)?.root;
         let entries = entries.into_iter();
         let last = entries.len().checked_sub(1)?;
-        for (i, (key, value)) in entries.enumerate() {
-            let node = &level.nodes[level.find(key, value)?];
+        let mut trail = Trail {
+            root,
+            shares: false,
+            values_to_metric: false,
+        };
+        let mut landed = None;
+        walk(root, entries, |i, node, how| {
+            trail.shares |= node.shared(how).is_some();
+            trail.values_to_metric |= node.value_to_metric;
             if i == last {
-                return node.rule.as_ref().map(|rule| Match {
-                    rule,
-                    path: &node.path,
-                    detailed_metric: node.detailed_metric,
-                });
+                landed = Some(node);
             }
-            if node.children.nodes.is_empty() {
-                return None;
-            }
-            level = &node.children;
-        }
-        None
+        });
+        let node = landed?;
+        node.rule.as_ref().map(|rule| Match {
+            rule,
+            path: &node.path,
+            detailed_metric: node.detailed_metric,
+            trail,
+        })
     }
 }
 
 impl Level {
     /// The node `key`/`value` lands on: exact value, then wildcards in order, then key alone.
-    fn find(&self, key: &str, value: &str) -> Option<usize> {
+    fn find(&self, key: &str, value: &str) -> Option<(usize, Landed)> {
         if let Some(&i) = self.exact.get(key).and_then(|values| values.get(value)) {
-            return Some(i);
+            return Some((i, Landed::Exact));
         }
         let wildcard = self.wildcards.iter().copied().find(|&i| {
-            let node = &self.nodes[i];
-            node.key == key && wildcard_match(&node.value, value)
+            self.nodes
+                .get(i)
+                .is_some_and(|node| node.key == key && wildcard_match(&node.value, value))
         });
-        wildcard.or_else(|| self.key_only.get(key).copied())
+        match wildcard {
+            Some(i) => Some((i, Landed::Wildcard)),
+            None => self.key_only.get(key).map(|&i| (i, Landed::KeyOnly)),
+        }
     }
 }
 
@@ -436,13 +609,15 @@ pub struct Source {
     pub contents: String,
 }
 
-/// Reads the configuration files at `path` (a file, or a directory's `.yaml`/`.yml`/`.toml` files in name order,
-/// dot files skipped, symbolic links followed).
+/// Reads the configuration files at `path` (a file, or a directory's `.yaml`/`.yml`/`.toml`
+/// files in name order, dot files skipped, symbolic links followed).
 ///
 /// # Errors
 ///
-/// [`RateLimitConfigError::Io`] when the path or a file cannot be read, is not UTF-8, or is
-/// larger than [`MAX_CONFIG_FILE_BYTES`].
+/// [`RateLimitConfigError::Io`], naming the file, when the path or a file cannot be read, is
+/// a symbolic link to a missing file, is not a regular file, is not UTF-8, or is larger than
+/// [`MAX_CONFIG_FILE_BYTES`]. A directory entry that cannot be read is never skipped: the
+/// running configuration is kept rather than replaced by one without its domains.
 pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -472,12 +647,33 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
             continue;
         }
         // Follows symbolic links: a ConfigMap's files are links into its `..data` directory.
+        // An entry that cannot be read is an error, never a file left out: leaving out a
+        // dangling link (a ConfigMap whose `..data` vanished) would load a configuration
+        // without its domains and answer every descriptor OK.
         match std::fs::metadata(&file) {
             Ok(meta) if meta.is_file() => files.push(file),
-            Ok(_) => {}
-            // A link whose target vanished mid-swap: the next poll sees the new one.
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(io(&file)(error)),
+            Ok(_) => {
+                return Err(io(&file)(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a regular file",
+                )));
+            }
+            Err(error) => {
+                let dangling = error.kind() == std::io::ErrorKind::NotFound
+                    && std::fs::symlink_metadata(&file).is_ok();
+                let error = if dangling {
+                    let target = std::fs::read_link(&file)
+                        .map(|t| t.display().to_string())
+                        .unwrap_or_default();
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("symbolic link to a missing file ({target})"),
+                    )
+                } else {
+                    error
+                };
+                return Err(io(&file)(error));
+            }
         }
     }
     files.sort();
@@ -559,21 +755,29 @@ struct RawFile {
     descriptors: Descriptors,
 }
 
+/// A list of descriptors (`descriptors:` with nothing after it is an empty list, as there).
 #[derive(Default, Deserialize)]
-#[serde(try_from = "Vec<RawDescriptor>")]
+#[serde(try_from = "Option<Vec<RawDescriptor>>")]
 struct Descriptors(Vec<RawDescriptor>);
 
-impl TryFrom<Vec<RawDescriptor>> for Descriptors {
+impl TryFrom<Option<Vec<RawDescriptor>>> for Descriptors {
     type Error = String;
 
-    fn try_from(list: Vec<RawDescriptor>) -> Result<Self, String> {
+    fn try_from(list: Option<Vec<RawDescriptor>>) -> Result<Self, String> {
+        let list = list.unwrap_or_default();
+        // One hash look-up per descriptor: a level of 100 000 descriptors loads in linear time.
+        let mut seen: HashMap<(&str, &str), usize> = HashMap::with_capacity(list.len());
         for (i, d) in list.iter().enumerate() {
-            if let Some(j) = list[..i]
-                .iter()
-                .position(|e| e.key == d.key && e.value == d.value)
-            {
+            if let Some(j) = seen.insert((&d.key.0, &d.value), i) {
                 return Err(format!(
                     "[{i}]: duplicate descriptor (key \"{}\", value \"{}\"), also at [{j}]",
+                    d.key.0, d.value
+                ));
+            }
+            if d.share_threshold && !d.value.contains('*') {
+                return Err(format!(
+                    "[{i}].share_threshold: only a value with a `*` wildcard can share its limit, \
+                     not (key \"{}\", value \"{}\")",
                     d.key.0, d.value
                 ));
             }
@@ -595,7 +799,18 @@ struct RawDescriptor {
     #[serde(default)]
     shadow_mode: bool,
     #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
     detailed_metric: bool,
+    #[serde(default)]
+    value_to_metric: bool,
+    #[serde(default)]
+    share_threshold: bool,
+    /// Returned by envoyproxy/ratelimit in a response's dynamic metadata when enabled there;
+    /// accepted and ignored here.
+    #[serde(default)]
+    #[allow(dead_code)]
+    metadata: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(PartialEq, Eq, Deserialize)]
@@ -664,8 +879,9 @@ impl TryFrom<RawRateLimitFields> for RawRateLimit {
 
     fn try_from(raw: RawRateLimitFields) -> Result<Self, String> {
         let limit = if raw.unlimited {
-            if raw.unit.is_some() || raw.requests_per_unit.is_some() {
-                return Err("unlimited: true takes neither unit nor requests_per_unit".into());
+            // As envoyproxy/ratelimit: `requests_per_unit` is ignored, a unit is a mistake.
+            if raw.unit.is_some() {
+                return Err("unlimited: true takes no unit".into());
             }
             RuleLimit::Unlimited
         } else {
@@ -703,12 +919,30 @@ impl TryFrom<RawRateLimitFields> for RawRateLimit {
 }
 
 fn parse_file(file: &Path, yaml: &str) -> Result<(String, Domain), RateLimitConfigError> {
-    let raw: RawFile =
-        serde_yaml_ng::from_str(yaml).map_err(|error| RateLimitConfigError::Invalid {
+    let invalid = |error: serde_yaml_ng::Error| RateLimitConfigError::Invalid {
+        file: file.to_path_buf(),
+        line: error.location().map(|l| l.line()),
+        message: error.to_string(),
+    };
+    // A byte order mark is no part of the document (libyaml misreads some files starting with
+    // one as several documents).
+    let yaml = yaml.strip_prefix('\u{feff}').unwrap_or(yaml);
+    if let Some(line) = scan::too_deep(yaml) {
+        return Err(RateLimitConfigError::Invalid {
             file: file.to_path_buf(),
-            line: error.location().map(|l| l.line()),
-            message: error.to_string(),
-        })?;
+            line: Some(line),
+            message: format!("flow collections ([ ], {{ }}) nested deeper than {MAX_FLOW_DEPTH}"),
+        });
+    }
+    let raw: RawFile = if yaml.contains("<<") {
+        // Merge keys (`<<: *defaults`) are resolved on the document's tree; errors past this
+        // point know the field but not the line.
+        let mut value: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).map_err(invalid)?;
+        value.apply_merge().map_err(invalid)?;
+        serde_yaml_ng::from_value(value).map_err(invalid)?
+    } else {
+        serde_yaml_ng::from_str(yaml).map_err(invalid)?
+    };
     if raw.domain.is_empty() {
         return Err(RateLimitConfigError::Invalid {
             file: file.to_path_buf(),
@@ -746,6 +980,7 @@ fn build_level(descriptors: Vec<RawDescriptor>, parent: &str) -> Level {
             name: r.name,
             replaces: r.replaces,
             shadow_mode: raw.shadow_mode,
+            quota_mode: raw.quota_mode,
         });
         let index = level.nodes.len();
         if raw.value.is_empty() {
@@ -765,6 +1000,8 @@ fn build_level(descriptors: Vec<RawDescriptor>, parent: &str) -> Level {
             path,
             rule,
             detailed_metric: raw.detailed_metric,
+            value_to_metric: raw.value_to_metric,
+            share_threshold: raw.share_threshold,
             children,
         });
     }

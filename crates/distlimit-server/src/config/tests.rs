@@ -516,3 +516,226 @@ fn files_past_the_size_cap_or_not_utf8_are_refused_by_name() {
         assert!(error.contains("larger than"), "{error}");
     }
 }
+
+#[cfg(unix)]
+#[test]
+fn a_dangling_link_or_a_directory_entry_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("..data");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::write(target.join("a.yaml"), EXAMPLE_2).unwrap();
+    std::os::unix::fs::symlink("..data/a.yaml", dir.path().join("a.yaml")).unwrap();
+    assert_eq!(read_sources(dir.path()).unwrap().len(), 1);
+
+    std::fs::remove_file(target.join("a.yaml")).unwrap();
+    let error = read_sources(dir.path()).unwrap_err();
+    assert_eq!(error.file(), Some(dir.path().join("a.yaml").as_path()));
+    let text = error.to_string();
+    assert!(text.contains("symbolic link to a missing file"), "{text}");
+
+    std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+    std::fs::create_dir(dir.path().join("b.yaml")).unwrap();
+    let text = read_sources(dir.path()).unwrap_err().to_string();
+    assert!(
+        text.contains("b.yaml") && text.contains("not a regular file"),
+        "{text}"
+    );
+}
+
+/// `n` descriptors at one level, each with a limit.
+fn flat(n: usize) -> String {
+    let mut yaml = String::from("domain: d\ndescriptors:\n");
+    for i in 0..n {
+        yaml.push_str(&format!(
+            "  - key: k\n    value: v{i}\n    rate_limit: {{ unit: second, requests_per_unit: {i} }}\n"
+        ));
+    }
+    yaml
+}
+
+#[test]
+fn one_hundred_thousand_descriptors_at_one_level_load() {
+    // Was quadratic (a duplicate check comparing each descriptor with all before it): 40 000
+    // took 16 s. The bench `config_load` shows the time per descriptor staying flat.
+    let n = 100_000;
+    let config = parse(&flat(n));
+    for i in [0, n / 2, n - 1] {
+        let value = format!("v{i}");
+        assert_eq!(
+            find(&config, "d", &[("k", &value)]).map(|(l, _)| l),
+            Some(limit(u32::try_from(i).unwrap(), Unit::Second))
+        );
+    }
+    let mut duplicated = flat(3);
+    duplicated.push_str("  - key: k\n    value: v1\n");
+    assert!(
+        error(&duplicated)
+            .to_string()
+            .contains("[3]: duplicate descriptor (key \"k\", value \"v1\"), also at [1]")
+    );
+}
+
+#[test]
+fn deep_nesting_is_refused_at_its_line() {
+    // 200 KB of `[` took 56 s to be refused: now the scan stops at the first one too deep.
+    let yaml = format!(
+        "domain: d\ndescriptors:\n  {}\n",
+        "[".repeat(100_000) + &"]".repeat(100_000)
+    );
+    let e = error(&yaml);
+    assert_eq!(e.line(), Some(3), "{e}");
+    assert!(e.to_string().contains("nested deeper than"), "{e}");
+    // Block nesting is bounded by the deserializer, with its line.
+    let mut block = String::from("domain: d\ndescriptors:\n");
+    for depth in 0..200 {
+        let pad = "  ".repeat(2 * depth);
+        block.push_str(&format!("{pad}- key: k\n{pad}  descriptors:\n"));
+    }
+    let e = error(&block);
+    assert!(e.line().is_some(), "{e}");
+    // Flow style as deep as a request can go still loads.
+    let mut flow = String::from("domain: d\ndescriptors: ");
+    for _ in 0..crate::check::MAX_ENTRIES - 1 {
+        flow.push_str("[{key: k, descriptors: ");
+    }
+    flow.push_str("[{key: k, rate_limit: {unit: second, requests_per_unit: 3}}]");
+    flow.push_str(&"}]".repeat(crate::check::MAX_ENTRIES - 1));
+    let config = parse(&flow);
+    let entries = vec![("k", "v"); crate::check::MAX_ENTRIES];
+    assert_eq!(
+        find(&config, "d", &entries).map(|(l, _)| l),
+        Some(limit(3, Unit::Second))
+    );
+}
+
+#[test]
+fn envoyproxy_fields_bom_merge_keys_and_empty_lists_are_read() {
+    let config = parse(
+        "\u{feff}domain: d
+descriptors:
+  - key: a
+    quota_mode: true
+    metadata: { owner: { team: [x, y] }, 1: 2 }
+    rate_limit: &defaults
+      unit: minute
+      requests_per_unit: 7
+  - key: b
+    rate_limit:
+      <<: *defaults
+      requests_per_unit: 9
+    descriptors:
+  - key: c
+    rate_limit: { unlimited: true, requests_per_unit: 10 }
+",
+    );
+    let a = config.lookup("d", [("a", "1")]).unwrap();
+    assert_eq!(a.rule.limit, limit(7, Unit::Minute));
+    assert!(a.rule.quota_mode);
+    let b = config.lookup("d", [("b", "1")]).unwrap();
+    assert_eq!(b.rule.limit, limit(9, Unit::Minute));
+    assert!(!b.rule.quota_mode);
+    assert_eq!(
+        config.lookup("d", [("c", "1")]).unwrap().rule.limit,
+        RuleLimit::Unlimited
+    );
+    // A BOM before nested descriptors (libyaml alone calls it several documents).
+    let with_bom = format!("\u{feff}{EXAMPLE_2}");
+    assert!(Config::from_yaml("bom.yaml", with_bom.trim_start_matches('\n')).is_ok());
+    // `defaults` is not a field of the file: merge keys do not make unknown fields pass.
+    assert!(
+        error("domain: d\nx: &x { unit: second }\ndescriptors: []\n")
+            .to_string()
+            .contains("unknown field `x`")
+    );
+}
+
+const SHARED: &str = "
+domain: d
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 100 }
+  - key: route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        value_to_metric: true
+        rate_limit: { unit: minute, requests_per_unit: 60 }
+  - key: service
+    value: svc/*
+    share_threshold: true
+    descriptors:
+      - key: endpoint
+        detailed_metric: true
+        rate_limit: { unit: minute, requests_per_unit: 80 }
+  - key: user
+    value: u*
+    value_to_metric: true
+    descriptors:
+      - key: plan
+        value: free
+        rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: plain
+    value: p*
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+";
+
+/// The counter's entries and the metric name of `entries`.
+fn named(config: &Config, entries: &[(&str, &str)]) -> (Vec<(String, String)>, String) {
+    let m = config.lookup("d", entries.iter().copied()).unwrap();
+    let counter = m
+        .counter_entries(entries)
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    (counter, m.metric_path(entries).into_owned())
+}
+
+fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
+    entries
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[test]
+fn share_threshold_keys_the_counter_by_the_pattern_and_value_to_metric_names_values() {
+    let config = parse(SHARED);
+    assert_eq!(
+        named(&config, &[("files", "files/a.txt")]),
+        (owned(&[("files", "files/*")]), "files_files/*".into())
+    );
+    assert_eq!(
+        named(&config, &[("route", "api/v1"), ("method", "GET")]),
+        (
+            owned(&[("route", "api/*"), ("method", "GET")]),
+            "route_api/*.method_GET".into()
+        )
+    );
+    assert_eq!(
+        named(&config, &[("service", "svc/a"), ("endpoint", "e1")]),
+        (
+            owned(&[("service", "svc/*"), ("endpoint", "e1")]),
+            "service_svc/*.endpoint_e1".into()
+        )
+    );
+    assert_eq!(
+        named(&config, &[("user", "u42"), ("plan", "free")]),
+        (
+            owned(&[("user", "u42"), ("plan", "free")]),
+            "user_u42.plan_free".into()
+        )
+    );
+    assert_eq!(
+        named(&config, &[("plain", "p1")]),
+        (owned(&[("plain", "p1")]), "plain_p*".into())
+    );
+    assert!(
+        error("domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n")
+            .to_string()
+            .contains("share_threshold")
+    );
+}

@@ -198,3 +198,29 @@ pub async fn align(unit_secs: u64, margin: Duration) {
         tokio::time::sleep(left + Duration::from_millis(5)).await;
     }
 }
+
+/// A configuration of domain `d` limiting each `user` to `rpu` requests an hour.
+pub fn limit_of(rpu: u32) -> String {
+    format!(
+        "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {{ unit: hour, requests_per_unit: {rpu} }}
+"
+    )
+}
+
+/// The `requests_per_unit` the server answers for `d`/`user`, if limited.
+pub async fn configured_limit(server: &Running) -> Option<u32> {
+    let mut client = server.client().await;
+    let answer = call(
+        &mut client,
+        request("d", vec![descriptor(&[("user", "r")])]),
+    )
+    .await;
+    answer.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+}

@@ -21,7 +21,9 @@ use hyper_util::rt::TokioExecutor;
 /// Every test's network wait is bounded by this (a liveness guard, not a performance check).
 pub const GUARD: Duration = Duration::from_secs(20);
 
-/// 2 per 600 ms (a unit every 300 ms) for `api`; 1 per minute for `login`.
+/// 2 per 600 ms (a unit every 300 ms) for `api`; 1 per minute for `login`; 3 an hour for
+/// `ip` and 2 an hour for `user` (fixed windows: on the frozen clock, 46 minutes into the
+/// hour, they never refill).
 pub const POLICIES: &str = r#"
 [[policy]]
 name = "api"
@@ -30,6 +32,14 @@ tiers = [{ name = "second", algorithm = "token_bucket", limit = 2, per = "600ms"
 [[policy]]
 name = "login"
 tiers = [{ name = "minute", algorithm = "fixed_window", limit = 1, per = "1m" }]
+
+[[policy]]
+name = "ip"
+tiers = [{ name = "hour", algorithm = "fixed_window", limit = 3, per = "1h" }]
+
+[[policy]]
+name = "user"
+tiers = [{ name = "hour", algorithm = "fixed_window", limit = 2, per = "1h" }]
 "#;
 
 /// A memory store on a frozen clock, so every header value is exact.
