@@ -8,6 +8,7 @@ mod key;
 mod lease;
 pub mod observe;
 mod quota;
+mod state_name;
 mod store;
 
 pub use algorithm::{Algorithm, Limit, State, UnknownAlgorithm};
@@ -18,4 +19,5 @@ pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use lease::{Grant, LeaseStore, LeaseUnsupported};
 pub use observe::{BreakerState, NoopObserver, Observer, Outcome};
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
+pub use state_name::{StateName, StateRef};
 pub use store::{MAX_BATCH, Request, Store, StoreExt, merge_batch, validate_batch};

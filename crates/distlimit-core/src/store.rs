@@ -5,10 +5,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{Decision, Error, Key, KeyError, Limit, MAX_POLICY_LEN};
+use crate::{Decision, Error, Key, KeyError, Limit, MAX_POLICY_LEN, StateName, StateRef};
 
 /// The most requests one [`Store::decide_all`] batch may hold.
-pub const MAX_BATCH: usize = 16;
+///
+/// 128: a request of 64 descriptors (Envoy's rate limit service) each charging a state and
+/// a shared one fits in one batch. Stores must handle batches of this size (the memory store
+/// takes any size; the Redis script keys each request once).
+pub const MAX_BATCH: usize = 128;
 
 /// One request: charge `cost` units to `key` under `limit`, in the state of `policy`.
 ///
@@ -32,7 +36,7 @@ pub const MAX_BATCH: usize = 16;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Request<'a> {
-    policy: &'a str,
+    state: StateRef<'a>,
     key: Key<'a>,
     limit: Limit,
     cost: u64,
@@ -43,7 +47,7 @@ impl<'a> Request<'a> {
     #[inline]
     pub fn new(key: Key<'a>, limit: Limit) -> Self {
         Self {
-            policy: "",
+            state: StateRef::untyped(""),
             key,
             limit,
             cost: 1,
@@ -53,7 +57,7 @@ impl<'a> Request<'a> {
     /// A request of cost 0: it reports whether one unit would pass now and changes nothing.
     pub fn peek(key: Key<'a>, limit: Limit) -> Self {
         Self {
-            policy: "",
+            state: StateRef::untyped(""),
             key,
             limit,
             cost: 0,
@@ -66,7 +70,9 @@ impl<'a> Request<'a> {
         Self { cost, ..self }
     }
 
-    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`] bytes).
+    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`] bytes),
+    /// without a tier: the whole string is the policy's name (see [`with_state`](Self::with_state)
+    /// for a tier of a policy).
     #[inline]
     pub fn with_policy(self, policy: &'a str) -> Result<Self, KeyError> {
         if policy.len() > MAX_POLICY_LEN {
@@ -75,13 +81,32 @@ impl<'a> Request<'a> {
                 max: MAX_POLICY_LEN,
             });
         }
-        Ok(Self { policy, ..self })
+        Ok(Self {
+            state: StateRef::untyped(policy),
+            ..self
+        })
     }
 
-    /// The policy whose state is charged (`""` unless named).
+    /// The same request in the state `state` (a policy, or one tier of it).
+    #[inline]
+    pub fn with_state(self, state: &'a StateName) -> Self {
+        Self {
+            state: state.to_ref(),
+            ..self
+        }
+    }
+
+    /// The storage name of the state charged (`""` unless named): [`StateName::as_str`], the
+    /// name stores key states by.
     #[inline]
     pub fn policy(&self) -> &'a str {
-        self.policy
+        self.state.as_str()
+    }
+
+    /// The state charged, typed: its policy and tier.
+    #[inline]
+    pub fn state(&self) -> StateRef<'a> {
+        self.state
     }
 
     /// The key charged.
@@ -115,7 +140,7 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
     for (i, a) in requests.iter().enumerate() {
         if requests[..i]
             .iter()
-            .any(|b| b.key == a.key && b.policy == a.policy)
+            .any(|b| b.key == a.key && b.policy() == a.policy())
         {
             return Err(Error::InvalidRequest(
                 "the same key and policy twice in one batch",
@@ -153,7 +178,7 @@ pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize
         let same = merged
             .iter_mut()
             .enumerate()
-            .find(|(_, m)| m.policy == request.policy && m.key == request.key);
+            .find(|(_, m)| m.policy() == request.policy() && m.key == request.key);
         match same {
             Some((slot, m)) => {
                 m.cost = m.cost.saturating_add(request.cost);

@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use distlimit_core::{
-    BreakerState, Clock, Decision, Error, Observer, Request, Source, Store, SystemClock,
+    BreakerState, Clock, Decision, Error, Observer, Request, Source, StateRef, Store, SystemClock,
     validate_batch,
 };
 
@@ -151,18 +151,22 @@ impl<P, F, C> Hybrid<P, F, C> {
         self.name
     }
 
-    /// The failure mode of the store policy `policy`: the mode set for exactly that name, else
-    /// the one set for the part before its first `/` (the `distlimit-policy` limiter names each
-    /// tier's store policy `<policy>/<tier>`, so a mode set for `api` covers all of `api`'s
-    /// tiers), else the default.
+    /// The failure mode set for the policy named `policy` (exactly that name), else the default.
     pub fn failure_mode(&self, policy: &str) -> FailureMode {
+        self.modes.get(policy).copied().unwrap_or(self.default_mode)
+    }
+
+    /// The failure mode of a request's state: the mode set for its storage name, else the one
+    /// set for its policy (a typed [`StateName`](distlimit_core::StateName): the
+    /// `distlimit-policy` limiter names each tier's state `<policy>/<tier>`, so a mode set for
+    /// `api` covers all of `api`'s tiers; no name is parsed), else the default.
+    pub fn failure_mode_of(&self, state: StateRef<'_>) -> FailureMode {
         if self.modes.is_empty() {
             return self.default_mode;
         }
-        let parent = policy.split_once('/').map(|(parent, _)| parent);
         self.modes
-            .get(policy)
-            .or_else(|| parent.and_then(|parent| self.modes.get(parent)))
+            .get(state.as_str())
+            .or_else(|| self.modes.get(state.policy()))
             .copied()
             .unwrap_or(self.default_mode)
     }
@@ -250,7 +254,7 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         request: &Request<'_>,
         error: Option<Error>,
     ) -> Result<Decision, Error> {
-        match self.failure_mode(request.policy()) {
+        match self.failure_mode_of(request.state()) {
             FailureMode::Fallback => {
                 bump(&self.counters.fallback);
                 let share = self.share_of(request)?;
@@ -278,7 +282,7 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
     ) -> Result<Vec<Decision>, Error> {
         let mut to_fallback = Vec::with_capacity(requests.len());
         for request in requests {
-            match self.failure_mode(request.policy()) {
+            match self.failure_mode_of(request.state()) {
                 FailureMode::FailClosed => {
                     bump(&self.counters.failed_closed);
                     return Err(error.unwrap_or_else(|| self.open_error()));
@@ -299,7 +303,7 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         }
         requests
             .iter()
-            .map(|request| match self.failure_mode(request.policy()) {
+            .map(|request| match self.failure_mode_of(request.state()) {
                 FailureMode::FailOpen => Ok(Self::fail_open(request)),
                 _ => decided
                     .next()
@@ -453,7 +457,7 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
     /// synchronous answer ([`Store::decide_now`]) with the instance share applied; else the
     /// scaled request to await the fallback on.
     fn open_now<'k>(&self, request: &Request<'k>) -> OpenAnswer<'k> {
-        match self.failure_mode(request.policy()) {
+        match self.failure_mode_of(request.state()) {
             FailureMode::Fallback => {
                 let share = match self.share_of(request) {
                     Ok(share) => share,

@@ -392,13 +392,14 @@ async fn failure_modes_per_policy() {
     });
     assert_eq!(r.store.failure_mode("open"), FailureMode::FailOpen);
     assert_eq!(r.store.failure_mode("other"), FailureMode::Fallback);
-    // The limiter's tier policies `<policy>/<tier>` inherit their policy's mode.
-    assert_eq!(r.store.failure_mode("open/daily"), FailureMode::FailOpen);
-    assert_eq!(
-        r.store.failure_mode("closed/second"),
-        FailureMode::FailClosed
-    );
-    assert_eq!(r.store.failure_mode("other/open"), FailureMode::Fallback);
+    // The limiter's tier states `<policy>/<tier>` inherit their policy's mode (typed, not
+    // parsed: a policy named "open/daily" is not "open").
+    let tier = |p: &str, t: &str| distlimit_core::StateName::of_tier(p, t).unwrap();
+    let mode = |p: &str, t: &str| r.store.failure_mode_of(tier(p, t).to_ref());
+    assert_eq!(mode("open", "daily"), FailureMode::FailOpen);
+    assert_eq!(mode("closed", "second"), FailureMode::FailClosed);
+    assert_eq!(mode("other", "open"), FailureMode::Fallback);
+    assert_eq!(r.store.failure_mode("open/daily"), FailureMode::Fallback);
     let key = Key::new("k").unwrap();
     let closed = Request::new(key, limit()).with_policy("closed").unwrap();
     let open = Request::new(key, limit()).with_policy("open").unwrap();

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, Key, LeaseStore, NoopObserver, Observer, Request, Store, SystemClock,
+    Clock, Decision, Error, Key, LeaseStore, NoopObserver, Observer, Request, StateRef, Store,
+    SystemClock,
 };
 use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
@@ -38,19 +39,17 @@ pub const STORE_NAME: &str = "lease";
 #[derive(Clone)]
 enum Policies {
     Names(HashSet<Box<str>>),
-    /// Limiter policy names: a state `<policy>/<tier>` or `<policy>` leases when `<policy>` is one.
+    /// Limiter policy names: a state leases when its (typed) policy is one.
     Limiter(HashSet<Box<str>>),
     Matching(Arc<dyn Fn(&str) -> bool + Send + Sync>),
 }
 
 impl Policies {
-    fn lease(&self, policy: &str) -> bool {
+    fn lease(&self, state: StateRef<'_>) -> bool {
         match self {
-            Policies::Names(names) => names.contains(policy),
-            Policies::Limiter(names) => {
-                names.contains(policy.split_once('/').map_or(policy, |(policy, _)| policy))
-            }
-            Policies::Matching(f) => f(policy),
+            Policies::Names(names) => names.contains(state.as_str()),
+            Policies::Limiter(names) => names.contains(state.policy()),
+            Policies::Matching(f) => f(state.as_str()),
         }
     }
 }
@@ -213,11 +212,13 @@ impl Leased<()> {
     }
 
     /// A builder leasing for every tier of the `distlimit_policy::Limiter` policies named in
-    /// `policies`: the limiter names a tier's state `<policy>/<tier>` (or `<policy>` alone),
-    /// and a policy name never holds a `/`.
+    /// `policies`: a request leases when the policy of its typed state
+    /// ([`Request::state`](distlimit_core::Request::state)) is one; the limiter names a tier's
+    /// state [`StateName::of_tier`](distlimit_core::StateName::of_tier). No name is parsed: a
+    /// request named by [`Request::with_policy`] alone is its whole string's policy.
     ///
     /// ```
-    /// use distlimit_core::{Key, Limit, Quota, Request, Store};
+    /// use distlimit_core::{Key, Limit, Quota, Request, StateName, Store};
     /// use distlimit_lease::Leased;
     /// use distlimit_memory::MemoryStore;
     ///
@@ -225,12 +226,17 @@ impl Leased<()> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let leased = Leased::for_limiter_policies(["api"]).build(MemoryStore::new());
     /// let limit = Limit::gcra(Quota::per_hour(1_000)?);
-    /// for policy in ["api/free", "api", "apis/free", "other"] {
-    ///     let request = Request::new(Key::new("tenant-7")?, limit).with_policy(policy)?;
-    ///     leased.decide(&request).await?;
+    /// let key = Key::new("tenant-7")?;
+    /// for (policy, tier) in [("api", "free"), ("api", "paid"), ("apis", "free")] {
+    ///     let state = StateName::of_tier(policy, tier)?;
+    ///     leased.decide(&Request::new(key, limit).with_state(&state)).await?;
     /// }
-    /// // A lease each for the two states of the policy `api`, none for the others.
-    /// assert_eq!(leased.stats().leases, 2);
+    /// for policy in ["api", "api/other", "other"] {
+    ///     leased.decide(&Request::new(key, limit).with_policy(policy)?).await?;
+    /// }
+    /// // A lease each for the three states of the policy `api`, none for the others (the
+    /// // untyped "api/other" is a policy of that whole name).
+    /// assert_eq!(leased.stats().leases, 3);
     /// # Ok(()) }
     /// ```
     pub fn for_limiter_policies<I, P>(policies: I) -> Builder
@@ -293,7 +299,7 @@ impl<S: LeaseStore> Leased<S> {
         request.cost() > 0
             && request.cost() <= limit.capacity()
             && limit.check_lease().is_ok()
-            && self.policies.lease(request.policy())
+            && self.policies.lease(request.state())
     }
 
     fn hash(&self, policy: &str, key: &[u8]) -> u64 {

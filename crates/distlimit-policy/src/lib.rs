@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod batch;
 mod config;
 mod error;
 mod limiter;
@@ -9,8 +10,9 @@ mod watch;
 #[cfg(all(test, distlimit_loom))]
 mod tests;
 
+pub use batch::{Answer, Item};
 pub use error::{CheckError, Field, PolicyConfigError};
-pub use limiter::{Limiter, Listed, Prepared, TierVerdict, TierVerdicts, Verdict};
+pub use limiter::{Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
 pub use policy::{
     MAX_NAME_LEN, MAX_TIERS, Override, Policy, PolicySet, PolicySetBuilder, Scope, Tier,
 };

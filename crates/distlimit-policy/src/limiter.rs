@@ -4,12 +4,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use distlimit_core::{
-    Algorithm, Decision, Key, NEVER, Observer, Outcome, Request, Store, merge_batch,
-};
+use distlimit_core::{Algorithm, Decision, Observer, Outcome, Store};
 
+use crate::batch::{Answer, Engine, Item, MISMATCH, Resolved, STORE_LABEL, never, outcome};
 use crate::error::Field;
-use crate::policy::{Applied, GLOBAL_KEY, Rule, Tier};
+use crate::policy::{Applied, Tier};
 use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 
 /// Checks requests against named policies on a store; the policies change at runtime without
@@ -19,14 +18,15 @@ use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 /// [`update_policy`](Self::update_policy) publish a new one atomically, and a check decides
 /// with the one set it loaded, the old one or the new one, never a mix.
 ///
-/// Every tier of a policy is one [`Request`] under the store policy `"<policy>/<tier>"`; all
-/// tiers of a check go to [`Store::decide_all`] together (all-or-nothing), a single tier to
-/// [`Store::decide_now`] (a store that never waits answers there, without a future) or else
-/// [`Store::decide`]. A single-tier check allocates nothing beyond what the store itself
-/// allocates (on the memory store: nothing); a multi-tier check adds one `Vec` (its batch of
-/// requests). Several policies checked on one request are all-or-nothing together through
-/// [`check_all`](Limiter::check_all), or [`prepare`](Limiter::prepare) for a batch that holds
-/// other requests too.
+/// Every check is one all-or-nothing batch ([`decide_batch`](Limiter::decide_batch)): every
+/// tier of a policy is one [`Request`](distlimit_core::Request) in the state
+/// [`Tier::state`] (`"<policy>/<tier>"`, typed); all tiers of a batch go to
+/// [`Store::decide_all`] together, a single request to [`Store::decide_now`] (a store that never
+/// waits answers there, without a future) or else [`Store::decide`]. A single-tier check
+/// allocates nothing beyond what the store itself allocates (on the memory store: nothing); a
+/// multi-tier check adds one `Vec` (its batch of requests). Several policies, and requests of
+/// the caller's own, are all-or-nothing together through [`check_all`](Limiter::check_all) and
+/// [`decide_batch`](Limiter::decide_batch).
 pub struct Limiter<S: ?Sized = dyn Store> {
     policies: ArcSwap<PolicySet>,
     /// The policies every published set must define ([`Limiter::declare`]); held while a set
@@ -81,10 +81,12 @@ impl<S: Store + ?Sized> Limiter<S> {
         self.check_cost(policy, key, 0)
     }
 
-    /// Charges `cost` units to `key` under every tier of `policy`, all-or-nothing.
+    /// Charges `cost` units to `key` under every tier of `policy`, all-or-nothing: a batch of
+    /// one [`Item::policy`] ([`decide_batch`](Self::decide_batch)).
     ///
-    /// Decided without waiting when [`check_now`](Self::check_now) can; otherwise (a multi-tier
-    /// batch, a Redis round trip) the check holds the set it loaded until the store answers.
+    /// Decided without waiting when the store can ([`check_now`](Self::check_now): the policy
+    /// looked up once, no reference count taken); otherwise (a multi-tier batch, a Redis round
+    /// trip) the check holds the set it loaded until the store answers.
     pub async fn check_cost(
         &self,
         policy: &str,
@@ -94,13 +96,15 @@ impl<S: Store + ?Sized> Limiter<S> {
         if let Some(result) = self.check_now(policy, key, cost) {
             return result;
         }
-        let started = self.observer.as_ref().map(|_| Instant::now());
+        // The store must be awaited: the set is held (a reference count) until it answers.
         let set = self.policies.load_full();
-        let result = self.decide(&set, policy, key, cost).await;
-        if let Some(started) = started {
-            self.observe(policy, &result, started);
-        }
-        result
+        let engine = self.engine();
+        let item = [Resolved::new(&set, &Item::policy(policy, key, cost))?];
+        let mut verdict = None;
+        engine
+            .decide(&item, |_, answer: Answer| verdict = answer.into_verdict())
+            .await?;
+        verdict.ok_or_else(|| MISMATCH.into())
     }
 
     /// Decides a check without waiting, if the store can: charges `cost` units to `key` under
@@ -147,96 +151,55 @@ impl<S: Store + ?Sized> Limiter<S> {
         key: &[u8],
         cost: u64,
     ) -> Option<Result<Verdict, CheckError>> {
-        let started = self.observer.as_ref().map(|_| Instant::now());
-        let result = self.decide_now(policy, key, cost)?;
-        if let Some(started) = started {
-            self.observe(policy, &result, started);
-        }
-        Some(result)
-    }
-
-    /// [`check_now`](Self::check_now) without the observer.
-    fn decide_now(
-        &self,
-        policy: &str,
-        key: &[u8],
-        cost: u64,
-    ) -> Option<Result<Verdict, CheckError>> {
         let set = self.policies.load();
-        let (applied, listed) = match lookup(&set, policy, key) {
-            Ok(found) => found,
+        let item = match Resolved::new(&set, &Item::policy(policy, key, cost)) {
+            Ok(item) => item,
             Err(e) => return Some(Err(e)),
         };
-        if let Some(listed) = listed {
-            return Some(Ok(Verdict::of_listed(applied, listed)));
-        }
-        let [tier] = &*applied.tiers else {
-            return None;
-        };
-        let request = match tier_request(tier, key, cost) {
-            Ok(request) => request,
-            Err(e) => return Some(Err(e)),
-        };
-        // `*self.store`: the store itself (`Arc<S>` implements `Store` too, forwarding
-        // with a future box of its own).
-        Some(match (*self.store).decide_now(&request)? {
-            Ok(decision) => Ok(Verdict::new(applied, decision, Vec::new())),
-            Err(e) => Err(e.into()),
+        Some(match self.engine().decide_one_now(&item)? {
+            Ok(answer) => answer.into_verdict().ok_or_else(|| MISMATCH.into()),
+            Err(e) => Err(e),
         })
     }
 
-    /// The decision of a check that must await the store, with `set`.
-    async fn decide(
-        &self,
-        set: &PolicySet,
-        policy: &str,
-        key: &[u8],
-        cost: u64,
-    ) -> Result<Verdict, CheckError> {
-        let (applied, listed) = lookup(set, policy, key)?;
-        if let Some(listed) = listed {
-            return Ok(Verdict::of_listed(applied, listed));
-        }
-        if let [tier] = &*applied.tiers {
-            let decision = (*self.store)
-                .decide(&tier_request(tier, key, cost)?)
-                .await?;
-            return Ok(Verdict::new(applied, decision, Vec::new()));
-        }
-        let requests = applied
-            .tiers
-            .iter()
-            .map(|tier| tier_request(tier, key, cost))
-            .collect::<Result<Vec<_>, _>>()?;
-        let all = (*self.store).decide_all(&requests).await?;
-        let decision = Decision::most_restrictive(&all).unwrap_or_else(deny_listed);
-        Ok(Verdict::new(applied, decision, all))
-    }
-
-    /// Prepares a check of `cost` units for `key` under `policy`, to be decided in one batch
-    /// with other checks (of other policies, or any core [`Request`]s): the building block of
-    /// [`check_all`](Self::check_all), for callers that add requests of their own to the batch.
+    /// Decides `items` in one all-or-nothing batch: one [`Answer`] per item, in order. The
+    /// one path every check takes ([`check`](Self::check), [`check_now`](Self::check_now),
+    /// [`check_all`](Self::check_all) are batches of it); the Envoy rate limit server decides
+    /// a request's descriptors with it, YAML rules as [`Item::request`]s and TOML policies as
+    /// [`Item::policy`]s.
     ///
-    /// Charges nothing. Put [`Prepared::requests`] into one [`Store::decide_all`] batch with
-    /// the rest, then turn the decisions of those requests (in the same order) into a
-    /// [`Verdict`] with [`Prepared::verdict`]. A key on an allow or deny list has no request
-    /// (its verdict is known at once: [`Prepared::listed`]). A policy in shadow mode
-    /// ([`Prepared::is_shadow`]) belongs in a batch of its own: its denial lets the request
-    /// through, so it must not stop the others from being charged.
+    /// The request is admitted, and was charged, if and only if every answer
+    /// [`is_allowed`](Answer::is_allowed). A denied item denies the batch: the others then
+    /// answer what they alone would have been answered, charging nothing. Requests on the same
+    /// state and key (a tier shared by two policies' checks, two items of one request) are one
+    /// store request costing the sum. A key on a policy's deny list, and an [`Item::deny`],
+    /// deny the batch without asking the store; a key on an allow list is admitted and charged
+    /// nothing. An item in shadow mode (or of a policy in shadow mode) is decided afterwards on
+    /// its own (its tiers all or nothing), charging nothing when the batch was denied; its
+    /// denial denies nothing. The observer sees each policy item as a check made alone.
     ///
-    /// The check uses the policy set active now, whatever is published before the batch is
-    /// decided; the observer sees it when its verdict is made, timed from here.
+    /// # All or nothing, and its one limit
+    ///
+    /// The store requests of the items not in shadow mode go to the store in one
+    /// [`Store::decide_all`] of at most [`MAX_BATCH`](distlimit_core::MAX_BATCH) requests (128):
+    /// the tiers of every policy item (at most [`MAX_TIERS`](crate::MAX_TIERS) each, none for a
+    /// listed key) plus one per request item, counted before requests on the same state and key
+    /// are merged. A batch that needs more is decided in consecutive chunks of whole items,
+    /// each all-or-nothing; once a chunk is denied, the later ones are only peeked at (charged
+    /// nothing), but chunks admitted before it stay charged. Stores have no refund for every
+    /// algorithm, so this is the one place the guarantee ends: the Envoy server's 64
+    /// descriptors of one store request each (its YAML rules) always fit in one batch.
     ///
     /// # Errors
     ///
-    /// An unknown policy ([`CheckError::UnknownPolicy`]), an invalid key.
+    /// An unknown policy or an invalid key (nothing charged); the store's failure.
     ///
     /// ```
     /// use std::sync::Arc;
     ///
     /// use distlimit_core::{Key, Limit, Quota, Request, Store};
     /// use distlimit_memory::MemoryStore;
-    /// use distlimit_policy::{Limiter, PolicySet};
+    /// use distlimit_policy::{Item, Limiter, PolicySet};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -251,62 +214,47 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// let limiter = Limiter::new(store.clone(), policies);
     /// // A limit of the caller's own, decided in the same batch as the policy.
     /// let per_ip = Limit::fixed_window(Quota::per_minute(5)?);
+    /// let ip = Request::new(Key::new("10.0.0.1")?, per_ip).with_policy("per_ip")?;
     /// for expected in [true, false] {
-    ///     let prepared = limiter.prepare("per_user", b"alice", 1)?;
-    ///     let mut batch: Vec<Request<'_>> = prepared.requests().collect();
-    ///     batch.push(Request::new(Key::new("10.0.0.1")?, per_ip).with_policy("per_ip")?);
-    ///     let decisions = store.decide_all(&batch).await?;
-    ///     let verdict = prepared.verdict(&decisions[..prepared.len()])?;
-    ///     assert_eq!(verdict.is_allowed(), expected);
+    ///     let batch = [Item::policy("per_user", b"alice", 1), Item::request(ip)];
+    ///     let answers = limiter.decide_batch(&batch).await?;
+    ///     assert_eq!(answers.iter().all(|a| a.is_allowed()), expected);
     /// }
     /// // The second batch was denied by "per_user": the IP was charged once, not twice.
-    /// let ip = Request::peek(Key::new("10.0.0.1")?, per_ip).with_policy("per_ip")?;
-    /// assert_eq!(store.decide(&ip).await?.remaining(), 4);
+    /// assert_eq!(store.decide(&ip.with_cost(0)).await?.remaining(), 4);
     /// # Ok(()) }
     /// ```
-    pub fn prepare<'k>(
-        &self,
-        policy: &str,
-        key: &'k [u8],
-        cost: u64,
-    ) -> Result<Prepared<'k>, CheckError> {
-        let started = self.observer.as_ref().map(|_| Instant::now());
-        let set = self.policies.load();
-        let (applied, listed) = lookup(&set, policy, key)?;
-        if listed.is_none() {
-            // Every request is valid from here on ([`Prepared::requests`] relies on it).
-            for tier in &applied.tiers {
-                tier_request(tier, key, cost)?;
+    pub async fn decide_batch(&self, items: &[Item<'_>]) -> Result<Vec<Answer>, CheckError> {
+        let set = self.policies.load_full();
+        let engine = self.engine();
+        let resolved = items
+            .iter()
+            .map(|item| Resolved::new(&set, item))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut answers: Vec<Option<Answer>> = vec![None; items.len()];
+        let mut out = |i: usize, answer: Answer| {
+            if let Some(slot) = answers.get_mut(i) {
+                *slot = Some(answer);
             }
+        };
+        match engine.decide_now(&resolved, &mut out) {
+            Some(result) => result?,
+            None => engine.decide(&resolved, &mut out).await?,
         }
-        Ok(Prepared {
-            applied: Arc::clone(applied),
-            listed,
-            key,
-            cost,
-            observer: self.observer.clone(),
-            started,
-        })
+        answers
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| MISMATCH.into())
     }
 
     /// Charges several checks all-or-nothing: every `(policy, key, cost)` is charged on every
-    /// tier of its policy, or none is. One verdict per check, in order.
-    ///
-    /// The request is admitted, and was charged, if and only if every verdict
-    /// [`is_allowed`](Verdict::is_allowed). A denied check denies them all: the others then
-    /// answer what they alone would have been answered (their [`Verdict::is_allowed`] says
-    /// `true`), charging nothing. Checks of policies not in shadow mode go to one
-    /// [`Store::decide_all`]; the same tier and key named by two checks is one request costing
-    /// the sum. A policy in shadow mode is decided afterwards on its own (its tiers all or
-    /// nothing), charging nothing when the request was denied; its denial denies nothing. A
-    /// key on a deny list denies the request without asking the store for it; on an allow list
-    /// it is admitted and charged nothing. The observer sees each check as if made alone.
+    /// tier of its policy, or none is. One verdict per check, in order: a batch of
+    /// [`Item::policy`]s ([`decide_batch`](Self::decide_batch), which says what is charged
+    /// when).
     ///
     /// # Errors
     ///
-    /// An unknown policy or an invalid key (nothing charged); more than
-    /// [`MAX_BATCH`](distlimit_core::MAX_BATCH) store requests across the policies not in
-    /// shadow mode (a tier and key each); the store's failure.
+    /// An unknown policy or an invalid key (nothing charged); the store's failure.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -341,106 +289,23 @@ impl<S: Store + ?Sized> Limiter<S> {
         &self,
         checks: &[(&str, &[u8], u64)],
     ) -> Result<Vec<Verdict>, CheckError> {
-        let mut prepared = checks
+        let items: Vec<Item<'_>> = checks
             .iter()
-            .map(|&(policy, key, cost)| self.prepare(policy, key, cost))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut denied = prepared
-            .iter()
-            .any(|p| !p.is_shadow() && p.listed() == Some(Listed::Deny));
-        if denied {
-            prepared.iter_mut().for_each(|p| p.set_cost(0));
-        }
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; prepared.len()];
-        // The checks not in shadow mode: one batch.
-        let batch: Vec<Request<'_>> = prepared
-            .iter()
-            .filter(|p| !p.is_shadow())
-            .flat_map(Prepared::requests)
+            .map(|&(policy, key, cost)| Item::policy(policy, key, cost))
             .collect();
-        let decisions = if batch.is_empty() {
-            Vec::new()
-        } else {
-            let (merged, slots) = merge_batch(&batch);
-            let answered = match (*self.store).decide_all(&merged).await {
-                Ok(decisions) => decisions,
-                Err(e) => return Err(self.failed(&prepared, e)),
-            };
-            slots
-                .iter()
-                .map(|&slot| answered.get(slot).copied())
-                .collect::<Option<Vec<_>>>()
-                .ok_or(MISMATCH)?
-        };
-        denied |= decisions.iter().any(Decision::is_denied);
-        let mut rest = &decisions[..];
-        for (p, verdict) in prepared.iter().zip(&mut verdicts) {
-            if !p.is_shadow() {
-                let (own, next) = rest.split_at(p.len().min(rest.len()));
-                rest = next;
-                *verdict = Some(p.verdict(own)?);
-            }
-        }
-        // Shadow mode: each apart, after the rest, charging nothing once the request is denied.
-        for (p, verdict) in prepared.iter_mut().zip(&mut verdicts) {
-            if !p.is_shadow() {
-                continue;
-            }
-            if denied {
-                p.set_cost(0);
-            }
-            let requests: Vec<Request<'_>> = p.requests().collect();
-            let decisions = if requests.is_empty() {
-                Vec::new()
-            } else {
-                match (*self.store).decide_all(&requests).await {
-                    Ok(decisions) => decisions,
-                    Err(e) => return Err(self.failed(std::slice::from_ref(p), e)),
-                }
-            };
-            *verdict = Some(p.verdict(&decisions)?);
-        }
-        Ok(verdicts
+        self.decide_batch(&items)
+            .await?
             .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or(MISMATCH)?)
+            .map(|answer| answer.into_verdict().ok_or_else(|| MISMATCH.into()))
+            .collect()
     }
 
-    /// Reports a failed batch for each of its checks and returns the error.
-    fn failed(&self, prepared: &[Prepared<'_>], error: distlimit_core::Error) -> CheckError {
-        let error = CheckError::from(error);
-        for p in prepared {
-            self.report_error(p.policy(), &error);
-        }
-        error
-    }
-
-    /// Reports a finished check to the observer: its decision, or the store's failure (see
-    /// [`report_error`](Self::report_error)).
-    fn observe(&self, policy: &str, result: &Result<Verdict, CheckError>, started: Instant) {
-        match result {
-            Ok(verdict) => {
-                if let Some(observer) = &self.observer {
-                    observer.on_decision(
-                        policy,
-                        verdict.outcome(),
-                        verdict.decision(),
-                        started.elapsed(),
-                    );
-                }
-            }
-            Err(e) => self.report_error(policy, e),
-        }
-    }
-
-    /// Reports a store failure that ends a check to the observer, as
-    /// [`Observer::on_store_error`] with the store named [`Limiter::STORE_LABEL`]. Unknown
-    /// policies and invalid keys are the caller's errors, not the store's: not reported.
-    fn report_error(&self, policy: &str, e: &CheckError) {
-        if let (Some(observer), CheckError::Store(error)) = (&self.observer, e)
-            && !error.is_invalid_input()
-        {
-            observer.on_store_error(Self::STORE_LABEL, policy, error);
+    /// The batch engine on this limiter's store and observer, timed from now.
+    fn engine(&self) -> Engine<'_, S> {
+        Engine {
+            store: &*self.store,
+            observer: self.observer.as_ref(),
+            started: self.observer.as_ref().map(|_| Instant::now()),
         }
     }
 
@@ -448,7 +313,7 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// `"limiter"`. Each report is a check that returned the store's error to its caller; a
     /// store that absorbs failures itself (the hybrid store's fallback) reports those under its
     /// own name, and a failure it passes on is then reported by both.
-    pub const STORE_LABEL: &'static str = "limiter";
+    pub const STORE_LABEL: &'static str = STORE_LABEL;
 
     /// The active policy set.
     pub fn policies(&self) -> Arc<PolicySet> {
@@ -573,163 +438,9 @@ impl<S: ?Sized> std::fmt::Debug for Limiter<S> {
     }
 }
 
-/// Finds `policy` in `set`, validates `key`, and returns the tiers that apply to it, or the
-/// list it is on.
-fn lookup<'s>(
-    set: &'s PolicySet,
-    policy: &str,
-    key: &[u8],
-) -> Result<(&'s Arc<Applied>, Option<Listed>), CheckError> {
-    let Some(found) = set.get(policy) else {
-        return Err(CheckError::UnknownPolicy(policy.to_owned()));
-    };
-    Key::new(key).map_err(distlimit_core::Error::from)?;
-    let rule = found.rule(key);
-    let listed = match rule {
-        Some(Rule::Allow) => Some(Listed::Allow),
-        Some(Rule::Deny) => Some(Listed::Deny),
-        Some(Rule::Override(_)) | None => None,
-    };
-    Ok((found.applied(rule), listed))
-}
-
 /// The error of a declared policy missing from a set.
 fn missing(policy: &str, message: &str) -> PolicyConfigError {
     PolicyConfigError::new(Field::Policy, message).in_policy(policy)
-}
-
-/// The answer of a key on the deny list: never admitted.
-fn deny_listed() -> Decision {
-    Decision::denied(0, 0, Duration::ZERO, NEVER)
-}
-
-/// The store request of `tier` for `key` (validated by [`lookup`]).
-fn tier_request<'a>(tier: &'a Tier, key: &'a [u8], cost: u64) -> Result<Request<'a>, CheckError> {
-    let key = match tier.scope() {
-        Scope::Key => key,
-        Scope::Global => GLOBAL_KEY,
-    };
-    let key = Key::new(key).map_err(distlimit_core::Error::from)?;
-    Ok(Request::new(key, *tier.limit())
-        .with_cost(cost)
-        .with_policy(tier.store_policy())
-        .map_err(distlimit_core::Error::from)?)
-}
-
-/// The error of decisions that do not match the requests they answer.
-const MISMATCH: distlimit_core::Error =
-    distlimit_core::Error::InvalidRequest("the decisions do not match the prepared requests");
-
-/// A check prepared by [`Limiter::prepare`], to be decided in a batch with other requests.
-///
-/// It holds the tiers that apply to its key (from the policy set active when it was
-/// prepared), the key and the cost; [`requests`](Self::requests) are its store requests and
-/// [`verdict`](Self::verdict) reads their decisions.
-#[derive(Clone)]
-pub struct Prepared<'k> {
-    applied: Arc<Applied>,
-    listed: Option<Listed>,
-    key: &'k [u8],
-    cost: u64,
-    observer: Option<Arc<dyn Observer>>,
-    started: Option<Instant>,
-}
-
-impl Prepared<'_> {
-    /// The store requests of the check, one per tier in order; none for a listed key.
-    pub fn requests(&self) -> impl Iterator<Item = Request<'_>> + '_ {
-        let tiers = match self.listed {
-            Some(_) => &[][..],
-            None => &self.applied.tiers[..],
-        };
-        // `Limiter::prepare` built each of them once: none fails here (and one that did would
-        // leave `verdict` a decision short: an error, not a wrong verdict).
-        tiers
-            .iter()
-            .filter_map(|tier| tier_request(tier, self.key, self.cost).ok())
-    }
-
-    /// The number of [`requests`](Self::requests): the tiers, or 0 for a listed key.
-    pub fn len(&self) -> usize {
-        match self.listed {
-            Some(_) => 0,
-            None => self.applied.tiers.len(),
-        }
-    }
-
-    /// Whether the check has no store request (a listed key).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The policy's name.
-    pub fn policy(&self) -> &str {
-        &self.applied.policy
-    }
-
-    /// Whether the key is on the allow or deny list: decided without the store (a key on the
-    /// deny list denies the whole batch it belongs to).
-    pub fn listed(&self) -> Option<Listed> {
-        self.listed
-    }
-
-    /// Whether the policy (or the key's override) is in shadow mode: its denial lets the
-    /// request through, so decide it apart from the checks that enforce.
-    pub fn is_shadow(&self) -> bool {
-        self.applied.shadow
-    }
-
-    /// The units each tier is charged if the batch is admitted.
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// Sets the units charged (0: a peek that charges nothing, for a batch known to be denied).
-    pub fn set_cost(&mut self, cost: u64) {
-        self.cost = cost;
-    }
-
-    /// The verdict of the check from the decisions of its [`requests`](Self::requests), in
-    /// order (none for a listed key), reported to the limiter's observer as a check. Each
-    /// decision is what that request alone was answered; in a denied batch nothing was
-    /// charged, whatever this verdict says.
-    ///
-    /// # Errors
-    ///
-    /// `decisions` has not one decision per request (an invalid-request store error).
-    pub fn verdict(&self, decisions: &[Decision]) -> Result<Verdict, CheckError> {
-        if decisions.len() != self.len() {
-            return Err(MISMATCH.into());
-        }
-        let verdict = match (self.listed, decisions) {
-            (Some(listed), _) => Verdict::of_listed(&self.applied, listed),
-            (None, [one]) => Verdict::new(&self.applied, *one, Vec::new()),
-            (None, all) => {
-                let decision = Decision::most_restrictive(all).unwrap_or_else(deny_listed);
-                Verdict::new(&self.applied, decision, all.to_vec())
-            }
-        };
-        if let (Some(observer), Some(started)) = (&self.observer, self.started) {
-            observer.on_decision(
-                self.policy(),
-                verdict.outcome(),
-                verdict.decision(),
-                started.elapsed(),
-            );
-        }
-        Ok(verdict)
-    }
-}
-
-impl std::fmt::Debug for Prepared<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared")
-            .field("policy", &self.policy())
-            .field("listed", &self.listed)
-            .field("shadow", &self.is_shadow())
-            .field("cost", &self.cost)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Whether a key was on a list of its policy: decided without the store.
@@ -755,35 +466,38 @@ pub struct Verdict {
     /// One decision per tier when there are several; empty for one tier (its decision is
     /// `decision`) and for a listed key.
     decisions: Vec<Decision>,
+    /// Decided in shadow mode (the policy's, or the batch item's).
+    shadow: bool,
 }
 
 impl Verdict {
     /// The verdict of `applied`'s tiers: `decision` combined, `decisions` per tier when there
     /// are several.
-    fn new(applied: &Arc<Applied>, decision: Decision, decisions: Vec<Decision>) -> Self {
-        let outcome = match (decision.is_allowed(), applied.shadow) {
-            (true, _) => Outcome::Allowed,
-            (false, false) => Outcome::Denied,
-            (false, true) => Outcome::ShadowDenied,
-        };
+    pub(crate) fn new(
+        applied: &Arc<Applied>,
+        decision: Decision,
+        decisions: Vec<Decision>,
+        shadow: bool,
+    ) -> Self {
         Self {
             applied: Arc::clone(applied),
-            outcome,
+            outcome: outcome(decision.is_allowed(), shadow),
             listed: None,
             decision,
             decisions,
+            shadow,
         }
     }
 
     /// The verdict of a listed key: no tier asked.
-    fn of_listed(applied: &Arc<Applied>, listed: Listed) -> Self {
+    pub(crate) fn of_listed(applied: &Arc<Applied>, listed: Listed, shadow: bool) -> Self {
         let decision = match listed {
             Listed::Allow => Decision::allowed(u64::MAX, u64::MAX, Duration::ZERO),
-            Listed::Deny => deny_listed(),
+            Listed::Deny => never(),
         };
         Self {
             listed: Some(listed),
-            ..Self::new(applied, decision, Vec::new())
+            ..Self::new(applied, decision, Vec::new(), shadow)
         }
     }
 
@@ -835,7 +549,7 @@ impl Verdict {
         TierVerdicts {
             tiers,
             decisions,
-            shadow: self.applied.shadow,
+            shadow: self.shadow,
         }
     }
 }

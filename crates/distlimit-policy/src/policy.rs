@@ -6,7 +6,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Key, KeyError, Limit, MAX_POLICY_LEN, Quota, QuotaError};
+use distlimit_core::{
+    Algorithm, Key, KeyError, Limit, MAX_POLICY_LEN, Quota, QuotaError, StateName,
+};
 use ipnet::{IpNet, Ipv4Net};
 
 use crate::PolicyConfigError;
@@ -57,8 +59,8 @@ pub struct Tier {
     name: Box<str>,
     limit: Limit,
     scope: Scope,
-    /// `"<policy>/<tier>"` once validated, empty before.
-    store_policy: Box<str>,
+    /// `"<policy>/<tier>"` once validated, `None` before.
+    state: Option<StateName>,
 }
 
 impl Tier {
@@ -68,7 +70,7 @@ impl Tier {
             name: name.into(),
             limit,
             scope: Scope::Key,
-            store_policy: Box::default(),
+            state: None,
         }
     }
 
@@ -118,7 +120,14 @@ impl Tier {
     /// part of a built [`PolicySet`], empty before.
     #[inline]
     pub fn store_policy(&self) -> &str {
-        &self.store_policy
+        self.state.as_ref().map_or("", StateName::as_str)
+    }
+
+    /// The tier's state name in the store (policy and tier, typed), once the tier is part of a
+    /// built [`PolicySet`].
+    #[inline]
+    pub fn state(&self) -> Option<&StateName> {
+        self.state.as_ref()
     }
 
     fn validate(&mut self, policy: &str) -> Result<(), PolicyConfigError> {
@@ -139,7 +148,10 @@ impl Tier {
                 ),
             )));
         }
-        self.store_policy = format!("{policy}/{}", self.name).into();
+        self.state = Some(
+            StateName::of_tier(policy, &self.name)
+                .map_err(|e| located(PolicyConfigError::new(Field::Name, e.to_string())))?,
+        );
         Ok(())
     }
 }

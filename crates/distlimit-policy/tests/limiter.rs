@@ -670,46 +670,112 @@ async fn check_all_decides_shadow_policies_apart() {
 }
 
 #[tokio::test]
-async fn prepared_checks_share_a_batch_with_other_requests() {
+async fn batch_items_of_the_callers_own_share_the_batch_and_deny_items_deny_it() {
     use distlimit_core::{Key, Request, Store};
+    use distlimit_policy::Item;
 
     let clock = ManualClock::new(T0);
     let store = Arc::new(MemoryStore::builder().clock(clock).build());
     let l = Limiter::new(store.clone(), toml(TWO_POLICIES));
     let own = Limit::fixed_window(Quota::per_hour(10).unwrap());
+    let own_request = Request::new(Key::new("k").unwrap(), own)
+        .with_policy("own")
+        .unwrap();
     let own_left = |store: Arc<MemoryStore<ManualClock>>| async move {
-        let peek = Request::peek(Key::new("k").unwrap(), own)
-            .with_policy("own")
-            .unwrap();
+        let peek = own_request.with_cost(0);
         store.decide(&peek).await.unwrap().remaining()
     };
-    let prepared = l.prepare("per_user", b"gina", 2).unwrap();
-    assert_eq!((prepared.len(), prepared.cost()), (1, 2));
-    let mut batch: Vec<Request<'_>> = prepared.requests().collect();
-    batch.push(
-        Request::new(Key::new("k").unwrap(), own)
-            .with_policy("own")
-            .unwrap(),
-    );
-    let decisions = store.decide_all(&batch).await.unwrap();
-    assert!(prepared.verdict(&decisions[..1]).unwrap().is_allowed());
-    // Too few decisions: an error, not a verdict.
-    assert!(prepared.verdict(&[]).is_err());
+    let batch = [
+        Item::policy("per_user", b"gina", 2),
+        Item::request(own_request),
+    ];
+    let answers = l.decide_batch(&batch).await.unwrap();
+    assert!(answers.iter().all(|a| a.is_allowed()));
+    assert!(answers[0].verdict().is_some() && answers[1].verdict().is_none());
     assert_eq!(own_left(store.clone()).await, 9);
     // gina is out: the batch is denied and "own" is not charged.
-    let prepared = l.prepare("per_user", b"gina", 1).unwrap();
-    let mut batch: Vec<Request<'_>> = prepared.requests().collect();
-    batch.push(
-        Request::new(Key::new("k").unwrap(), own)
-            .with_policy("own")
-            .unwrap(),
-    );
-    let decisions = store.decide_all(&batch).await.unwrap();
-    assert!(!prepared.verdict(&decisions[..1]).unwrap().is_allowed());
+    let batch = [
+        Item::policy("per_user", b"gina", 1),
+        Item::request(own_request),
+    ];
+    let answers = l.decide_batch(&batch).await.unwrap();
+    assert!(!answers[0].is_allowed() && answers[1].is_allowed());
     assert_eq!(own_left(store.clone()).await, 9);
-    // A listed key has no request.
-    let listed = l.prepare("per_ip", b"blocked", 1).unwrap();
-    assert_eq!((listed.len(), listed.requests().count()), (0, 0));
-    assert_eq!(listed.listed(), Some(Listed::Deny));
-    assert!(!listed.verdict(&[]).unwrap().is_allowed());
+    // A deny item denies the batch without the store; in shadow mode it denies nothing.
+    let answers = l
+        .decide_batch(&[Item::request(own_request), Item::deny()])
+        .await
+        .unwrap();
+    assert!(answers[0].is_allowed() && !answers[1].is_allowed());
+    assert_eq!(own_left(store.clone()).await, 9);
+    let answers = l
+        .decide_batch(&[Item::request(own_request), Item::deny().shadow(true)])
+        .await
+        .unwrap();
+    assert_eq!(answers[1].outcome(), Outcome::ShadowDenied);
+    assert!(answers.iter().all(|a| a.is_allowed()));
+    assert_eq!(own_left(store.clone()).await, 8);
+    // A listed key asks no store.
+    let answers = l
+        .decide_batch(&[Item::policy("per_ip", b"blocked", 1)])
+        .await
+        .unwrap();
+    assert_eq!(answers[0].verdict().unwrap().listed(), Some(Listed::Deny));
+}
+
+#[tokio::test]
+async fn a_batch_past_max_batch_is_decided_in_chunks_of_whole_items() {
+    use distlimit_core::{Key, MAX_BATCH, Request, Store};
+    use distlimit_policy::Item;
+
+    let store = Arc::new(MemoryStore::builder().clock(ManualClock::new(T0)).build());
+    let l = Limiter::new(store.clone(), toml(TWO_POLICIES));
+    let limit = Limit::fixed_window(Quota::per_hour(1).unwrap());
+    let keys: Vec<String> = (0..=MAX_BATCH).map(|i| format!("k{i}")).collect();
+    let requests: Vec<Request<'_>> = keys
+        .iter()
+        .map(|k| {
+            Request::new(Key::new(k).unwrap(), limit)
+                .with_policy("own")
+                .unwrap()
+        })
+        .collect();
+    // MAX_BATCH requests: one batch, all or nothing; the last key spent first denies them all.
+    store.decide(&requests[MAX_BATCH - 1]).await.unwrap();
+    let items: Vec<Item<'_>> = requests[..MAX_BATCH]
+        .iter()
+        .map(|r| Item::request(*r))
+        .collect();
+    let answers = l.decide_batch(&items).await.unwrap();
+    assert!(!answers[MAX_BATCH - 1].is_allowed());
+    assert!(
+        store
+            .decide(&requests[0].with_cost(0))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    // One more: two chunks; the first is admitted and stays charged though the second is
+    // denied (the documented limit of all or nothing).
+    let more: Vec<Request<'_>> = keys
+        .iter()
+        .map(|k| {
+            Request::new(Key::new(k).unwrap(), limit)
+                .with_policy("more")
+                .unwrap()
+        })
+        .collect();
+    store.decide(&more[MAX_BATCH]).await.unwrap();
+    let items: Vec<Item<'_>> = more.iter().map(|r| Item::request(*r)).collect();
+    let answers = l.decide_batch(&items).await.unwrap();
+    assert_eq!(answers.len(), MAX_BATCH + 1);
+    assert!(!answers[MAX_BATCH].is_allowed());
+    assert_eq!(
+        store
+            .decide(&more[0].with_cost(0))
+            .await
+            .unwrap()
+            .remaining(),
+        0
+    );
 }

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use distlimit_core::observe::{Observer, Outcome};
 use distlimit_core::{
-    Decision, Error, Key, Limit, MAX_BATCH, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, Store,
+    Decision, Error, Key, Limit, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, StateName, Store,
 };
 use distlimit_metrics::Metrics;
-use distlimit_policy::{Limiter, Listed, PolicySet, Prepared, Verdict};
+use distlimit_policy::{Answer, Item, Limiter, PolicySet, Verdict};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Rule, RuleLimit, Unit};
@@ -23,7 +23,9 @@ pub const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
 
-/// The longest key or value of an entry, in bytes.
+/// The longest domain, in bytes. Entry keys and values have no limit: a client's value of any
+/// length is decided, its state keyed by a SHA-256 digest once the values of a descriptor pass
+/// [`MAX_KEY_LEN`] bytes (the rule's name, its keys, past 128).
 pub const MAX_ENTRY_LEN: usize = 4096;
 
 /// One descriptor of a request.
@@ -96,8 +98,8 @@ pub struct CheckResponse {
 }
 
 impl CheckResponse {
-    /// The rate-limit headers of the most restrictive limited descriptor (the one with the least
-    /// remaining): `RateLimit-Policy`, `RateLimit` (the IETF draft's structured fields) and
+    /// The rate-limit headers of the most restrictive limited descriptor (the first one over its
+    /// limit, else the one with the least remaining): `RateLimit-Policy`, `RateLimit` (the IETF draft's structured fields) and
     /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (what envoyproxy/ratelimit
     /// adds). Empty when no descriptor was limited by a number.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
@@ -105,7 +107,7 @@ impl CheckResponse {
             .statuses
             .iter()
             .filter(|s| s.current_limit.is_some() && s.limit_remaining != u32::MAX)
-            .min_by_key(|s| s.limit_remaining);
+            .min_by_key(|s| (!s.over_limit, s.limit_remaining));
         let Some(status) = tightest else {
             return Vec::new();
         };
@@ -176,7 +178,8 @@ pub struct Checker {
 /// A configuration and the limiter of its TOML policies, published together.
 struct Running {
     config: Arc<Config>,
-    limiter: Option<Limiter>,
+    /// The batch every request is decided in (with the TOML policies, if any).
+    limiter: Limiter,
 }
 
 impl std::fmt::Debug for Checker {
@@ -187,22 +190,13 @@ impl std::fmt::Debug for Checker {
 
 /// A descriptor's rule, resolved.
 struct Applied<'c> {
-    /// `<domain>/<path>`: the metrics label and, within length, the store's policy name.
+    /// `<domain>/<path>`: the metrics label (never the state's name: a label changes with
+    /// `detailed_metric`, the state must not).
     label: String,
     name: String,
     limit: RuleLimit,
     shadow: bool,
     rule: Option<&'c Rule>,
-}
-
-/// One store request of a check, before it is borrowed into a [`Request`].
-struct Pending {
-    policy: String,
-    key: Vec<u8>,
-    limit: Limit,
-    cost: u64,
-    /// The descriptors it answers.
-    descriptors: Vec<usize>,
 }
 
 impl Checker {
@@ -220,10 +214,12 @@ impl Checker {
     fn running(store: &Arc<dyn Store>, metrics: &Metrics, config: Config) -> Running {
         // The policies' states live in the store, so a new limiter keeps counting where the
         // last one was.
-        let limiter = config.policies().map(|set| {
-            Limiter::new(store.clone(), PolicySet::clone(set))
-                .with_observer(Arc::new(metrics.clone()))
-        });
+        let policies = config
+            .policies()
+            .map(|set| PolicySet::clone(set))
+            .unwrap_or_default();
+        let limiter =
+            Limiter::new(store.clone(), policies).with_observer(Arc::new(metrics.clone()));
         Running {
             config: Arc::new(config),
             limiter,
@@ -271,14 +267,16 @@ impl Checker {
     }
 
     /// Decides `request`: every limited descriptor outside shadow mode, YAML rule and TOML
-    /// policy alike, is charged together or not at all (one `decide_all` batch up to
-    /// [`MAX_BATCH`] store requests; past it, batches of [`MAX_BATCH`], each all or nothing).
+    /// policy alike, is charged together or not at all, in one batch of
+    /// [`Limiter::decide_batch`] (YAML rules as request items, TOML policies as policy items,
+    /// zero limits as deny items; its docs say where all or nothing ends). A descriptor with
+    /// `hits_addend` 0 spends nothing and is never over its limit (Envoy's count does not
+    /// exceed it).
     ///
     /// # Errors
     ///
     /// [`CheckError::InvalidArgument`] for an empty domain, no descriptors, or more than
-    /// [`MAX_DESCRIPTORS`], [`MAX_ENTRIES`] or [`MAX_ENTRY_LEN`]; [`CheckError::Unavailable`]
-    /// when the store failed.
+    /// [`MAX_DESCRIPTORS`] or [`MAX_ENTRIES`]; [`CheckError::Unavailable`] when the store failed.
     pub async fn check(&self, request: &CheckRequest<'_>) -> Result<CheckResponse, CheckError> {
         validate(request)?;
         let started = Instant::now();
@@ -287,224 +285,129 @@ impl Checker {
         let default_hits = request.hits.max(1);
         let domain = request.domain;
 
-        // The descriptors a TOML policy decides (without a limit override).
-        let by_policy: Vec<Option<&str>> = request
+        // Each descriptor's plan: a TOML policy (without a limit override), else its rule.
+        let mut plans: Vec<Plan<'_>> = request
             .descriptors
             .iter()
-            .map(|d| {
-                if d.limit.is_some() {
-                    return None;
+            .map(|d| -> Result<Plan<'_>, CheckError> {
+                let cost = d.hits.unwrap_or(default_hits);
+                if d.limit.is_none()
+                    && let Some(policy) =
+                        config.policy_for(domain, d.entries.iter().map(|(k, _)| *k))
+                {
+                    return Ok(Plan::Policy {
+                        policy,
+                        key: policy_key(&d.entries),
+                        cost,
+                    });
                 }
-                config.policy_for(domain, d.entries.iter().map(|(k, _)| *k))
+                Ok(match resolve(config, domain, d) {
+                    Some(applied) => Plan::Rule(Box::new(RulePlan::new(applied, domain, d, cost)?)),
+                    None => Plan::Unmatched,
+                })
             })
-            .collect();
-        // Resolve every other descriptor's rule.
-        let mut applied: Vec<Option<Applied<'_>>> = request
-            .descriptors
-            .iter()
-            .zip(&by_policy)
-            .map(|(d, policy)| match policy {
-                Some(_) => None,
-                None => resolve(config, domain, d),
-            })
-            .collect();
+            .collect::<Result<_, _>>()?;
         // `replaces`: a rule named by another matched rule's `replaces` is dropped.
-        let replaced: Vec<&str> = applied
+        let replaced: Vec<&str> = plans
             .iter()
-            .flatten()
-            .filter_map(|a| a.rule)
+            .filter_map(Plan::rule)
+            .filter_map(|r| r.applied.rule)
             .flat_map(|r| r.replaces.iter().map(String::as_str))
             .collect();
-        if !replaced.is_empty() {
-            for slot in &mut applied {
-                let is_replaced = slot
-                    .as_ref()
-                    .and_then(|a| a.rule)
-                    .and_then(|r| r.name.as_deref())
-                    .is_some_and(|name| replaced.contains(&name));
-                if is_replaced {
-                    *slot = None;
-                }
+        for plan in &mut plans {
+            let is_replaced = plan
+                .rule()
+                .and_then(|r| r.applied.rule)
+                .and_then(|r| r.name.as_deref())
+                .is_some_and(|name| replaced.contains(&name));
+            if is_replaced {
+                *plan = Plan::Unmatched;
             }
         }
 
-        let mut statuses: Vec<DescriptorStatus> =
-            applied.iter().map(|a| initial_status(a.as_ref())).collect();
-
-        // Store requests: enforced rules decided together, shadow rules apart (a shadow
-        // denial must not stop the enforced ones from being charged).
-        let mut enforced: Vec<Pending> = Vec::new();
-        let mut shadow: Vec<Pending> = Vec::new();
-        let mut zero_limit = false;
-        for (i, (slot, descriptor)) in applied.iter().zip(&request.descriptors).enumerate() {
-            let Some(a) = slot else { continue };
-            let RuleLimit::PerUnit {
-                requests_per_unit,
-                unit,
-            } = a.limit
-            else {
-                continue;
+        // One item per limited descriptor.
+        let mut items: Vec<Item<'_>> = Vec::with_capacity(plans.len());
+        let mut item_of: Vec<Option<usize>> = Vec::with_capacity(plans.len());
+        for plan in &plans {
+            let item = match plan {
+                Plan::Policy { policy, key, cost } => {
+                    Some(Item::policy(policy, key, *cost).shadow(*cost == 0))
+                }
+                Plan::Rule(rule) => rule.item(),
+                Plan::Unmatched => None,
             };
-            let cost = descriptor.hits.unwrap_or(default_hits);
-            if requests_per_unit == 0 {
-                // Nothing is ever admitted: denied without asking the store.
-                statuses[i].duration_until_reset = Some(window_left(unit));
-                if a.shadow {
-                    statuses[i].shadow_denied = true;
-                } else {
-                    statuses[i].over_limit = true;
-                    zero_limit = true;
-                }
-                continue;
-            }
-            let limit = fixed_window(requests_per_unit, unit)?;
-            let policy = state_policy(&a.label);
-            let key = state_key(&descriptor.entries);
-            let group = if a.shadow { &mut shadow } else { &mut enforced };
-            match group
-                .iter_mut()
-                .find(|p| p.policy == policy && p.key == key)
-            {
-                Some(same) => {
-                    same.cost = same.cost.saturating_add(cost);
-                    same.descriptors.push(i);
-                }
-                None => group.push(Pending {
-                    policy,
-                    key,
-                    limit,
-                    cost,
-                    descriptors: vec![i],
-                }),
-            }
+            item_of.push(item.map(|item| {
+                items.push(item);
+                items.len() - 1
+            }));
         }
-        // TOML policies: prepared (nothing charged yet), then decided in the same batch as the
-        // enforced rules; a policy in shadow mode apart, as the shadow rules.
-        let keys: Vec<Option<Vec<u8>>> = by_policy
-            .iter()
-            .zip(&request.descriptors)
-            .map(|(policy, d)| policy.map(|_| policy_key(&d.entries)))
-            .collect();
-        let mut prepared: Vec<(usize, Prepared<'_>)> = Vec::new();
-        if let Some(limiter) = &running.limiter {
-            for (i, ((policy, key), descriptor)) in by_policy
-                .iter()
-                .zip(&keys)
-                .zip(&request.descriptors)
-                .enumerate()
-            {
-                let (Some(policy), Some(key)) = (policy, key) else {
-                    continue;
-                };
-                let cost = descriptor.hits.unwrap_or(default_hits);
-                let check = limiter
-                    .prepare(policy, key, cost)
-                    .map_err(|error| self.policy_error(error))?;
-                prepared.push((i, check));
-            }
-        }
-        let deny_listed = prepared
-            .iter()
-            .any(|(_, p)| !p.is_shadow() && p.listed() == Some(Listed::Deny));
-        if zero_limit || deny_listed {
-            // The request is denied anyway: charge nothing, report what is left.
-            for p in &mut enforced {
-                p.cost = 0;
-            }
-            for (_, p) in &mut prepared {
-                p.set_cost(0);
-            }
-        }
-
-        // One batch: the enforced rules, then the tiers of the enforced policies (a policy's
-        // tiers are one group, never split between two batches past MAX_BATCH).
-        let mut batch = pending_requests(&enforced)?;
-        let mut groups = vec![1; batch.len()];
-        for (_, p) in prepared
-            .iter()
-            .filter(|(_, p)| !p.is_shadow() && !p.is_empty())
-        {
-            batch.extend(p.requests());
-            groups.push(p.len());
-        }
-        let batch_decisions = self.decide_batch(&batch, &groups).await?;
-        let denied = zero_limit || deny_listed || batch_decisions.iter().any(Decision::is_denied);
-        let (enforced_decisions, mut policy_decisions) =
-            batch_decisions.split_at(enforced.len().min(batch_decisions.len()));
-        let shadow_decisions = self
-            .decide_batch(&pending_requests(&shadow)?, &vec![1; shadow.len()])
-            .await?;
-        for (i, p) in &mut prepared {
-            let decisions = if p.is_shadow() {
-                // Decided apart; charged nothing when the request is denied.
-                if denied {
-                    p.set_cost(0);
-                }
-                let requests: Vec<Request<'_>> = p.requests().collect();
-                self.decide_batch(&requests, &[requests.len()]).await?
-            } else {
-                let (own, rest) = policy_decisions.split_at(p.len().min(policy_decisions.len()));
-                policy_decisions = rest;
-                own.to_vec()
-            };
-            let verdict = p
-                .verdict(&decisions)
-                .map_err(|error| self.policy_error(error))?;
-            statuses[*i] = policy_status(&verdict);
-        }
+        let answers = if items.is_empty() {
+            Vec::new()
+        } else {
+            running
+                .limiter
+                .decide_batch(&items)
+                .await
+                .map_err(|error| self.policy_error(error))?
+        };
         let latency = started.elapsed();
-        let mut decided: Vec<Option<Decision>> = vec![None; statuses.len()];
-        for (pending, decision) in enforced
+        let statuses: Vec<DescriptorStatus> = plans
             .iter()
-            .zip(enforced_decisions)
-            .chain(shadow.iter().zip(&shadow_decisions))
-        {
-            for &i in &pending.descriptors {
-                decided[i] = Some(*decision);
-                let status = &mut statuses[i];
-                status.limit_remaining = u32::try_from(decision.remaining()).unwrap_or(u32::MAX);
-                status.duration_until_reset = Some(reset_of(decision, pending.limit));
-                if decision.is_denied() {
-                    if applied[i].as_ref().is_some_and(|a| a.shadow) {
-                        status.shadow_denied = true;
-                    } else {
-                        status.over_limit = true;
+            .zip(&item_of)
+            .map(|(plan, item)| {
+                let answer = item.and_then(|i| answers.get(i));
+                match (plan, answer) {
+                    (Plan::Policy { cost, .. }, Some(answer)) => match answer.verdict() {
+                        Some(verdict) => policy_status(verdict, *cost == 0),
+                        None => unmatched(),
+                    },
+                    (Plan::Rule(rule), answer) => {
+                        let status = rule.status(answer);
+                        self.report_rule(rule, &status, answer, latency);
+                        status
                     }
+                    _ => unmatched(),
                 }
-            }
-        }
-        // One metric per limited descriptor.
-        for ((status, slot), decision) in statuses.iter().zip(&applied).zip(&decided) {
-            let Some(a) = slot else { continue };
-            let outcome = if status.shadow_denied {
-                tracing::debug!(target: TARGET, policy = %a.label, "shadow mode: would deny");
-                Outcome::ShadowDenied
-            } else if status.over_limit {
-                Outcome::Denied
-            } else {
-                Outcome::Allowed
-            };
-            let limit = status
-                .current_limit
-                .as_ref()
-                .map_or(0, |l| l.requests_per_unit);
-            let remaining = u64::from(status.limit_remaining);
-            // Unlimited and zero limits are decided here, without the store.
-            let decision = if let Some(decision) = decision {
-                *decision
-            } else if status.over_limit || status.shadow_denied {
-                Decision::denied(u64::from(limit), remaining, Duration::ZERO, Duration::ZERO)
-            } else {
-                Decision::allowed(u64::from(limit).max(remaining), remaining, Duration::ZERO)
-            };
-            self.metrics
-                .on_decision(&a.label, outcome, &decision, latency);
-        }
+            })
+            .collect();
         let over_limit = statuses.iter().any(|s| s.over_limit);
         Ok(CheckResponse {
             over_limit,
             statuses,
         })
+    }
+
+    /// Reports a YAML rule's decision to the metrics, labelled by the rule.
+    fn report_rule(
+        &self,
+        rule: &RulePlan<'_>,
+        status: &DescriptorStatus,
+        answer: Option<&Answer>,
+        latency: Duration,
+    ) {
+        let outcome = if status.shadow_denied {
+            tracing::debug!(target: TARGET, policy = %rule.applied.label, "shadow mode: would deny");
+            Outcome::ShadowDenied
+        } else if status.over_limit {
+            Outcome::Denied
+        } else {
+            Outcome::Allowed
+        };
+        let limit = status
+            .current_limit
+            .as_ref()
+            .map_or(0, |l| l.requests_per_unit);
+        let remaining = u64::from(status.limit_remaining);
+        // Unlimited and zero limits are decided without the store.
+        let decision = match (answer, &rule.request) {
+            (Some(answer), Some(_)) => *answer.decision(),
+            _ if status.over_limit || status.shadow_denied => {
+                Decision::denied(u64::from(limit), remaining, Duration::ZERO, Duration::ZERO)
+            }
+            _ => Decision::allowed(u64::from(limit).max(remaining), remaining, Duration::ZERO),
+        };
+        self.metrics
+            .on_decision(&rule.applied.label, outcome, &decision, latency);
     }
 
     /// The answer to a limiter's error: a store failure is [`CheckError::Unavailable`].
@@ -518,88 +421,120 @@ impl Checker {
             other => CheckError::InvalidArgument(other.to_string()),
         }
     }
+}
 
-    /// Decides `requests` all-or-nothing, one decision per request in order; `groups` are the
-    /// lengths of consecutive runs of requests that must share a batch (a policy's tiers). The
-    /// same (policy, key) twice in a batch is one store request costing the sum. Past
-    /// [`MAX_BATCH`] store requests, in batches of whole groups, each all-or-nothing; once one
-    /// is denied, the rest are only peeked at (charged nothing), but the batches admitted
-    /// before stay charged.
-    async fn decide_batch(
-        &self,
-        requests: &[Request<'_>],
-        groups: &[usize],
-    ) -> Result<Vec<Decision>, CheckError> {
-        let mut decisions = Vec::with_capacity(requests.len());
-        let mut denied = false;
-        let mut rest = requests;
-        for len in batch_lengths(groups) {
-            if rest.is_empty() {
-                break;
-            }
-            let (chunk, next) = rest.split_at(len.min(rest.len()));
-            rest = next;
-            // A YAML rule and a TOML tier share a state only when a rule's `<domain>/<path>`
-            // is a policy's `<policy>/<tier>`.
-            let (mut merged, slots) = distlimit_core::merge_batch(chunk);
-            if denied {
-                merged.iter_mut().for_each(|r| *r = r.with_cost(0));
-            }
-            let answered = match self.store.decide_all(&merged).await {
-                Ok(answered) => answered,
-                Err(error) if error.is_invalid_input() => {
-                    return Err(CheckError::InvalidArgument(error.to_string()));
-                }
-                Err(error) => {
-                    tracing::warn!(target: TARGET, %error, "store failed to decide");
-                    self.metrics.on_store_error("server", "", &error);
-                    return Err(CheckError::Unavailable(error));
-                }
-            };
-            denied |= answered.iter().any(Decision::is_denied);
-            for slot in slots {
-                let decision = answered.get(slot).copied().ok_or_else(|| {
-                    CheckError::Unavailable(Error::InvalidRequest(
-                        "the store answered fewer decisions than requests",
-                    ))
-                })?;
-                decisions.push(decision);
-            }
+/// What decides one descriptor.
+enum Plan<'c> {
+    /// A TOML policy, for the descriptor's values.
+    Policy {
+        policy: &'c str,
+        key: Vec<u8>,
+        cost: u64,
+    },
+    /// A YAML rule or a limit override.
+    Rule(Box<RulePlan<'c>>),
+    /// No limit applies.
+    Unmatched,
+}
+
+impl<'c> Plan<'c> {
+    fn rule(&self) -> Option<&RulePlan<'c>> {
+        match self {
+            Plan::Rule(rule) => Some(rule),
+            _ => None,
         }
-        Ok(decisions)
     }
 }
 
-/// The lengths of the batches that decide runs of requests of `groups` lengths: whole groups,
-/// as many as fit in [`MAX_BATCH`] (a group longer than that alone), then, should requests be
-/// left beyond the groups, batches of [`MAX_BATCH`].
-fn batch_lengths(groups: &[usize]) -> impl Iterator<Item = usize> + '_ {
-    let mut groups = groups.iter().copied().filter(|&g| g > 0).peekable();
-    std::iter::from_fn(move || {
-        let mut len = groups.next()?;
-        while let Some(&next) = groups.peek()
-            && len + next <= MAX_BATCH
-        {
-            len += next;
-            groups.next();
-        }
-        Some(len)
-    })
-    .chain(std::iter::repeat(MAX_BATCH))
+/// A YAML rule (or override) applied to a descriptor: its state and request.
+struct RulePlan<'c> {
+    applied: Applied<'c>,
+    /// The state name, key and limit of a rule with a non-zero limit.
+    request: Option<(StateName, Vec<u8>, Limit)>,
+    unit: Option<Unit>,
+    cost: u64,
 }
 
-/// The store requests of `pending`, in order.
-fn pending_requests(pending: &[Pending]) -> Result<Vec<Request<'_>>, CheckError> {
-    pending
-        .iter()
-        .map(|p| {
-            let key = Key::new(&p.key).map_err(|e| CheckError::InvalidArgument(e.to_string()))?;
-            Request::new(key, p.limit)
-                .with_cost(p.cost)
-                .with_policy(&p.policy)
-                .map_err(|e| CheckError::InvalidArgument(e.to_string()))
+impl<'c> RulePlan<'c> {
+    fn new(
+        applied: Applied<'c>,
+        domain: &str,
+        descriptor: &Descriptor<'_>,
+        cost: u64,
+    ) -> Result<Self, CheckError> {
+        let (request, unit) = match applied.limit {
+            RuleLimit::PerUnit {
+                requests_per_unit: 0,
+                unit,
+            } => (None, Some(unit)),
+            RuleLimit::PerUnit {
+                requests_per_unit,
+                unit,
+            } => {
+                let state = rule_state(domain, &descriptor.entries, unit)?;
+                let limit = fixed_window(requests_per_unit, unit)?;
+                (
+                    Some((state, state_key(&descriptor.entries), limit)),
+                    Some(unit),
+                )
+            }
+            RuleLimit::Unlimited => (None, None),
+        };
+        Ok(Self {
+            applied,
+            request,
+            unit,
+            cost,
         })
-        .collect()
+    }
+
+    /// The batch item: a store request, a deny item for a zero limit, none when unlimited.
+    fn item(&self) -> Option<Item<'_>> {
+        // A descriptor spending nothing is decided apart, never denying the batch.
+        let apart = self.applied.shadow || self.cost == 0;
+        match (&self.request, self.unit) {
+            (Some((state, key, limit)), _) => {
+                let key = Key::new(key).ok()?;
+                let request = Request::new(key, *limit)
+                    .with_state(state)
+                    .with_cost(self.cost);
+                Some(Item::request(request).shadow(apart))
+            }
+            (None, Some(_)) => Some(Item::deny().shadow(apart)),
+            (None, None) => None,
+        }
+    }
+
+    fn status(&self, answer: Option<&Answer>) -> DescriptorStatus {
+        let mut status = initial_status(Some(&self.applied));
+        let Some(unit) = self.unit else {
+            return status;
+        };
+        let denied = answer.is_none_or(|a| a.decision().is_denied());
+        let decision = answer.map(Answer::decision);
+        status.duration_until_reset = Some(match decision {
+            Some(d) if self.request.is_some() => reset_of(d, unit),
+            _ => window_left(unit),
+        });
+        status.limit_remaining = match decision {
+            Some(d) if self.request.is_some() => u32::try_from(d.remaining()).unwrap_or(u32::MAX),
+            _ => 0,
+        };
+        // Spending nothing never exceeds the limit (Envoy: over only when the count would).
+        if denied && self.cost > 0 {
+            if self.applied.shadow {
+                status.shadow_denied = true;
+            } else {
+                status.over_limit = true;
+                status.limit_remaining = 0;
+            }
+        }
+        status
+    }
+}
+
+fn unmatched() -> DescriptorStatus {
+    initial_status(None)
 }
 
 fn validate(request: &CheckRequest<'_>) -> Result<(), CheckError> {
@@ -628,14 +563,6 @@ fn validate(request: &CheckRequest<'_>) -> Result<(), CheckError> {
                 "descriptor {i} has {} entries, the maximum is {MAX_ENTRIES}",
                 d.entries.len()
             ));
-        }
-        for (j, (key, value)) in d.entries.iter().enumerate() {
-            let longest = key.len().max(value.len());
-            if longest > MAX_ENTRY_LEN {
-                return invalid(format!(
-                    "descriptor {i}, entry {j}: {longest} bytes, the maximum is {MAX_ENTRY_LEN}"
-                ));
-            }
         }
     }
     Ok(())
@@ -743,9 +670,10 @@ fn policy_key(entries: &[(&str, &str)]) -> Vec<u8> {
 
 /// A TOML policy's verdict as a descriptor status: the limit shown is the tier that decided
 /// (the first denying tier, else the one with the least remaining).
-fn policy_status(verdict: &Verdict) -> DescriptorStatus {
+fn policy_status(verdict: &Verdict, spends_nothing: bool) -> DescriptorStatus {
     let decision = verdict.decision();
-    let shadow_denied = verdict.outcome() == Outcome::ShadowDenied;
+    // Spending nothing never exceeds a limit (decided as a shadow item, never denying).
+    let shadow_denied = verdict.outcome() == Outcome::ShadowDenied && !spends_nothing;
     let over_limit = !verdict.is_allowed();
     let tiers = verdict.tiers();
     let tier = tiers
@@ -786,7 +714,11 @@ fn policy_status(verdict: &Verdict) -> DescriptorStatus {
             unit,
             window,
         }),
-        limit_remaining: u32::try_from(decision.remaining()).unwrap_or(u32::MAX),
+        // Over the limit: nothing remains, whatever a smaller request would have found.
+        limit_remaining: match over_limit {
+            true => 0,
+            false => u32::try_from(decision.remaining()).unwrap_or(u32::MAX),
+        },
         duration_until_reset: reset,
         shadow_denied,
     }
@@ -801,19 +733,13 @@ fn fixed_window(requests_per_unit: u32, unit: Unit) -> Result<Limit, CheckError>
 }
 
 /// Time until the window of `limit` ends, from the decision (the store's clock) when it says.
-fn reset_of(decision: &Decision, limit: Limit) -> Duration {
+fn reset_of(decision: &Decision, unit: Unit) -> Duration {
     if decision.reset_after_us() > 0 {
         decision.reset_after()
     } else if decision.is_denied() && !decision.is_never() {
         decision.retry_after()
     } else {
-        let period = limit.quota().period();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let period_us = period.as_micros().max(1);
-        let left = period_us - now.as_micros() % period_us;
-        Duration::from_micros(u64::try_from(left).unwrap_or(u64::MAX))
+        window_left(unit)
     }
 }
 
@@ -825,13 +751,26 @@ fn window_left(unit: Unit) -> Duration {
     Duration::from_micros(u64::try_from(period_us - now.as_micros() % period_us).unwrap_or(0))
 }
 
-/// The store's policy name of a rule: its label, or a digest of it past [`MAX_POLICY_LEN`].
-fn state_policy(label: &str) -> String {
-    if label.len() <= MAX_POLICY_LEN {
-        label.to_owned()
-    } else {
-        format!("sha256:{}", hex(&Sha256::digest(label.as_bytes())))
+/// The state of a YAML rule, keyed as envoyproxy/ratelimit keys its counters: by the domain,
+/// the descriptor's entry keys and the window unit (the values are in [`state_key`]). Never
+/// from the metrics label: `detailed_metric` changes the label, not the state; an override of
+/// the same unit keeps the state of the rule it overrides. The name starts `rls/<unit>/` and
+/// holds two `/` at least, so it is never a TOML policy's `<policy>/<tier>`; the domain and
+/// keys are length-prefixed (no two lists share a name), or a digest past
+/// [`MAX_POLICY_LEN`].
+fn rule_state(domain: &str, entries: &[(&str, &str)], unit: Unit) -> Result<StateName, CheckError> {
+    let mut rest = format!("{}:{domain}", domain.len());
+    for (key, _) in entries {
+        let _ = write!(rest, "/{}:{key}", key.len());
     }
+    let tier = format!("{unit}/{rest}");
+    if 4 + tier.len() <= MAX_POLICY_LEN {
+        return StateName::of_tier("rls", &tier)
+            .map_err(|e| CheckError::InvalidArgument(e.to_string()));
+    }
+    // 4 + 6 + 8 + 64 bytes at most: within MAX_POLICY_LEN.
+    let digest = format!("{unit}/sha256:{}", hex(&Sha256::digest(rest.as_bytes())));
+    StateName::of_tier("rls", &digest).map_err(|e| CheckError::InvalidArgument(e.to_string()))
 }
 
 /// The store key of a descriptor: its values, each prefixed by its length (so no two lists of
@@ -873,9 +812,16 @@ mod tests {
         let long = "v".repeat(MAX_ENTRY_LEN);
         let key = state_key(&[("a", &long)]);
         assert!(key.len() <= MAX_KEY_LEN && key.starts_with(b"sha256:"));
-        let policy = state_policy(&"p".repeat(500));
-        assert!(policy.len() <= MAX_POLICY_LEN);
-        assert_eq!(state_policy("d/k_v"), "d/k_v");
+        let long = rule_state("d", &[("k".repeat(500).as_str(), "v")], Unit::Hour).unwrap();
+        assert!(long.as_str().len() <= MAX_POLICY_LEN);
+        assert!(long.as_str().starts_with("rls/hour/sha256:"));
+        let named = rule_state("d", &[("a", "1"), ("b", "2")], Unit::Minute).unwrap();
+        assert_eq!(named.as_str(), "rls/minute/1:d/1:a/1:b");
+        assert_eq!(named.policy(), "rls");
+        assert_ne!(
+            rule_state("d/1:a", &[], Unit::Minute).unwrap(),
+            rule_state("d", &[("a", "")], Unit::Minute).unwrap()
+        );
     }
 
     #[test]
@@ -885,19 +831,6 @@ mod tests {
                 assert!(fixed_window(rpu, unit).is_ok(), "{rpu}/{unit}");
             }
         }
-    }
-
-    #[test]
-    fn batches_hold_whole_groups() {
-        let lengths =
-            |groups: &[usize], n: usize| batch_lengths(groups).take(n).collect::<Vec<_>>();
-        // 15 rules and a policy of two tiers: the tiers are not split 1 + 1.
-        let mut groups = vec![1; 15];
-        groups.push(2);
-        assert_eq!(lengths(&groups, 3), [15, 2, MAX_BATCH]);
-        assert_eq!(lengths(&[8, 8, 8, 0, 3], 3), [16, 11, MAX_BATCH]);
-        assert_eq!(lengths(&[1; 40], 4), [16, 16, 8, MAX_BATCH]);
-        assert_eq!(lengths(&[], 2), [MAX_BATCH, MAX_BATCH]);
     }
 
     #[test]

@@ -6,6 +6,9 @@ use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ResponseUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus as PbStatus, RateLimit,
@@ -16,6 +19,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::codegen::Body;
+use tonic::codegen::{BoxFuture, Context, Poll, Service, StdError, http};
+use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 
 use crate::check::{
@@ -38,9 +45,129 @@ impl RateLimitGrpc {
         Self { checker, headers }
     }
 
-    /// The tonic server of this service.
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+    /// The tonic server of this service: `ShouldRateLimit` decoded with bytes where Envoy's
+    /// protos say `string` (see [`RlsServer`]).
+    pub fn into_server(self) -> RlsServer {
+        RlsServer(Arc::new(self))
+    }
+}
+
+/// The gRPC server of [`RateLimitGrpc`], named as Envoy's `RateLimitService`.
+///
+/// It decodes a request's domain and entries as bytes, so a client's invalid UTF-8 is decided
+/// instead of failing the whole call (prost's `string` decoding answers `INTERNAL`, which Envoy
+/// lets through): each invalid sequence is read as U+FFFD (`String::from_utf8_lossy`) before
+/// matching and counting, so values that differ only in invalid bytes share a counter.
+#[derive(Clone, Debug)]
+pub struct RlsServer(Arc<RateLimitGrpc>);
+
+impl NamedService for RlsServer {
+    const NAME: &'static str = <RateLimitServiceServer<RateLimitGrpc> as NamedService>::NAME;
+}
+
+/// `RateLimitRequest` with bytes for its strings (the same wire format).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    domain: Vec<u8>,
+    #[prost(message, repeated, tag = "2")]
+    descriptors: Vec<RawDescriptor>,
+    #[prost(uint32, tag = "3")]
+    hits_addend: u32,
+}
+
+/// `RateLimitDescriptor` with bytes for its entries.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    entries: Vec<RawEntry>,
+    #[prost(message, optional, tag = "2")]
+    limit: Option<RateLimitOverride>,
+    #[prost(message, optional, tag = "3")]
+    hits_addend: Option<UInt64Value>,
+    #[prost(bool, tag = "4")]
+    is_negative_hits: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawEntry {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+impl From<RawRequest> for RateLimitRequest {
+    fn from(raw: RawRequest) -> Self {
+        RateLimitRequest {
+            domain: lossy(raw.domain),
+            descriptors: raw
+                .descriptors
+                .into_iter()
+                .map(|d| RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .into_iter()
+                        .map(|e| Entry {
+                            key: lossy(e.key),
+                            value: lossy(e.value),
+                        })
+                        .collect(),
+                    limit: d.limit,
+                    hits_addend: d.hits_addend,
+                    is_negative_hits: d.is_negative_hits,
+                })
+                .collect(),
+            hits_addend: raw.hits_addend,
+        }
+    }
+}
+
+/// `ShouldRateLimit` as a unary gRPC method on [`RawRequest`]s.
+struct ShouldRateLimit(Arc<RateLimitGrpc>);
+
+impl UnaryService<RawRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: Request<RawRequest>) -> Self::Future {
+        let inner = Arc::clone(&self.0);
+        Box::pin(async move {
+            let request = request.map(RateLimitRequest::from);
+            inner.should_rate_limit(request).await
+        })
+    }
+}
+
+impl<B> Service<http::Request<B>> for RlsServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let inner = Arc::clone(&self.0);
+        match request.uri().path() {
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" => {
+                Box::pin(async move {
+                    let codec = tonic_prost::ProstCodec::<RateLimitResponse, RawRequest>::default();
+                    let mut grpc = tonic::server::Grpc::new(codec);
+                    Ok(grpc.unary(ShouldRateLimit(inner), request).await)
+                })
+            }
+            _ => Box::pin(async move { Ok(Status::unimplemented("no such method").into_http()) }),
+        }
     }
 }
 

@@ -464,7 +464,6 @@ descriptors:
     );
     let server = Running::with_config(dir.path(), &[]).await;
     let mut client = server.client().await;
-    let huge = "x".repeat(1 << 20);
     let many_entries: Vec<(String, String)> = (0..10_000)
         .map(|i| (format!("k{i}"), format!("v{i}")))
         .collect();
@@ -481,11 +480,6 @@ descriptors:
             "domain",
         ),
         ("no descriptors", request("d", vec![]), "no descriptors"),
-        (
-            "huge value",
-            request("d", vec![descriptor(&[("user", &huge)])]),
-            "bytes",
-        ),
         (
             "10 000 entries",
             request("d", vec![descriptor(&many_entries)]),

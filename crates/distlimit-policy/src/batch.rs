@@ -1,0 +1,592 @@
+//! The one all-or-nothing batch every check goes through: [`Item`]s in, one [`Answer`] per item
+//! out ([`Limiter::decide_batch`](crate::Limiter::decide_batch), where its guarantee and its one
+//! limit are documented).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlimit_core::{Decision, Error, Key, MAX_BATCH, NEVER, Observer, Outcome, Request, Store};
+
+use crate::limiter::{Listed, Verdict};
+use crate::policy::{Applied, GLOBAL_KEY, Rule, Tier};
+use crate::{CheckError, PolicySet, Scope};
+
+/// One item of a batch: a check of a named policy, a store request of the caller's own, or
+/// an item that is never admitted.
+///
+/// ```
+/// use distlimit_core::{Key, Limit, Quota, Request};
+/// use distlimit_policy::Item;
+///
+/// let limit = Limit::fixed_window(Quota::per_minute(5)?);
+/// let items = [
+///     Item::policy("per_user", b"alice", 1),
+///     Item::request(Request::new(Key::new("10.0.0.1")?, limit).with_policy("per_ip")?),
+///     Item::deny().shadow(true),
+/// ];
+/// assert!(items[2].is_shadow());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Item<'a> {
+    kind: ItemKind<'a>,
+    shadow: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum ItemKind<'a> {
+    Policy {
+        policy: &'a str,
+        key: &'a [u8],
+        cost: u64,
+    },
+    Request(Request<'a>),
+    Deny,
+}
+
+impl<'a> Item<'a> {
+    /// `cost` units for `key` on every tier of `policy` (a policy of the limiter's set; its
+    /// shadow mode, lists and overrides apply).
+    pub fn policy(policy: &'a str, key: &'a [u8], cost: u64) -> Self {
+        Self {
+            kind: ItemKind::Policy { policy, key, cost },
+            shadow: false,
+        }
+    }
+
+    /// A store request of the caller's own: its state name, key, limit and cost as given.
+    pub fn request(request: Request<'a>) -> Self {
+        Self {
+            kind: ItemKind::Request(request),
+            shadow: false,
+        }
+    }
+
+    /// An item never admitted (a limit of zero): it denies the batch without asking the store.
+    pub fn deny() -> Self {
+        Self {
+            kind: ItemKind::Deny,
+            shadow: false,
+        }
+    }
+
+    /// The same item in shadow mode or not: decided apart, after the others, charged nothing
+    /// once the batch is denied, and its denial denies nothing. A policy item is in shadow mode
+    /// when this says so or its policy (or the key's override) does.
+    #[must_use]
+    pub fn shadow(self, shadow: bool) -> Self {
+        Self { shadow, ..self }
+    }
+
+    /// Whether the item was set in shadow mode by [`shadow`](Self::shadow).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+}
+
+/// The answer to one [`Item`].
+#[derive(Clone, Debug)]
+pub struct Answer {
+    outcome: Outcome,
+    decision: Decision,
+    verdict: Option<Verdict>,
+}
+
+impl Answer {
+    /// Allowed, denied, or denied in shadow mode (let through).
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// Whether this item lets the request through: `false` only for [`Outcome::Denied`].
+    pub fn is_allowed(&self) -> bool {
+        self.outcome != Outcome::Denied
+    }
+
+    /// The decision: a policy item's most restrictive tier, a request item's store decision
+    /// (what it alone would be answered), or, for a [`deny`](Item::deny) item, a denial with
+    /// `retry_after` = [`NEVER`].
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// A policy item's verdict (its tiers, list, override); `None` for the other items.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        self.verdict.as_ref()
+    }
+
+    /// The verdict of a policy item, owned.
+    #[inline]
+    pub fn into_verdict(self) -> Option<Verdict> {
+        self.verdict
+    }
+
+    fn of_store(decision: Decision, shadow: bool) -> Self {
+        Self {
+            outcome: outcome(decision.is_allowed(), shadow),
+            decision,
+            verdict: None,
+        }
+    }
+
+    #[inline]
+    fn of_verdict(verdict: Verdict) -> Self {
+        Self {
+            outcome: verdict.outcome(),
+            decision: *verdict.decision(),
+            verdict: Some(verdict),
+        }
+    }
+}
+
+/// The outcome of a decision that was `allowed` or not, in shadow mode or not.
+pub(crate) fn outcome(allowed: bool, shadow: bool) -> Outcome {
+    match (allowed, shadow) {
+        (true, _) => Outcome::Allowed,
+        (false, false) => Outcome::Denied,
+        (false, true) => Outcome::ShadowDenied,
+    }
+}
+
+/// The answer of something never admitted (a deny-listed key, a zero limit).
+pub(crate) fn never() -> Decision {
+    Decision::denied(0, 0, Duration::ZERO, NEVER)
+}
+
+/// An item with its policy looked up once, in the set the batch loaded.
+pub(crate) struct Resolved<'s, 'a> {
+    kind: ResolvedKind<'s, 'a>,
+    shadow: bool,
+}
+
+enum ResolvedKind<'s, 'a> {
+    Policy {
+        applied: &'s Arc<Applied>,
+        listed: Option<Listed>,
+        key: &'a [u8],
+        cost: u64,
+    },
+    Request(Request<'a>),
+    Deny,
+}
+
+impl<'s, 'a> Resolved<'s, 'a> {
+    /// Looks `item`'s policy up in `set` and validates its requests (nothing fails later).
+    #[inline]
+    pub(crate) fn new(set: &'s PolicySet, item: &Item<'a>) -> Result<Self, CheckError> {
+        let kind = match item.kind {
+            ItemKind::Policy { policy, key, cost } => {
+                let Some(found) = set.get(policy) else {
+                    return Err(CheckError::UnknownPolicy(policy.to_owned()));
+                };
+                Key::new(key).map_err(Error::from)?;
+                let rule = found.rule(key);
+                let listed = match rule {
+                    Some(Rule::Allow) => Some(Listed::Allow),
+                    Some(Rule::Deny) => Some(Listed::Deny),
+                    Some(Rule::Override(_)) | None => None,
+                };
+                let applied = found.applied(rule);
+                let shadow = item.shadow || applied.shadow;
+                return Ok(Self {
+                    kind: ResolvedKind::Policy {
+                        applied,
+                        listed,
+                        key,
+                        cost,
+                    },
+                    shadow,
+                });
+            }
+            ItemKind::Request(request) => ResolvedKind::Request(request),
+            ItemKind::Deny => ResolvedKind::Deny,
+        };
+        Ok(Self {
+            kind,
+            shadow: item.shadow,
+        })
+    }
+
+    /// The policy's name, for a policy item.
+    fn policy(&self) -> Option<&str> {
+        match &self.kind {
+            ResolvedKind::Policy { applied, .. } => Some(&applied.policy),
+            _ => None,
+        }
+    }
+
+    /// Denies the batch without the store: a deny item or a deny-listed key, not in shadow mode.
+    fn denies(&self) -> bool {
+        !self.shadow
+            && matches!(
+                self.kind,
+                ResolvedKind::Deny
+                    | ResolvedKind::Policy {
+                        listed: Some(Listed::Deny),
+                        ..
+                    }
+            )
+    }
+
+    /// The number of store requests.
+    #[inline]
+    fn len(&self) -> usize {
+        match &self.kind {
+            ResolvedKind::Policy {
+                listed: None,
+                applied,
+                ..
+            } => applied.tiers.len(),
+            ResolvedKind::Request(_) => 1,
+            _ => 0,
+        }
+    }
+
+    /// The store requests, each charging nothing when `peek`.
+    fn requests(&self, peek: bool) -> impl Iterator<Item = Request<'_>> + '_ {
+        let (tiers, key, cost, own) = match &self.kind {
+            ResolvedKind::Policy {
+                listed: None,
+                applied,
+                key,
+                cost,
+            } => (&applied.tiers[..], *key, *cost, None),
+            ResolvedKind::Request(request) => (&[][..], &[][..], 0, Some(*request)),
+            _ => (&[][..], &[][..], 0, None),
+        };
+        let requests = tiers
+            .iter()
+            .filter_map(move |tier| tier_request(tier, key, cost).ok())
+            .chain(own);
+        requests.map(move |r| if peek { r.with_cost(0) } else { r })
+    }
+
+    /// The answer from the decisions of [`requests`](Self::requests), in order (owned when the
+    /// caller can give them: a verdict keeps them without a copy).
+    #[inline]
+    fn answer(&self, decisions: Cow<'_, [Decision]>) -> Answer {
+        match &self.kind {
+            ResolvedKind::Policy {
+                applied,
+                listed: Some(listed),
+                ..
+            } => Answer::of_verdict(Verdict::of_listed(applied, *listed, self.shadow)),
+            ResolvedKind::Policy { applied, .. } => {
+                let verdict = match &*decisions {
+                    [one] => Verdict::new(applied, *one, Vec::new(), self.shadow),
+                    all => {
+                        let decision = Decision::most_restrictive(all).unwrap_or_else(never);
+                        Verdict::new(applied, decision, decisions.into_owned(), self.shadow)
+                    }
+                };
+                Answer::of_verdict(verdict)
+            }
+            ResolvedKind::Request(_) => Answer::of_store(
+                decisions.first().copied().unwrap_or_else(never),
+                self.shadow,
+            ),
+            ResolvedKind::Deny => Answer::of_store(never(), self.shadow),
+        }
+    }
+}
+
+/// The store request of `tier` for `key`.
+#[inline]
+pub(crate) fn tier_request<'a>(
+    tier: &'a Tier,
+    key: &'a [u8],
+    cost: u64,
+) -> Result<Request<'a>, CheckError> {
+    let key = match tier.scope() {
+        Scope::Key => key,
+        Scope::Global => GLOBAL_KEY,
+    };
+    let key = Key::new(key).map_err(Error::from)?;
+    let request = Request::new(key, *tier.limit()).with_cost(cost);
+    Ok(match tier.state() {
+        Some(state) => request.with_state(state),
+        None => request,
+    })
+}
+
+/// What decides a batch: the store and whom to report to.
+pub(crate) struct Engine<'l, S: ?Sized> {
+    pub(crate) store: &'l S,
+    pub(crate) observer: Option<&'l Arc<dyn Observer>>,
+    pub(crate) started: Option<Instant>,
+}
+
+impl<S: Store + ?Sized> Engine<'_, S> {
+    /// Decides `items` without waiting when the store can: when at most one store request is
+    /// involved and the store answers it at once ([`Store::decide_now`]). `None` (nothing
+    /// charged) otherwise. Each answer goes to `out` with its item's index.
+    pub(crate) fn decide_now(
+        &self,
+        items: &[Resolved<'_, '_>],
+        mut out: impl FnMut(usize, Answer),
+    ) -> Option<Result<(), CheckError>> {
+        if let [item] = items {
+            return Some(self.decide_one_now(item)?.map(|answer| out(0, answer)));
+        }
+        let mut owner = None;
+        for (i, item) in items.iter().enumerate() {
+            match (item.len(), owner) {
+                (0, _) => {}
+                (1, None) => owner = Some(i),
+                _ => return None,
+            }
+        }
+        let denied = items.iter().any(Resolved::denies);
+        let decision = match owner.and_then(|i| Some((i, items.get(i)?.requests(denied).next()?))) {
+            None => None,
+            Some((i, request)) => match self.store.decide_now(&request)? {
+                Ok(decision) => Some((i, decision)),
+                Err(e) => return Some(Err(self.failed(items, e))),
+            },
+        };
+        for (i, item) in items.iter().enumerate() {
+            let answer = match decision {
+                Some((owner, d)) if owner == i => item.answer(Cow::Borrowed(&[d])),
+                _ => item.answer(Cow::Borrowed(&[])),
+            };
+            self.report(item, &answer);
+            out(i, answer);
+        }
+        Some(Ok(()))
+    }
+
+    /// [`decide_now`](Self::decide_now) of a batch of one item (a check): its one request,
+    /// if any, straight to the store's `decide_now`.
+    #[inline]
+    pub(crate) fn decide_one_now(
+        &self,
+        item: &Resolved<'_, '_>,
+    ) -> Option<Result<Answer, CheckError>> {
+        let answer = match (&item.kind, item.len()) {
+            (_, 0) => item.answer(Cow::Borrowed(&[])),
+            (
+                ResolvedKind::Policy {
+                    applied, key, cost, ..
+                },
+                1,
+            ) => {
+                let tier = applied.tiers.first()?;
+                let request = match tier_request(tier, key, *cost) {
+                    Ok(request) => request,
+                    Err(e) => return Some(Err(e)),
+                };
+                match self.store.decide_now(&request)? {
+                    Ok(d) => item.answer(Cow::Borrowed(&[d])),
+                    Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),
+                }
+            }
+            (ResolvedKind::Request(request), _) => match self.store.decide_now(request)? {
+                Ok(d) => item.answer(Cow::Borrowed(&[d])),
+                Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),
+            },
+            _ => return None,
+        };
+        self.report(item, &answer);
+        Some(Ok(answer))
+    }
+
+    /// Decides `items`, all-or-nothing (see the [module docs](self)); each answer goes to `out`
+    /// with its item's index.
+    pub(crate) async fn decide(
+        &self,
+        items: &[Resolved<'_, '_>],
+        mut out: impl FnMut(usize, Answer),
+    ) -> Result<(), CheckError> {
+        let mut denied = items.iter().any(Resolved::denies);
+        let enforced = |item: &&Resolved<'_, '_>| !item.shadow;
+        let count: usize = items.iter().filter(enforced).map(Resolved::len).sum();
+        let decisions = match count {
+            0 => Decisions::None,
+            1 => {
+                let Some(request) = items
+                    .iter()
+                    .filter(enforced)
+                    .flat_map(|item| item.requests(denied))
+                    .next()
+                else {
+                    return Err(MISMATCH.into());
+                };
+                let decision = self
+                    .store
+                    .decide(&request)
+                    .await
+                    .map_err(|e| self.failed(items, e))?;
+                Decisions::One(decision)
+            }
+            _ => {
+                let mut all = Vec::new();
+                let mut start = 0;
+                while start < items.len() {
+                    // Whole items, as many as fit in MAX_BATCH (an item alone when larger).
+                    let mut end = start;
+                    let mut len = 0;
+                    while let Some(item) = items.get(end) {
+                        let more = if item.shadow { 0 } else { item.len() };
+                        if len > 0 && len + more > MAX_BATCH {
+                            break;
+                        }
+                        len += more;
+                        end += 1;
+                    }
+                    let chunk = items.get(start..end).unwrap_or_default();
+                    start = end;
+                    if len == 0 {
+                        continue;
+                    }
+                    let requests: Vec<Request<'_>> = chunk
+                        .iter()
+                        .filter(enforced)
+                        .flat_map(|item| item.requests(denied))
+                        .collect();
+                    let answered = self
+                        .decide_all(requests)
+                        .await
+                        .map_err(|e| self.failed(items, e))?;
+                    denied |= answered.iter().any(Decision::is_denied);
+                    if all.is_empty() {
+                        all = answered;
+                    } else {
+                        all.extend(answered);
+                    }
+                }
+                Decisions::Many(all)
+            }
+        };
+        let mut decisions = decisions;
+        denied |= decisions.as_slice().iter().any(Decision::is_denied);
+        // One item asked the store (a policy of several tiers): its verdict keeps the store's
+        // `Vec` of decisions.
+        let askers = items
+            .iter()
+            .filter(enforced)
+            .filter(|i| i.len() > 0)
+            .count();
+        let mut owned = match (&mut decisions, askers) {
+            (Decisions::Many(all), 1) => Some(std::mem::take(all)),
+            _ => None,
+        };
+        let mut rest = decisions.as_slice();
+        for (i, item) in items.iter().enumerate().filter(|(_, item)| !item.shadow) {
+            let answer = match owned.take_if(|_| item.len() > 0) {
+                Some(all) => item.answer(Cow::Owned(all)),
+                None => {
+                    let (own, next) = rest.split_at(item.len().min(rest.len()));
+                    rest = next;
+                    item.answer(Cow::Borrowed(own))
+                }
+            };
+            self.report(item, &answer);
+            out(i, answer);
+        }
+        // Shadow mode: each apart, after the rest, charging nothing once the batch is denied.
+        for (i, item) in items.iter().enumerate().filter(|(_, item)| item.shadow) {
+            let answer = match item.len() {
+                0 => item.answer(Cow::Borrowed(&[])),
+                1 => {
+                    let Some(request) = item.requests(denied).next() else {
+                        return Err(MISMATCH.into());
+                    };
+                    let decision = self
+                        .store
+                        .decide(&request)
+                        .await
+                        .map_err(|e| self.failed(std::slice::from_ref(item), e))?;
+                    item.answer(Cow::Borrowed(&[decision]))
+                }
+                _ => {
+                    let decisions = self
+                        .decide_all(item.requests(denied).collect())
+                        .await
+                        .map_err(|e| self.failed(std::slice::from_ref(item), e))?;
+                    item.answer(Cow::Owned(decisions))
+                }
+            };
+            self.report(item, &answer);
+            out(i, answer);
+        }
+        Ok(())
+    }
+
+    /// One `decide_all`, with requests on the same state and key merged into one costing the
+    /// sum; one decision per request of `requests`, in order.
+    async fn decide_all(&self, requests: Vec<Request<'_>>) -> Result<Vec<Decision>, Error> {
+        let twice = requests.iter().enumerate().any(|(i, a)| {
+            requests[..i]
+                .iter()
+                .any(|b| a.key() == b.key() && a.policy() == b.policy())
+        });
+        if !twice {
+            let decisions = self.store.decide_all(&requests).await?;
+            return match decisions.len() == requests.len() {
+                true => Ok(decisions),
+                false => Err(MISMATCH),
+            };
+        }
+        let (merged, slots) = distlimit_core::merge_batch(&requests);
+        let answered = self.store.decide_all(&merged).await?;
+        slots
+            .iter()
+            .map(|&slot| answered.get(slot).copied())
+            .collect::<Option<Vec<_>>>()
+            .ok_or(MISMATCH)
+    }
+
+    /// Reports a policy item's answer to the observer, as a check.
+    #[inline]
+    fn report(&self, item: &Resolved<'_, '_>, answer: &Answer) {
+        if let (Some(observer), Some(started), Some(policy)) =
+            (self.observer, self.started, item.policy())
+        {
+            observer.on_decision(
+                policy,
+                answer.outcome(),
+                answer.decision(),
+                started.elapsed(),
+            );
+        }
+    }
+
+    /// Reports a failed batch for each of its policy items and returns the error.
+    fn failed(&self, items: &[Resolved<'_, '_>], error: Error) -> CheckError {
+        let error = CheckError::from(error);
+        if let (Some(observer), CheckError::Store(e)) = (self.observer, &error)
+            && !e.is_invalid_input()
+        {
+            for policy in items.iter().filter_map(Resolved::policy) {
+                observer.on_store_error(STORE_LABEL, policy, e);
+            }
+        }
+        error
+    }
+}
+
+/// The store name a limiter reports failed checks under (see
+/// [`Limiter::STORE_LABEL`](crate::Limiter::STORE_LABEL)).
+pub(crate) const STORE_LABEL: &str = "limiter";
+
+/// The decisions of the enforced requests: none, one (no allocation), or several.
+enum Decisions {
+    None,
+    One(Decision),
+    Many(Vec<Decision>),
+}
+
+impl Decisions {
+    fn as_slice(&self) -> &[Decision] {
+        match self {
+            Decisions::None => &[],
+            Decisions::One(one) => std::slice::from_ref(one),
+            Decisions::Many(all) => all,
+        }
+    }
+}
+
+/// The error of decisions that do not match the requests they answer.
+pub(crate) const MISMATCH: Error =
+    Error::InvalidRequest("the store answered another number of decisions");
