@@ -4,26 +4,9 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// The body of `GET /metrics` on `addr`.
-async fn metrics(addr: SocketAddr) -> String {
-    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
-    socket
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(5), socket.read_to_string(&mut text))
-        .await
-        .expect("answered within 5 s")
-        .unwrap();
-    text
-}
 
 #[tokio::test]
 async fn share_threshold_values_share_one_counter_and_others_do_not() {
@@ -77,7 +60,7 @@ descriptors:
     )
     .await;
     assert_eq!(r.overall_code, OK);
-    let text = metrics(server.http).await;
+    let text = server.checker.metrics().encode();
     let line = r#"distlimit_decisions_total{policy="d/user_u42.plan_free",outcome="allowed",source="primary"} 1"#;
     assert!(text.contains(line), "{line} missing from\n{text}");
     server.stop().await;
