@@ -36,6 +36,17 @@ pub struct Args {
     #[arg(long)]
     pub response_headers: bool,
 
+    /// envoyproxy/ratelimit's global shadow mode: descriptors are decided, counted and
+    /// answered as usual, but the request is never answered over the limit.
+    #[arg(long)]
+    pub shadow_mode: bool,
+
+    /// envoyproxy/ratelimit's global quota mode: every descriptor of a YAML rule (or of none) is
+    /// in `quota_mode`; the request is over the limit only when all of them are (or a TOML
+    /// policy denies it).
+    #[arg(long)]
+    pub quota_mode: bool,
+
     /// How often the configuration path is read for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub reload_interval_ms: u64,
@@ -151,6 +162,7 @@ impl Args {
     /// | `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` (default `config`) | `--config ROOT/SUBDIRECTORY/APPDIRECTORY` |
     /// | `REDIS_URL`, `REDIS_SOCKET_TYPE` (`tcp`, `unix`), `REDIS_TYPE` (`SINGLE`, `SENTINEL`: `name,host:port,…`; `CLUSTER`: `host:port,…`), `REDIS_AUTH` (`password` or `user:password`), `REDIS_TLS` | `--redis URL` (a `REDIS_URL` with a scheme is taken as is) |
     /// | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
+    /// | `SHADOW_MODE`, `QUOTA_MODE` | `--shadow-mode`, `--quota-mode` |
     /// | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT` | `--tls-cert`, `--tls-key`, `--tls-client-ca` (both ports) |
     ///
     /// A group is used only when one of its variables is set (`--grpc` from `GRPC_HOST` or
@@ -235,8 +247,14 @@ fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvEr
             redis_url(&var, &url, truthy("REDIS_TLS")?)?,
         ]);
     }
-    if truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? {
-        flags.push("--response-headers".to_owned());
+    for (name, flag) in [
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "--response-headers"),
+        ("SHADOW_MODE", "--shadow-mode"),
+        ("QUOTA_MODE", "--quota-mode"),
+    ] {
+        if truthy(name)? {
+            flags.push(flag.to_owned());
+        }
     }
     if truthy("GRPC_SERVER_USE_TLS")? {
         for (name, flag) in [
@@ -359,6 +377,7 @@ mod tests {
                 ("REDIS_URL", "redis.local:6379"),
                 ("REDIS_AUTH", "p@ss"),
                 ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+                ("QUOTA_MODE", "true"),
             ],
             &[],
         );
@@ -370,6 +389,8 @@ mod tests {
             Some("redis://:p%40ss@redis.local:6379")
         );
         assert!(args.response_headers);
+        assert!(args.quota_mode && !args.shadow_mode);
+        assert!(parse(&[("SHADOW_MODE", "1")], &[]).shadow_mode);
         let args = parse(&[("GRPC_PORT", "9081")], &["--grpc", "127.0.0.1:1"]);
         assert_eq!(args.grpc, "127.0.0.1:1".parse().unwrap());
         // Nothing set: the flags' defaults.

@@ -12,6 +12,7 @@ use distlimit_core::{
 };
 use distlimit_metrics::Metrics;
 use distlimit_policy::{Answer, Item, Limiter, PolicySet, Verdict};
+use distlimit_tower::headers::{push_ratelimit_item, push_ratelimit_policy_item};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Rule, RuleLimit, Unit};
@@ -91,7 +92,8 @@ pub struct CurrentLimit {
 /// The answer to a [`CheckRequest`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckResponse {
-    /// Any descriptor is over its limit: deny the request.
+    /// Deny the request: a descriptor outside quota mode is over its limit, or every one in
+    /// quota mode is (never with the global shadow mode; see [`Checker::check`]).
     pub over_limit: bool,
     /// One status per descriptor, in the request's order.
     pub statuses: Vec<DescriptorStatus>,
@@ -114,41 +116,23 @@ impl CheckResponse {
         let Some(limit) = &status.current_limit else {
             return Vec::new();
         };
-        let name = sf_string(&limit.name);
-        let reset = status
-            .duration_until_reset
-            .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
+        let reset = status.duration_until_reset.unwrap_or_default();
         let (q, r) = (limit.requests_per_unit, status.limit_remaining);
+        let name = [limit.name.as_str()];
+        let mut policy = String::new();
+        push_ratelimit_policy_item(&mut policy, &name, q.into(), limit.window);
+        let mut ratelimit = String::new();
+        push_ratelimit_item(&mut ratelimit, &name, r.into(), Some(reset));
+        // RateLimit-Reset in whole seconds, rounded up as the structured field's `t`.
+        let reset = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
         vec![
-            (
-                "ratelimit-policy",
-                format!("{name};q={q};w={}", limit.window.as_secs().max(1)),
-            ),
-            ("ratelimit", format!("{name};r={r};t={reset}")),
+            ("ratelimit-policy", policy),
+            ("ratelimit", ratelimit),
             ("ratelimit-limit", q.to_string()),
             ("ratelimit-remaining", r.to_string()),
             ("ratelimit-reset", reset.to_string()),
         ]
     }
-}
-
-/// A structured-field string: quoted, with `"` and `\` escaped and anything but printable
-/// ASCII replaced by `_`.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Why a request was not decided.
@@ -170,6 +154,10 @@ const TARGET: &str = "distlimit_server";
 /// Decides requests against the running configuration on one store.
 pub struct Checker {
     store: Arc<dyn Store>,
+    /// envoyproxy/ratelimit's global `SHADOW_MODE`: the request is never over the limit.
+    shadow_mode: bool,
+    /// envoyproxy/ratelimit's global `QUOTA_MODE`: every YAML descriptor is in quota mode.
+    quota_mode: bool,
     running: ArcSwap<Running>,
     metrics: Metrics,
     requests: RequestMetrics,
@@ -196,7 +184,12 @@ struct Applied<'c> {
     name: String,
     limit: RuleLimit,
     shadow: bool,
+    /// `quota_mode`: over its limit, it denies the request only if every quota rule is over.
+    quota: bool,
     rule: Option<&'c Rule>,
+    /// The state's key: the entries' values, a `share_threshold` wildcard's pattern for the
+    /// entry that landed on it (see [`state_key`]).
+    key: Vec<u8>,
 }
 
 impl Checker {
@@ -206,6 +199,8 @@ impl Checker {
         Self {
             store,
             running: ArcSwap::from_pointee(running),
+            shadow_mode: false,
+            quota_mode: false,
             requests: RequestMetrics::new(&metrics),
             metrics,
         }
@@ -224,6 +219,25 @@ impl Checker {
             config: Arc::new(config),
             limiter,
         }
+    }
+
+    /// With envoyproxy/ratelimit's global shadow mode (its `SHADOW_MODE`): every descriptor is
+    /// decided and counted as usual, and its status says so, but the request is never
+    /// [`over_limit`](CheckResponse::over_limit).
+    #[must_use]
+    pub fn with_shadow_mode(self, shadow_mode: bool) -> Self {
+        Self {
+            shadow_mode,
+            ..self
+        }
+    }
+
+    /// With envoyproxy/ratelimit's global quota mode (its `QUOTA_MODE`): every descriptor of a
+    /// YAML rule, or of no rule, is in quota mode (see [`Rule::quota_mode`]): the request is
+    /// over the limit only when every such descriptor is (or a TOML policy denies it).
+    #[must_use]
+    pub fn with_quota_mode(self, quota_mode: bool) -> Self {
+        Self { quota_mode, ..self }
     }
 
     /// The running configuration.
@@ -266,12 +280,19 @@ impl Checker {
             .on_request(protocol, configured.then_some(domain), result, elapsed);
     }
 
-    /// Decides `request`: every limited descriptor outside shadow mode, YAML rule and TOML
-    /// policy alike, is charged together or not at all, in one batch of
+    /// Decides `request`: every limited descriptor outside shadow and quota mode, YAML rule and
+    /// TOML policy alike, is charged together or not at all, in one batch of
     /// [`Limiter::decide_batch`] (YAML rules as request items, TOML policies as policy items,
     /// zero limits as deny items; its docs say where all or nothing ends). A descriptor with
     /// `hits_addend` 0 spends nothing and is never over its limit (Envoy's count does not
     /// exceed it).
+    ///
+    /// As envoyproxy/ratelimit: the request is over the limit when a descriptor outside quota
+    /// mode is, or when every descriptor in quota mode ([`Rule::quota_mode`], or every YAML
+    /// descriptor with [`with_quota_mode`](Self::with_quota_mode)) is; a quota descriptor is
+    /// decided apart (its denial vetoes nothing, it is charged when it alone passes and the
+    /// batch was admitted). A rule's state is keyed by [`Match::counter_entries`](crate::config::Match::counter_entries),
+    /// its metrics by [`Match::metric_path`](crate::config::Match::metric_path).
     ///
     /// # Errors
     ///
@@ -333,7 +354,7 @@ impl Checker {
                 Plan::Policy { policy, key, cost } => {
                     Some(Item::policy(policy, key, *cost).shadow(*cost == 0))
                 }
-                Plan::Rule(rule) => rule.item(),
+                Plan::Rule(rule) => rule.item(self.quota_mode),
                 Plan::Unmatched => None,
             };
             item_of.push(item.map(|item| {
@@ -370,11 +391,37 @@ impl Checker {
                 }
             })
             .collect();
-        let over_limit = statuses.iter().any(|s| s.over_limit);
+        let over_limit = self.overall(&plans, &statuses);
         Ok(CheckResponse {
             over_limit,
             statuses,
         })
+    }
+
+    /// The request's verdict from its descriptors', as envoyproxy/ratelimit decides it: over
+    /// the limit when a descriptor outside quota mode is, or when every quota descriptor is
+    /// (a rule's `quota_mode`; with the global quota mode every YAML descriptor, unmatched
+    /// ones included, unlimited ones excluded); never in the global shadow mode.
+    fn overall(&self, plans: &[Plan<'_>], statuses: &[DescriptorStatus]) -> bool {
+        if self.shadow_mode {
+            return false;
+        }
+        let (mut quotas, mut quotas_over) = (0_usize, 0_usize);
+        for (plan, status) in plans.iter().zip(statuses) {
+            let quota = match plan {
+                Plan::Rule(rule) => rule.is_quota(self.quota_mode),
+                Plan::Unmatched => self.quota_mode,
+                Plan::Policy { .. } => false,
+            };
+            if !quota && status.over_limit {
+                return true;
+            }
+            if quota {
+                quotas += 1;
+                quotas_over += usize::from(status.over_limit);
+            }
+        }
+        quotas > 0 && quotas == quotas_over
     }
 
     /// Reports a YAML rule's decision to the metrics, labelled by the rule.
@@ -457,7 +504,7 @@ struct RulePlan<'c> {
 
 impl<'c> RulePlan<'c> {
     fn new(
-        applied: Applied<'c>,
+        mut applied: Applied<'c>,
         domain: &str,
         descriptor: &Descriptor<'_>,
         cost: u64,
@@ -473,10 +520,8 @@ impl<'c> RulePlan<'c> {
             } => {
                 let state = rule_state(domain, &descriptor.entries, unit)?;
                 let limit = fixed_window(requests_per_unit, unit)?;
-                (
-                    Some((state, state_key(&descriptor.entries), limit)),
-                    Some(unit),
-                )
+                let key = std::mem::take(&mut applied.key);
+                (Some((state, key, limit)), Some(unit))
             }
             RuleLimit::Unlimited => (None, None),
         };
@@ -488,10 +533,17 @@ impl<'c> RulePlan<'c> {
         })
     }
 
+    /// Whether this descriptor is a quota descriptor (envoyproxy/ratelimit's `quota_mode`, of
+    /// its rule or of the whole server): any counted limit, unlimited excluded.
+    fn is_quota(&self, global: bool) -> bool {
+        (global || self.applied.quota) && self.applied.limit != RuleLimit::Unlimited
+    }
+
     /// The batch item: a store request, a deny item for a zero limit, none when unlimited.
-    fn item(&self) -> Option<Item<'_>> {
-        // A descriptor spending nothing is decided apart, never denying the batch.
-        let apart = self.applied.shadow || self.cost == 0;
+    fn item(&self, global_quota: bool) -> Option<Item<'_>> {
+        // A descriptor spending nothing is decided apart, never denying the batch; so is a
+        // quota descriptor: its denial alone must not veto the others.
+        let apart = self.applied.shadow || self.cost == 0 || self.is_quota(global_quota);
         match (&self.request, self.unit) {
             (Some((state, key, limit)), _) => {
                 let key = Key::new(key).ok()?;
@@ -595,27 +647,20 @@ fn resolve<'c>(
                 unit: o.unit,
             },
             shadow: false,
+            quota: false,
             rule: None,
+            key: state_key(&descriptor.entries),
         });
     }
     let m = config.lookup(domain, descriptor.entries.iter().copied())?;
-    let label = if m.detailed_metric {
-        let path = descriptor
-            .entries
-            .iter()
-            .map(|(k, v)| format!("{k}_{v}"))
-            .collect::<Vec<_>>()
-            .join(".");
-        format!("{domain}/{path}")
-    } else {
-        format!("{domain}/{}", m.path)
-    };
     Some(Applied {
-        label,
+        label: format!("{domain}/{}", m.metric_path(&descriptor.entries)),
         name: m.rule.name.clone().unwrap_or_else(|| m.path.to_owned()),
         limit: m.rule.limit,
         shadow: m.rule.shadow_mode,
+        quota: m.rule.quota_mode,
         rule: Some(m.rule),
+        key: state_key(&m.counter_entries(&descriptor.entries)),
     })
 }
 
@@ -835,6 +880,31 @@ mod tests {
 
     #[test]
     fn structured_field_names_are_quoted() {
-        assert_eq!(sf_string(r#"a"b\c é"#), r#""a\"b\\c _""#);
+        let status = DescriptorStatus {
+            over_limit: false,
+            current_limit: Some(CurrentLimit {
+                name: r#"a"b\c é"#.to_owned(),
+                requests_per_unit: 10,
+                unit: None,
+                window: Duration::from_millis(1500),
+            }),
+            limit_remaining: 3,
+            duration_until_reset: Some(Duration::from_millis(200)),
+            shadow_denied: false,
+        };
+        let response = CheckResponse {
+            over_limit: false,
+            statuses: vec![status],
+        };
+        let headers = response.headers();
+        let get = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("ratelimit-policy"), Some(r#""a\"b\\c ?";q=10;w=2"#));
+        assert_eq!(get("ratelimit"), Some(r#""a\"b\\c ?";r=3;t=1"#));
+        assert_eq!(get("ratelimit-reset"), Some("1"));
     }
 }

@@ -130,7 +130,9 @@ impl Server {
         }
         let metrics = Metrics::new();
         let built = distlimit_serve::store::build(&args.store, &metrics).await?;
-        let mut checker = Checker::new(built.store, config, metrics);
+        let mut checker = Checker::new(built.store, config, metrics)
+            .with_shadow_mode(args.shadow_mode)
+            .with_quota_mode(args.quota_mode);
         if let Some(tls) = &tls {
             checker.register_tls(tls);
         }
