@@ -40,7 +40,8 @@ pub struct RedisStore {
 
 struct Inner {
     backend: Arc<Backend>,
-    /// Coalesces script calls; `None` when off.
+    /// Coalesces script calls; `None` when off (`coalesce(false)`); in a Cluster the coalescer
+    /// keys its slots by hash slot.
     coalescer: Option<Arc<Coalescer>>,
     layout: KeyLayout,
     clock: Option<Arc<dyn Clock>>,
