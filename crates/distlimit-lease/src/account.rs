@@ -81,6 +81,20 @@ impl Account {
         Local::Ask
     }
 
+    /// Puts back `cost` units a request spent from this lease under `limit` when another part
+    /// of its batch denied it: the units are this instance's again, so the batch charged
+    /// nothing. They return to the lease while it runs under `limit` (an ended lease hands them
+    /// to the store at its next call, as any unspent unit); under another limit, they are
+    /// pending, as an ended lease's.
+    pub(crate) fn unspend(&mut self, limit: &Limit, cost: u64) {
+        self.spent_since_take = self.spent_since_take.saturating_sub(cost);
+        if self.limit == Some(*limit) {
+            self.units += cost;
+        } else {
+            self.pending += cost;
+        }
+    }
+
     /// What this instance can admit now as far as it knows: its units, and what the store had
     /// left at the last take (capped at the capacity by `Decision`).
     fn remaining(&self) -> u64 {

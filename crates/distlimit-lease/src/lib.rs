@@ -408,6 +408,16 @@ impl<S: LeaseStore> Leased<S> {
         }
     }
 
+    /// Puts the units `spent` from leases by a batch that was then denied back into them.
+    fn unspend(&self, spent: &[(&Slot, &Request<'_>)]) {
+        for (slot, request) in spent {
+            slot.account.lock().unspend(request.limit(), request.cost());
+            self.counters
+                .held
+                .fetch_add(request.cost(), Ordering::Relaxed);
+        }
+    }
+
     /// Gives back the unspent units of ended leases (at most [`SWEEP_BATCH`] leases per call)
     /// and forgets keys idle for ten horizons, so memory stays bounded. Leases also end lazily,
     /// at their key's next request; call this periodically (or [`spawn_sweeper`]) so that
@@ -507,14 +517,79 @@ impl<S: LeaseStore> Store for Leased<S> {
         self.decide_leased(&slot, request).await
     }
 
-    /// A batch of one request is that request's decision, which a lease serves. Larger
-    /// batches go to the store as they are (all-or-nothing across keys is the store's); the
-    /// units they charge are withdrawn there, next to the leases.
+    /// All or nothing, with the leased requests served by their leases: a batch of one request
+    /// is that request's decision; in a larger one, the requests a lease serves are spent from
+    /// their leases first, then the others go to the store as one batch (only peeked at, charged
+    /// nothing, once a lease denied). When any request is denied, or the store fails, the units
+    /// spent from leases go back to them: the batch charged nothing. Those units are this
+    /// instance's own, so giving them back is exact; meanwhile they are not spendable by other
+    /// requests (an under-admission for the length of one store call, never more than the
+    /// limit). A leased request of a denied batch answers what it alone was answered.
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        match requests {
-            [one] => Ok(vec![self.decide(one).await?]),
-            _ => self.inner.decide_all(requests).await,
+        if let [one] = requests {
+            return Ok(vec![self.decide(one).await?]);
         }
+        let slots: Vec<Option<Arc<Slot>>> = requests
+            .iter()
+            .map(|r| if self.leases(r) { self.slot(r) } else { None })
+            .collect();
+        if slots.iter().all(Option::is_none) {
+            return self.inner.decide_all(requests).await;
+        }
+        distlimit_core::validate_batch(requests)?;
+        let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
+        let mut spent: Vec<(&Slot, &Request<'_>)> = Vec::new();
+        let mut denied = false;
+        for ((request, slot), decision) in requests.iter().zip(&slots).zip(&mut decisions) {
+            let Some(slot) = slot else { continue };
+            let decided = match self.decide_local(slot, request) {
+                Some(decided) => decided,
+                None => match self.decide_leased(slot, request).await {
+                    Ok(decided) => decided,
+                    Err(e) => {
+                        self.unspend(&spent);
+                        return Err(e);
+                    }
+                },
+            };
+            if decided.is_allowed() {
+                spent.push((slot, request));
+            } else {
+                denied = true;
+            }
+            *decision = Some(decided);
+        }
+        let rest: Vec<Request<'_>> = requests
+            .iter()
+            .zip(&slots)
+            .filter(|(_, slot)| slot.is_none())
+            .map(|(r, _)| if denied { r.with_cost(0) } else { *r })
+            .collect();
+        if !rest.is_empty() {
+            let answered = match self.inner.decide_all(&rest).await {
+                Ok(answered) => answered,
+                Err(e) => {
+                    self.unspend(&spent);
+                    return Err(e);
+                }
+            };
+            denied |= answered.iter().any(Decision::is_denied);
+            let mut answered = answered.into_iter();
+            for (slot, decision) in slots.iter().zip(&mut decisions) {
+                if slot.is_none() {
+                    *decision = answered.next();
+                }
+            }
+        }
+        if denied {
+            self.unspend(&spent);
+        }
+        decisions
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or(Error::InvalidRequest(
+                "the store answered fewer decisions than requests",
+            ))
     }
 
     /// A decision the lease can make alone (spent from it, or denied while the store has

@@ -415,3 +415,45 @@ async fn a_failing_store_leaves_what_is_held_to_spend_then_its_error() {
     assert_eq!(store.stats().lost, held);
     assert_eq!(store.stats().held, 0);
 }
+
+/// A batch of a leased request and a request the store decides (another policy): the leased
+/// one is served by its lease, and a batch denied by either charges neither.
+#[tokio::test]
+async fn a_mixed_batch_spends_the_lease_all_or_nothing() {
+    let clock = Arc::new(ManualClock::new(START));
+    let store = leased(&clock, 60_000);
+    // Neither refills during the test: 5 for the leased key, 1 for the store's.
+    let hot = Limit::token_bucket(Quota::per_hour(5).unwrap());
+    let cold = Limit::token_bucket(Quota::per_hour(1).unwrap());
+    let batch = [
+        request("alice", hot),
+        Request::new(Key::new("10.0.0.1").unwrap(), cold)
+            .with_policy("cold")
+            .unwrap(),
+    ];
+    let first = store.decide_all(&batch).await.unwrap();
+    assert!(first.iter().all(|d| d.is_allowed()), "{first:?}");
+    // The store's limit is spent: every later batch is denied and charges "alice" nothing.
+    for _ in 0..10 {
+        let denied = store.decide_all(&batch).await.unwrap();
+        assert!(denied[1].is_denied(), "{denied:?}");
+    }
+    let mut admitted = 0;
+    for _ in 0..10 {
+        if store.decide(&batch[0]).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 4, "alice spent 1 of 5 in the one admitted batch");
+    // The leased request was decided from its lease, not by the store.
+    assert!(store.stats().local > 0, "{:?}", store.stats());
+    // Nothing held is lost: the store, the lease and what was admitted add up to 5.
+    let stats = store.stats();
+    let left = store
+        .inner()
+        .decide(&batch[0].with_cost(0))
+        .await
+        .unwrap()
+        .remaining();
+    assert_eq!(left + stats.held + 5, 5, "{stats:?}");
+}
