@@ -7,7 +7,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use distlimit_serve::{Acceptor, Alpn, Connection, ConnectionInfo, Tls, TlsConnection};
+use distlimit_serve::{
+    Acceptor, Alpn, CoalesceWrites, Connection, ConnectionInfo, Tls, TlsConnection,
+};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -15,8 +17,10 @@ use tonic::transport::server::Connected;
 
 /// An accepted gRPC connection; tonic puts its [`ConnectionInfo`] into each request's
 /// extensions, where `distlimit_serve::TrackRequestsLayer` counts the request in progress.
+/// Its writes are coalesced ([`CoalesceWrites`]): the responses of the connection's streams
+/// finished together leave in one system call.
 #[derive(Debug)]
-pub(crate) struct GrpcConnection(Stream);
+pub(crate) struct GrpcConnection(CoalesceWrites<Stream>);
 
 /// A plaintext connection or one after its TLS handshake.
 #[derive(Debug)]
@@ -29,6 +33,55 @@ enum Stream {
 trait Io: AsyncRead + AsyncWrite + Unpin {}
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
+
+impl GrpcConnection {
+    fn new(stream: Stream) -> Self {
+        Self(CoalesceWrites::new(stream))
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.io().poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.io().poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.io().poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.io().poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.io().poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(connection) => connection.is_write_vectored(),
+            Stream::Tls(stream) => stream.is_write_vectored(),
+        }
+    }
+}
 
 impl Stream {
     fn io(&mut self) -> Pin<&mut dyn Io> {
@@ -45,7 +98,7 @@ impl AsyncRead for GrpcConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.0.io().poll_read(cx, buf)
+        Pin::new(&mut self.0).poll_read(cx, buf)
     }
 }
 
@@ -55,15 +108,15 @@ impl AsyncWrite for GrpcConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.0.io().poll_write(cx, buf)
+        Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.0.io().poll_flush(cx)
+        Pin::new(&mut self.0).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.0.io().poll_shutdown(cx)
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -71,14 +124,11 @@ impl AsyncWrite for GrpcConnection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.0.io().poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match &self.0 {
-            Stream::Plain(connection) => connection.is_write_vectored(),
-            Stream::Tls(stream) => stream.is_write_vectored(),
-        }
+        self.0.is_write_vectored()
     }
 }
 
@@ -86,7 +136,7 @@ impl Connected for GrpcConnection {
     type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> ConnectionInfo {
-        match &self.0 {
+        match self.0.get_ref() {
             Stream::Plain(connection) => connection.info(),
             Stream::Tls(stream) => stream.get_ref().0.info(),
         }
@@ -111,7 +161,7 @@ pub(crate) fn incoming(
             };
             let Some(tls) = &tls else {
                 if tx
-                    .send(Ok(GrpcConnection(Stream::Plain(connection))))
+                    .send(Ok(GrpcConnection::new(Stream::Plain(connection))))
                     .await
                     .is_err()
                 {
@@ -126,7 +176,7 @@ pub(crate) fn incoming(
                     Ok(stream) => {
                         // The server has stopped when the stream is gone: the connection closes.
                         let _ = tx
-                            .send(Ok(GrpcConnection(Stream::Tls(Box::new(stream)))))
+                            .send(Ok(GrpcConnection::new(Stream::Tls(Box::new(stream)))))
                             .await;
                     }
                     Err(error) => tracing::debug!("connection from {peer}: TLS handshake: {error}"),
