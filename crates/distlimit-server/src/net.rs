@@ -17,71 +17,22 @@ use tonic::transport::server::Connected;
 
 /// An accepted gRPC connection; tonic puts its [`ConnectionInfo`] into each request's
 /// extensions, where `distlimit_serve::TrackRequestsLayer` counts the request in progress.
-/// Its writes are coalesced ([`CoalesceWrites`]): the responses of the connection's streams
-/// finished together leave in one system call.
 #[derive(Debug)]
-pub(crate) struct GrpcConnection(CoalesceWrites<Stream>);
+pub(crate) struct GrpcConnection(Stream);
 
-/// A plaintext connection or one after its TLS handshake.
+/// A plaintext connection or one after its TLS handshake, its writes coalesced
+/// ([`CoalesceWrites`]): the responses of the connection's streams that finish together leave
+/// in one system call (one TLS record batch) instead of one each.
 #[derive(Debug)]
 enum Stream {
-    Plain(Connection),
-    Tls(Box<TlsConnection>),
+    Plain(CoalesceWrites<Connection>),
+    Tls(Box<CoalesceWrites<TlsConnection>>),
 }
 
 /// The I/O of either stream.
 trait Io: AsyncRead + AsyncWrite + Unpin {}
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
-
-impl GrpcConnection {
-    fn new(stream: Stream) -> Self {
-        Self(CoalesceWrites::new(stream))
-    }
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.io().poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.io().poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.io().poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.io().poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.io().poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Plain(connection) => connection.is_write_vectored(),
-            Stream::Tls(stream) => stream.is_write_vectored(),
-        }
-    }
-}
 
 impl Stream {
     fn io(&mut self) -> Pin<&mut dyn Io> {
@@ -98,7 +49,7 @@ impl AsyncRead for GrpcConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        self.0.io().poll_read(cx, buf)
     }
 }
 
@@ -108,15 +59,15 @@ impl AsyncWrite for GrpcConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        self.0.io().poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        self.0.io().poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        self.0.io().poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -124,11 +75,14 @@ impl AsyncWrite for GrpcConnection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        self.0.io().poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        match &self.0 {
+            Stream::Plain(connection) => connection.is_write_vectored(),
+            Stream::Tls(stream) => stream.is_write_vectored(),
+        }
     }
 }
 
@@ -136,9 +90,9 @@ impl Connected for GrpcConnection {
     type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> ConnectionInfo {
-        match self.0.get_ref() {
-            Stream::Plain(connection) => connection.info(),
-            Stream::Tls(stream) => stream.get_ref().0.info(),
+        match &self.0 {
+            Stream::Plain(connection) => connection.get_ref().info(),
+            Stream::Tls(stream) => stream.get_ref().get_ref().0.info(),
         }
     }
 }
@@ -161,7 +115,9 @@ pub(crate) fn incoming(
             };
             let Some(tls) = &tls else {
                 if tx
-                    .send(Ok(GrpcConnection::new(Stream::Plain(connection))))
+                    .send(Ok(GrpcConnection(Stream::Plain(CoalesceWrites::new(
+                        connection,
+                    )))))
                     .await
                     .is_err()
                 {
@@ -176,7 +132,9 @@ pub(crate) fn incoming(
                     Ok(stream) => {
                         // The server has stopped when the stream is gone: the connection closes.
                         let _ = tx
-                            .send(Ok(GrpcConnection::new(Stream::Tls(Box::new(stream)))))
+                            .send(Ok(GrpcConnection(Stream::Tls(Box::new(
+                                CoalesceWrites::new(stream),
+                            )))))
                             .await;
                     }
                     Err(error) => tracing::debug!("connection from {peer}: TLS handshake: {error}"),
