@@ -11,6 +11,7 @@
 //!   [`run_all`](step::run_all) runs a list fail-fast, times each step and prints a summary.
 //! - [`tasks`]: what `test`, `test-cluster`, `loom` and `bench` run, including the lists of loom
 //!   packages and bench targets, and the test name filter of `test-cluster`.
+//! - [`rls`]: `bench-rls`, distlimit-server against limitador-server with the shared runner.
 //! - [`redis`]: finding (or installing) `redis-server` and `openssl`, then starting the Redis
 //!   setups with the harness of `distlimit_test::server` (its `Stack` passes their addresses
 //!   to the tests as `DISTLIMIT_REDIS_*` variables), and `redis-up`.
@@ -19,6 +20,7 @@
 #![allow(clippy::print_stdout)]
 
 mod redis;
+mod rls;
 mod step;
 mod tasks;
 
@@ -48,6 +50,11 @@ Commands:
   loom              loom models only: release build, --cfg distlimit_loom, target dir target/loom
                     (LOOM_MAX_PREEMPTIONS defaults to 3; set it to override)
   bench [args...]   criterion benches; args go to criterion, e.g. `bench --save-baseline main`
+  bench-rls [LIM_BIN]
+                    distlimit-server against Kuadrant's limitador-server over gRPC: builds the
+                    `dist` profile, runs ../shared/peers/rls-bench/run.sh (RLS_BENCH overrides)
+                    with DL_BIN set to that build and LIM_BIN to the argument (else $LIM_BIN,
+                    else the runner's bin/); PHASES defaults to `verify memory`, ROUNDS to 3
   test-cluster [args...]
                     start only the Redis Cluster and run the workspace tests whose names contain
                     `cluster` against it (`test` runs this too); args go to cargo test, those
@@ -106,6 +113,7 @@ fn run(args: &[String]) -> Result<()> {
             step::run_all(&tasks::loom_steps())
         }
         "bench" => step::run_all(&tasks::bench_steps(rest)),
+        "bench-rls" => rls::bench_rls(rest),
         "test-cluster" => tasks::test_cluster(rest),
         "redis-up" => {
             no_args(command, rest)?;

@@ -23,8 +23,10 @@ use tokio::time::{Instant, Sleep};
 
 #[cfg(feature = "cli")]
 mod args;
+mod coalesce;
 #[cfg(feature = "cli")]
 pub use crate::args::{MAX_TIMEOUT_MS, ServeArgs};
+pub use crate::coalesce::CoalesceWrites;
 #[cfg(feature = "logging")]
 pub mod logging;
 mod poll;

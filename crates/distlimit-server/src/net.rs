@@ -7,7 +7,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use distlimit_serve::{Acceptor, Alpn, Connection, ConnectionInfo, Tls, TlsConnection};
+use distlimit_serve::{
+    Acceptor, Alpn, CoalesceWrites, Connection, ConnectionInfo, Tls, TlsConnection,
+};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -18,11 +20,13 @@ use tonic::transport::server::Connected;
 #[derive(Debug)]
 pub(crate) struct GrpcConnection(Stream);
 
-/// A plaintext connection or one after its TLS handshake.
+/// A plaintext connection or one after its TLS handshake, its writes coalesced
+/// ([`CoalesceWrites`]): the responses of the connection's streams that finish together leave
+/// in one system call (one TLS record batch) instead of one each.
 #[derive(Debug)]
 enum Stream {
-    Plain(Connection),
-    Tls(Box<TlsConnection>),
+    Plain(CoalesceWrites<Connection>),
+    Tls(Box<CoalesceWrites<TlsConnection>>),
 }
 
 /// The I/O of either stream.
@@ -87,8 +91,8 @@ impl Connected for GrpcConnection {
 
     fn connect_info(&self) -> ConnectionInfo {
         match &self.0 {
-            Stream::Plain(connection) => connection.info(),
-            Stream::Tls(stream) => stream.get_ref().0.info(),
+            Stream::Plain(connection) => connection.get_ref().info(),
+            Stream::Tls(stream) => stream.get_ref().get_ref().0.info(),
         }
     }
 }
@@ -111,7 +115,9 @@ pub(crate) fn incoming(
             };
             let Some(tls) = &tls else {
                 if tx
-                    .send(Ok(GrpcConnection(Stream::Plain(connection))))
+                    .send(Ok(GrpcConnection(Stream::Plain(CoalesceWrites::new(
+                        connection,
+                    )))))
                     .await
                     .is_err()
                 {
@@ -126,7 +132,9 @@ pub(crate) fn incoming(
                     Ok(stream) => {
                         // The server has stopped when the stream is gone: the connection closes.
                         let _ = tx
-                            .send(Ok(GrpcConnection(Stream::Tls(Box::new(stream)))))
+                            .send(Ok(GrpcConnection(Stream::Tls(Box::new(
+                                CoalesceWrites::new(stream),
+                            )))))
                             .await;
                     }
                     Err(error) => tracing::debug!("connection from {peer}: TLS handshake: {error}"),
