@@ -315,12 +315,12 @@ impl OwnedKey {
 ///    `tracing`.
 ///
 /// The policy and key are found in `call`, from the request's head. A store that answers
-/// without waiting (`Store::decide_now`; the memory store does) decides there too
-/// ([`Limiter::check_now`](distlimit_policy::Limiter::check_now)), so the request goes on with
-/// nothing allocated and no clone of the inner service; otherwise the request allocates one
-/// boxed future (the limiter's check, which borrows the limiter, the policies and the keys),
-/// polled once in `call`: a batch of several limits the store answers at once is decided
-/// there too, without a clone of the inner service. Keys
+/// without waiting (`Store::decide_now`, `Store::decide_all_now`; the memory store does)
+/// decides there too ([`Limiter::check_now`](distlimit_policy::Limiter::check_now), for
+/// several limits [`Limiter::check_all_now`](distlimit_policy::Limiter::check_all_now)), so
+/// the request goes on with nothing allocated and no clone of the inner service; otherwise the
+/// request allocates one boxed future (the limiter's check, which borrows the limiter, the
+/// policies and the keys), polled once in `call`. Keys
 /// are on the stack (IP) or share the header's bytes; no lock is taken. A request no policy
 /// applies to goes straight to the inner service, without a box or a clone of it.
 #[derive(Clone)]
