@@ -379,11 +379,12 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         }
         let asks = |item: &Resolved<'_, '_>| item.shadow == shadow;
         let denied = items.iter().any(Resolved::denies);
-        let requests: SmallVec<[Request<'_>; INLINE]> = items
-            .iter()
-            .filter(|item| asks(item))
-            .flat_map(|item| item.requests(denied))
-            .collect();
+        let mut requests: SmallVec<[Request<'_>; INLINE]> = SmallVec::new();
+        for item in items.iter().filter(|item| asks(item)) {
+            for request in item.requests(denied) {
+                requests.push(request);
+            }
+        }
         let mut decisions: SmallVec<[Decision; INLINE]> = smallvec![never(); requests.len()];
         let decided = match (&requests[..], &mut decisions[..]) {
             ([], _) => Ok(()),

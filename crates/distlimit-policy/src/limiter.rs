@@ -351,14 +351,13 @@ impl<S: Store + ?Sized> Limiter<S> {
         checks: &[(&str, &[u8], u64)],
     ) -> Option<Result<V, CheckError>> {
         let set = self.policies.load();
-        let resolved = checks
-            .iter()
-            .map(|&(policy, key, cost)| Resolved::new(&set, &Item::policy(policy, key, cost)))
-            .collect::<Result<SmallVec<[_; INLINE]>, _>>();
-        let resolved = match resolved {
-            Ok(resolved) => resolved,
-            Err(e) => return Some(Err(e)),
-        };
+        let mut resolved: SmallVec<[Resolved<'_, '_>; INLINE]> = SmallVec::new();
+        for &(policy, key, cost) in checks {
+            match Resolved::new(&set, &Item::policy(policy, key, cost)) {
+                Ok(item) => resolved.push(item),
+                Err(e) => return Some(Err(e)),
+            }
+        }
         let mut verdicts: SmallVec<[Option<Verdict>; INLINE]> = smallvec![None; checks.len()];
         let out = |i: usize, answer: Answer| {
             if let Some(slot) = verdicts.get_mut(i) {

@@ -255,10 +255,11 @@ type Verdicts = SmallVec<[Verdict; INLINE]>;
 
 /// The batch [`Limiter::check_all`] takes, borrowing `checks`.
 fn batch_of(checks: &[Check]) -> SmallVec<[(&str, &[u8], u64); INLINE]> {
-    checks
-        .iter()
-        .map(|c| (&*c.policy, c.key.as_bytes(), c.cost))
-        .collect()
+    let mut batch = SmallVec::new();
+    for c in checks {
+        batch.push((&*c.policy, c.key.as_bytes(), c.cost));
+    }
+    batch
 }
 
 /// One limit of one request: its policy, key and cost.
