@@ -258,15 +258,20 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             ));
         }
         let now = self.clock.now_us();
-        let located: SmallVec<[(Id<'_>, u64, usize); INLINE]> =
-            requests.iter().map(|r| self.locate(r)).collect();
-        let mut shard_ids: SmallVec<[usize; INLINE]> = located.iter().map(|&(_, _, s)| s).collect();
+        // Pushed one by one: cheaper than `collect` into a `SmallVec` for a batch of two.
+        let mut located: SmallVec<[(Id<'_>, u64, usize); INLINE]> = SmallVec::new();
+        let mut shard_ids: SmallVec<[usize; INLINE]> = SmallVec::new();
+        for r in requests {
+            let at = self.locate(r);
+            shard_ids.push(at.2);
+            located.push(at);
+        }
         shard_ids.sort_unstable();
         shard_ids.dedup();
-        let mut guards: SmallVec<[_; INLINE]> = shard_ids
-            .iter()
-            .map(|&s| (s, self.shards[s].0.write()))
-            .collect();
+        let mut guards: SmallVec<[_; INLINE]> = SmallVec::new();
+        for &s in &shard_ids {
+            guards.push((s, self.shards[s].0.write()));
+        }
         let guard_of = |shard: usize| shard_ids.binary_search(&shard).unwrap_or(0);
 
         for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
