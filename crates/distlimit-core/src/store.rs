@@ -302,6 +302,21 @@ pub trait Store: Send + Sync {
         let _ = request;
         None
     }
+
+    /// Decides a batch without waiting, when the store can: `Some(Ok(()))` means `decisions`
+    /// (one slot per request, in order) holds exactly what [`decide_all`](Self::decide_all)
+    /// would answer, all-or-nothing, and the batch was charged if every one is allowed;
+    /// `None`, the default, means "await `decide_all`", nothing charged. `decisions` must be as
+    /// long as `requests` (else an [`Error::InvalidRequest`]). The caller gives the buffer, so
+    /// a store that never waits (the memory store) decides a small batch without allocating.
+    fn decide_all_now(
+        &self,
+        requests: &[Request<'_>],
+        decisions: &mut [Decision],
+    ) -> Option<Result<(), Error>> {
+        let _ = (requests, decisions);
+        None
+    }
 }
 
 #[async_trait]
@@ -317,6 +332,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         (**self).decide_now(request)
     }
+
+    fn decide_all_now(
+        &self,
+        requests: &[Request<'_>],
+        decisions: &mut [Decision],
+    ) -> Option<Result<(), Error>> {
+        (**self).decide_all_now(requests, decisions)
+    }
 }
 
 #[async_trait]
@@ -331,6 +354,14 @@ impl<S: Store + ?Sized> Store for Box<S> {
 
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         (**self).decide_now(request)
+    }
+
+    fn decide_all_now(
+        &self,
+        requests: &[Request<'_>],
+        decisions: &mut [Decision],
+    ) -> Option<Result<(), Error>> {
+        (**self).decide_all_now(requests, decisions)
     }
 }
 

@@ -213,6 +213,11 @@ impl Store for Budgeted<'_> {
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         self.0.decide_now(request)
     }
+
+    // Batches are always awaited (`decide_all`): `None` is always a correct answer.
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
+        None
+    }
 }
 
 /// A store that must be awaited: forwards `decide` and `decide_all`, never answers at once.
@@ -231,6 +236,11 @@ impl Store for Awaited {
 
     /// Never answers at once: what this wrapper exists to measure.
     fn decide_now(&self, _: &Request<'_>) -> Option<Result<Decision, Error>> {
+        None
+    }
+
+    // Batches are always awaited (`decide_all`): `None` is always a correct answer.
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
     }
 }

@@ -593,6 +593,11 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
             Route::Probe { .. } => None,
         }
     }
+
+    // Batches are always awaited (`decide_all`): `None` is always a correct answer.
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
+        None
+    }
 }
 
 impl<P, F, C> fmt::Debug for Hybrid<P, F, C> {

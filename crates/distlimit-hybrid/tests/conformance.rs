@@ -66,6 +66,11 @@ impl<F: Store> Store for Open<F> {
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         Some(self.0.decide_now(request)?.map(from_fallback))
     }
+
+    // Batches are always awaited (`decide_all`): `None` is always a correct answer.
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
+        None
+    }
 }
 
 distlimit_test::conformance_tests!(closed, |clock| async move { closed(clock) });

@@ -48,6 +48,11 @@ impl Store for Switch {
     fn decide_now(&self, _request: &Request<'_>) -> Option<Result<Decision, Error>> {
         None
     }
+
+    // Batches are always awaited (`decide_all`): `None` is always a correct answer.
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
+        None
+    }
 }
 
 #[async_trait]

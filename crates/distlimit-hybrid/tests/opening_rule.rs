@@ -105,6 +105,11 @@ impl Store for Sim {
     fn decide_now(&self, _: &Request<'_>) -> Option<Result<Decision, Error>> {
         None
     }
+
+    // Batches are always awaited (`decide_all`): `None` is always a correct answer.
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
+        None
+    }
 }
 
 /// When the breaker first opened.

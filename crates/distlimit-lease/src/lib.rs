@@ -603,4 +603,9 @@ impl<S: LeaseStore> Store for Leased<S> {
         };
         self.decide_local(&slot, request).map(Ok)
     }
+
+    // Batches are always awaited (`decide_all`): `None` is always a correct answer.
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
+        None
+    }
 }

@@ -19,6 +19,7 @@ use distlimit_core::{
 
 pub use clock::FastClock;
 use shard::{Id, Table};
+use smallvec::SmallVec;
 use sync::RwLock;
 
 /// The store name the memory store reports to its [`Observer`].
@@ -26,6 +27,14 @@ pub const STORE_NAME: &str = "memory";
 
 /// The number of shards.
 pub const SHARDS: usize = 64;
+
+/// The largest batch [`MemoryStore::decide_all_into`] decides without allocating.
+pub const INLINE: usize = 8;
+
+/// A placeholder for a decision not yet made.
+fn undecided() -> Decision {
+    Decision::denied(0, 0, std::time::Duration::ZERO, std::time::Duration::ZERO)
+}
 
 /// The default cap on the number of keys a store holds: 1 048 576 (from about 30 MiB for GCRA
 /// states of 8-byte keys to about 150 MiB for token buckets of long keys).
@@ -225,27 +234,51 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
     ///
     /// The shards involved are locked in ascending order, so batches never deadlock.
     pub fn decide_all_sync(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        let mut decisions = vec![undecided(); requests.len()];
+        self.decide_all_into(requests, &mut decisions)?;
+        Ok(decisions)
+    }
+
+    /// [`decide_all_sync`](Self::decide_all_sync) into the caller's buffer, one slot per
+    /// request: a batch of up to [`INLINE`] requests allocates nothing (what
+    /// [`Store::decide_all_now`] answers with).
+    ///
+    /// # Errors
+    ///
+    /// An invalid batch ([`validate_batch`]), or `decisions` not as long as `requests`.
+    pub fn decide_all_into(
+        &self,
+        requests: &[Request<'_>],
+        decisions: &mut [Decision],
+    ) -> Result<(), Error> {
         validate_batch(requests)?;
+        if decisions.len() != requests.len() {
+            return Err(Error::InvalidRequest(
+                "a decision buffer not as long as the batch",
+            ));
+        }
         let now = self.clock.now_us();
-        let located: Vec<(Id<'_>, u64, usize)> = requests.iter().map(|r| self.locate(r)).collect();
-        let mut shard_ids: Vec<usize> = located.iter().map(|&(_, _, s)| s).collect();
+        // Pushed one by one: cheaper than `collect` into a `SmallVec` for a batch of two.
+        let mut located: SmallVec<[(Id<'_>, u64, usize); INLINE]> = SmallVec::new();
+        let mut shard_ids: SmallVec<[usize; INLINE]> = SmallVec::new();
+        for r in requests {
+            let at = self.locate(r);
+            shard_ids.push(at.2);
+            located.push(at);
+        }
         shard_ids.sort_unstable();
         shard_ids.dedup();
-        let mut guards: Vec<_> = shard_ids
-            .iter()
-            .map(|&s| (s, self.shards[s].0.write()))
-            .collect();
+        let mut guards: SmallVec<[_; INLINE]> = SmallVec::new();
+        for &s in &shard_ids {
+            guards.push((s, self.shards[s].0.write()));
+        }
         let guard_of = |shard: usize| shard_ids.binary_search(&shard).unwrap_or(0);
 
-        let mut decisions: Vec<Decision> = requests
-            .iter()
-            .zip(&located)
-            .map(|(r, &(id, hash, shard))| {
-                guards[guard_of(shard)]
-                    .1
-                    .evaluate(hash, id, r.limit(), now, r.cost())
-            })
-            .collect();
+        for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
+            *d = guards[guard_of(shard)]
+                .1
+                .evaluate(hash, id, r.limit(), now, r.cost());
+        }
         if !decisions.iter().all(Decision::is_allowed) {
             // Nothing is charged: a request that alone would pass reports its state as it is.
             for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
@@ -263,7 +296,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
                 self.charge(&mut guards[guard_of(shard)].1, id, hash, r, now);
             }
         }
-        Ok(decisions)
+        Ok(())
     }
 
     /// Gives back `give_back` unspent units of `request`'s key, then withdraws up to `want`
@@ -373,6 +406,15 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
     #[inline(always)]
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         Some(Ok(self.decide_sync(request)))
+    }
+
+    /// Always `Some`: the memory store never waits ([`MemoryStore::decide_all_into`]).
+    fn decide_all_now(
+        &self,
+        requests: &[Request<'_>],
+        decisions: &mut [Decision],
+    ) -> Option<Result<(), Error>> {
+        Some(self.decide_all_into(requests, decisions))
     }
 }
 

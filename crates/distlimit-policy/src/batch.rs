@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlimit_core::{Decision, Error, Key, MAX_BATCH, NEVER, Observer, Outcome, Request, Store};
+use smallvec::{SmallVec, smallvec};
 
 use crate::limiter::{Listed, Verdict};
 use crate::policy::{Applied, GLOBAL_KEY, Rule, Tier};
@@ -155,11 +156,13 @@ pub(crate) fn never() -> Decision {
 }
 
 /// An item with its policy looked up once, in the set the batch loaded.
+#[derive(Clone, Copy)]
 pub(crate) struct Resolved<'s, 'a> {
     kind: ResolvedKind<'s, 'a>,
     shadow: bool,
 }
 
+#[derive(Clone, Copy)]
 enum ResolvedKind<'s, 'a> {
     Policy {
         applied: &'s Arc<Applied>,
@@ -206,6 +209,35 @@ impl<'s, 'a> Resolved<'s, 'a> {
             kind,
             shadow: item.shadow,
         })
+    }
+
+    /// The policy's tiers as this item applies them, for a policy item.
+    pub(crate) fn applied(&self) -> Option<&'s Arc<Applied>> {
+        match self.kind {
+            ResolvedKind::Policy { applied, .. } => Some(applied),
+            _ => None,
+        }
+    }
+
+    /// The same item on `applied`, which must be [`applied`](Self::applied)'s own (a clone of
+    /// it): the item then outlives the set it was looked up in.
+    pub(crate) fn on<'t>(self, applied: &'t Arc<Applied>) -> Resolved<'t, 'a> {
+        let kind = match self.kind {
+            ResolvedKind::Policy {
+                listed, key, cost, ..
+            } => ResolvedKind::Policy {
+                applied,
+                listed,
+                key,
+                cost,
+            },
+            ResolvedKind::Request(request) => ResolvedKind::Request(request),
+            ResolvedKind::Deny => ResolvedKind::Deny,
+        };
+        Resolved {
+            kind,
+            shadow: self.shadow,
+        }
     }
 
     /// The policy's name, for a policy item.
@@ -318,9 +350,13 @@ pub(crate) struct Engine<'l, S: ?Sized> {
 }
 
 impl<S: Store + ?Sized> Engine<'_, S> {
-    /// Decides `items` without waiting when the store can: when at most one store request is
-    /// involved and the store answers it at once ([`Store::decide_now`]). `None` (nothing
-    /// charged) otherwise. Each answer goes to `out` with its item's index.
+    /// Decides `items` without waiting when the store can: when the store answers their
+    /// requests at once ([`Store::decide_now`] for one, [`Store::decide_all_now`] for several;
+    /// the memory store does, without allocating up to [`INLINE`] requests). `None` (nothing
+    /// charged) otherwise, and for what [`decide`](Self::decide) does in several store calls
+    /// (more than [`MAX_BATCH`] requests, items in shadow mode asking the store beside
+    /// others). Each answer goes to `out` with its item's index, in the order `decide` gives
+    /// them.
     pub(crate) fn decide_now(
         &self,
         items: &[Resolved<'_, '_>],
@@ -329,27 +365,50 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         if let [item] = items {
             return Some(self.decide_one_now(item)?.map(|answer| out(0, answer)));
         }
-        let mut owner = None;
-        for (i, item) in items.iter().enumerate() {
-            match (item.len(), owner) {
-                (0, _) => {}
-                (1, None) => owner = Some(i),
-                _ => return None,
+        let enforced: usize = items.iter().filter(|i| !i.shadow).map(Resolved::len).sum();
+        let mut in_shadow = items.iter().filter(|i| i.shadow && i.len() > 0);
+        // The items whose requests go to the store: those not in shadow mode, or else the one
+        // in shadow mode that asks (as `decide` would ask it, after an empty batch).
+        let (shadow, count) = match (enforced, in_shadow.next(), in_shadow.next()) {
+            (_, None, _) => (false, enforced),
+            (0, Some(one), None) => (true, one.len()),
+            _ => return None,
+        };
+        if count > MAX_BATCH {
+            return None;
+        }
+        let asks = |item: &Resolved<'_, '_>| item.shadow == shadow;
+        let denied = items.iter().any(Resolved::denies);
+        let mut requests: SmallVec<[Request<'_>; INLINE]> = SmallVec::new();
+        for item in items.iter().filter(|item| asks(item)) {
+            for request in item.requests(denied) {
+                requests.push(request);
             }
         }
-        let denied = items.iter().any(Resolved::denies);
-        let decision = match owner.and_then(|i| Some((i, items.get(i)?.requests(denied).next()?))) {
-            None => None,
-            Some((i, request)) => match self.store.decide_now(&request)? {
-                Ok(decision) => Some((i, decision)),
-                Err(e) => return Some(Err(self.failed(items, e))),
-            },
+        let mut decisions: SmallVec<[Decision; INLINE]> = smallvec![never(); requests.len()];
+        let decided = match (&requests[..], &mut decisions[..]) {
+            ([], _) => Ok(()),
+            ([request], [decision]) => self.store.decide_now(request)?.map(|d| *decision = d),
+            (requests, decisions) => self.decide_all_now(requests, decisions)?,
         };
-        for (i, item) in items.iter().enumerate() {
-            let answer = match decision {
-                Some((owner, d)) if owner == i => item.answer(Cow::Borrowed(&[d])),
-                _ => item.answer(Cow::Borrowed(&[])),
+        if let Err(e) = decided {
+            let askers: SmallVec<[Resolved<'_, '_>; INLINE]> =
+                items.iter().filter(|item| asks(item)).copied().collect();
+            return Some(Err(self.failed(&askers, e)));
+        }
+        let mut rest = &decisions[..];
+        let enforced_first = items.iter().enumerate().filter(|(_, item)| !item.shadow);
+        let in_shadow = items.iter().enumerate().filter(|(_, item)| item.shadow);
+        for (i, item) in enforced_first.chain(in_shadow) {
+            let own = match asks(item) {
+                true => {
+                    let (own, next) = rest.split_at(item.len().min(rest.len()));
+                    rest = next;
+                    own
+                }
+                false => &[],
             };
+            let answer = item.answer(Cow::Borrowed(own));
             self.report(item, &answer);
             out(i, answer);
         }
@@ -516,12 +575,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     /// One `decide_all`, with requests on the same state and key merged into one costing the
     /// sum; one decision per request of `requests`, in order.
     async fn decide_all(&self, requests: Vec<Request<'_>>) -> Result<Vec<Decision>, Error> {
-        let twice = requests.iter().enumerate().any(|(i, a)| {
-            requests[..i]
-                .iter()
-                .any(|b| a.key() == b.key() && a.policy() == b.policy())
-        });
-        if !twice {
+        if !twice(&requests) {
             let decisions = self.store.decide_all(&requests).await?;
             return match decisions.len() == requests.len() {
                 true => Ok(decisions),
@@ -530,11 +584,27 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         }
         let (merged, slots) = distlimit_core::merge_batch(&requests);
         let answered = self.store.decide_all(&merged).await?;
-        slots
-            .iter()
-            .map(|&slot| answered.get(slot).copied())
-            .collect::<Option<Vec<_>>>()
-            .ok_or(MISMATCH)
+        let mut decisions = vec![never(); slots.len()];
+        answer_merged(&answered, &slots, &mut decisions)?;
+        Ok(decisions)
+    }
+
+    /// [`decide_all`](Self::decide_all) without waiting, into `decisions` (as long as
+    /// `requests`): [`Store::decide_all_now`], `None` when the store must be awaited.
+    fn decide_all_now(
+        &self,
+        requests: &[Request<'_>],
+        decisions: &mut [Decision],
+    ) -> Option<Result<(), Error>> {
+        if !twice(requests) {
+            return self.store.decide_all_now(requests, decisions);
+        }
+        let (merged, slots) = distlimit_core::merge_batch(requests);
+        let mut answered = vec![never(); merged.len()];
+        if let Err(e) = self.store.decide_all_now(&merged, &mut answered)? {
+            return Some(Err(e));
+        }
+        Some(answer_merged(&answered, &slots, decisions))
     }
 
     /// Reports a policy item's answer to the observer, as a check.
@@ -566,6 +636,10 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     }
 }
 
+/// The most items, and store requests, a batch holds without allocating (on a store that
+/// answers at once, the memory store).
+pub(crate) const INLINE: usize = 8;
+
 /// The store name a limiter reports failed checks under (see
 /// [`Limiter::STORE_LABEL`](crate::Limiter::STORE_LABEL)).
 pub(crate) const STORE_LABEL: &str = "limiter";
@@ -585,6 +659,31 @@ impl Decisions {
             Decisions::Many(all) => all,
         }
     }
+}
+
+/// Whether two of `requests` are on the same state and key (then they are merged first).
+fn twice(requests: &[Request<'_>]) -> bool {
+    requests.iter().enumerate().any(|(i, a)| {
+        requests[..i]
+            .iter()
+            .any(|b| a.key() == b.key() && a.policy() == b.policy())
+    })
+}
+
+/// Fills `decisions`, one per request of a merged batch, from the decisions of the merged
+/// requests (`slots` says which answers which).
+fn answer_merged(
+    answered: &[Decision],
+    slots: &[usize],
+    decisions: &mut [Decision],
+) -> Result<(), Error> {
+    if decisions.len() != slots.len() {
+        return Err(MISMATCH);
+    }
+    for (decision, &slot) in decisions.iter_mut().zip(slots) {
+        *decision = *answered.get(slot).ok_or(MISMATCH)?;
+    }
+    Ok(())
 }
 
 /// The error of decisions that do not match the requests they answer.

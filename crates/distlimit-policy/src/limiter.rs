@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use distlimit_core::{Algorithm, Decision, Observer, Outcome, Store};
 
-use crate::batch::{Answer, Engine, Item, MISMATCH, Resolved, STORE_LABEL, never, outcome};
+use smallvec::{SmallVec, smallvec};
+
+use crate::batch::{Answer, Engine, INLINE, Item, MISMATCH, Resolved, STORE_LABEL, never, outcome};
 use crate::error::Field;
 use crate::policy::{Applied, Tier};
 use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
@@ -93,13 +95,17 @@ impl<S: Store + ?Sized> Limiter<S> {
         key: &[u8],
         cost: u64,
     ) -> Result<Verdict, CheckError> {
-        if let Some(result) = self.check_now(policy, key, cost) {
-            return result;
-        }
-        // The store must be awaited: the set is held (a reference count) until it answers.
-        let set = self.policies.load_full();
+        let set = self.policies.load();
         let engine = self.engine();
-        let item = [Resolved::new(&set, &Item::policy(policy, key, cost))?];
+        let item = Resolved::new(&set, &Item::policy(policy, key, cost))?;
+        if let Some(result) = engine.decide_one_now(&item) {
+            return result?.into_verdict().ok_or_else(|| MISMATCH.into());
+        }
+        // The store must be awaited: the policy's tiers are held (a reference count) until it
+        // answers, the item looked up once.
+        let applied = item.applied().cloned().ok_or(MISMATCH)?;
+        let item = [item.on(&applied)];
+        drop(set);
         let mut verdict = None;
         engine
             .decide(&item, |_, answer: Answer| verdict = answer.into_verdict())
@@ -230,8 +236,8 @@ impl<S: Store + ?Sized> Limiter<S> {
         let resolved = items
             .iter()
             .map(|item| Resolved::new(&set, item))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut answers: Vec<Option<Answer>> = vec![None; items.len()];
+            .collect::<Result<SmallVec<[_; INLINE]>, _>>()?;
+        let mut answers: SmallVec<[Option<Answer>; INLINE]> = smallvec![None; items.len()];
         let mut out = |i: usize, answer: Answer| {
             if let Some(slot) = answers.get_mut(i) {
                 *slot = Some(answer);
@@ -289,7 +295,7 @@ impl<S: Store + ?Sized> Limiter<S> {
         &self,
         checks: &[(&str, &[u8], u64)],
     ) -> Result<Vec<Verdict>, CheckError> {
-        let items: Vec<Item<'_>> = checks
+        let items: SmallVec<[Item<'_>; INLINE]> = checks
             .iter()
             .map(|&(policy, key, cost)| Item::policy(policy, key, cost))
             .collect();
@@ -298,6 +304,75 @@ impl<S: Store + ?Sized> Limiter<S> {
             .into_iter()
             .map(|answer| answer.into_verdict().ok_or_else(|| MISMATCH.into()))
             .collect()
+    }
+
+    /// Decides several checks without waiting, if the store can: [`check_all`](Self::check_all)
+    /// answered at once, or `None`, having charged nothing, when the store would have to be
+    /// awaited (then use `check_all`). The verdicts are collected into any `V` (a `Vec`, or an
+    /// inline buffer).
+    ///
+    /// On the memory store every batch of at most [`MAX_BATCH`](distlimit_core::MAX_BATCH)
+    /// store requests whose items in shadow mode do not ask the store beside others is decided
+    /// here; up to 8 checks of up to 8 tiers in all, it allocates nothing beyond `V` (and a
+    /// multi-tier verdict's tiers). A store that talks to a server returns `None` unless no
+    /// check needs it (listed keys). The observer sees each check like one made with
+    /// `check_all`. This is what the tower layer decides its several limits with.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Limiter, PolicySet, Verdict};
+    ///
+    /// let policies = PolicySet::from_toml_str(
+    ///     r#"
+    ///     [[policy]]
+    ///     name = "per_ip"
+    ///     tiers = [ { name = "minute", limit = 10, per = "1m" } ]
+    ///
+    ///     [[policy]]
+    ///     name = "per_user"
+    ///     tiers = [ { name = "minute", limit = 1, per = "1m" } ]
+    ///     "#,
+    /// )?;
+    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), policies);
+    /// let request = [("per_ip", &b"10.0.0.1"[..], 1), ("per_user", &b"alice"[..], 1)];
+    /// for admitted in [true, false] {
+    ///     let verdicts: Vec<Verdict> = match limiter.check_all_now(&request) {
+    ///         Some(result) => result?,
+    ///         None => unreachable!("the memory store answers at once"),
+    ///     };
+    ///     assert_eq!(verdicts.iter().all(Verdict::is_allowed), admitted);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_all_now<V: FromIterator<Verdict>>(
+        &self,
+        checks: &[(&str, &[u8], u64)],
+    ) -> Option<Result<V, CheckError>> {
+        let set = self.policies.load();
+        let mut resolved: SmallVec<[Resolved<'_, '_>; INLINE]> = SmallVec::new();
+        for &(policy, key, cost) in checks {
+            match Resolved::new(&set, &Item::policy(policy, key, cost)) {
+                Ok(item) => resolved.push(item),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        let mut verdicts: SmallVec<[Option<Verdict>; INLINE]> = smallvec![None; checks.len()];
+        let out = |i: usize, answer: Answer| {
+            if let Some(slot) = verdicts.get_mut(i) {
+                *slot = answer.into_verdict();
+            }
+        };
+        if let Err(e) = self.engine().decide_now(&resolved, out)? {
+            return Some(Err(e));
+        }
+        Some(
+            verdicts
+                .into_iter()
+                .collect::<Option<V>>()
+                .ok_or_else(|| MISMATCH.into()),
+        )
     }
 
     /// The batch engine on this limiter's store and observer, timed from now.

@@ -779,3 +779,70 @@ async fn a_batch_past_max_batch_is_decided_in_chunks_of_whole_items() {
         0
     );
 }
+
+#[tokio::test]
+async fn check_all_now_decides_several_policies_at_once_as_check_all_would() {
+    let set = || {
+        toml(
+            r#"
+            [[policy]]
+            name = "per_ip"
+            tiers = [ { name = "t", limit = 10, per = "1h" } ]
+
+            [[policy]]
+            name = "per_user"
+            deny = ["foe"]
+            tiers = [ { name = "t", limit = 1, per = "1h" } ]
+
+            [[policy]]
+            name = "trial"
+            shadow = true
+            tiers = [ { name = "t", limit = 1, per = "1h" } ]
+            "#,
+        )
+    };
+    let (l, _clock) = limiter(set());
+    let ip = &b"10.0.0.1"[..];
+    let remaining = |l: &Limiter<MemoryStore<ManualClock>>| {
+        let v = l.check_now("per_ip", ip, 0).unwrap().unwrap();
+        v.decision().remaining()
+    };
+    let now = |checks: &[(&str, &[u8], u64)]| -> Option<Vec<Verdict>> {
+        l.check_all_now(checks).map(Result::unwrap)
+    };
+    // Two policies on the memory store: answered at once, all or nothing.
+    let both = [("per_ip", ip, 1), ("per_user", &b"alice"[..], 1)];
+    let first = now(&both).expect("the memory store answers at once");
+    assert!(first.iter().all(Verdict::is_allowed));
+    assert_eq!(remaining(&l), 9);
+    let second = now(&both).expect("the memory store answers at once");
+    assert!(second[0].is_allowed() && !second[1].is_allowed());
+    assert_eq!(remaining(&l), 9, "a denied batch charges nothing");
+    // A deny-listed key denies the batch without charging the others.
+    let foe = now(&[("per_ip", ip, 1), ("per_user", &b"foe"[..], 1)]).unwrap();
+    assert_eq!(foe[1].listed(), Some(Listed::Deny));
+    assert_eq!(remaining(&l), 9);
+    // The same state and key twice: one request costing the sum.
+    let twice = now(&[("per_ip", ip, 1), ("per_ip", ip, 2)]).unwrap();
+    assert!(twice.iter().all(Verdict::is_allowed));
+    assert_eq!(remaining(&l), 6);
+    // A policy in shadow mode asking the store beside others is left to `check_all`: `None`,
+    // nothing charged.
+    assert!(now(&[("per_ip", ip, 1), ("trial", ip, 1)]).is_none());
+    assert_eq!(remaining(&l), 6);
+    let all = l.check_all(&[("per_ip", ip, 1), ("trial", ip, 1)]).await;
+    assert!(all.unwrap().iter().all(Verdict::is_allowed));
+    assert_eq!(remaining(&l), 5);
+    // Errors are answered at once too.
+    assert!(matches!(
+        l.check_all_now::<Vec<_>>(&[("per_ip", ip, 1), ("nope", ip, 1)]),
+        Some(Err(CheckError::UnknownPolicy(_)))
+    ));
+    // A store without `decide_all_now` is awaited: `None`, nothing charged.
+    let store = distlimit_test::FaultyStore::new(MemoryStore::new());
+    let awaited = Limiter::new(Arc::new(store), set());
+    assert!(awaited.check_all_now::<Vec<_>>(&both).is_none());
+    let v = awaited.check_all(&both).await.unwrap();
+    assert!(v.iter().all(Verdict::is_allowed));
+    assert_eq!(v[0].decision().remaining(), 9);
+}

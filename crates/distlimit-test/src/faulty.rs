@@ -317,6 +317,11 @@ impl<S: Store> Store for FaultyStore<S> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Some(answer)
     }
+
+    // Batches are always awaited (`decide_all`): `None` is always a correct answer.
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use distlimit_policy::{CheckError, Limiter, PolicyConfigError, Verdict};
 #[cfg(feature = "memory")]
 use distlimit_policy::{Policy, PolicySet, Tier};
 use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use smallvec::{SmallVec, smallvec};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -164,7 +165,7 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
                 Err(rejection) => return Start::Reject(rejection),
             },
             limits => {
-                let mut checks = Vec::with_capacity(limits.len());
+                let mut checks = Checks::new();
                 for limit in limits {
                     match check_of(limit) {
                         Ok(Some(check)) => checks.push(check),
@@ -196,12 +197,25 @@ impl<S: Store + ?Sized + 'static> Config<S> {
             let verdicts = result.as_ref().map(std::slice::from_ref);
             return Start::Decided(self.step(policy, verdicts));
         }
-        self.start_batch(vec![check])
+        self.await_batch(smallvec![check])
     }
 
-    /// Starts the check of several limits, or of one the store must be awaited for: one
-    /// all-or-nothing batch, awaited once.
-    fn start_batch(self: Arc<Self>, checks: Vec<Check>) -> Start {
+    /// Starts the check of several limits: one all-or-nothing batch, decided here when the
+    /// store answers at once ([`Limiter::check_all_now`]; the memory store does, with nothing
+    /// allocated up to [`INLINE`] limits), else awaited once.
+    fn start_batch(self: Arc<Self>, checks: Checks) -> Start {
+        let decided = self.limiter.check_all_now::<Verdicts>(&batch_of(&checks));
+        match decided {
+            Some(result) => {
+                let policy = checks.first().map_or("", |c| &*c.policy);
+                Start::Decided(self.step(policy, result.as_deref()))
+            }
+            None => self.await_batch(checks),
+        }
+    }
+
+    /// Starts the check of a batch the store must be awaited for.
+    fn await_batch(self: Arc<Self>, checks: Checks) -> Start {
         let mut check: CheckFuture = Box::pin(async move { self.check(&checks).await });
         // Polled once here (a future may be polled with any waker; the response future polls
         // it with the task's from then on): a batch the store answers at once (the memory
@@ -228,6 +242,24 @@ fn owned_key(
         KeyKind::Custom(f) => f(info).map(OwnedKey::Custom),
     };
     found.or_else(|| client_ip.map(|ip| OwnedKey::Ip(ip.key())))
+}
+
+/// The most limits a request is checked against without allocating their list.
+const INLINE: usize = 4;
+
+/// The limits of one request.
+type Checks = SmallVec<[Check; INLINE]>;
+
+/// The verdicts of one request's limits.
+type Verdicts = SmallVec<[Verdict; INLINE]>;
+
+/// The batch [`Limiter::check_all`] takes, borrowing `checks`.
+fn batch_of(checks: &[Check]) -> SmallVec<[(&str, &[u8], u64); INLINE]> {
+    let mut batch = SmallVec::new();
+    for c in checks {
+        batch.push((&*c.policy, c.key.as_bytes(), c.cost));
+    }
+    batch
 }
 
 /// One limit of one request: its policy, key and cost.
@@ -284,12 +316,12 @@ impl OwnedKey {
 ///    `tracing`.
 ///
 /// The policy and key are found in `call`, from the request's head. A store that answers
-/// without waiting (`Store::decide_now`; the memory store does) decides there too
-/// ([`Limiter::check_now`](distlimit_policy::Limiter::check_now)), so the request goes on with
-/// nothing allocated and no clone of the inner service; otherwise the request allocates one
-/// boxed future (the limiter's check, which borrows the limiter, the policies and the keys),
-/// polled once in `call`: a batch of several limits the store answers at once is decided
-/// there too, without a clone of the inner service. Keys
+/// without waiting (`Store::decide_now`, `Store::decide_all_now`; the memory store does)
+/// decides there too ([`Limiter::check_now`](distlimit_policy::Limiter::check_now), for
+/// several limits [`Limiter::check_all_now`](distlimit_policy::Limiter::check_all_now)), so
+/// the request goes on with nothing allocated and no clone of the inner service; otherwise the
+/// request allocates one boxed future (the limiter's check, which borrows the limiter, the
+/// policies and the keys), polled once in `call`. Keys
 /// are on the stack (IP) or share the header's bytes; no lock is taken. A request no policy
 /// applies to goes straight to the inner service, without a box or a clone of it.
 #[derive(Clone)]
@@ -693,10 +725,7 @@ impl<S: Store + ?Sized> Config<S> {
     async fn check(&self, checks: &[Check]) -> Step {
         // Named in logs by its first policy (the layer's own, when it applies).
         let policy = checks.first().map_or("", |c| &*c.policy);
-        let batch: Vec<(&str, &[u8], u64)> = checks
-            .iter()
-            .map(|c| (&*c.policy, c.key.as_bytes(), c.cost))
-            .collect();
+        let batch = batch_of(checks);
         let check = self.limiter.check_all(&batch);
         let Some(limit) = self.timeout else {
             return self.step(policy, check.await.as_deref());
