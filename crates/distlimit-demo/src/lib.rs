@@ -65,11 +65,12 @@ pub enum StartError {
     /// The policy file does not define [`POLICY`] or [`IP_POLICY`].
     #[error("policy: the file must define the policy \"{0}\" that /api/data uses")]
     MissingPolicy(&'static str),
-    /// Redis refused the configuration: an invalid URL, rejected credentials (the error names
-    /// Redis itself). An unreachable Redis is no error: the demo starts, the failure mode
-    /// answers, and Redis is connected in the background.
+    /// The store's configuration was refused: Redis refused it (an invalid URL, rejected
+    /// credentials; the error names Redis itself) or the hybrid store did. An unreachable Redis
+    /// is no error: the binary starts, the failure mode answers, and Redis is connected in the
+    /// background.
     #[error(transparent)]
-    Redis(#[from] distlimit_core::Error),
+    Store(#[from] StoreError),
     /// The listening address could not be bound (in use, or not this host's).
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -78,18 +79,6 @@ pub enum StartError {
         /// Why binding failed.
         source: io::Error,
     },
-    /// The hybrid store's configuration was refused.
-    #[error("hybrid store: {0}")]
-    Hybrid(#[from] distlimit_hybrid::ConfigError),
-}
-
-impl From<StoreError> for StartError {
-    fn from(error: StoreError) -> Self {
-        match error {
-            StoreError::Redis(error) => Self::Redis(error),
-            StoreError::Hybrid(error) => Self::Hybrid(error),
-        }
-    }
 }
 
 /// The service, built from [`Args`] and ready to [`serve`](Demo::serve).

@@ -57,26 +57,16 @@ pub enum StartError {
     /// The configuration is invalid.
     #[error("config: {0}")]
     Config(#[from] RateLimitConfigError),
-    /// Redis refused the configuration (an invalid URL, rejected credentials). An unreachable
-    /// Redis is no error: the server starts and connects in the background.
-    #[error("redis: {0}")]
-    Redis(#[from] distlimit_core::Error),
-    /// The hybrid store's configuration was refused.
-    #[error("hybrid store: {0}")]
-    Hybrid(#[from] distlimit_hybrid::ConfigError),
+    /// The store's configuration was refused: Redis refused it (an invalid URL, rejected
+    /// credentials; the error names Redis itself) or the hybrid store did. An unreachable Redis
+    /// is no error: the binary starts, the failure mode answers, and Redis is connected in the
+    /// background.
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// A TLS file (`--tls-cert`, `--tls-key`, `--tls-client-ca`) is missing or unusable; the
     /// error names it.
     #[error("tls: {0}")]
     Tls(#[from] distlimit_serve::TlsError),
-}
-
-impl From<StoreError> for StartError {
-    fn from(error: StoreError) -> Self {
-        match error {
-            StoreError::Redis(error) => Self::Redis(error),
-            StoreError::Hybrid(error) => Self::Hybrid(error),
-        }
-    }
 }
 
 /// The service, built from [`Args`] and ready to [`serve`](Server::serve).
