@@ -103,11 +103,12 @@ async fn quota_mode_denies_only_when_every_quota_rule_is_over() {
     // A rule without quota_mode over its limit denies, whatever the quota rules say.
     let hard = call(&mut c, request("d", vec![d("h"), d("zero")])).await;
     assert_eq!(hard.overall_code, OVER_LIMIT, "{hard:?}");
-    // The only quota rule over, an ordinary rule allowed: every quota rule is over.
+    // The only quota rule over, an ordinary rule allowed: every quota rule is over, and the
+    // denied request charged nothing.
     let mixed = call(&mut c, request("d", vec![d("q"), d("x")])).await;
     assert_eq!(mixed.overall_code, OVER_LIMIT, "{mixed:?}");
     // One quota rule over, one not, an ordinary rule allowed: OK, and both were charged (h was
-    // not by the denied request above).
+    // not by the denied requests above, x not by the one before).
     let mixed = call(&mut c, request("d", vec![d("q"), d("h"), d("x")])).await;
     assert_eq!(mixed.overall_code, OK, "{mixed:?}");
     assert_eq!(mixed.statuses[0].code, OVER_LIMIT);
@@ -116,7 +117,7 @@ async fn quota_mode_denies_only_when_every_quota_rule_is_over() {
             mixed.statuses[1].limit_remaining,
             mixed.statuses[2].limit_remaining
         ),
-        (7, 8)
+        (7, 9)
     );
     server.stop().await;
 }
