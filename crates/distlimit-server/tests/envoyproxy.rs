@@ -17,12 +17,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlimit_test::server::RedisServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use support::binary::{Binary, http};
+use support::binary::{Binary, LOADS_ERROR, LOADS_OK};
 use support::{OK, OVER_LIMIT, align, call, descriptor};
 use tonic::transport::Channel;
 
@@ -90,52 +90,11 @@ fn expect(answer: &RateLimitResponse, overall: i32, statuses: &[Status]) {
     }
 }
 
-async fn client(binary: &Binary) -> RateLimitServiceClient<Channel> {
-    RateLimitServiceClient::connect(format!("http://{}", binary.grpc))
-        .await
-        .unwrap()
-}
-
 /// The binary on the configuration directory `dir` with envoyproxy's environment `envs`.
 fn start(dir: &Path, envs: &[(&str, &str)]) -> Binary {
     let dir = dir.to_str().unwrap();
     Binary::start(&["--config", dir, "--reload-interval-ms", "50"], envs)
 }
-
-/// The sum of the samples of `/metrics` whose line starts with `prefix`.
-fn metric(binary: &Binary, prefix: &str) -> u64 {
-    metric_with(binary, prefix, "")
-}
-
-/// The sum of the samples of `/metrics` whose line starts with `prefix` and contains `part`.
-fn metric_with(binary: &Binary, prefix: &str, part: &str) -> u64 {
-    let (status, body) = http(binary.http, "GET", "/metrics", "");
-    assert_eq!(status, 200);
-    body.lines()
-        .filter(|l| l.starts_with(prefix) && l.contains(part))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
-/// Polls until `metric(prefix)` exceeds `before` (10 s at most); its value.
-fn wait_metric_above(binary: &Binary, prefix: &str, before: u64) -> u64 {
-    let started = Instant::now();
-    loop {
-        let now = metric(binary, prefix);
-        if now > before {
-            return now;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{prefix} stayed at {now}:\n{}",
-            binary.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-const LOADS_OK: &str = "distlimit_server_config_loads_total{result=\"success\"}";
-const LOADS_ERROR: &str = "distlimit_server_config_loads_total{result=\"error\"}";
 
 fn decisions(policy: &str, outcome: &str) -> String {
     format!("distlimit_decisions_total{{policy=\"{policy}\",outcome=\"{outcome}\"")
@@ -183,7 +142,7 @@ fn fresh() -> String {
 /// `testBasicBaseConfig`, with its `getCacheKey` suffix (`_local` names the same rules under
 /// other keys; the local cache itself is not part of the binary: a difference).
 async fn basic_base_config(binary: &Binary, suffix: &str) {
-    let mut c = client(binary).await;
+    let mut c = binary.client().await;
     let key = |k: &str| format!("{k}{suffix}");
 
     // A domain with no configuration: OK, no limit.
@@ -196,7 +155,7 @@ async fn basic_base_config(binary: &Binary, suffix: &str) {
 
     // 20 a minute, a fresh value: 20 admitted with 19..0 left, then OVER_LIMIT with 0 left.
     let policy2 = format!("another/{}", key("key2"));
-    let denied2 = metric(binary, &decisions(&policy2, "denied"));
+    let denied2 = binary.metric(&decisions(&policy2, "denied"));
     let value = fresh();
     align(60, Duration::from_secs(3)).await;
     for i in 0..25_u32 {
@@ -209,7 +168,7 @@ async fn basic_base_config(binary: &Binary, suffix: &str) {
         expect(&r, code, &[(code, Some((20, MINUTE)), left)]);
     }
     // Its over_limit statistic: 5 denials.
-    assert_eq!(metric(binary, &decisions(&policy2, "denied")) - denied2, 5);
+    assert_eq!(binary.metric(&decisions(&policy2, "denied")) - denied2, 5);
 
     // Two keys of one domain: key2 (20 a minute) and key3 (10 an hour), fresh values.
     let value = fresh();
@@ -265,7 +224,7 @@ async fn basic_base_config(binary: &Binary, suffix: &str) {
 /// `testShareThreshold`: values under a `share_threshold` wildcard spend one counter, values
 /// under a plain wildcard their own.
 async fn share_threshold(binary: &Binary) {
-    let mut c = client(binary).await;
+    let mut c = binary.client().await;
     let domain = "share-threshold-test";
     align(3_600, Duration::from_secs(3)).await;
     // Another run in this hour would have spent the shared counter: count what is left.
@@ -288,22 +247,22 @@ async fn share_threshold(binary: &Binary) {
 /// `testConfigReload`: a file added to the directory is served after the reload (counted in
 /// the loads statistic), its removal reloads too.
 async fn config_reload(binary: &Binary, config: &Path) {
-    let mut c = client(binary).await;
+    let mut c = binary.client().await;
     let block = || req("reload", &[&[("block", "foo")]], 1);
     expect(&call(&mut c, block()).await, OK, &[(OK, None, 0)]);
-    let before = metric(binary, LOADS_OK);
+    let before = binary.metric(LOADS_OK);
     assert!(before >= 1, "the first load is counted");
     std::fs::copy(compat_fixture("reload.yaml"), config.join("reload.yaml")).unwrap();
-    let after = wait_metric_above(binary, LOADS_OK, before);
+    let after = binary.wait_metric_above(LOADS_OK, before);
     let r = call(&mut c, req("reload", &[&[("key1", &fresh())]], 1)).await;
     expect(&r, OK, &[(OK, Some((50, SECOND)), 49)]);
     // (Not in envoyproxy's test:) its zero limit denies.
     let r = call(&mut c, block()).await;
     expect(&r, OVER_LIMIT, &[(OVER_LIMIT, Some((0, SECOND)), 0)]);
     std::fs::remove_file(config.join("reload.yaml")).unwrap();
-    wait_metric_above(binary, LOADS_OK, after);
+    binary.wait_metric_above(LOADS_OK, after);
     expect(&call(&mut c, block()).await, OK, &[(OK, None, 0)]);
-    assert_eq!(metric(binary, LOADS_ERROR), 0);
+    assert_eq!(binary.metric(LOADS_ERROR), 0);
 }
 
 /// envoyproxy's integration tests on the memory store: `TestBasicConfig` (its keys and its
@@ -338,7 +297,7 @@ async fn integration_on_redis() {
     share_threshold(&binary).await;
     config_reload(&binary, &config).await;
     // Every decision was Redis's, none the fallback's.
-    let (_, body) = http(binary.http, "GET", "/metrics", "");
+    let body = binary.metrics();
     let decisions: Vec<&str> = body
         .lines()
         .filter(|l| l.starts_with("distlimit_decisions_total{"))
@@ -465,17 +424,17 @@ const TEN_A_MINUTE: Option<(u32, i32)> = Some((10, MINUTE));
 async fn service() {
     let dir = service_config();
     let binary = start(dir.path(), &[]);
-    let mut c = client(&binary).await;
+    let mut c = binary.client().await;
     align(60, Duration::from_secs(3)).await;
 
     // TestService: a domain without configuration is OK without a limit.
     let r = call(&mut c, req("test-domain", &[HELLO], 1)).await;
     expect(&r, OK, &[(OK, None, 0)]);
     // A reload (a config event): counted.
-    let loads = metric(&binary, LOADS_OK);
+    let loads = binary.metric(LOADS_OK);
     let file = dir.path().join("different-domain.yaml");
     std::fs::write(&file, format!("{DIFFERENT_DOMAIN}\n# reloaded\n")).unwrap();
-    let loads = wait_metric_above(&binary, LOADS_OK, loads);
+    let loads = binary.wait_metric_above(LOADS_OK, loads);
     spend(&mut c, "different-domain", FOO, 10).await;
     let r = call(&mut c, req("different-domain", &[FOO, HELLO], 1)).await;
     expect(
@@ -485,7 +444,7 @@ async fn service() {
     );
     // A load error keeps the running configuration; the order of descriptors does not matter.
     std::fs::write(&file, "domain: different-domain\ndescriptors: [\n").unwrap();
-    wait_metric_above(&binary, LOADS_ERROR, 0);
+    binary.wait_metric_above(LOADS_ERROR, 0);
     let r = call(&mut c, req("different-domain", &[HELLO, FOO], 1)).await;
     expect(
         &r,
@@ -493,7 +452,7 @@ async fn service() {
         &[(OK, None, 0), (OVER_LIMIT, TEN_A_MINUTE, 0)],
     );
     assert_eq!(
-        (metric(&binary, LOADS_OK), metric(&binary, LOADS_ERROR)),
+        (binary.metric(LOADS_OK), binary.metric(LOADS_ERROR)),
         (loads, 1)
     );
 
@@ -532,11 +491,7 @@ async fn service() {
         assert_eq!(error.code(), tonic::Code::InvalidArgument, "{error}");
     }
     assert_eq!(
-        metric_with(
-            &binary,
-            "distlimit_server_requests_total{",
-            "result=\"invalid\""
-        ),
+        binary.metric_with("distlimit_server_requests_total{", "result=\"invalid\""),
         2
     );
 
@@ -592,7 +547,7 @@ async fn quota_per_descriptor(c: &mut RateLimitServiceClient<Channel>) {
 async fn global_shadow_mode() {
     let dir = service_config();
     let binary = start(dir.path(), &[("SHADOW_MODE", "true")]);
-    let mut c = client(&binary).await;
+    let mut c = binary.client().await;
     align(60, Duration::from_secs(3)).await;
     spend(&mut c, "different-domain", FOO, 10).await;
     let r = call(&mut c, req("different-domain", &[FOO, HELLO], 1)).await;
@@ -619,7 +574,7 @@ async fn global_shadow_mode() {
 async fn global_quota_mode() {
     let dir = service_config();
     let binary = start(dir.path(), &[("QUOTA_MODE", "true")]);
-    let mut c = client(&binary).await;
+    let mut c = binary.client().await;
     align(60, Duration::from_secs(3)).await;
     let d = "quota-domain";
     let (five, three) = (Some((5, MINUTE)), Some((3, MINUTE)));
@@ -648,7 +603,7 @@ async fn global_quota_mode() {
 async fn response_headers() {
     let dir = service_config();
     let binary = start(dir.path(), &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")]);
-    let mut c = client(&binary).await;
+    let mut c = binary.client().await;
     align(60, Duration::from_secs(3)).await;
     spend(&mut c, "different-domain", FOO, 10).await;
     let r = call(&mut c, req("different-domain", &[FOO, HELLO], 1)).await;

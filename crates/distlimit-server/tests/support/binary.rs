@@ -9,9 +9,18 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
+
+/// The samples of successful configuration loads in `/metrics`.
+pub const LOADS_OK: &str = "distlimit_server_config_loads_total{result=\"success\"}";
+/// The samples of failed configuration loads in `/metrics`.
+pub const LOADS_ERROR: &str = "distlimit_server_config_loads_total{result=\"error\"}";
 
 /// The real binary, its stderr collected line by line; killed by PID on drop.
 pub struct Binary {
@@ -61,6 +70,60 @@ impl Binary {
         let http = binary.wait_for_line("http listening on http://", Duration::from_secs(10));
         binary.http = after(&http, "http listening on http://").parse().unwrap();
         binary
+    }
+
+    /// Starts the binary on the configuration at `path` (re-read every 50 ms) with `flags`.
+    pub fn with_config(path: &Path, flags: &[&str]) -> Self {
+        let path = path.to_str().unwrap();
+        let mut all = vec!["--config", path, "--reload-interval-ms", "50"];
+        all.extend_from_slice(flags);
+        Self::start(&all, &[])
+    }
+
+    /// A gRPC client of its RLS service.
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connects")
+    }
+
+    /// Its `/metrics` text.
+    pub fn metrics(&self) -> String {
+        let (status, body) = http(self.http, "GET", "/metrics", "");
+        assert_eq!(status, 200);
+        body
+    }
+
+    /// The sum of the samples of `/metrics` whose line starts with `prefix`.
+    pub fn metric(&self, prefix: &str) -> u64 {
+        self.metric_with(prefix, "")
+    }
+
+    /// The sum of the samples of `/metrics` whose line starts with `prefix` and contains
+    /// `part`.
+    pub fn metric_with(&self, prefix: &str, part: &str) -> u64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(prefix) && l.contains(part))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// Polls until `metric(prefix)` exceeds `before` (10 s at most); its value.
+    pub fn wait_metric_above(&self, prefix: &str, before: u64) -> u64 {
+        let started = Instant::now();
+        loop {
+            let now = self.metric(prefix);
+            if now > before {
+                return now;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{prefix} stayed at {now}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The first line containing `needle`, waiting at most `limit`.
