@@ -149,13 +149,16 @@ async fn basic_base_config(binary: &Binary, suffix: &str) {
     let r = call(&mut c, req("foo", &[&[(&key("hello"), "world")]], 1)).await;
     expect(&r, OK, &[(OK, None, 0)]);
 
-    // 50 a second: 49 left after one.
+    // 50 a second: 49 left after one, counted once in its statistic (total_hits there).
     let r = call(&mut c, req("basic", &[&[(&key("key1"), &fresh())]], 1)).await;
     expect(&r, OK, &[(OK, Some((50, SECOND)), 49)]);
+    let hits = |policy: &str| {
+        binary.metric(&decisions(policy, "allowed")) + binary.metric(&decisions(policy, "denied"))
+    };
+    assert_eq!(hits(&format!("basic/{}", key("key1"))), 1);
 
     // 20 a minute, a fresh value: 20 admitted with 19..0 left, then OVER_LIMIT with 0 left.
     let policy2 = format!("another/{}", key("key2"));
-    let denied2 = binary.metric(&decisions(&policy2, "denied"));
     let value = fresh();
     align(60, Duration::from_secs(3)).await;
     for i in 0..25_u32 {
@@ -168,7 +171,8 @@ async fn basic_base_config(binary: &Binary, suffix: &str) {
         expect(&r, code, &[(code, Some((20, MINUTE)), left)]);
     }
     // Its over_limit statistic: 5 denials.
-    assert_eq!(binary.metric(&decisions(&policy2, "denied")) - denied2, 5);
+    assert_eq!(hits(&policy2), 25);
+    assert_eq!(binary.metric(&decisions(&policy2, "denied")), 5);
 
     // Two keys of one domain: key2 (20 a minute) and key3 (10 an hour), fresh values.
     let value = fresh();
@@ -206,6 +210,14 @@ async fn basic_base_config(binary: &Binary, suffix: &str) {
             );
         }
     }
+
+    // Statistics: key2 was decided 40 times (total_hits), over its limit 5 times (over_limit),
+    // key3 15 and 5 times.
+    let policy3 = format!("another/{}", key("key3"));
+    assert_eq!(hits(&policy2), 40);
+    assert_eq!(binary.metric(&decisions(&policy2, "denied")), 5);
+    assert_eq!(hits(&policy3), 15);
+    assert_eq!(binary.metric(&decisions(&policy3, "denied")), 5);
 
     // DurationUntilReset counts down.
     let value = fresh();
@@ -273,6 +285,8 @@ async fn integration_on_the_memory_store() {
     let envs = integration_envs(root.path());
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let binary = start_with_envs(&envs, &[]);
+    // config_load_success: the first load.
+    assert_eq!(binary.metric(LOADS_OK), 1);
     basic_base_config(&binary, "").await;
     basic_base_config(&binary, "_local").await;
     share_threshold(&binary).await;
