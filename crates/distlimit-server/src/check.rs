@@ -350,7 +350,8 @@ impl Checker {
         // One item per limited descriptor; quota items deny together when they can.
         let vetoing = self.quotas_can_deny(&plans);
         let mut items: Vec<Item<'_>> = Vec::with_capacity(plans.len());
-        let mut quota: Vec<bool> = Vec::with_capacity(plans.len());
+        // Which items are such quota items (filled only when they can deny: no allocation).
+        let mut quota: Vec<bool> = Vec::new();
         let mut item_of: Vec<Option<usize>> = Vec::with_capacity(plans.len());
         for plan in &plans {
             let (item, is_quota) = match plan {
@@ -366,14 +367,22 @@ impl Checker {
             };
             item_of.push(item.map(|item| {
                 items.push(item);
-                quota.push(is_quota);
+                if vetoing {
+                    quota.push(is_quota);
+                }
                 items.len() - 1
             }));
         }
         let answers = if items.is_empty() {
             Vec::new()
-        } else {
+        } else if vetoing {
             decide_with_quotas(&running.limiter, &mut items, &quota)
+                .await
+                .map_err(|error| self.policy_error(error))?
+        } else {
+            running
+                .limiter
+                .decide_batch(&items)
                 .await
                 .map_err(|error| self.policy_error(error))?
         };
@@ -616,7 +625,8 @@ impl<'c> RulePlan<'c> {
 /// passes and every other item does, the quota items over their limit are decided again in
 /// shadow mode (charged nothing while over), so that the request is charged only when it is
 /// admitted, and then its quota items that passed. At most one batch per quota item more than
-/// the first, and only when one is over its limit.
+/// the first, and only when one is over its limit (TOML policy items are then decided, and
+/// observed in the metrics, once per batch).
 async fn decide_with_quotas(
     limiter: &Limiter,
     items: &mut [Item<'_>],
