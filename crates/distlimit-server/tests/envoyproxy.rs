@@ -674,3 +674,45 @@ async fn health(binary: &Binary, service: &str) -> i32 {
         .into_inner()
         .status
 }
+
+/// `TestConfigLimitOverride` of its `config_test.go`, on `basic_config.yaml` served by the
+/// binary: an override applies in a configured domain only, and its statistics are kept across
+/// override values. (Difference: envoyproxy names an override's series with the request's
+/// values, `key1_value1.subkey1_something`, one series per value a client sends; here it is
+/// named by the keys, `key1.subkey1`, as every series without `detailed_metric`.)
+#[tokio::test]
+async fn limit_overrides() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        compat_fixture("basic_config.yaml"),
+        dir.path().join("basic_config.yaml"),
+    )
+    .unwrap();
+    let binary = start(dir.path(), &[]);
+    let mut c = binary.client().await;
+    align(86_400, Duration::from_secs(3)).await;
+    let subkey = fresh();
+    let overridden = |domain: &str, subkey: &str, requests_per_unit: u32, unit: i32| {
+        let mut r = req(domain, &[&[("key1", "value1"), ("subkey1", subkey)]], 1);
+        r.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit,
+            unit,
+        });
+        r
+    };
+    let r = call(&mut c, overridden("foo_domain", &subkey, 10, DAY)).await;
+    expect(&r, OK, &[(OK, None, 0)]);
+    let r = call(&mut c, overridden("test-domain", &subkey, 10, DAY)).await;
+    expect(&r, OK, &[(OK, Some((10, DAY)), 9)]);
+    let series = || binary.metric(&decisions("test-domain/key1.subkey1", "allowed"));
+    assert_eq!(series(), 1, "{}", binary.metrics());
+    let r = call(&mut c, overridden("test-domain", &subkey, 42, HOUR)).await;
+    expect(&r, OK, &[(OK, Some((42, HOUR)), 41)]);
+    assert_eq!(series(), 2);
+    // Another value: another counter (41 left), the same series.
+    let other = format!("{subkey}_else");
+    let r = call(&mut c, overridden("test-domain", &other, 42, HOUR)).await;
+    expect(&r, OK, &[(OK, Some((42, HOUR)), 41)]);
+    assert_eq!(series(), 3);
+}
