@@ -264,7 +264,8 @@ async fn config_reload(binary: &Binary, config: &Path) {
     expect(&call(&mut c, block()).await, OK, &[(OK, None, 0)]);
     let before = binary.metric(LOADS_OK);
     assert!(before >= 1, "the first load is counted");
-    std::fs::copy(compat_fixture("reload.yaml"), config.join("reload.yaml")).unwrap();
+    let reload = std::fs::read_to_string(compat_fixture("reload.yaml")).unwrap();
+    replace(&config.join("reload.yaml"), &reload);
     let after = binary.wait_metric_above(LOADS_OK, before);
     let r = call(&mut c, req("reload", &[&[("key1", &fresh())]], 1)).await;
     expect(&r, OK, &[(OK, Some((50, SECOND)), 49)]);
@@ -411,6 +412,13 @@ fn service_config() -> tempfile::TempDir {
     dir
 }
 
+/// Replaces `file` with `contents` in one rename (a reload never reads half a file).
+fn replace(file: &Path, contents: &str) {
+    let next = file.with_extension("next");
+    std::fs::write(&next, contents).unwrap();
+    std::fs::rename(&next, file).unwrap();
+}
+
 /// Spends all of `entries`' limit of `rpu` in `domain` (its answer: OK, nothing left).
 async fn spend(
     c: &mut RateLimitServiceClient<Channel>,
@@ -447,8 +455,9 @@ async fn service() {
     // A reload (a config event): counted.
     let loads = binary.metric(LOADS_OK);
     let file = dir.path().join("different-domain.yaml");
-    std::fs::write(&file, format!("{DIFFERENT_DOMAIN}\n# reloaded\n")).unwrap();
+    replace(&file, &format!("{DIFFERENT_DOMAIN}\n# reloaded\n"));
     let loads = binary.wait_metric_above(LOADS_OK, loads);
+    assert_eq!(loads, 2);
     spend(&mut c, "different-domain", FOO, 10).await;
     let r = call(&mut c, req("different-domain", &[FOO, HELLO], 1)).await;
     expect(
@@ -457,7 +466,7 @@ async fn service() {
         &[(OVER_LIMIT, TEN_A_MINUTE, 0), (OK, None, 0)],
     );
     // A load error keeps the running configuration; the order of descriptors does not matter.
-    std::fs::write(&file, "domain: different-domain\ndescriptors: [\n").unwrap();
+    replace(&file, "domain: different-domain\ndescriptors: [\n");
     binary.wait_metric_above(LOADS_ERROR, 0);
     let r = call(&mut c, req("different-domain", &[HELLO, FOO], 1)).await;
     expect(
@@ -467,7 +476,7 @@ async fn service() {
     );
     assert_eq!(
         (binary.metric(LOADS_OK), binary.metric(LOADS_ERROR)),
-        (loads, 1)
+        (2, 1)
     );
 
     // TestRuleShadowMode: shadow rules over their limits answer OK.
