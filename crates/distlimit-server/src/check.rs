@@ -289,9 +289,10 @@ impl Checker {
     ///
     /// As envoyproxy/ratelimit: the request is over the limit when a descriptor outside quota
     /// mode is, or when every descriptor in quota mode ([`Rule::quota_mode`], or every YAML
-    /// descriptor with [`with_quota_mode`](Self::with_quota_mode)) is; a quota descriptor is
-    /// decided apart (its denial vetoes nothing, it is charged when it alone passes and the
-    /// batch was admitted). A rule's state is keyed by [`Match::counter_entries`](crate::config::Match::counter_entries),
+    /// descriptor with [`with_quota_mode`](Self::with_quota_mode)) is. Unlike envoyproxy (which
+    /// charges every descriptor of every request), a request denied is charged nothing, also
+    /// when every quota descriptor denied it; an admitted one charges its quota descriptors
+    /// that passed. A rule's state is keyed by [`Match::counter_entries`](crate::config::Match::counter_entries),
     /// its metrics by [`Match::metric_path`](crate::config::Match::metric_path).
     ///
     /// # Errors
@@ -346,24 +347,38 @@ impl Checker {
             }
         }
 
-        // One item per limited descriptor.
+        // One item per limited descriptor; quota items deny together when they can.
+        let vetoing = self.quotas_can_deny(&plans);
         let mut items: Vec<Item<'_>> = Vec::with_capacity(plans.len());
+        // Which items are such quota items (filled only when they can deny: no allocation).
+        let mut quota: Vec<bool> = Vec::new();
         let mut item_of: Vec<Option<usize>> = Vec::with_capacity(plans.len());
         for plan in &plans {
-            let item = match plan {
-                Plan::Policy { policy, key, cost } => {
-                    Some(Item::policy(policy, key, *cost).shadow(*cost == 0))
+            let (item, is_quota) = match plan {
+                Plan::Policy { policy, key, cost } => (
+                    Some(Item::policy(policy, key, *cost).shadow(*cost == 0)),
+                    false,
+                ),
+                Plan::Rule(rule) => {
+                    let is_quota = rule.is_quota(self.quota_mode);
+                    (rule.item(is_quota && !vetoing), is_quota && vetoing)
                 }
-                Plan::Rule(rule) => rule.item(self.quota_mode),
-                Plan::Unmatched => None,
+                Plan::Unmatched => (None, false),
             };
             item_of.push(item.map(|item| {
                 items.push(item);
+                if vetoing {
+                    quota.push(is_quota);
+                }
                 items.len() - 1
             }));
         }
         let answers = if items.is_empty() {
             Vec::new()
+        } else if vetoing {
+            decide_with_quotas(&running.limiter, &mut items, &quota)
+                .await
+                .map_err(|error| self.policy_error(error))?
         } else {
             running
                 .limiter
@@ -396,6 +411,26 @@ impl Checker {
             over_limit,
             statuses,
         })
+    }
+
+    /// Whether the quota descriptors of `plans` can deny the request: there is one, and each
+    /// can be over its limit (not in shadow mode, spending something; with the global quota
+    /// mode no descriptor unmatched, as that one always passes).
+    fn quotas_can_deny(&self, plans: &[Plan<'_>]) -> bool {
+        let mut any = false;
+        for plan in plans {
+            match plan {
+                Plan::Rule(rule) if rule.is_quota(self.quota_mode) => {
+                    if rule.applied.shadow || rule.cost == 0 {
+                        return false;
+                    }
+                    any = true;
+                }
+                Plan::Unmatched if self.quota_mode => return false,
+                _ => {}
+            }
+        }
+        any
     }
 
     /// The request's verdict from its descriptors', as envoyproxy/ratelimit decides it: over
@@ -540,10 +575,10 @@ impl<'c> RulePlan<'c> {
     }
 
     /// The batch item: a store request, a deny item for a zero limit, none when unlimited.
-    fn item(&self, global_quota: bool) -> Option<Item<'_>> {
-        // A descriptor spending nothing is decided apart, never denying the batch; so is a
-        // quota descriptor: its denial alone must not veto the others.
-        let apart = self.applied.shadow || self.cost == 0 || self.is_quota(global_quota);
+    /// `quota_apart`: a quota descriptor whose denial alone must not veto the others.
+    fn item(&self, quota_apart: bool) -> Option<Item<'_>> {
+        // A descriptor spending nothing is decided apart, never denying the batch.
+        let apart = self.applied.shadow || self.cost == 0 || quota_apart;
         match (&self.request, self.unit) {
             (Some((state, key, limit)), _) => {
                 let key = Key::new(key).ok()?;
@@ -582,6 +617,37 @@ impl<'c> RulePlan<'c> {
             }
         }
         status
+    }
+}
+
+/// Decides `items` in one all-or-nothing batch, where the items marked in `quota` (quota
+/// descriptors, none in shadow mode) deny the request only all together: while some quota item
+/// passes and every other item does, the quota items over their limit are decided again in
+/// shadow mode (charged nothing while over), so that the request is charged only when it is
+/// admitted, and then its quota items that passed. At most one batch per quota item more than
+/// the first, and only when one is over its limit (TOML policy items are then decided, and
+/// observed in the metrics, once per batch).
+async fn decide_with_quotas(
+    limiter: &Limiter,
+    items: &mut [Item<'_>],
+    quota: &[bool],
+) -> Result<Vec<Answer>, distlimit_policy::CheckError> {
+    loop {
+        let answers = limiter.decide_batch(items).await?;
+        let denied = |i: usize| answers.get(i).is_some_and(|a| !a.is_allowed());
+        let vetoing = |i: usize| quota.get(i).copied().unwrap_or(false) && !items[i].is_shadow();
+        let quota_denied: Vec<usize> = (0..items.len())
+            .filter(|&i| vetoing(i) && denied(i))
+            .collect();
+        let other_denied = (0..items.len()).any(|i| !vetoing(i) && denied(i));
+        let quota_passed = (0..items.len()).any(|i| vetoing(i) && !denied(i));
+        // Admitted, denied by a descriptor outside quota mode, or by every quota descriptor.
+        if quota_denied.is_empty() || other_denied || !quota_passed {
+            return Ok(answers);
+        }
+        for i in quota_denied {
+            items[i] = items[i].shadow(true);
+        }
     }
 }
 

@@ -692,7 +692,7 @@ descriptors:
     );
 }
 
-/// The fixtures served by the server over gRPC answer as envoyproxy/ratelimit's service does:
+/// The fixtures served by the binary over gRPC answer as envoyproxy/ratelimit's service does:
 /// the limit each descriptor lands on, OK without a limit where none applies, unlimited with
 /// the largest remaining count, and the first over-limit request denied.
 #[tokio::test]
@@ -705,7 +705,7 @@ async fn fixtures_served_over_grpc() {
         let yaml = yaml.replacen("domain: test-domain", &format!("domain: {name}"), 1);
         std::fs::write(dir.path().join(name), yaml).unwrap();
     }
-    let server = Running::with_config(dir.path(), &[]).await;
+    let server = support::binary::Binary::with_config(dir.path(), &[]);
     let mut client = server.client().await;
     let basic = "basic_config.yaml";
     let one = |entries: &[(&str, &str)]| request(basic, vec![descriptor(entries)]);
@@ -749,5 +749,4 @@ async fn fixtures_served_over_grpc() {
     .await;
     let limit = shared.statuses[0].current_limit.as_ref().unwrap();
     assert_eq!(limit.requests_per_unit, 100);
-    server.stop().await;
 }

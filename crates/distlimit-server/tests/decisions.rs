@@ -1,16 +1,16 @@
 //! What a client sends is decided, and answered as Envoy users know it: long values stay
 //! limited, `OVER_LIMIT` reports nothing left, a request spending nothing is never over, the
 //! headers come from the descriptor that denied, and a rule's state is keyed by its domain,
-//! entries and unit (not by labels).
+//! entries and unit (not by labels). Each test runs the real binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
 use std::time::Duration;
 
-use distlimit_server::Reload;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use support::binary::{Binary, LOADS_OK};
 use support::*;
 
 const PER_USER: &str = "
@@ -29,7 +29,7 @@ descriptors:
 #[tokio::test]
 async fn a_client_at_its_limit_stays_over_it_with_long_values() {
     let dir = config_dir(PER_USER);
-    let server = Running::with_config(dir.path(), &[]).await;
+    let server = Binary::with_config(dir.path(), &[]);
     let mut client = server.client().await;
     align(3_600, Duration::from_secs(5)).await;
     for len in [4_097, 100_000] {
@@ -60,13 +60,12 @@ async fn a_client_at_its_limit_stays_over_it_with_long_values() {
         .await;
         assert_eq!(answer.overall_code, OK);
     }
-    server.stop().await;
 }
 
 #[tokio::test]
 async fn over_limit_leaves_nothing_and_spending_nothing_is_never_over() {
     let dir = config_dir(PER_USER);
-    let server = Running::with_config(dir.path(), &["--response-headers"]).await;
+    let server = Binary::with_config(dir.path(), &["--response-headers"]);
     let mut client = server.client().await;
     align(3_600, Duration::from_secs(5)).await;
     let with_hits = |value: &str, hits: Option<u64>| {
@@ -112,13 +111,12 @@ async fn over_limit_leaves_nothing_and_spending_nothing_is_never_over() {
     };
     assert_eq!(header("ratelimit-limit").as_deref(), Some("15"));
     assert_eq!(header("ratelimit-remaining").as_deref(), Some("0"));
-    server.stop().await;
 }
 
 #[tokio::test]
 async fn an_override_keeps_the_rules_state_only_in_the_same_unit() {
     let dir = config_dir(PER_USER);
-    let server = Running::with_config(dir.path(), &[]).await;
+    let server = Binary::with_config(dir.path(), &[]);
     let mut client = server.client().await;
     align(86_400, Duration::from_secs(5)).await;
     let overridden = |requests_per_unit: u32, unit: i32| {
@@ -141,7 +139,6 @@ async fn an_override_keeps_the_rules_state_only_in_the_same_unit() {
     )
     .await;
     assert_eq!(rule.statuses[0].limit_remaining, 13);
-    server.stop().await;
 }
 
 /// `RateLimitRequest` as bytes on the wire: what a client with invalid UTF-8 sends.
@@ -172,7 +169,7 @@ async fn a_client_at_its_limit_stays_over_it_with_invalid_utf8() {
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 
     let dir = config_dir(PER_USER);
-    let server = Running::with_config(dir.path(), &[]).await;
+    let server = Binary::with_config(dir.path(), &[]);
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
         .unwrap()
         .connect()
@@ -204,7 +201,6 @@ async fn a_client_at_its_limit_stays_over_it_with_invalid_utf8() {
         answers.push(answer.overall_code);
     }
     assert_eq!(answers, [OK, OK, OVER_LIMIT]);
-    server.stop().await;
 }
 
 #[tokio::test]
@@ -217,7 +213,7 @@ async fn toggling_detailed_metric_in_a_reload_keeps_the_state() {
     };
     let dir = config_dir(&yaml(false));
     let file = dir.path().join("config.yaml");
-    let mut server = Running::with_config(dir.path(), &[]).await;
+    let server = Binary::with_config(dir.path(), &[]);
     let mut client = server.client().await;
     align(3_600, Duration::from_secs(5)).await;
     let alice = || request("d", vec![descriptor(&[("user", "alice")])]);
@@ -228,10 +224,10 @@ async fn toggling_detailed_metric_in_a_reload_keeps_the_state() {
                 admitted += 1;
             }
         }
+        let loads = server.metric(LOADS_OK);
         std::fs::write(&file, yaml(detailed)).unwrap();
-        assert!(matches!(server.next_reload().await, Reload::Applied { .. }));
+        server.wait_metric_above(LOADS_OK, loads);
     }
     // 5 per hour, whatever the metrics flag said (the state was renamed with it: 10, 15).
     assert_eq!(admitted, 5);
-    server.stop().await;
 }

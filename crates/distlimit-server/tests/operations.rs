@@ -2,13 +2,15 @@
 //! SIGTERM), read through its logs, `/ready`, `/metrics` and the gRPC health service.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use distlimit_test::server::RedisServer;
+
+mod support;
+
+use support::binary::{Binary, http};
 
 const CONFIG: &str = "
 domain: api
@@ -16,150 +18,6 @@ descriptors:
   - key: user
     rate_limit: { unit: hour, requests_per_unit: 3 }
 ";
-
-/// The real binary, its stderr collected line by line; killed by PID on drop.
-struct Binary {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    grpc: SocketAddr,
-    http: SocketAddr,
-}
-
-impl Binary {
-    /// Starts the binary with `flags` and the environment variables `envs`, on loopback ports
-    /// chosen by the system unless `envs` sets `GRPC_PORT`, and waits until it listens (10 s
-    /// at most).
-    fn start(flags: &[&str], envs: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_distlimit-server"));
-        if !envs.iter().any(|(name, _)| *name == "GRPC_PORT") {
-            command.args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"]);
-        }
-        command
-            .args(flags)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (name, value) in envs {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        {
-            let lines = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    lines.lock().unwrap().push(line);
-                }
-            });
-        }
-        let mut binary = Self {
-            child,
-            lines,
-            grpc: "127.0.0.1:0".parse().unwrap(),
-            http: "127.0.0.1:0".parse().unwrap(),
-        };
-        let grpc = binary.wait_for_line("grpc listening on ", Duration::from_secs(10));
-        binary.grpc = after(&grpc, "grpc listening on ").parse().unwrap();
-        let http = binary.wait_for_line("http listening on http://", Duration::from_secs(10));
-        binary.http = after(&http, "http listening on http://").parse().unwrap();
-        binary
-    }
-
-    /// The first line containing `needle`, waiting at most `limit`.
-    fn wait_for_line(&mut self, needle: &str, limit: Duration) -> String {
-        let started = Instant::now();
-        loop {
-            if let Some(line) = self.lines().into_iter().find(|l| l.contains(needle)) {
-                return line;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("exited ({status}) before \"{needle}\":\n{}", self.log());
-            }
-            assert!(
-                started.elapsed() < limit,
-                "no \"{needle}\" within {limit:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
-    }
-
-    fn log(&self) -> String {
-        self.lines().join("\n")
-    }
-
-    /// How many lines contain `needle`.
-    fn count(&self, needle: &str) -> usize {
-        self.lines().iter().filter(|l| l.contains(needle)).count()
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits (at most `limit`) for the process to exit; its exit code.
-    fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            if started.elapsed() > limit {
-                panic!("still running after {limit:?}:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn after<'a>(line: &'a str, prefix: &str) -> &'a str {
-    let start = line.find(prefix).unwrap() + prefix.len();
-    line[start..].split_whitespace().next().unwrap()
-}
-
-/// One HTTP/1.1 request on a new connection: the status and the body.
-fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
 
 const CHECK: &str = r#"{"domain":"api","descriptors":[[{"key":"user","value":"ann"}]]}"#;
 

@@ -1,11 +1,13 @@
 //! envoyproxy/ratelimit's `share_threshold`, `value_to_metric` and `quota_mode` (per rule and
-//! the global `--quota-mode`, `--shadow-mode`), applied by the decision of a running server.
+//! the global `--quota-mode`, `--shadow-mode`), applied by the decision of the
+//! real binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
 use std::time::Duration;
 
+use support::binary::Binary;
 use support::*;
 
 #[tokio::test]
@@ -23,7 +25,7 @@ descriptors:
     rate_limit: { unit: hour, requests_per_unit: 1 }
 ",
     );
-    let server = Running::with_config(dir.path(), &[]).await;
+    let server = Binary::with_config(dir.path(), &[]);
     let mut c = server.client().await;
     align(3600, Duration::from_secs(2)).await;
     let one = |k: &str, v: &str| request("d", vec![descriptor(&[(k, v)])]);
@@ -34,7 +36,6 @@ descriptors:
     let a = call(&mut c, one("k", "v1")).await;
     let b = call(&mut c, one("k", "v2")).await;
     assert_eq!((a.overall_code, b.overall_code), (OK, OK));
-    server.stop().await;
 }
 
 #[tokio::test]
@@ -52,7 +53,7 @@ descriptors:
         rate_limit: { unit: hour, requests_per_unit: 5 }
 ",
     );
-    let server = Running::with_config(dir.path(), &[]).await;
+    let server = Binary::with_config(dir.path(), &[]);
     let mut c = server.client().await;
     let r = call(
         &mut c,
@@ -60,10 +61,9 @@ descriptors:
     )
     .await;
     assert_eq!(r.overall_code, OK);
-    let text = server.checker.metrics().encode();
+    let text = server.metrics();
     let line = r#"distlimit_decisions_total{policy="d/user_u42.plan_free",outcome="allowed",source="primary"} 1"#;
     assert!(text.contains(line), "{line} missing from\n{text}");
-    server.stop().await;
 }
 
 const QUOTA: &str = "
@@ -84,7 +84,7 @@ descriptors:
 #[tokio::test]
 async fn quota_mode_denies_only_when_every_quota_rule_is_over() {
     let dir = config_dir(QUOTA);
-    let server = Running::with_config(dir.path(), &[]).await;
+    let server = Binary::with_config(dir.path(), &[]);
     let mut c = server.client().await;
     align(3600, Duration::from_secs(2)).await;
     let d = |k: &'static str| descriptor(&[(k, "1")]);
@@ -103,11 +103,12 @@ async fn quota_mode_denies_only_when_every_quota_rule_is_over() {
     // A rule without quota_mode over its limit denies, whatever the quota rules say.
     let hard = call(&mut c, request("d", vec![d("h"), d("zero")])).await;
     assert_eq!(hard.overall_code, OVER_LIMIT, "{hard:?}");
-    // The only quota rule over, an ordinary rule allowed: every quota rule is over.
+    // The only quota rule over, an ordinary rule allowed: every quota rule is over, and the
+    // denied request charged nothing.
     let mixed = call(&mut c, request("d", vec![d("q"), d("x")])).await;
     assert_eq!(mixed.overall_code, OVER_LIMIT, "{mixed:?}");
     // One quota rule over, one not, an ordinary rule allowed: OK, and both were charged (h was
-    // not by the denied request above).
+    // not by the denied requests above, x not by the one before).
     let mixed = call(&mut c, request("d", vec![d("q"), d("h"), d("x")])).await;
     assert_eq!(mixed.overall_code, OK, "{mixed:?}");
     assert_eq!(mixed.statuses[0].code, OVER_LIMIT);
@@ -116,15 +117,14 @@ async fn quota_mode_denies_only_when_every_quota_rule_is_over() {
             mixed.statuses[1].limit_remaining,
             mixed.statuses[2].limit_remaining
         ),
-        (7, 8)
+        (7, 9)
     );
-    server.stop().await;
 }
 
 #[tokio::test]
 async fn the_global_quota_mode_puts_every_descriptor_in_quota_mode() {
     let dir = config_dir(QUOTA);
-    let server = Running::with_config(dir.path(), &["--quota-mode"]).await;
+    let server = Binary::with_config(dir.path(), &["--quota-mode"]);
     let mut c = server.client().await;
     align(3600, Duration::from_secs(2)).await;
     let d = |k: &'static str| descriptor(&[(k, "1")]);
@@ -138,16 +138,49 @@ async fn the_global_quota_mode_puts_every_descriptor_in_quota_mode() {
     // An unmatched descriptor counts as a quota descriptor that passed (as in envoyproxy).
     let r = call(&mut c, request("d", vec![d("zero"), d("unknown")])).await;
     assert_eq!(r.overall_code, OK, "{r:?}");
-    server.stop().await;
 }
 
 #[tokio::test]
 async fn the_global_shadow_mode_never_answers_over_limit() {
     let dir = config_dir(QUOTA);
-    let server = Running::with_config(dir.path(), &["--shadow-mode"]).await;
+    let server = Binary::with_config(dir.path(), &["--shadow-mode"]);
     let mut c = server.client().await;
     let r = call(&mut c, request("d", vec![descriptor(&[("zero", "1")])])).await;
     assert_eq!(r.overall_code, OK, "{r:?}");
     assert_eq!(r.statuses[0].code, OVER_LIMIT);
-    server.stop().await;
+}
+
+/// The forms of envoyproxy's YAML that were refused (a byte order mark, merge keys,
+/// `metadata`, an empty `descriptors:`, `unlimited: true` with `requests_per_unit`) are served.
+#[tokio::test]
+async fn envoyproxys_yaml_forms_are_served() {
+    let dir = config_dir(
+        "\u{feff}domain: d
+descriptors:
+  - key: a
+    metadata: { owner: { team: [x, y] } }
+    rate_limit: &defaults
+      unit: hour
+      requests_per_unit: 7
+  - key: b
+    rate_limit:
+      <<: *defaults
+      requests_per_unit: 1
+    descriptors:
+  - key: c
+    rate_limit: { unlimited: true, requests_per_unit: 10 }
+",
+    );
+    let server = Binary::with_config(dir.path(), &[]);
+    let mut c = server.client().await;
+    align(3600, Duration::from_secs(2)).await;
+    let one = |k: &str| request("d", vec![descriptor(&[(k, "1")])]);
+    let a = call(&mut c, one("a")).await;
+    assert_eq!((a.overall_code, a.statuses[0].limit_remaining), (OK, 6));
+    let b = call(&mut c, one("b")).await;
+    let limit = b.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (1, 3)); // the merged unit: HOUR
+    assert_eq!(call(&mut c, one("b")).await.overall_code, OVER_LIMIT);
+    let unlimited = call(&mut c, one("c")).await;
+    assert_eq!(unlimited.statuses[0].limit_remaining, u32::MAX);
 }

@@ -27,7 +27,8 @@
 //! Every field envoyproxy/ratelimit reads is read: `quota_mode`, `share_threshold`,
 //! `value_to_metric` and `detailed_metric` are exposed on the [`Match`] for the decision;
 //! `metadata` is accepted and ignored. YAML merge keys (`<<: *anchor`) and a UTF-8 byte order
-//! mark are accepted. Loading is linear in the file's size; flow nesting deeper than
+//! mark are accepted (an error in a file with merge keys names the field's path and its line,
+//! found again in the text). Loading is linear in the file's size; flow nesting deeper than
 //! [`MAX_FLOW_DEPTH`] is refused before parsing.
 
 mod policies;
@@ -935,11 +936,25 @@ fn parse_file(file: &Path, yaml: &str) -> Result<(String, Domain), RateLimitConf
         });
     }
     let raw: RawFile = if yaml.contains("<<") {
-        // Merge keys (`<<: *defaults`) are resolved on the document's tree; errors past this
-        // point know the field but not the line.
+        // Merge keys (`<<: *defaults`) are resolved on the document's tree; an error past this
+        // point knows the field's path, which is looked up in the text for its line.
         let mut value: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).map_err(invalid)?;
         value.apply_merge().map_err(invalid)?;
-        serde_yaml_ng::from_value(value).map_err(invalid)?
+        serde_path_to_error::deserialize(value).map_err(|error| {
+            let path = error.path().clone();
+            let inner = error.into_inner();
+            let line = locate::line_of(yaml, &path, &inner.to_string());
+            let path = path.to_string();
+            RateLimitConfigError::Invalid {
+                file: file.to_path_buf(),
+                line: inner.location().map(|l| l.line()).or(line),
+                message: if path == "." {
+                    inner.to_string()
+                } else {
+                    format!("{path}: {inner}")
+                },
+            }
+        })?
     } else {
         serde_yaml_ng::from_str(yaml).map_err(invalid)?
     };
@@ -1008,5 +1023,6 @@ fn build_level(descriptors: Vec<RawDescriptor>, parent: &str) -> Level {
     level
 }
 
+mod locate;
 #[cfg(test)]
 mod tests;

@@ -739,3 +739,58 @@ fn share_threshold_keys_the_counter_by_the_pattern_and_value_to_metric_names_val
             .contains("share_threshold")
     );
 }
+
+#[test]
+fn errors_in_files_with_merge_keys_name_the_line() {
+    const HEAD: &str = "domain: d
+descriptors:
+  - key: a
+    rate_limit: &d { unit: hour, requests_per_unit: 1 }
+  - key: b
+    rate_limit:
+      <<: *d
+";
+    // (the rest of the file, the line at fault, a part of the message)
+    for (rest, line, message) in [
+        (
+            "      unit: fortnight\n",
+            8,
+            "descriptors[1].rate_limit.unit: unknown unit \"fortnight\"",
+        ),
+        (
+            "      requestsperunit: 3\n",
+            8,
+            "descriptors[1].rate_limit.requestsperunit: unknown field `requestsperunit`",
+        ),
+        (
+            "  - key: b\n    rate_limit:\n      <<: *d\n",
+            8,
+            "descriptors: [2]: duplicate descriptor (key \"b\", value \"\")",
+        ),
+        (
+            "    descriptors:\n      - key: c\n        rate_limit: { unit: hours, requests_per_unit: 1 }\n",
+            10,
+            "descriptors[1].descriptors[0].rate_limit.unit: unknown unit \"hours\"",
+        ),
+        // A field the merge brought in: the line of the mapping holding the `<<`.
+        (
+            "      unlimited: true\n",
+            7,
+            "descriptors[1].rate_limit: unlimited: true takes no unit",
+        ),
+    ] {
+        let yaml = format!("{HEAD}{rest}");
+        let e = error(&yaml);
+        assert_eq!(e.line(), Some(line), "{e}\n{yaml}");
+        assert!(e.to_string().contains(message), "{e}");
+    }
+    // A merge into a descriptor: the descriptor's line.
+    let e =
+        error("domain: d\ndescriptors:\n  - &e { key: a }\n  - <<: *e\n    value: v\n  - <<: *e\n");
+    assert_eq!(e.line(), Some(6), "{e}");
+    assert!(
+        e.to_string()
+            .contains("[2]: duplicate descriptor (key \"a\", value \"\"), also at [0]"),
+        "{e}"
+    );
+}

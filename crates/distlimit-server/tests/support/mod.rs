@@ -7,6 +7,8 @@
     clippy::panic
 )]
 
+pub mod binary;
+
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
