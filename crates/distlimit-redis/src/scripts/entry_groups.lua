@@ -88,6 +88,12 @@ while pos <= size do
       end
       return ''
     end)
+  elseif op == 6 then
+    local l, action, a, b, c
+    l, action, a, b, c, pos = struct.unpack('>ddddd', blob, pos)
+    local p = 5 * l - 4
+    ok, reply, err = pcall(pool, KEYS[k], now, P[p + 1], P[p + 2], P[p + 3], P[p + 4], action, a,
+      b, c)
   else
     local l, back, want
     l, back, want, pos = struct.unpack('>ddd', blob, pos)
