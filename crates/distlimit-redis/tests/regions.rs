@@ -1,0 +1,298 @@
+//! One limit across regions (`RegionStore`), on real processes: three regions on loopback, each
+//! its own `redis-server`, with two instances each (tokio tasks of this test, each with its own
+//! stores and connections). Region 0 is home: its Redis holds the global budget. Regions 1 and
+//! 2 reach home through a `DelayProxy` adding 40 ms each way; their decisions go to their own
+//! Redis only.
+//!
+//! * `capped_limit_is_never_exceeded`: a limit that does not refill during the test, every
+//!   instance asking for more than all of it at once: admitted in all ≤ the limit (and the
+//!   same load on per-region stores admits three times it: the check can fail);
+//! * `twice_the_limit_for_ten_seconds`: 1 000 per second (burst 500), twice that offered at a
+//!   steady pace for 10 s: admitted ≤ the algorithm's bound over the run, under-admission ≤ 5 %;
+//! * `home_cut_off_for_five_seconds`: the same load for 9 s with both links to home cut for 5 s
+//!   of it: no error reaches a caller (while a plain store through the same link errors), the
+//!   bound still holds, and the far regions admit again after the link is back.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use distlimit_core::{Key, Limit, Quota, Request, Store};
+use distlimit_redis::{RedisStore, RegionBuilder, RegionStore};
+use distlimit_test::DelayProxy;
+use distlimit_test::server::RedisServer;
+
+const REGIONS: usize = 3;
+const INSTANCES: usize = 2;
+const ONE_WAY: Duration = Duration::from_millis(40);
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Three regions: their servers (0 is home) and the links from regions 1 and 2 to home.
+struct Regions {
+    servers: Vec<RedisServer>,
+    links: Vec<Option<DelayProxy>>,
+}
+
+impl Regions {
+    async fn start() -> Self {
+        let servers: Vec<RedisServer> = (0..REGIONS)
+            .map(|_| RedisServer::start().expect("these tests need redis-server"))
+            .collect();
+        let home = servers[0].addr().parse().unwrap();
+        let mut links = vec![None];
+        for _ in 1..REGIONS {
+            links.push(Some(DelayProxy::start(home, ONE_WAY).await.unwrap()));
+        }
+        Self { servers, links }
+    }
+
+    /// The home store as region `region` reaches it.
+    async fn home(&self, region: usize, prefix: &str) -> RedisStore {
+        let url = match &self.links[region] {
+            Some(link) => link.redis_url(),
+            None => self.servers[0].url(),
+        };
+        RedisStore::builder(url)
+            .prefix(prefix)
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// The region's own Redis, for one instance.
+    async fn local(&self, region: usize, prefix: &str) -> RedisStore {
+        RedisStore::builder(self.servers[region].url())
+            .prefix(prefix)
+            .response_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// Two instances per region, each with its own connections.
+    async fn instances(&self, prefix: &str) -> Vec<(usize, RegionStore<RedisStore>)> {
+        let mut out = Vec::new();
+        for region in 0..REGIONS {
+            for _ in 0..INSTANCES {
+                let store = RegionBuilder::default()
+                    .claim_timeout(Duration::from_secs(1))
+                    .build(self.home(region, prefix).await, self.local(region, prefix).await);
+                out.push((region, store));
+            }
+        }
+        out
+    }
+
+    fn cut(&self) {
+        self.links.iter().flatten().for_each(DelayProxy::cut);
+    }
+
+    fn restore(&self) {
+        self.links.iter().flatten().for_each(DelayProxy::restore);
+    }
+}
+
+/// What one instance did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    region: usize,
+    offered: u64,
+    admitted: u64,
+    errors: u64,
+    /// Admitted after `late_us`.
+    late: u64,
+    last_us: u64,
+}
+
+/// Every store offers `rate` requests per second on one key at a steady pace from `start_us`
+/// for `secs` (bounded in count and time).
+async fn offer<S: Store + 'static>(
+    stores: Vec<(usize, S)>,
+    limit: Limit,
+    rate: u64,
+    start_us: u64,
+    secs: u64,
+    late_us: u64,
+) -> Vec<Tally> {
+    let tasks: Vec<_> = stores
+        .into_iter()
+        .map(|(region, store)| {
+            tokio::spawn(async move {
+                let key = Key::new("tenant-7").unwrap();
+                let request = Request::new(key, limit).with_policy("global").unwrap();
+                let end_us = start_us + secs * 1_000_000;
+                let most = rate * secs;
+                let mut t = Tally {
+                    region,
+                    ..Tally::default()
+                };
+                tokio::time::sleep(Duration::from_micros(start_us.saturating_sub(now_us()))).await;
+                let mut tick = tokio::time::interval(Duration::from_millis(1));
+                loop {
+                    tick.tick().await;
+                    let now = now_us();
+                    if now >= end_us || t.offered >= most {
+                        break;
+                    }
+                    let due = ((now - start_us) * rate / 1_000_000).min(most);
+                    while t.offered < due {
+                        t.offered += 1;
+                        match store.decide(&request).await {
+                            Ok(d) if d.is_allowed() => {
+                                t.admitted += 1;
+                                if now_us() >= late_us {
+                                    t.late += 1;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                t.errors += 1;
+                                eprintln!("region {region}: {e}");
+                            }
+                        }
+                        t.last_us = now_us();
+                    }
+                }
+                t
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for task in tasks {
+        out.push(task.await.unwrap());
+    }
+    out
+}
+
+fn sum(tallies: &[Tally], f: impl Fn(&Tally) -> u64) -> u64 {
+    tallies.iter().map(f).sum()
+}
+
+/// The token bucket's bound from a fresh key over `elapsed_us`.
+fn bound(limit: &Limit, elapsed_us: u64) -> u64 {
+    let q = limit.quota();
+    q.burst() + elapsed_us * q.limit() / q.period_us()
+}
+
+fn prefix(test: &str) -> String {
+    let prefix = String::from_utf8(distlimit_test::unique_prefix(test)).unwrap();
+    prefix.trim_end_matches(':').to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capped_limit_is_never_exceeded() {
+    let regions = Regions::start().await;
+    // 300 a day: no unit refills during the test.
+    let limit = Limit::token_bucket(Quota::per_day(300).unwrap());
+    let start_us = now_us() + 300_000;
+    // Each of the six instances offers 200 in 2 s: 1 200 in all, four times the limit.
+    let tallies = offer(
+        regions.instances(&prefix("capped")).await,
+        limit,
+        100,
+        start_us,
+        2,
+        u64::MAX,
+    )
+    .await;
+    let admitted = sum(&tallies, |t| t.admitted);
+    println!("capped: admitted {admitted} of 300, tallies {tallies:?}");
+    assert_eq!(sum(&tallies, |t| t.errors), 0);
+    assert!(admitted <= 300, "over-admission: {admitted} > 300");
+    assert!(admitted >= 150, "the far regions' units never arrived: {admitted}");
+
+    // Without regions: each region limits alone on its own Redis, and the sum is three limits.
+    let mut alone = Vec::new();
+    for region in 0..REGIONS {
+        for _ in 0..INSTANCES {
+            alone.push((region, regions.local(region, &prefix("alone")).await));
+        }
+    }
+    let tallies = offer(alone, limit, 100, now_us() + 100_000, 2, u64::MAX).await;
+    let admitted = sum(&tallies, |t| t.admitted);
+    assert!(admitted > 300, "per-region limits admitted {admitted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twice_the_limit_for_ten_seconds() {
+    let regions = Regions::start().await;
+    let limit = Limit::token_bucket(Quota::per_second(1_000).unwrap().with_burst(500).unwrap());
+    let start_us = now_us() + 500_000;
+    let stores = regions.instances(&prefix("twice")).await;
+    let probe: Vec<_> = stores.iter().map(|(_, s)| s.clone()).collect();
+    // 2 000 per second in all: 333 per instance.
+    let tallies = offer(stores, limit, 333, start_us, 10, u64::MAX).await;
+    let admitted = sum(&tallies, |t| t.admitted);
+    let end_us = tallies.iter().map(|t| t.last_us).max().unwrap();
+    let bound = bound(&limit, end_us - start_us);
+    let under = bound.saturating_sub(admitted);
+    let refills: u64 = probe.iter().map(|s| s.stats().refills).sum();
+    let per_region: Vec<u64> = (0..REGIONS)
+        .map(|r| sum(&tallies, |t| if t.region == r { t.admitted } else { 0 }))
+        .collect();
+    println!(
+        "twice: offered {}, admitted {admitted} {per_region:?}, bound {bound}, under {under} \
+         ({:.2} %), {refills} refills",
+        sum(&tallies, |t| t.offered),
+        100.0 * under as f64 / bound as f64
+    );
+    assert_eq!(sum(&tallies, |t| t.errors), 0);
+    assert!(admitted <= bound, "over-admission: {admitted} > {bound}");
+    assert!(under * 20 <= bound, "under-admission {under} above 5 % of {bound}");
+    assert!(per_region.iter().all(|&a| a > 0), "a region admitted nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn home_cut_off_for_five_seconds() {
+    let regions = Arc::new(Regions::start().await);
+    let limit = Limit::token_bucket(Quota::per_second(1_000).unwrap().with_burst(500).unwrap());
+    let pre = prefix("cut");
+    let start_us = now_us() + 500_000;
+    let stores = regions.instances(&pre).await;
+    // Without regions, a far instance deciding at home sees the cut.
+    let plain = regions.home(1, &pre).await;
+    let cuts = Arc::new(AtomicU64::new(0));
+    let cutter = {
+        let (regions, cuts, plain) = (regions.clone(), cuts.clone(), plain.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(start_us + 2_000_000 - now_us())).await;
+            regions.cut();
+            let request = Request::new(Key::new("other").unwrap(), limit);
+            if plain.decide(&request).await.is_err() {
+                cuts.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_micros(start_us + 7_000_000 - now_us())).await;
+            regions.restore();
+        })
+    };
+    // 9 s: 2 before the cut, 5 cut, 2 after; "late" is the last second.
+    let tallies = offer(stores, limit, 333, start_us, 9, start_us + 8_000_000).await;
+    cutter.await.unwrap();
+    let admitted = sum(&tallies, |t| t.admitted);
+    let end_us = tallies.iter().map(|t| t.last_us).max().unwrap();
+    let bound = bound(&limit, end_us - start_us);
+    let late_far = sum(&tallies, |t| if t.region > 0 { t.late } else { 0 });
+    println!(
+        "cut: admitted {admitted}, bound {bound}, far regions in the last second {late_far}, \
+         tallies {tallies:?}"
+    );
+    assert_eq!(cuts.load(Ordering::Relaxed), 1, "the plain store did not see the cut");
+    assert_eq!(sum(&tallies, |t| t.errors), 0, "an error reached a caller");
+    assert!(admitted <= bound, "over-admission: {admitted} > {bound}");
+    assert!(late_far > 0, "the far regions did not recover");
+}
