@@ -22,7 +22,7 @@ pub use store::{Mode, RedisStore};
 #[doc(hidden)]
 pub mod test_hook {
     pub use crate::script::{
-        CLIENT_TTL_SLACK, MAX_CLIENT_TIME_US, ScriptRequest, TimeSource, decide, decide_all,
-        load_scripts, script_sha1, script_source, single_argument,
+        CLIENT_TTL_SLACK, MAX_CLIENT_TIME_US, POOL_REPLY, ScriptRequest, TimeSource, decide,
+        decide_all, load_scripts, pool_step, script_sha1, script_source, single_argument,
     };
 }

@@ -402,7 +402,7 @@ impl Answer {
 }
 
 /// The doubles of a pool step's reply.
-pub(crate) const POOL_REPLY: usize = 7;
+pub const POOL_REPLY: usize = 7;
 
 /// One group of a call, owned (it may wait in the coalescer's queue).
 #[derive(Debug)]
@@ -826,6 +826,22 @@ where
 {
     let group = Group::single(redis_key, limit, cost, time)?;
     only(Call::one(&group).run(conn).await?)?.decision()
+}
+
+/// One step of the regional pool at `redis_key` (see `pool.lua`), as the region store sends it:
+/// one call of one group; answers the pool's seven reply values.
+pub async fn pool_step<C>(
+    conn: &mut C,
+    redis_key: &[u8],
+    parameters: [u64; 4],
+    action: [u64; 4],
+    time: TimeSource,
+) -> Result<[u64; POOL_REPLY], Error>
+where
+    C: ConnectionLike + Send,
+{
+    let group = Group::pool(redis_key, parameters, action, time)?;
+    Ok(only(Call::one(&group).run(conn).await?)?.pool)
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.
