@@ -57,8 +57,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -203,7 +203,10 @@ impl RegionBuilder {
 
 /// The keys an instance stepped on since the last [`RegionStore::sweep`], with their limits.
 #[derive(Default)]
-struct Seen(Mutex<HashMap<(Box<str>, Box<[u8]>), Limit>>);
+struct Seen(Mutex<HashMap<PolicyKey, Limit>>);
+
+/// A (policy, key) pair, owned.
+type PolicyKey = (Box<str>, Box<[u8]>);
 
 impl Seen {
     fn note(&self, policy: &str, key: &[u8], limit: Limit) {
@@ -215,7 +218,7 @@ impl Seen {
         }
     }
 
-    fn take(&self) -> Vec<((Box<str>, Box<[u8]>), Limit)> {
+    fn take(&self) -> Vec<(PolicyKey, Limit)> {
         self.0
             .lock()
             .map(|mut seen| seen.drain().collect())
@@ -380,9 +383,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         limit: &Limit,
         action: [u64; 4],
     ) -> Result<Step, Error> {
-        let step = self
-            .step(policy, key, limit, action)
-            .await?;
+        let step = self.step(policy, key, limit, action).await?;
         if step.back > 0 || step.want > 0 {
             let target = Target {
                 policy: policy.into(),
@@ -444,9 +445,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
     fn decision(&self, limit: &Limit, cost: u64, step: &Step) -> Decision {
         let capacity = limit.capacity();
         let interval = limit.quota().emission_interval_us();
-        let reset_us = capacity
-            .saturating_sub(step.units)
-            .saturating_mul(interval);
+        let reset_us = capacity.saturating_sub(step.units).saturating_mul(interval);
         if step.granted >= cost {
             return Decision::from_micros(true, capacity, step.units, reset_us, 0);
         }

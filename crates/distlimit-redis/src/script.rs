@@ -508,7 +508,12 @@ impl Group {
         // them at the burst of the quota their state was written under, which may differ from
         // this one after a limit change), so every product in the script stays below 2^53.
         if let Some(last) = group.requests.last_mut() {
-            last.1 = [give_back.min(MAX_GIVE_BACK), want.min(limit.capacity()), 0, 0];
+            last.1 = [
+                give_back.min(MAX_GIVE_BACK),
+                want.min(limit.capacity()),
+                0,
+                0,
+            ];
         }
         Ok(group)
     }
@@ -526,9 +531,10 @@ impl Group {
         let [p1, p2, p3, p4] = parameters.map(|v| v.min(MAX_CLIENT_TIME_US));
         group.keys.extend_from_slice(redis_key);
         group.ends.push(group.keys.len());
-        group
-            .requests
-            .push(([0, p1, p2, p3, p4], action.map(|v| v.min(MAX_CLIENT_TIME_US))));
+        group.requests.push((
+            [0, p1, p2, p3, p4],
+            action.map(|v| v.min(MAX_CLIENT_TIME_US)),
+        ));
         Ok(group)
     }
 
@@ -538,7 +544,8 @@ impl Group {
         let ([p1, p2, p3, p4], _) = parameters(kind, limit);
         self.keys.extend_from_slice(redis_key);
         self.ends.push(self.keys.len());
-        self.requests.push(([kind.id(), p1, p2, p3, p4], [cost, 0, 0, 0]));
+        self.requests
+            .push(([kind.id(), p1, p2, p3, p4], [cost, 0, 0, 0]));
         self.expect.push(expect);
         Ok(())
     }

@@ -91,7 +91,10 @@ impl Regions {
             for _ in 0..INSTANCES {
                 let store = RegionBuilder::default()
                     .claim_timeout(Duration::from_secs(1))
-                    .build(self.home(region, prefix).await, self.local(region, prefix).await);
+                    .build(
+                        self.home(region, prefix).await,
+                        self.local(region, prefix).await,
+                    );
                 out.push((region, store));
             }
         }
@@ -214,7 +217,10 @@ async fn capped_limit_is_never_exceeded() {
     println!("capped: admitted {admitted} of 300, tallies {tallies:?}");
     assert_eq!(sum(&tallies, |t| t.errors), 0);
     assert!(admitted <= 300, "over-admission: {admitted} > 300");
-    assert!(admitted >= 150, "the far regions' units never arrived: {admitted}");
+    assert!(
+        admitted >= 150,
+        "the far regions' units never arrived: {admitted}"
+    );
 
     // Without regions: each region limits alone on its own Redis, and the sum is three limits.
     let mut alone = Vec::new();
@@ -253,8 +259,14 @@ async fn twice_the_limit_for_ten_seconds() {
     );
     assert_eq!(sum(&tallies, |t| t.errors), 0);
     assert!(admitted <= bound, "over-admission: {admitted} > {bound}");
-    assert!(under * 20 <= bound, "under-admission {under} above 5 % of {bound}");
-    assert!(per_region.iter().all(|&a| a > 0), "a region admitted nothing");
+    assert!(
+        under * 20 <= bound,
+        "under-admission {under} above 5 % of {bound}"
+    );
+    assert!(
+        per_region.iter().all(|&a| a > 0),
+        "a region admitted nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,7 +303,11 @@ async fn home_cut_off_for_five_seconds() {
         "cut: admitted {admitted}, bound {bound}, far regions in the last second {late_far}, \
          tallies {tallies:?}"
     );
-    assert_eq!(cuts.load(Ordering::Relaxed), 1, "the plain store did not see the cut");
+    assert_eq!(
+        cuts.load(Ordering::Relaxed),
+        1,
+        "the plain store did not see the cut"
+    );
     assert_eq!(sum(&tallies, |t| t.errors), 0, "an error reached a caller");
     assert!(admitted <= bound, "over-admission: {admitted} > {bound}");
     assert!(late_far > 0, "the far regions did not recover");

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -188,7 +188,10 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, link: Arc<Link>) 
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
                     let delay = Duration::from_micros(link.delay_us.load(Ordering::Relaxed));
-                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
                         return;
                     }
                 }
