@@ -277,6 +277,10 @@ struct Step {
     now: u64,
 }
 
+/// What follows a pool's key after the state key of its (policy, key): 0xFF, which no policy
+/// name (UTF-8) holds, and `pool`.
+const POOL_SUFFIX: &[u8] = b"\xFFpool";
+
 /// The pool's actions (`pool.lua`).
 const SPEND: u64 = 1;
 const DEPOSIT: u64 = 2;
@@ -322,15 +326,13 @@ impl<H> RegionStore<H> {
 }
 
 impl<H: LeaseStore + 'static> RegionStore<H> {
-    /// The pool's key: the state key of (policy, key) in the region's layout, then 0xFF (which
-    /// no policy name, UTF-8, holds) and `pool`: never a state key, even on home's server.
-    fn pool_key(&self, policy: &str, key: &[u8]) -> Vec<u8> {
-        let mut buf = KeyBuf::new();
+    /// The pool's key: the state key of (policy, key) in the region's layout, then
+    /// [`POOL_SUFFIX`]: never a state key, even on home's server.
+    fn pool_key(&self, policy: &str, key: &[u8], out: &mut KeyBuf) {
         self.shared
             .region
             .layout()
-            .write_key(policy.as_bytes(), key, &mut buf);
-        [buf.as_bytes(), b"\xFFpool"].concat()
+            .write_key(policy.as_bytes(), key, out);
     }
 
     async fn step(
@@ -341,8 +343,11 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         action: [u64; 4],
     ) -> Result<Step, Error> {
         let s = &*self.shared;
+        let mut buf = KeyBuf::new();
+        self.pool_key(policy, key, &mut buf);
         let group = Group::pool(
-            &self.pool_key(policy, key),
+            buf.as_bytes(),
+            POOL_SUFFIX,
             [s.horizon_us, limit.capacity(), s.claim_us, s.keep_ms],
             action,
             s.region.time(),
@@ -370,7 +375,6 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         min: u64,
     ) -> Result<Step, Error> {
         let (policy, key, limit) = (request.policy(), request.key().as_bytes(), request.limit());
-        self.shared.seen.note(policy, key, *limit);
         self.step_and_refill(policy, key, limit, [SPEND, back, want, min])
             .await
     }
@@ -430,14 +434,18 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
                 [DEPOSIT, 0, s.backoff_us, 0]
             }
         };
-        if self
+        match self
             .step(&target.policy, &target.key, &target.limit, deposit)
             .await
-            .is_err()
         {
+            // A pool holding units is one the sweep must look at once they are due.
+            Ok(step) if step.units > 0 => {
+                s.seen.note(&target.policy, &target.key, target.limit);
+            }
+            Ok(_) => {}
             // The units granted are withdrawn at home and not in the pool: lost. The claim
             // ends by its own timeout.
-            bump(&c.lost, deposit[1]);
+            Err(_) => bump(&c.lost, deposit[1]),
         }
     }
 
@@ -463,9 +471,9 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         Decision::from_micros(false, capacity, step.units, reset_us, retry)
     }
 
-    /// Gives back home the units of pools that are due (past their horizon) for the keys this
-    /// instance stepped on since the last sweep, which may have gone quiet; answers the keys
-    /// swept. Keys still in use are handled by their own requests too; a sweep only claims what
+    /// Gives back home the units of pools that are due (past their horizon), for the keys this
+    /// instance refilled since the last sweep (and those a sweep left holding units), which
+    /// may have gone quiet; answers the keys swept. Keys still in use are handled by their own requests too; a sweep only claims what
     /// no refill is claiming.
     pub async fn sweep(&self) -> usize {
         let seen = self.shared.seen.take();

@@ -518,18 +518,22 @@ impl Group {
         Ok(group)
     }
 
-    /// A step of the regional pool at `redis_key` (see `pool.lua`): `parameters` are its
-    /// horizon (µs), capacity, claim time (µs) and time to live (ms); `action` its action and
-    /// three values. Every value is capped at [`MAX_CLIENT_TIME_US`] (below 2^53).
+    /// A step of the regional pool at the key `redis_key ‖ suffix` (see `pool.lua`):
+    /// `parameters` are its horizon (µs), capacity, claim time (µs) and time to live (ms);
+    /// `action` its action and three values. Every value is capped at [`MAX_CLIENT_TIME_US`]
+    /// (below 2^53).
     pub(crate) fn pool(
         redis_key: &[u8],
+        suffix: &[u8],
         parameters: [u64; 4],
         action: [u64; 4],
         time: TimeSource,
     ) -> Result<Self, Error> {
-        let mut group = Group::with_capacity(time, GroupOp::Pool, redis_key.len(), 1)?;
+        let len = redis_key.len() + suffix.len();
+        let mut group = Group::with_capacity(time, GroupOp::Pool, len, 1)?;
         let [p1, p2, p3, p4] = parameters.map(|v| v.min(MAX_CLIENT_TIME_US));
         group.keys.extend_from_slice(redis_key);
+        group.keys.extend_from_slice(suffix);
         group.ends.push(group.keys.len());
         group.requests.push((
             [0, p1, p2, p3, p4],
@@ -847,7 +851,7 @@ pub async fn pool_step<C>(
 where
     C: ConnectionLike + Send,
 {
-    let group = Group::pool(redis_key, parameters, action, time)?;
+    let group = Group::pool(redis_key, &[], parameters, action, time)?;
     Ok(only(Call::one(&group).run(conn).await?)?.pool)
 }
 
