@@ -11,7 +11,10 @@
 //!   steady pace for 10 s: admitted ≤ the algorithm's bound over the run, under-admission ≤ 5 %;
 //! * `home_cut_off_for_five_seconds`: the same load for 9 s with both links to home cut for 5 s
 //!   of it: no error reaches a caller (while a plain store through the same link errors), the
-//!   bound still holds, and the far regions admit again after the link is back.
+//!   bound still holds, and the far regions admit again after the link is back;
+//! * `home_unreachable_denies_or_fails_open_as_configured`: home cut off before a far region
+//!   leased anything: with `HomeUnreachable::Deny` nothing is admitted there, with `Allow`
+//!   nearly everything; no error either way.
 
 #![allow(
     clippy::unwrap_used,
@@ -25,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlimit_core::{Key, Limit, Quota, Request, Store};
-use distlimit_redis::{RedisStore, RegionBuilder, RegionStore};
+use distlimit_redis::{HomeUnreachable, RedisStore, RegionBuilder, RegionStore};
 use distlimit_test::DelayProxy;
 use distlimit_test::server::RedisServer;
 
@@ -311,4 +314,59 @@ async fn home_cut_off_for_five_seconds() {
     assert_eq!(sum(&tallies, |t| t.errors), 0, "an error reached a caller");
     assert!(admitted <= bound, "over-admission: {admitted} > {bound}");
     assert!(late_far > 0, "the far regions did not recover");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn home_unreachable_denies_or_fails_open_as_configured() {
+    let regions = Regions::start().await;
+    let pre = prefix("unreachable");
+    let limit = Limit::token_bucket(Quota::per_second(100).unwrap());
+    let mut stores = Vec::new();
+    for answer in [HomeUnreachable::Deny, HomeUnreachable::Allow] {
+        let home = RedisStore::builder(regions.links[1].as_ref().unwrap().redis_url())
+            .prefix(&pre)
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_millis(200))
+            .connect()
+            .await
+            .unwrap();
+        let store = RegionBuilder::default()
+            .claim_timeout(Duration::from_millis(300))
+            .retry_after_failure(Duration::from_millis(100))
+            .home_unreachable(answer)
+            .build(home, regions.local(1, &pre).await);
+        stores.push(store);
+    }
+    // Cut before any unit was leased: the open connections close, new ones hang.
+    regions.cut();
+    let key = Key::new("tenant-7").unwrap();
+    let (deny, allow) = (&stores[0], &stores[1]);
+    let (mut denied_admitted, mut open_admitted, mut errors) = (0, 0, 0);
+    // 1.5 s, a request every 5 ms on each: nothing is leased, and home never answers.
+    for _ in 0..300 {
+        for (store, admitted, policy) in [
+            (deny, &mut denied_admitted, "deny"),
+            (allow, &mut open_admitted, "allow"),
+        ] {
+            let request = Request::new(key, limit).with_policy(policy).unwrap();
+            match store.decide(&request).await {
+                Ok(d) if d.is_allowed() => *admitted += 1,
+                Ok(d) => assert!(d.retry_after() > Duration::ZERO),
+                Err(e) => {
+                    errors += 1;
+                    eprintln!("{policy}: {e}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "unreachable: deny admitted {denied_admitted}, allow admitted {open_admitted}, {:?}",
+        allow.stats()
+    );
+    assert_eq!(errors, 0, "an error reached a caller");
+    assert_eq!(denied_admitted, 0, "admitted with nothing leased");
+    assert!(deny.stats().refill_failures > 0);
+    assert!(open_admitted > 200, "fail open admitted {open_admitted}");
+    assert_eq!(allow.stats().failed_open, open_admitted);
 }
