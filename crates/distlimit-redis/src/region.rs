@@ -537,16 +537,88 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
         Ok(self.decision(request.limit(), cost, &step))
     }
 
-    /// One request after the other: all or nothing across keys would need the pools of every
-    /// key in one call, which regions do not offer; a batch of one request is that request's
-    /// decision, a larger one is an error.
+    /// All or nothing, one request after the other: each regional request (see the module
+    /// documentation) is spent from its pool in turn, then the others go to home as one batch
+    /// (only peeked at once a pool denied). When any request is denied, or a store fails, the
+    /// units spent from pools go back into them (they are the region's own: exact), so the
+    /// batch charged nothing; until then they are not spendable by other requests. A denied
+    /// batch answers each regional request what its pool answered.
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         distlimit_core::validate_batch(requests)?;
-        match requests {
-            [one] => Ok(vec![self.decide(one).await?]),
-            _ => Err(Error::InvalidRequest(
-                "a region store decides one request at a time",
-            )),
+        if let [one] = requests {
+            return Ok(vec![self.decide(one).await?]);
+        }
+        let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
+        let mut spent: Vec<&Request<'_>> = Vec::new();
+        let mut denied = false;
+        for (request, decision) in requests.iter().zip(&mut decisions) {
+            if !Self::regional(request) || denied {
+                continue;
+            }
+            let decided = match self.decide(request).await {
+                Ok(decided) => decided,
+                Err(e) => {
+                    self.unspend(&spent).await;
+                    return Err(e);
+                }
+            };
+            if decided.is_allowed() && request.cost() > 0 {
+                spent.push(request);
+            }
+            denied |= decided.is_denied();
+            *decision = Some(decided);
+        }
+        // Regional requests after a denial: answered as peeks.
+        for (request, decision) in requests.iter().zip(&mut decisions) {
+            if decision.is_none() && Self::regional(request) {
+                match self.decide(&request.with_cost(0)).await {
+                    Ok(peek) => *decision = Some(peek),
+                    Err(e) => {
+                        self.unspend(&spent).await;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let rest: Vec<Request<'_>> = requests
+            .iter()
+            .filter(|r| !Self::regional(r))
+            .map(|r| if denied { r.with_cost(0) } else { *r })
+            .collect();
+        if !rest.is_empty() {
+            let answered = match self.shared.home.decide_all(&rest).await {
+                Ok(answered) => answered,
+                Err(e) => {
+                    self.unspend(&spent).await;
+                    return Err(e);
+                }
+            };
+            denied |= answered.iter().any(Decision::is_denied);
+            let mut answered = answered.into_iter();
+            for (request, decision) in requests.iter().zip(&mut decisions) {
+                if !Self::regional(request) {
+                    *decision = answered.next();
+                }
+            }
+        }
+        if denied {
+            self.unspend(&spent).await;
+        }
+        decisions
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or(Error::InvalidRequest(
+                "the store answered fewer decisions than requests",
+            ))
+    }
+}
+
+impl<H: LeaseStore + 'static> RegionStore<H> {
+    /// Puts the units a denied or failed batch spent from pools back into them. A give-back
+    /// that fails leaves them spent: an under-admission, never more than the limit.
+    async fn unspend(&self, spent: &[&Request<'_>]) {
+        for request in spent {
+            let _ = self.spend(request, request.cost(), 0, 0).await;
         }
     }
 }

@@ -370,3 +370,38 @@ async fn home_unreachable_denies_or_fails_open_as_configured() {
     assert!(open_admitted > 200, "fail open admitted {open_admitted}");
     assert_eq!(allow.stats().failed_open, open_admitted);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_batch_charges_no_pool() {
+    let regions = Regions::start().await;
+    let pre = prefix("batch");
+    // In the home region (no delay): its pools fill within a round trip on loopback.
+    let store =
+        RegionBuilder::default().build(regions.home(0, &pre).await, regions.local(0, &pre).await);
+    let key = Key::new("tenant-7").unwrap();
+    let three = Limit::token_bucket(Quota::per_day(3).unwrap());
+    let one = Limit::token_bucket(Quota::per_day(1).unwrap());
+    let a = Request::new(key, three).with_policy("a").unwrap();
+    let b = Request::new(key, one).with_policy("b").unwrap();
+    // Every batch asks for a unit of both; `b` has one in all, so at most one batch passes and
+    // the denied ones must leave `a`'s units in its pool.
+    let mut batches = 0;
+    for _ in 0..40 {
+        let decisions = store.decide_all(&[a, b]).await.unwrap();
+        let passed = decisions.iter().all(|d| d.is_allowed());
+        assert!(passed || decisions.iter().any(|d| d.is_denied()));
+        batches += u64::from(passed);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut alone = 0;
+    for _ in 0..40 {
+        alone += u64::from(store.decide(&a).await.unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!("batch: {batches} batches admitted, then {alone} of `a` alone");
+    assert_eq!(
+        batches, 1,
+        "one batch passes once both pools have their units"
+    );
+    assert_eq!(batches + alone, 3, "a denied batch kept units of `a`");
+}
