@@ -23,9 +23,11 @@
 //! the refill (one claim per key per region at a time, for [`RegionBuilder::claim_timeout`]),
 //! and the instance that got the claim asks home in a task of its own, while its request is
 //! answered from the pool at once. A refill asks for the region's demand (units asked, admitted
-//! or not) since the last refill, per second, times the horizon, at most the capacity, less the
-//! units left; home grants what it has. When home has none, no refill is claimed before home's
-//! own `retry_after`.
+//! or not) since the last refill, per second, times three times the measured refill lag (the
+//! pool's moving average from claim to deposit; at least 20 ms, at most the horizon), at most
+//! the capacity, less the units left; home grants what it has. When home has none, no refill
+//! is claimed before home's own `retry_after`. A key new to a region has an empty pool: it is
+//! denied there until its first refills arrive (about two round trips to home).
 //!
 //! # Unused units go home
 //!
@@ -51,9 +53,12 @@
 //!
 //! # What is decided where
 //!
-//! The token bucket and GCRA, costs from 1 to the capacity: through the pool. Peeks (cost 0)
+//! The token bucket and GCRA, costs up to the capacity: through the pool. Peeks (cost 0)
 //! answer from the pool too (allowed when it holds a unit). The window algorithms and costs
-//! above the capacity go to the home store (at home's latency).
+//! above the capacity go to the home store (at home's latency). A batch
+//! ([`Store::decide_all`]) is all or nothing: its regional requests are spent from their pools
+//! one after the other, the others decided at home as one batch, and the pools' units put back
+//! when any request is denied.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -61,7 +61,7 @@ fn model(
                 back = p.units;
                 p.units = 0;
             }
-            want = t.saturating_sub(p.units);
+            want = if b == 0 { 0 } else { t.saturating_sub(p.units) };
             if back > 0 || want > 0 {
                 (p.claim, p.demand, p.since, p.target) = (now + claim_ttl, 0, now, t);
             }

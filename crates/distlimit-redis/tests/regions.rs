@@ -405,3 +405,47 @@ async fn a_denied_batch_charges_no_pool() {
     );
     assert_eq!(batches + alone, 3, "a denied batch kept units of `a`");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_units_go_home_after_the_horizon() {
+    let regions = Regions::start().await;
+    let pre = prefix("sweep");
+    let near = RegionBuilder::default()
+        .horizon(Duration::from_millis(100))
+        .build(regions.home(0, &pre).await, regions.local(0, &pre).await);
+    let far =
+        RegionBuilder::default().build(regions.home(1, &pre).await, regions.local(1, &pre).await);
+    let limit = Limit::token_bucket(Quota::per_day(60).unwrap());
+    let request = Request::new(Key::new("tenant-7").unwrap(), limit);
+    // The near region refills ahead of a demand of about 1 000 per second: its pool holds units
+    // it does not spend when the key goes quiet.
+    let mut near_admitted = 0;
+    for _ in 0..30 {
+        near_admitted += u64::from(near.decide(&request).await.unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The key went quiet in the near region: the sweep sends its pool home.
+    near.sweep().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stats = near.stats();
+    let peek = near
+        .decide(&Request::peek(request.key(), limit))
+        .await
+        .unwrap();
+    println!("sweep: near admitted {near_admitted}, {stats:?}, pool after {peek:?}");
+    assert!(stats.returned_home > 0, "nothing went home: {stats:?}");
+    assert_eq!(stats.from_home, near_admitted + stats.returned_home);
+    // The far region gets every unit the near one did not spend.
+    let mut far_admitted = 0;
+    for _ in 0..80 {
+        far_admitted += u64::from(far.decide(&request).await.unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!("sweep: far admitted {far_admitted}");
+    assert_eq!(
+        near_admitted + far_admitted,
+        60,
+        "units parked in the near region"
+    );
+}

@@ -14,6 +14,8 @@
 --   The refill asks for the demand since the last claim, per µs, times three times the refills'
 --   lag (at least 20 ms, at most the horizon), at least b, at most the capacity, less the units
 --   left: what lasts until the next refill arrives, the next claim being made at half of it.
+--   A step asking for nothing (b = 0: a peek, a sweep) asks home for nothing: it only sends
+--   due units home.
 -- action 2, deposit: the refill's answer: `c` = 1: home granted `a` units (none: nothing there
 --   for `b` µs); `c` = 0: home failed, no claim for `b` µs.
 -- Reply: seven doubles: granted, units left, the claim's units to give back home and units to
@@ -67,7 +69,7 @@ local function pool(key, now, horizon, capacity, claim_ttl, keep, action, a, b, 
         units = 0
       end
       want = t - units
-      if want < 0 then
+      if want < 0 or b == 0 then
         want = 0
       end
       if back > 0 or want > 0 then
