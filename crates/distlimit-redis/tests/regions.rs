@@ -14,7 +14,11 @@
 //!   bound still holds, and the far regions admit again after the link is back;
 //! * `home_unreachable_denies_or_fails_open_as_configured`: home cut off before a far region
 //!   leased anything: with `HomeUnreachable::Deny` nothing is admitted there, with `Allow`
-//!   nearly everything; no error either way.
+//!   nearly everything; no error either way;
+//! * `unused_units_go_home_after_the_horizon`: a region's pool left holding units when its key
+//!   goes quiet sends them home at the sweep, and another region spends them;
+//! * `a_denied_batch_charges_no_pool`: batches over two keys, one of which has a single unit:
+//!   one batch passes, and the denied ones leave the other key's units in its pool.
 
 #![allow(
     clippy::unwrap_used,
