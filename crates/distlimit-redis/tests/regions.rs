@@ -18,7 +18,9 @@
 //! * `unused_units_go_home_after_the_horizon`: a region's pool left holding units when its key
 //!   goes quiet sends them home at the sweep, and another region spends them;
 //! * `a_denied_batch_charges_no_pool`: batches over two keys, one of which has a single unit:
-//!   one batch passes, and the denied ones leave the other key's units in its pool.
+//!   one batch passes, and the denied ones leave the other key's units in its pool;
+//! * `coalesced_pool_steps_admit_exactly_the_limit`: 64 tasks of one instance on one key, their
+//!   steps coalesced into shared calls: exactly the capped limit admitted.
 
 #![allow(
     clippy::unwrap_used,
@@ -452,4 +454,39 @@ async fn unused_units_go_home_after_the_horizon() {
         60,
         "units parked in the near region"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_pool_steps_admit_exactly_the_limit() {
+    let regions = Regions::start().await;
+    let pre = prefix("coalesced");
+    // One instance, 64 tasks at once on one key: its steps queue and go out coalesced, many
+    // groups of op 6 in one call (the general path of the script).
+    let store =
+        RegionBuilder::default().build(regions.home(1, &pre).await, regions.local(1, &pre).await);
+    let limit = Limit::token_bucket(Quota::per_day(500).unwrap());
+    let before = regions.servers[1].command_calls("evalsha").unwrap();
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let request = Request::new(Key::new("tenant-7").unwrap(), limit);
+                let mut admitted = 0u64;
+                // 1.5 s at most, 100 decisions at most per task.
+                for _ in 0..100 {
+                    admitted += u64::from(store.decide(&request).await.unwrap().is_allowed());
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let calls = regions.servers[1].command_calls("evalsha").unwrap() - before;
+    println!("coalesced: admitted {admitted} of 500 in 6 400 decisions, {calls} calls");
+    assert_eq!(admitted, 500, "every unit spent once, none parked");
+    assert!(calls < 6_400, "no step was coalesced: {calls} calls");
 }
