@@ -246,6 +246,9 @@ struct Shared<H> {
 
 /// A [`Store`] (and [`LeaseStore`]) for one region: see the [module documentation](self).
 ///
+/// Refills run as tasks of the current Tokio runtime: decide inside one, as for the
+/// [`RedisStore`] itself.
+///
 /// Cloning is cheap: clones share the connections, counters and settings.
 pub struct RegionStore<H> {
     shared: Arc<Shared<H>>,

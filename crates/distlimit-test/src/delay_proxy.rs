@@ -134,6 +134,8 @@ fn micros(d: Duration) -> u64 {
 async fn accept_loop(listener: TcpListener, upstream: SocketAddr, link: Arc<Link>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
+            // Out of descriptors or similar: wait instead of spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
         link.accepted.fetch_add(1, Ordering::Relaxed);
