@@ -5,6 +5,7 @@ mod config;
 mod connection;
 mod layout;
 mod lease;
+pub mod region;
 mod script;
 mod store;
 
@@ -13,6 +14,7 @@ pub use config::{
     RedisStoreBuilder,
 };
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
+pub use region::{HomeUnreachable, RegionBuilder, RegionStats, RegionStore};
 pub use store::{Mode, RedisStore};
 
 /// What the crate's own tests and bench need of the script driver; not an API (no stability
@@ -20,7 +22,7 @@ pub use store::{Mode, RedisStore};
 #[doc(hidden)]
 pub mod test_hook {
     pub use crate::script::{
-        CLIENT_TTL_SLACK, MAX_CLIENT_TIME_US, ScriptRequest, TimeSource, decide, decide_all,
-        load_scripts, script_sha1, script_source, single_argument,
+        CLIENT_TTL_SLACK, MAX_CLIENT_TIME_US, POOL_REPLY, ScriptRequest, TimeSource, decide,
+        decide_all, load_scripts, pool_step, script_sha1, script_source, single_argument,
     };
 }

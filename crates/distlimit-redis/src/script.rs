@@ -280,6 +280,7 @@ const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/entry.lua"),
     include_str!("scripts/refund.lua"),
     include_str!("scripts/lease.lua"),
+    include_str!("scripts/pool.lua"),
     include_str!("scripts/entry_groups.lua"),
 );
 
@@ -359,6 +360,8 @@ pub(crate) enum GroupOp {
     Refund,
     /// A lease exchange: give back unspent units, then take up to the units wanted.
     Lease,
+    /// A step of a regional pool (see `pool.lua` and `region.rs`).
+    Pool,
 }
 
 impl GroupOp {
@@ -370,6 +373,7 @@ impl GroupOp {
             GroupOp::CommitTimed => 3,
             GroupOp::Refund => 4,
             GroupOp::Lease => 5,
+            GroupOp::Pool => 6,
         }
     }
 }
@@ -383,6 +387,8 @@ pub(crate) struct Answer {
     pub(crate) at: Option<u64>,
     /// [`GroupOp::Lease`]: the units granted.
     pub(crate) granted: u64,
+    /// [`GroupOp::Pool`]: the pool's reply (see `pool.lua`).
+    pub(crate) pool: [u64; POOL_REPLY],
 }
 
 impl Answer {
@@ -395,6 +401,9 @@ impl Answer {
     }
 }
 
+/// The doubles of a pool step's reply.
+pub const POOL_REPLY: usize = 7;
+
 /// One group of a call, owned (it may wait in the coalescer's queue).
 #[derive(Debug)]
 pub(crate) struct Group {
@@ -405,7 +414,8 @@ pub(crate) struct Group {
     op: GroupOp,
     /// Per request: its limit (algorithm id and four parameter slots) and its values (cost;
     /// cost and charge time for a refund; units given back and wanted for a lease).
-    requests: Vec<([u64; 5], [u64; 2])>,
+    /// A pool step: the pool's parameters and its action with three values.
+    requests: Vec<([u64; 5], [u64; 4])>,
     expect: Vec<Expect>,
 }
 
@@ -498,8 +508,37 @@ impl Group {
         // them at the burst of the quota their state was written under, which may differ from
         // this one after a limit change), so every product in the script stays below 2^53.
         if let Some(last) = group.requests.last_mut() {
-            last.1 = [give_back.min(MAX_GIVE_BACK), want.min(limit.capacity())];
+            last.1 = [
+                give_back.min(MAX_GIVE_BACK),
+                want.min(limit.capacity()),
+                0,
+                0,
+            ];
         }
+        Ok(group)
+    }
+
+    /// A step of the regional pool at the key `redis_key ‖ suffix` (see `pool.lua`):
+    /// `parameters` are its horizon (µs), capacity, claim time (µs) and time to live (ms);
+    /// `action` its action and three values. Every value is capped at [`MAX_CLIENT_TIME_US`]
+    /// (below 2^53).
+    pub(crate) fn pool(
+        redis_key: &[u8],
+        suffix: &[u8],
+        parameters: [u64; 4],
+        action: [u64; 4],
+        time: TimeSource,
+    ) -> Result<Self, Error> {
+        let len = redis_key.len() + suffix.len();
+        let mut group = Group::with_capacity(time, GroupOp::Pool, len, 1)?;
+        let [p1, p2, p3, p4] = parameters.map(|v| v.min(MAX_CLIENT_TIME_US));
+        group.keys.extend_from_slice(redis_key);
+        group.keys.extend_from_slice(suffix);
+        group.ends.push(group.keys.len());
+        group.requests.push((
+            [0, p1, p2, p3, p4],
+            action.map(|v| v.min(MAX_CLIENT_TIME_US)),
+        ));
         Ok(group)
     }
 
@@ -509,7 +548,8 @@ impl Group {
         let ([p1, p2, p3, p4], _) = parameters(kind, limit);
         self.keys.extend_from_slice(redis_key);
         self.ends.push(self.keys.len());
-        self.requests.push(([kind.id(), p1, p2, p3, p4], [cost, 0]));
+        self.requests
+            .push(([kind.id(), p1, p2, p3, p4], [cost, 0, 0, 0]));
         self.expect.push(expect);
         Ok(())
     }
@@ -543,6 +583,7 @@ impl Group {
         match self.op {
             GroupOp::Refund => 0,
             GroupOp::Lease => 8 + DECISION_BYTES,
+            GroupOp::Pool => 8 * POOL_REPLY,
             GroupOp::CommitTimed => DECISION_BYTES * self.len() + 8,
             GroupOp::One | GroupOp::Evaluate | GroupOp::Commit => DECISION_BYTES * self.len(),
         }
@@ -552,6 +593,16 @@ impl Group {
     fn answer(&self, part: &[u8]) -> Result<Answer, Error> {
         match self.op {
             GroupOp::Refund => Ok(Answer::default()),
+            GroupOp::Pool => {
+                let mut pool = [0; POOL_REPLY];
+                for (value, chunk) in pool.iter_mut().zip(part.chunks_exact(8)) {
+                    *value = integer(chunk)?;
+                }
+                Ok(Answer {
+                    pool,
+                    ..Answer::default()
+                })
+            }
             GroupOp::Lease => {
                 let granted = integer(&part[..8])?;
                 let want = self.requests.first().map_or(0, |r| r.1[1]);
@@ -567,8 +618,8 @@ impl Group {
                 }
                 Ok(Answer {
                     decisions: vec![decision],
-                    at: None,
                     granted,
+                    ..Answer::default()
                 })
             }
             GroupOp::One | GroupOp::Evaluate | GroupOp::Commit | GroupOp::CommitTimed => {
@@ -587,7 +638,7 @@ impl Group {
                 Ok(Answer {
                     decisions,
                     at,
-                    granted: 0,
+                    ..Answer::default()
                 })
             }
         }
@@ -675,6 +726,7 @@ impl<'a> Call<'a> {
             body.push(exact(group.len() as u64));
             let width = match group.op {
                 GroupOp::Refund | GroupOp::Lease => 2,
+                GroupOp::Pool => 4,
                 _ => 1,
             };
             for (limit, values) in &group.requests {
@@ -785,6 +837,22 @@ where
 {
     let group = Group::single(redis_key, limit, cost, time)?;
     only(Call::one(&group).run(conn).await?)?.decision()
+}
+
+/// One step of the regional pool at `redis_key` (see `pool.lua`), as the region store sends it:
+/// one call of one group; answers the pool's seven reply values.
+pub async fn pool_step<C>(
+    conn: &mut C,
+    redis_key: &[u8],
+    parameters: [u64; 4],
+    action: [u64; 4],
+    time: TimeSource,
+) -> Result<[u64; POOL_REPLY], Error>
+where
+    C: ConnectionLike + Send,
+{
+    let group = Group::pool(redis_key, &[], parameters, action, time)?;
+    Ok(only(Call::one(&group).run(conn).await?)?.pool)
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.

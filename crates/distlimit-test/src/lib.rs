@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod checks;
+pub mod delay_proxy;
 mod faulty;
 mod macros;
 #[cfg(feature = "redis")]
@@ -20,6 +21,7 @@ pub use checks::{
     check_limit_change_follows_model, check_matches_reference_model, check_peek_changes_nothing,
     check_policies_are_independent, check_retry_after_is_exact, check_store_ext_validates_keys,
 };
+pub use delay_proxy::DelayProxy;
 pub use faulty::{Fault, FaultKind, FaultyStore};
 
 /// Where every check's clock starts: 2023-11-19T00:00:00Z in microseconds since the Unix epoch,

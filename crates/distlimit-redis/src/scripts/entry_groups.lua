@@ -1,5 +1,26 @@
 -- The entry script's general path (see entry.lua): any number of groups of any op.
 
+-- A lone pool step (120 bytes: the version, one "limit", one op-6 group; the region store's
+-- every decision), decided as the general path below decides it, without its tables and pcall.
+-- An error of redis.call here fails the whole call, as a failed group of a call of one group
+-- does anyway.
+if #blob == 120 then
+  local version, limits, _, p1, p2, p3, p4, now, op, _, _, action, a, b, c =
+    struct.unpack('>ddddddddddddddd', blob)
+  if version == 0 and limits == 1 and op == 6 then
+    if now < 0 then
+      now = server
+    end
+    local reply, err = pool(KEYS[1], now, p1, p2, p3, p4, action, a, b, c)
+    if not reply then
+      -- 101: 'e'.
+      return struct.pack('>BI4', 101, #err) .. err
+    end
+    -- 111: 'o'.
+    return struct.pack('>B', 111) .. reply
+  end
+end
+
 -- A batch of n requests on KEYS[k ..], limits at P[bs[j]], costs `cs`: every request is
 -- evaluated first (no writes), and only if every one is allowed (and `commit`) are the admitted
 -- states written; otherwise the requests that alone would pass are
@@ -88,6 +109,12 @@ while pos <= size do
       end
       return ''
     end)
+  elseif op == 6 then
+    local l, action, a, b, c
+    l, action, a, b, c, pos = struct.unpack('>ddddd', blob, pos)
+    local p = 5 * l - 4
+    ok, reply, err = pcall(pool, KEYS[k], now, P[p + 1], P[p + 2], P[p + 3], P[p + 4], action, a,
+      b, c)
   else
     local l, back, want
     l, back, want, pos = struct.unpack('>ddd', blob, pos)

@@ -1,0 +1,657 @@
+//! One limit across regions: [`RegionStore`] decides on the region's own Redis from units
+//! leased in advance from a home store (hierarchical leases).
+//!
+//! Every region runs its own Redis and its own instances. The global budget of a key lives in
+//! one *home* store (any [`LeaseStore`]: a [`RedisStore`] in the home region, reached across
+//! regions). A region holds a *pool* of units per key in its own Redis, withdrawn from home by
+//! [`LeaseStore::exchange`]; its instances spend from the pool, one atomic script call to the
+//! region's Redis per decision (`pool.lua`, a group of the entry script), so decisions are
+//! answered at the region's latency.
+//!
+//! # Why the limit holds
+//!
+//! A unit is spent at home (withdrawn) before any region can spend it, and a pool hands a unit
+//! to one decision only (atomically, inside the region's Redis). So the units all regions admit
+//! together never exceed what home granted, which never exceeds what the home store's limit
+//! admits. Units go back home only from the pool (atomically taken out of it first), so none is
+//! both spent and returned.
+//!
+//! # Refills, ahead of need, one per key per region
+//!
+//! The call that spends also says when the pool needs units: below half the size of its last
+//! refill, short of what a request asked, or holding units past the horizon. Then it *claims*
+//! the refill (one claim per key per region at a time, for [`RegionBuilder::claim_timeout`]),
+//! and the instance that got the claim asks home in a task of its own, while its request is
+//! answered from the pool at once. A refill asks for the region's demand (units asked, admitted
+//! or not) since the last refill, per second, times three times the measured refill lag (the
+//! pool's moving average from claim to deposit; at least 20 ms, at most the horizon), at most
+//! the capacity, less the units left; home grants what it has. When home has none, no refill
+//! is claimed before home's own `retry_after`. A key new to a region has an empty pool: it is
+//! denied there until its first refills arrive (about two round trips to home).
+//!
+//! # Unused units go home
+//!
+//! Units deposited in a pool are due home after the [horizon](RegionBuilder::horizon) (1 s by
+//! default). The next step on the pool that finds them due (a request, or
+//! [`RegionStore::sweep`] for keys that went quiet) takes them out and gives them back with the
+//! refill's exchange, in the same home call. Until then they stay spendable in the region, so a
+//! unit withdrawn at `t` is admitted by `t + horizon` (see below for a home cut).
+//!
+//! # When home is unreachable
+//!
+//! No error reaches a caller for it: a refill that fails is counted
+//! ([`RegionStats::refill_failures`]), and no other refill of that key is claimed in the region
+//! for [`RegionBuilder::retry_after_failure`]. Meanwhile the region spends what its pools hold,
+//! past their horizon too (they are not sent home while the last refill failed). When a pool
+//! cannot pay, the request is denied (the limit still holds), or admitted if the operator chose
+//! [`HomeUnreachable::Allow`] (fail open: the limit no longer holds for that key in that region
+//! until home answers again). The units a failed exchange was giving back may or may not be back
+//! home (the call's fate is unknown): they are counted as lost, an under-admission.
+//!
+//! The region's own Redis failing is the region's store failing: its error reaches the caller,
+//! as from a [`RedisStore`] (wrap the region store in a hybrid store for a failure mode).
+//!
+//! # What is decided where
+//!
+//! The token bucket and GCRA, costs up to the capacity: through the pool. Peeks (cost 0)
+//! answer from the pool too (allowed when it holds a unit). The window algorithms and costs
+//! above the capacity go to the home store (at home's latency). A batch
+//! ([`Store::decide_all`]) is all or nothing: its regional requests are spent from their pools
+//! one after the other, the others decided at home as one batch, and the pools' units put back
+//! when any request is denied.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlimit_core::{Decision, Error, Grant, Key, LeaseStore, Limit, Request, Store};
+
+use crate::RedisStore;
+use crate::layout::KeyBuf;
+use crate::script::Group;
+
+/// How long deposited units stay in a region's pool before they are due home: 1 s.
+pub const DEFAULT_REGION_HORIZON: Duration = Duration::from_secs(1);
+
+/// How long one instance's refill may take before another may claim one: 2 s.
+pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a region waits after a failed refill before claiming another: 250 ms.
+pub const DEFAULT_RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
+
+/// The most keys [`RegionStore::sweep`] remembers per instance: 65 536.
+pub const MAX_SWEPT_KEYS: usize = 1 << 16;
+
+/// What a request its region's pool cannot pay gets while home is unreachable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HomeUnreachable {
+    /// Denied: the limit holds (the default).
+    #[default]
+    Deny,
+    /// Admitted (fail open): the key is not limited in this region until home answers.
+    Allow,
+}
+
+/// Counts of what a [`RegionStore`] (one instance) did since it was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegionStats {
+    /// Refills asked of home by this instance (each one `exchange`).
+    pub refills: u64,
+    /// Refills that failed (home unreachable or failing).
+    pub refill_failures: u64,
+    /// Units home granted to this instance's refills.
+    pub from_home: u64,
+    /// Units given back home.
+    pub returned_home: u64,
+    /// Units whose fate is unknown: given back by a failed exchange, or granted by home but not
+    /// deposited (the region's Redis failed). An under-admission.
+    pub lost: u64,
+    /// Requests admitted without units because home was unreachable
+    /// ([`HomeUnreachable::Allow`]).
+    pub failed_open: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    refills: AtomicU64,
+    refill_failures: AtomicU64,
+    from_home: AtomicU64,
+    returned_home: AtomicU64,
+    lost: AtomicU64,
+    failed_open: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
+}
+
+/// Configures a [`RegionStore`].
+#[derive(Clone, Debug)]
+pub struct RegionBuilder {
+    horizon: Duration,
+    claim_timeout: Duration,
+    retry_after_failure: Duration,
+    home_unreachable: HomeUnreachable,
+}
+
+impl Default for RegionBuilder {
+    fn default() -> Self {
+        Self {
+            horizon: DEFAULT_REGION_HORIZON,
+            claim_timeout: DEFAULT_CLAIM_TIMEOUT,
+            retry_after_failure: DEFAULT_RETRY_AFTER_FAILURE,
+            home_unreachable: HomeUnreachable::Deny,
+        }
+    }
+}
+
+impl RegionBuilder {
+    /// How long deposited units stay in a pool before they are due home, and the time a refill
+    /// aims to last (default [`DEFAULT_REGION_HORIZON`], at least 1 ms). Keep it several times
+    /// the round trip to home, so a refill arrives before the pool runs dry.
+    pub fn horizon(mut self, horizon: Duration) -> Self {
+        self.horizon = horizon.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a refill may take (default [`DEFAULT_CLAIM_TIMEOUT`], at least 1 ms): the home
+    /// call is abandoned after it (a failure), and another instance may claim a refill.
+    pub fn claim_timeout(mut self, timeout: Duration) -> Self {
+        self.claim_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a region waits after a failed refill before it claims another (default
+    /// [`DEFAULT_RETRY_AFTER_FAILURE`]).
+    pub fn retry_after_failure(mut self, wait: Duration) -> Self {
+        self.retry_after_failure = wait;
+        self
+    }
+
+    /// What a request the pool cannot pay gets while home is unreachable (default
+    /// [`HomeUnreachable::Deny`]).
+    pub fn home_unreachable(mut self, answer: HomeUnreachable) -> Self {
+        self.home_unreachable = answer;
+        self
+    }
+
+    /// A region store spending from pools in `region` (this region's Redis) whose units come
+    /// from `home`. `region` may be the home store's own server: pools have keys of their own.
+    pub fn build<H: LeaseStore + 'static>(self, home: H, region: RedisStore) -> RegionStore<H> {
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let horizon_us = us(self.horizon);
+        let claim_us = us(self.claim_timeout);
+        // A pool outlives its units' horizon and any claim: it is forgotten (its units lost)
+        // only after ten horizons, and at least a minute, without a step.
+        let keep_ms = (horizon_us.saturating_mul(10).max(claim_us) / 1000).max(60_000);
+        RegionStore {
+            shared: Arc::new(Shared {
+                home,
+                region,
+                horizon_us,
+                claim_us,
+                claim_timeout: self.claim_timeout,
+                backoff_us: us(self.retry_after_failure),
+                keep_ms,
+                home_unreachable: self.home_unreachable,
+                counters: Counters::default(),
+                seen: Seen::default(),
+            }),
+        }
+    }
+}
+
+/// The keys an instance stepped on since the last [`RegionStore::sweep`], with their limits.
+#[derive(Default)]
+struct Seen(Mutex<HashMap<PolicyKey, Limit>>);
+
+/// A (policy, key) pair, owned.
+type PolicyKey = (Box<str>, Box<[u8]>);
+
+impl Seen {
+    fn note(&self, policy: &str, key: &[u8], limit: Limit) {
+        let Ok(mut seen) = self.0.lock() else { return };
+        if seen.len() < MAX_SWEPT_KEYS {
+            seen.insert((policy.into(), key.into()), limit);
+        } else if let Some(known) = seen.get_mut(&(Box::from(policy), Box::from(key))) {
+            *known = limit;
+        }
+    }
+
+    fn take(&self) -> Vec<(PolicyKey, Limit)> {
+        self.0
+            .lock()
+            .map(|mut seen| seen.drain().collect())
+            .unwrap_or_default()
+    }
+}
+
+struct Shared<H> {
+    home: H,
+    region: RedisStore,
+    horizon_us: u64,
+    claim_us: u64,
+    claim_timeout: Duration,
+    backoff_us: u64,
+    keep_ms: u64,
+    home_unreachable: HomeUnreachable,
+    counters: Counters,
+    seen: Seen,
+}
+
+/// A [`Store`] (and [`LeaseStore`]) for one region: see the [module documentation](self).
+///
+/// Refills run as tasks of the current Tokio runtime: decide inside one, as for the
+/// [`RedisStore`] itself.
+///
+/// Cloning is cheap: clones share the connections, counters and settings.
+pub struct RegionStore<H> {
+    shared: Arc<Shared<H>>,
+}
+
+impl<H> Clone for RegionStore<H> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<H> fmt::Debug for RegionStore<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegionStore")
+            .field("region", &self.shared.region)
+            .field("horizon_us", &self.shared.horizon_us)
+            .field("home_unreachable", &self.shared.home_unreachable)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One step's answer from the pool (`pool.lua`).
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    granted: u64,
+    units: u64,
+    back: u64,
+    want: u64,
+    denied_until: u64,
+    failing: bool,
+    now: u64,
+}
+
+/// What follows a pool's key after the state key of its (policy, key): 0xFF, which no policy
+/// name (UTF-8) holds, and `pool`.
+const POOL_SUFFIX: &[u8] = b"\xFFpool";
+
+/// The pool's actions (`pool.lua`).
+const SPEND: u64 = 1;
+const DEPOSIT: u64 = 2;
+
+/// The owned (policy, key, limit) of a refill, which outlives its request.
+struct Target {
+    policy: Box<str>,
+    key: Box<[u8]>,
+    limit: Limit,
+}
+
+impl RegionStore<()> {
+    /// A builder with the defaults.
+    pub fn builder() -> RegionBuilder {
+        RegionBuilder::default()
+    }
+}
+
+impl<H> RegionStore<H> {
+    /// The home store.
+    pub fn home(&self) -> &H {
+        &self.shared.home
+    }
+
+    /// The region's own Redis.
+    pub fn region(&self) -> &RedisStore {
+        &self.shared.region
+    }
+
+    /// What this instance did since it was built.
+    pub fn stats(&self) -> RegionStats {
+        let c = &self.shared.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RegionStats {
+            refills: load(&c.refills),
+            refill_failures: load(&c.refill_failures),
+            from_home: load(&c.from_home),
+            returned_home: load(&c.returned_home),
+            lost: load(&c.lost),
+            failed_open: load(&c.failed_open),
+        }
+    }
+}
+
+impl<H: LeaseStore + 'static> RegionStore<H> {
+    /// The pool's key: the state key of (policy, key) in the region's layout, then
+    /// [`POOL_SUFFIX`]: never a state key, even on home's server.
+    fn pool_key(&self, policy: &str, key: &[u8], out: &mut KeyBuf) {
+        self.shared
+            .region
+            .layout()
+            .write_key(policy.as_bytes(), key, out);
+    }
+
+    async fn step(
+        &self,
+        policy: &str,
+        key: &[u8],
+        limit: &Limit,
+        action: [u64; 4],
+    ) -> Result<Step, Error> {
+        let s = &*self.shared;
+        let mut buf = KeyBuf::new();
+        self.pool_key(policy, key, &mut buf);
+        let group = Group::pool(
+            buf.as_bytes(),
+            POOL_SUFFIX,
+            [s.horizon_us, limit.capacity(), s.claim_us, s.keep_ms],
+            action,
+            s.region.time(),
+        )?;
+        let [granted, units, back, want, denied_until, failing, now] =
+            s.region.send(group).await?.pool;
+        Ok(Step {
+            granted,
+            units,
+            back,
+            want,
+            denied_until,
+            failing: failing != 0,
+            now,
+        })
+    }
+
+    /// Spends from the pool (give back `back`, take `want` if at least `min`), and starts the
+    /// refill the step claimed, if any.
+    async fn spend(
+        &self,
+        request: &Request<'_>,
+        back: u64,
+        want: u64,
+        min: u64,
+    ) -> Result<Step, Error> {
+        let (policy, key, limit) = (request.policy(), request.key().as_bytes(), request.limit());
+        self.step_and_refill(policy, key, limit, [SPEND, back, want, min])
+            .await
+    }
+
+    /// A step on the pool, then the refill it claimed, if any, in a task of its own.
+    async fn step_and_refill(
+        &self,
+        policy: &str,
+        key: &[u8],
+        limit: &Limit,
+        action: [u64; 4],
+    ) -> Result<Step, Error> {
+        let step = self.step(policy, key, limit, action).await?;
+        if step.back > 0 || step.want > 0 {
+            let target = Target {
+                policy: policy.into(),
+                key: key.into(),
+                limit: *limit,
+            };
+            let this = self.clone();
+            tokio::spawn(async move { this.refill(target, step.back, step.want).await });
+        }
+        Ok(step)
+    }
+
+    /// The claimed refill: one home exchange, then its answer deposited in the pool.
+    async fn refill(&self, target: Target, back: u64, want: u64) {
+        let s = &*self.shared;
+        let c = &s.counters;
+        let Ok(key) = Key::new(&target.key) else {
+            return;
+        };
+        let Ok(request) = Request::new(key, target.limit).with_policy(&target.policy) else {
+            return;
+        };
+        bump(&c.refills, 1);
+        let answer = tokio::time::timeout(s.claim_timeout, s.home.exchange(&request, back, want))
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                store: "region",
+                after: s.claim_timeout,
+            }));
+        let deposit = match answer {
+            Ok(grant) => {
+                bump(&c.returned_home, back);
+                bump(&c.from_home, grant.granted);
+                [
+                    DEPOSIT,
+                    grant.granted,
+                    grant.decision.retry_after_us().max(1),
+                    1,
+                ]
+            }
+            Err(_) => {
+                bump(&c.refill_failures, 1);
+                bump(&c.lost, back);
+                [DEPOSIT, 0, s.backoff_us, 0]
+            }
+        };
+        match self
+            .step(&target.policy, &target.key, &target.limit, deposit)
+            .await
+        {
+            // A pool holding units is one the sweep must look at once they are due.
+            Ok(step) if step.units > 0 => {
+                s.seen.note(&target.policy, &target.key, target.limit);
+            }
+            Ok(_) => {}
+            // The units granted are withdrawn at home and not in the pool: lost. The claim
+            // ends by its own timeout.
+            Err(_) => bump(&c.lost, deposit[1]),
+        }
+    }
+
+    /// The decision for a request of `cost` after `step`.
+    fn decision(&self, limit: &Limit, cost: u64, step: &Step) -> Decision {
+        let capacity = limit.capacity();
+        let interval = limit.quota().emission_interval_us();
+        let reset_us = capacity.saturating_sub(step.units).saturating_mul(interval);
+        if step.granted >= cost {
+            return Decision::from_micros(true, capacity, step.units, reset_us, 0);
+        }
+        if step.failing && self.shared.home_unreachable == HomeUnreachable::Allow {
+            bump(&self.shared.counters.failed_open, 1);
+            return Decision::from_micros(true, capacity, step.units, reset_us, 0);
+        }
+        // Until home has units, or the missing units at the limit's rate (an estimate: other
+        // regions may take them first).
+        let missing = cost.saturating_sub(step.units).max(1);
+        let retry = step
+            .denied_until
+            .saturating_sub(step.now)
+            .max(missing.saturating_mul(interval));
+        Decision::from_micros(false, capacity, step.units, reset_us, retry)
+    }
+
+    /// Gives back home the units of pools that are due (past their horizon), for the keys this
+    /// instance refilled since the last sweep (and those a sweep left holding units), which
+    /// may have gone quiet; answers the keys swept. Keys still in use are handled by their own requests too; a sweep only claims what
+    /// no refill is claiming.
+    pub async fn sweep(&self) -> usize {
+        let seen = self.shared.seen.take();
+        let n = seen.len();
+        for ((policy, key), limit) in seen {
+            // A step asking for nothing: it claims only the units that are due. A pool still
+            // holding units is swept again next time.
+            if let Ok(step) = self
+                .step_and_refill(&policy, &key, &limit, [SPEND, 0, 0, 0])
+                .await
+                && step.units > 0
+            {
+                self.shared.seen.note(&policy, &key, limit);
+            }
+        }
+        n
+    }
+}
+
+/// Runs [`RegionStore::sweep`] every `every` on the current Tokio runtime until the store and
+/// its clones are dropped.
+pub fn spawn_region_sweeper<H: LeaseStore + 'static>(
+    store: &RegionStore<H>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let weak = Arc::downgrade(&store.shared);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            RegionStore { shared }.sweep().await;
+        }
+    })
+}
+
+impl<H: LeaseStore + 'static> RegionStore<H> {
+    fn regional(request: &Request<'_>) -> bool {
+        let limit = request.limit();
+        request.cost() <= limit.capacity() && limit.check_lease().is_ok()
+    }
+}
+
+#[async_trait]
+impl<H: LeaseStore + 'static> Store for RegionStore<H> {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        if !Self::regional(request) {
+            return self.shared.home.decide(request).await;
+        }
+        let cost = request.cost();
+        if cost == 0 {
+            // A peek: whether the pool holds a unit.
+            let step = self.spend(request, 0, 0, 0).await?;
+            let granted = step.units.min(1);
+            return Ok(self.decision(request.limit(), 1, &Step { granted, ..step }));
+        }
+        let step = self.spend(request, 0, cost, cost).await?;
+        Ok(self.decision(request.limit(), cost, &step))
+    }
+
+    /// All or nothing, one request after the other: each regional request (see the module
+    /// documentation) is spent from its pool in turn, then the others go to home as one batch
+    /// (only peeked at once a pool denied). When any request is denied, or a store fails, the
+    /// units spent from pools go back into them (they are the region's own: exact), so the
+    /// batch charged nothing; until then they are not spendable by other requests. A denied
+    /// batch answers each regional request what its pool answered.
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        distlimit_core::validate_batch(requests)?;
+        if let [one] = requests {
+            return Ok(vec![self.decide(one).await?]);
+        }
+        let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
+        let mut spent: Vec<&Request<'_>> = Vec::new();
+        let mut denied = false;
+        for (request, decision) in requests.iter().zip(&mut decisions) {
+            if !Self::regional(request) || denied {
+                continue;
+            }
+            let decided = match self.decide(request).await {
+                Ok(decided) => decided,
+                Err(e) => {
+                    self.unspend(&spent).await;
+                    return Err(e);
+                }
+            };
+            if decided.is_allowed() && request.cost() > 0 {
+                spent.push(request);
+            }
+            denied |= decided.is_denied();
+            *decision = Some(decided);
+        }
+        // Regional requests after a denial: answered as peeks.
+        for (request, decision) in requests.iter().zip(&mut decisions) {
+            if decision.is_none() && Self::regional(request) {
+                match self.decide(&request.with_cost(0)).await {
+                    Ok(peek) => *decision = Some(peek),
+                    Err(e) => {
+                        self.unspend(&spent).await;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let rest: Vec<Request<'_>> = requests
+            .iter()
+            .filter(|r| !Self::regional(r))
+            .map(|r| if denied { r.with_cost(0) } else { *r })
+            .collect();
+        if !rest.is_empty() {
+            let answered = match self.shared.home.decide_all(&rest).await {
+                Ok(answered) => answered,
+                Err(e) => {
+                    self.unspend(&spent).await;
+                    return Err(e);
+                }
+            };
+            denied |= answered.iter().any(Decision::is_denied);
+            let mut answered = answered.into_iter();
+            for (request, decision) in requests.iter().zip(&mut decisions) {
+                if !Self::regional(request) {
+                    *decision = answered.next();
+                }
+            }
+        }
+        if denied {
+            self.unspend(&spent).await;
+        }
+        decisions
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or(Error::InvalidRequest(
+                "the store answered fewer decisions than requests",
+            ))
+    }
+}
+
+impl<H: LeaseStore + 'static> RegionStore<H> {
+    /// Puts the units a denied or failed batch spent from pools back into them. A give-back
+    /// that fails leaves them spent: an under-admission, never more than the limit.
+    async fn unspend(&self, spent: &[&Request<'_>]) {
+        for request in spent {
+            let _ = self.spend(request, request.cost(), 0, 0).await;
+        }
+    }
+}
+
+/// Instances may lease from their region's pool (`Leased<RegionStore<_>>`): an exchange gives
+/// back units to the pool and takes up to `want` of those it holds, as one step.
+#[async_trait]
+impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
+    async fn exchange(
+        &self,
+        request: &Request<'_>,
+        give_back: u64,
+        want: u64,
+    ) -> Result<Grant, Error> {
+        request.limit().check_lease()?;
+        let want = want.min(request.limit().capacity());
+        let step = self.spend(request, give_back, want, 1).await?;
+        let decision = if step.granted > 0 {
+            self.decision(request.limit(), step.granted, &step)
+        } else {
+            self.decision(request.limit(), 1, &step)
+        };
+        Ok(Grant {
+            granted: step.granted,
+            decision,
+        })
+    }
+}
