@@ -3,6 +3,7 @@
 mod checks;
 mod faulty;
 mod macros;
+mod proxy;
 #[cfg(feature = "redis")]
 pub mod server;
 mod support;
@@ -21,6 +22,7 @@ pub use checks::{
     check_policies_are_independent, check_retry_after_is_exact, check_store_ext_validates_keys,
 };
 pub use faulty::{Fault, FaultKind, FaultyStore};
+pub use proxy::Proxy;
 
 /// Where every check's clock starts: 2023-11-19T00:00:00Z in microseconds since the Unix epoch,
 /// a multiple of ten days (so of every whole second, minute, hour and day period), so that
