@@ -166,12 +166,14 @@ async fn failover_to_a_lagging_replica(durable: bool) -> Option<Run> {
     assert_eq!(before, BEFORE, "every decision before the kill is admitted");
 
     let replica = set.replica().addr();
-    poll(PROMOTION_BOUND, "the replica was not promoted", || {
-        match named(&set.sentinels()[0]) {
+    poll(
+        PROMOTION_BOUND,
+        "the replica was not promoted",
+        || match named(&set.sentinels()[0]) {
             Some(addr) if addr == replica => Ok(()),
             other => Err(format!("the sentinels name {other:?}")),
-        }
-    })
+        },
+    )
     .await;
     eprintln!("promoted {:.1?} after the kill", killed.elapsed());
 
@@ -187,7 +189,11 @@ async fn failover_to_a_lagging_replica(durable: bool) -> Option<Run> {
     // Every store follows the promotion (a probe on a key of its own).
     for (i, store) in stores.iter().enumerate() {
         let deadline = Instant::now() + SETTLE_BOUND;
-        while store.check(&format!("probe-{i}"), daily(LIMIT)).await.is_err() {
+        while store
+            .check(&format!("probe-{i}"), daily(LIMIT))
+            .await
+            .is_err()
+        {
             assert!(Instant::now() < deadline, "store {i} did not follow");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -290,7 +296,10 @@ async fn without_enough_replicas_an_admission_is_a_typed_error_the_failure_mode_
     replica
         .command(&["REPLICAOF", "127.0.0.1", &server.port().to_string()])
         .unwrap();
-    poll(SETTLE_BOUND, "the replica did not sync", || synced(&replica)).await;
+    poll(SETTLE_BOUND, "the replica did not sync", || {
+        synced(&replica)
+    })
+    .await;
     let store = support::connect(
         RedisStore::builder(server.url())
             .prefix(support::unique_prefix("durable-replica"))

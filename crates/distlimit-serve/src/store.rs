@@ -230,7 +230,9 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
                 ),
             }));
         }
-        tracing::info!("durable decisions: each admission waits for {replicas} replica(s), at most {timeout:?}");
+        tracing::info!(
+            "durable decisions: each admission waits for {replicas} replica(s), at most {timeout:?}"
+        );
         builder = builder.durable(replicas, timeout);
     }
     let mode = FailureMode::from(args.failure_mode);

@@ -236,7 +236,11 @@ fn write_on(
             if state.generation != generation {
                 return;
             }
-            let delay = if up { state.to_upstream } else { state.to_client };
+            let delay = if up {
+                state.to_upstream
+            } else {
+                state.to_client
+            };
             let due = read_at + delay;
             let now = Instant::now();
             if !state.held && now >= due {
@@ -312,7 +316,10 @@ mod tests {
         conn.set_read_timeout(Some(Duration::from_millis(150)))
             .unwrap();
         let mut buf = [0u8; 4];
-        assert!(conn.read_exact(&mut buf).is_err(), "held bytes came through");
+        assert!(
+            conn.read_exact(&mut buf).is_err(),
+            "held bytes came through"
+        );
         proxy.release();
         conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         conn.read_exact(&mut buf).unwrap();

@@ -107,7 +107,7 @@ impl Sentinel {
                     &config,
                     config_file(port, dir, primary_port, failover_timeout),
                 )
-                    .map_err(|e| format!("writing {}: {e}", config.display()))?;
+                .map_err(|e| format!("writing {}: {e}", config.display()))?;
                 Ok(vec![config.into_os_string(), OsString::from("--sentinel")])
             })?);
         }
@@ -266,12 +266,7 @@ mod tests {
 
     #[test]
     fn config_files_monitor_the_primary_and_quote_the_dir() {
-        let config = config_file(
-            41001,
-            Path::new("/tmp/a \"b\""),
-            41000,
-            FAILOVER_TIMEOUT,
-        );
+        let config = config_file(41001, Path::new("/tmp/a \"b\""), 41000, FAILOVER_TIMEOUT);
         let lines: Vec<&str> = config.lines().collect();
         assert_eq!(
             lines,
