@@ -47,7 +47,7 @@ impl Sentinel {
     /// The replica is synced before the sentinels start so their first `INFO` of the primary
     /// lists it; otherwise they would learn of it only at the next `INFO`, 10 s later.
     pub fn start(bin: &Path) -> Result<Self, String> {
-        Self::start_with(bin, |primary| Ok(primary), FAILOVER_TIMEOUT)
+        Self::start_with(bin, Ok, FAILOVER_TIMEOUT)
     }
 
     /// As [`start`](Self::start), but the replica replicates from the address `via` returns for
