@@ -1,25 +1,4 @@
-//! [`Proxy`]: a TCP proxy on loopback for fault tests: it forwards every connection it accepts
-//! to one upstream address, and can add a delay in either direction, hold the bytes (buffer
-//! them, forwarding nothing, until released), and cut every connection (dropping what it
-//! buffered).
-//!
-//! Plain threads and blocking sockets (two per connection), so it runs under any runtime or
-//! none. Everything stops when it is dropped.
-//!
-//! ```no_run
-//! use std::time::Duration;
-//! use distlimit_test::Proxy;
-//!
-//! # fn main() -> std::io::Result<()> {
-//! let upstream = "127.0.0.1:7000".parse().unwrap();
-//! let proxy = Proxy::start(upstream)?;
-//! // Clients connect to `proxy.addr()` instead of `upstream`.
-//! proxy.set_delays(Duration::ZERO, Duration::from_millis(40)); // upstream's bytes arrive late
-//! proxy.hold(); // nothing more is forwarded…
-//! proxy.release(); // …until now
-//! proxy.cut(); // every connection closed, buffered bytes dropped
-//! # Ok(()) }
-//! ```
+//! [`Proxy`]: a TCP proxy on loopback for fault tests.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -35,7 +14,28 @@ const CHUNK: usize = 64 * 1024;
 /// also wake it at once).
 const TICK: Duration = Duration::from_millis(20);
 
-/// A TCP proxy from a loopback port to one upstream address; see the [module](self).
+/// A TCP proxy on loopback for fault tests: it forwards every connection it accepts
+/// to one upstream address, and can add a delay in either direction, hold the bytes (buffer
+/// them, forwarding nothing, until released), and cut every connection (dropping what it
+/// buffered).
+///
+/// Plain threads and blocking sockets (two per connection), so it runs under any runtime or
+/// none. Everything stops when it is dropped.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use distlimit_test::Proxy;
+///
+/// # fn main() -> std::io::Result<()> {
+/// let upstream = "127.0.0.1:7000".parse().unwrap();
+/// let proxy = Proxy::start(upstream)?;
+/// // Clients connect to `proxy.addr()` instead of `upstream`.
+/// proxy.set_delays(Duration::ZERO, Duration::from_millis(40)); // upstream's bytes arrive late
+/// proxy.hold(); // nothing more is forwarded…
+/// proxy.release(); // …until now
+/// proxy.cut(); // every connection closed, buffered bytes dropped
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Proxy {
     addr: SocketAddr,
