@@ -30,7 +30,10 @@
 //! `Call::run` is the one place a call is sent: `EVALSHA` and, when the server answers `NOSCRIPT`
 //! (a restart, a failover, `SCRIPT FLUSH`), the same call once more as `EVAL` with the script's
 //! text, which also caches it again. A `NOSCRIPT` reply means the script did not run, so
-//! re-sending it cannot charge twice. Nothing else is ever retried. (`redis::Script` answers
+//! re-sending it cannot charge twice. Nothing else is ever retried. With durable decisions
+//! (`durable.rs`) the script is followed by `WAIT` in one pipeline on the same connection, and
+//! the answers of the groups that admitted become a `NotDurable` error when too few replicas
+//! acknowledged. (`redis::Script` answers
 //! `NOSCRIPT` with a `SCRIPT LOAD` and a second `EVALSHA`: a third round trip, a keyless command
 //! that a Cluster routes apart from the call and that the `ASK` path here would have to wrap too,
 //! and a copy of every key and argument into its own buffers.)

@@ -456,3 +456,57 @@ impl LeaseStore for RedisPrimary {
         self.store()?.exchange(request, give_back, want).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        store: StoreArgs,
+    }
+
+    #[test]
+    fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
+        let args = |flags: &[&str]| {
+            let base = ["test", "--redis", "redis://127.0.0.1:1"];
+            Flags::try_parse_from(base.iter().chain(flags))
+                .unwrap()
+                .store
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let metrics = Metrics::new();
+        let refused = args(&[
+            "--redis-durable-replicas",
+            "1",
+            "--redis-durable-timeout-ms",
+            "50",
+        ]);
+        match rt.block_on(build(&refused, &metrics)) {
+            Err(StoreError::Redis(Error::Config { message, .. })) => {
+                assert!(message.contains("--redis-budget-ms"), "{message}");
+            }
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("a WAIT timeout of the budget's length was accepted"),
+        }
+        // Below the budget but not below the reply timeout: the store refuses it.
+        let refused = args(&[
+            "--redis-durable-replicas",
+            "1",
+            "--redis-durable-timeout-ms",
+            "300",
+            "--redis-budget-ms",
+            "1000",
+        ]);
+        assert!(matches!(
+            rt.block_on(build(&refused, &metrics)),
+            Err(StoreError::Redis(Error::Config { .. }))
+        ));
+    }
+}
