@@ -193,10 +193,12 @@ impl RedisStoreBuilder {
     /// then cannot re-admit what was admitted. See the
     /// [crate documentation](crate#durable-decisions).
     ///
-    /// Standalone (with its replicas), pool and Sentinel. [`connect`](Self::connect) answers an
-    /// [`Error::Config`] for 0 replicas, a zero timeout, a timeout not below the
+    /// Every mode: standalone (with its replicas), pool, Sentinel, and Cluster, where the
+    /// script and `WAIT` go to the slot's primary on one connection (redirects followed with
+    /// both), so `WAIT` counts that primary's replicas. [`connect`](Self::connect) answers an
+    /// [`Error::Config`] for 0 replicas, a zero timeout, or a timeout not below the
     /// [`response_timeout`](Self::response_timeout) (the call's deadline must leave room for
-    /// `WAIT`), or a Cluster (`WAIT` would have to follow each slot's redirects; not supported).
+    /// `WAIT`).
     pub fn durable(mut self, replicas: u32, timeout: Duration) -> Self {
         self.durable = Some(Durable { replicas, timeout });
         self
@@ -344,11 +346,6 @@ impl RedisStoreBuilder {
                      the response timeout ({:?})",
                     durable.timeout, self.response_timeout
                 )));
-            }
-            if matches!(topology, Topology::Cluster(_)) {
-                return Err(config_error(
-                    "durable decisions (WAIT) are not supported on a Redis Cluster",
-                ));
             }
         }
         if self.pool_size.is_some() && !matches!(topology, Topology::Standalone(_)) {

@@ -97,8 +97,7 @@ pub(crate) enum Backend {
 pub(crate) struct Timeouts {
     pub(crate) connect: Duration,
     pub(crate) response: Duration,
-    /// Durable decisions: `WAIT` after each call that may write (never in a Cluster, refused
-    /// when connecting).
+    /// Durable decisions: `WAIT` after each call that may write.
     pub(crate) durable: Option<Durable>,
 }
 
@@ -145,7 +144,7 @@ impl Backend {
                 .await
             }
             Backend::Sentinel(sentinel) => sentinel.call(call, timeouts).await,
-            Backend::Cluster(cluster) => cluster_call(cluster, call, after).await,
+            Backend::Cluster(cluster) => cluster_call(cluster, call, timeouts).await,
         }
     }
 
@@ -746,11 +745,16 @@ fn did_not_run(err: &Error) -> Option<Next> {
 
 /// Runs `call` on the Cluster, following redirects and waits that prove the script did not run,
 /// within `after` in all.
+///
+/// With durable decisions the script and `WAIT` go as one pipeline, which redis-rs routes by its
+/// one keyed command (`route_for_pipeline`: `WAIT` names no slot): to the slot's primary, on
+/// one connection, so `WAIT` counts that primary's replicas holding the write.
 async fn cluster_call(
     cluster: &ClusterConnection,
     call: &Call<'_>,
-    after: Duration,
+    timeouts: Timeouts,
 ) -> Result<Answers, Error> {
+    let after = timeouts.response;
     let deadline = Instant::now() + after;
     let mut conn = cluster.clone();
     let mut ask: Option<SingleNodeRoutingInfo> = None;
@@ -759,14 +763,13 @@ async fn cluster_call(
     loop {
         attempt += 1;
         let result = match ask.take() {
-            // No `WAIT` in a Cluster: durable decisions are refused there when connecting.
-            None => tokio::time::timeout_at(deadline, call.run(&mut conn, None)).await,
+            None => tokio::time::timeout_at(deadline, call.run(&mut conn, timeouts.durable)).await,
             Some(node) => {
                 let mut asking = Asking {
                     conn: &mut conn,
                     node,
                 };
-                tokio::time::timeout_at(deadline, call.run(&mut asking, None)).await
+                tokio::time::timeout_at(deadline, call.run(&mut asking, timeouts.durable)).await
             }
         };
         let err = match result {

@@ -9,8 +9,10 @@
 //!   replica, and the stores spend the key again. Without the option the promoted replica has
 //!   not seen the first admissions and admits the whole limit again; with it, never more than
 //!   the limit in all.
-//! * `without_enough_replicas_*`: the typed error, what a hybrid's failure modes make of it,
-//!   one `WAIT` per call, and the configurations refused.
+//! * `without_enough_replicas_*`: the typed error (multiplexed, pool, a lease exchange), what a
+//!   hybrid's failure modes make of it, one `WAIT` per call; the configurations refused.
+//! * `in_a_cluster_*`: a private Cluster: one `WAIT` per call on the script's node, and a
+//!   shard whose replica is killed answers `NotDurable` while the others admit.
 //!
 //! Servers: private ones (`distlimit_test::server`), so the shared servers of `cargo xtask
 //! test` are never faulted; without `redis-server` the tests skip with a note, or fail under
@@ -29,9 +31,10 @@ use std::time::{Duration, Instant};
 use distlimit_core::{Error, Key, LeaseStore, Limit, Quota, Request, StoreExt};
 use distlimit_hybrid::{FailureMode, Hybrid};
 use distlimit_memory::MemoryStore;
+use distlimit_redis::hash_slot;
 use distlimit_redis::{NotDurable, RedisStore};
 use distlimit_test::Proxy;
-use distlimit_test::server::{RedisServer, SERVICE, Sentinel, server_bin_or_skip};
+use distlimit_test::server::{Cluster, RedisServer, SERVICE, Sentinel, server_bin_or_skip};
 
 /// The tests that start servers run one at a time: a killed primary's port is free until the
 /// test restarts it, and a server another test started on it meanwhile would be taken for the
@@ -341,8 +344,8 @@ async fn without_enough_replicas_an_admission_is_a_typed_error_the_failure_mode_
     let store = support::connect(
         RedisStore::builder(server.url())
             .prefix(support::unique_prefix("durable-replica"))
-            .durable(1, Duration::from_millis(500))
-            .response_timeout(Duration::from_secs(2)),
+            .durable(1, WAIT_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT),
         "private server",
     )
     .await;
@@ -357,7 +360,15 @@ async fn without_enough_replicas_an_admission_is_a_typed_error_the_failure_mode_
         })
         .collect();
     for task in tasks {
-        assert!(task.await.unwrap().unwrap().is_allowed());
+        match task.await.unwrap() {
+            Ok(d) => assert!(d.is_allowed(), "{d:?}"),
+            Err(e) => panic!(
+                "{e:?}\nprimary: {}\nreplica: {}{}",
+                server.info("replication").unwrap_or_default(),
+                replica.info("replication").unwrap_or_default(),
+                replica.log_tail()
+            ),
+        }
     }
     let scripts = server.command_calls("evalsha").unwrap() - scripts;
     let waits = server.command_calls("wait").unwrap() - waits;
@@ -376,9 +387,6 @@ async fn durable_decisions_refuse_what_they_do_not_support() {
         }
     };
     let ms = Duration::from_millis;
-    // A Cluster: refused before connecting (no server needed).
-    let m = refused(RedisStore::builder("redis+cluster://127.0.0.1:1").durable(1, ms(10))).await;
-    assert!(m.contains("Cluster"), "{m}");
     let m = refused(RedisStore::builder("redis://127.0.0.1:1").durable(0, ms(10))).await;
     assert!(m.contains("replica"), "{m}");
     for timeout in [ms(0), ms(200), ms(300)] {
@@ -390,4 +398,112 @@ async fn durable_decisions_refuse_what_they_do_not_support() {
         .await;
         assert!(m.contains("WAIT timeout"), "{m}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_each_slot_waits_for_its_own_primarys_replica() {
+    let _alone = SERVERS.lock().await;
+    let Some(bin) = server_bin_or_skip() else {
+        return;
+    };
+    let mut cluster = blocking(|| Cluster::start(&bin)).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", cluster.describe());
+    for node in cluster.nodes() {
+        let info = blocking(|| node.info("replication")).unwrap();
+        if info.contains("role:master") {
+            poll(SETTLE_BOUND, "a primary's replica is not online", || {
+                online(node)
+            })
+            .await;
+        }
+    }
+    let urls: Vec<String> = cluster.nodes().iter().map(RedisServer::url).collect();
+    let prefix = support::unique_prefix("durable-cluster");
+    let store = support::connect(
+        RedisStore::cluster(urls)
+            .prefix(&prefix)
+            .durable(1, WAIT_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT),
+        "private Cluster",
+    )
+    .await;
+    let calls = |name: &str| -> u64 {
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.command_calls(name).unwrap())
+            .sum()
+    };
+    // Scripts are not preloaded in a Cluster: a node's first calls answer `NOSCRIPT` and are
+    // sent again as `EVAL`, each attempt with its `WAIT`.
+    let scripts_now = || calls("evalsha") + calls("eval");
+    let (scripts, waits) = blocking(|| (scripts_now(), calls("wait")));
+    // Keys over every shard, all admitted.
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.check(&format!("c{}", i % 16), daily(100)).await })
+        })
+        .collect();
+    for task in tasks {
+        let d = task.await.unwrap().unwrap();
+        assert!(d.is_allowed(), "{d:?}");
+    }
+    let (scripts, waits) = blocking(|| (scripts_now() - scripts, calls("wait") - waits));
+    eprintln!("64 decisions on 16 keys: {scripts} script calls, {waits} WAITs");
+    assert_eq!(
+        waits, scripts,
+        "one WAIT per script call, on the script's node"
+    );
+
+    // The replica of one key's shard gone: that key's admissions fail typed, others pass.
+    let key = "c0";
+    let slot = hash_slot(&store.redis_key("", Key::new(key).unwrap()));
+    let (primary, _) = blocking(|| cluster.shard_of(slot)).unwrap();
+    let other = (1..16)
+        .map(|i| format!("c{i}"))
+        .find(|k| {
+            let s = hash_slot(&store.redis_key("", Key::new(k).unwrap()));
+            blocking(|| cluster.shard_of(s)).unwrap().0 != primary
+        })
+        .expect("a key on another shard");
+    // The replicas as the primary itself lists them (`slaveN:ip=…,port=…`): gossip may not
+    // have told every node yet.
+    let info = blocking(|| cluster.nodes()[primary].info("replication")).unwrap();
+    let replicas: Vec<usize> = info
+        .lines()
+        .filter(|l| l.starts_with("slave"))
+        .filter_map(|l| {
+            l.split("port=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u16>()
+                .ok()
+        })
+        .filter_map(|port| cluster.nodes().iter().position(|n| n.port() == port))
+        .collect();
+    eprintln!("{key}: slot {slot}, primary node {primary}, replicas {replicas:?}");
+    assert!(
+        !replicas.is_empty(),
+        "the shard of {key} has no replica: {info}"
+    );
+    for &r in &replicas {
+        cluster.nodes_mut()[r].kill();
+    }
+    // Once the primary has seen its replica go.
+    let node = &cluster.nodes()[primary];
+    poll(SETTLE_BOUND, "the primary still lists its replica", || {
+        let info = node.info("replication")?;
+        if info.contains("connected_slaves:0") {
+            Ok(())
+        } else {
+            Err(info)
+        }
+    })
+    .await;
+    let e = store.check(key, daily(100)).await.unwrap_err();
+    assert!(NotDurable::of(&e).is_some(), "{e:?}");
+    let d = store.check(&other, daily(100)).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
 }

@@ -72,8 +72,8 @@ pub struct StoreArgs {
     /// (Redis `WAIT`, one per script call, on the same connection), so that a failover to a
     /// replica cannot admit again what was admitted; when fewer acknowledge within
     /// `--redis-durable-timeout-ms` the failure mode answers (pair it with `fail-closed` for a
-    /// hard quota). Standalone with replicas, or Sentinel; refused with a Cluster. Off when
-    /// absent.
+    /// hard quota). Standalone with replicas, Sentinel, or Cluster (N replicas of each
+    /// shard). Off when absent.
     #[arg(long, value_name = "N", requires = "redis", value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_durable_replicas: Option<u32>,
 
