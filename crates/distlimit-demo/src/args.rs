@@ -23,6 +23,7 @@ pub struct Args {
     pub policy: Option<PathBuf>,
 
     /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
+    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`,
     /// `--failure-mode`, `--lease` (shared with `distlimit-server`).
     #[command(flatten)]
     pub store: StoreArgs,
@@ -67,10 +68,24 @@ mod tests {
             "fail-closed",
             "--redis-timeout-ms",
             "300",
+            "--redis",
+            "redis+sentinel://127.0.0.1:26379/distlimit",
+            "--redis-durable-replicas",
+            "1",
+            "--redis-durable-timeout-ms",
+            "30",
         ])
         .unwrap();
         assert_eq!(args.serve.max_connections, 5_000_000_000);
         assert_eq!(args.store.redis_timeout_ms, 300);
+        assert_eq!(
+            args.store.redis_durable(),
+            Some((1, std::time::Duration::from_millis(30)))
+        );
+        assert_eq!(
+            args.store.failure_mode,
+            distlimit_serve::store::FailureModeArg::FailClosed
+        );
         assert!(Args::try_parse_from(["distlimit-demo", "--redis-budget-ms", "0"]).is_err());
     }
 }

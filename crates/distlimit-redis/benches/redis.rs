@@ -34,6 +34,10 @@
 //! * `Cluster`: a 6-node Cluster of the same harness, GCRA at 256 in flight, coalescing per hash
 //!   slot off and on: on random identities (nearly every decision in a slot of its own) and on
 //!   one hot identity (one slot).
+//! * `durable`: durable decisions (`RedisStoreBuilder::durable(1, …)`, a `WAIT 1` after each
+//!   script call) off and on, GCRA at 1 and 256 in flight on the default coalesced connection,
+//!   with a replica (a second harness server) attached for both, in interleaved rounds. Only
+//!   this part: `cargo bench -p distlimit-redis --bench redis -- durable`.
 
 // A benchmark binary: it prints its table, and setup that cannot fail in practice aborts loudly.
 #![allow(
@@ -93,6 +97,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // `-- durable`: only the durable decisions' comparison.
+    if std::env::args().skip(1).any(|a| a == "durable") {
+        print_durable(&rt.block_on(durable_comparison(&server)));
+        return;
+    }
     let mut rows: Vec<Row> = Vec::new();
 
     rt.block_on(async {
@@ -261,6 +270,86 @@ fn main() {
         "- the floor of a decision inside Redis: {floor:.2} µs for a bare GET and SET … PXAT of one key \
          from Lua, {FLOOR_KEYS} keys per call (what any script that reads and writes a key pays)"
     );
+    println!();
+    print_durable(&rt.block_on(durable_comparison(&server)));
+}
+
+/// `WAIT`'s timeout in the durable rows (never reached on loopback).
+const DURABLE_WAIT: Duration = Duration::from_millis(100);
+
+/// Durable decisions off and on, side by side (interleaved rounds), GCRA on the default
+/// coalesced multiplexed connection at 1 and 256 in flight, with one replica (a second
+/// `redis-server` of the harness) attached to `server` for both.
+async fn durable_comparison(server: &RedisServer) -> Vec<Row> {
+    let replica = RedisServer::start().expect("a second redis-server for the replica");
+    let port = server.port().to_string();
+    replica.command(&["REPLICAOF", "127.0.0.1", &port]).unwrap();
+    let synced = Instant::now();
+    // Online on the primary: after a diskless sync only at the replica's first ACK.
+    while !server.info("replication").unwrap().contains("state=online") {
+        assert!(
+            synced.elapsed() < Duration::from_secs(10),
+            "the replica did not sync"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = server.url();
+    let off = RedisStore::builder(&url)
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let on = RedisStore::builder(&url)
+        .response_timeout(Duration::from_secs(2))
+        .durable(1, DURABLE_WAIT)
+        .connect()
+        .await
+        .unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let limit = Limit::gcra(Quota::per_second(100).unwrap());
+    let pair = [(&off, "durable off"), (&on, "durable on (WAIT 1)")];
+    let mut rows = interleaved(&pair, &mut admin, limit, 1, DECISIONS_SERIAL).await;
+    rows.extend(interleaved(&pair, &mut admin, limit, 256, DECISIONS_PARALLEL).await);
+    drop(replica);
+    rows
+}
+
+/// The durable comparison's table: per in-flight count, off and on and their ratio.
+fn print_durable(rows: &[Row]) {
+    println!(
+        "| GCRA, one replica, coalesced | in flight | decisions/s | p50 µs | p99 µs | Redis CPU % |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {}{} | {} | {:.0} | {:.1} | {:.1} | {:.0} |",
+            r.conn,
+            if r.errors > 0 {
+                format!(" ({} errors)", r.errors)
+            } else {
+                String::new()
+            },
+            r.in_flight,
+            r.per_sec,
+            r.p50_us,
+            r.p99_us,
+            r.redis_cpu
+        );
+    }
+    for n in [1, 256] {
+        let pick = |on: bool| {
+            rows.iter()
+                .find(|r| r.in_flight == n && r.conn.starts_with("durable on") == on)
+        };
+        if let (Some(off), Some(on)) = (pick(false), pick(true)) {
+            println!(
+                "- {n} in flight, durable on / off: p50 {:.2}x, decisions/s {:.2}x",
+                on.p50_us / off.p50_us,
+                on.per_sec / off.per_sec
+            );
+        }
+    }
 }
 
 /// Keys per call of the floor measurement (about a full coalesced call).

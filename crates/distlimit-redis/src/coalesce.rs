@@ -25,6 +25,7 @@ use distlimit_core::observe::Observer;
 use distlimit_core::{Error, NotSent};
 use tokio::sync::oneshot;
 
+use crate::NotDurable;
 use crate::config::STORE;
 use crate::connection::{Backend, Timeouts};
 use crate::script::{Answer, Call, Group};
@@ -303,6 +304,13 @@ impl Copies {
     }
 
     fn next(&mut self) -> Error {
+        // Too few replicas for every caller alike: each gets the typed source (`NotDurable::of`).
+        if let Some(not) = NotDurable::of(&self.error) {
+            return Error::Unavailable {
+                store: STORE,
+                source: Box::new(not.clone()),
+            };
+        }
         let source = || -> distlimit_core::BoxError { Box::new(Shared(Arc::clone(&self.error))) };
         match &*self.error {
             Error::Timeout { store, after } => Error::Timeout {
@@ -372,3 +380,25 @@ impl fmt::Display for Shared {
 }
 
 impl std::error::Error for Shared {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durable::Durable;
+    use std::time::Duration;
+
+    #[test]
+    fn every_caller_of_a_call_too_few_replicas_acknowledged_gets_the_typed_error() {
+        let durable = Durable {
+            replicas: 2,
+            timeout: Duration::from_millis(5),
+        };
+        let mut copies = Copies::new(durable.shortfall(1));
+        for _ in 0..3 {
+            let e = copies.next();
+            let not = NotDurable::of(&e);
+            assert!(not.is_some_and(|n| n.acknowledged == 1), "{e:?}");
+            assert!(e.is_transient() && !e.is_not_sent());
+        }
+    }
+}

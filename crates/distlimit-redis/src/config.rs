@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distlimit_core::{Clock, Error, Observer};
 
+use crate::durable::Durable;
 use crate::layout::{DEFAULT_PREFIX, KeyLayout};
 use crate::store::RedisStore;
 
@@ -112,6 +113,7 @@ pub struct RedisStoreBuilder {
     pub(crate) coalesce: bool,
     pub(crate) coalesce_in_flight: Option<usize>,
     pub(crate) observer: Option<Arc<dyn Observer>>,
+    pub(crate) durable: Option<Durable>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -128,6 +130,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("coalesce", &self.coalesce)
             .field("coalesce_in_flight", &self.coalesce_in_flight)
             .field("observer", &self.observer.is_some())
+            .field("durable", &self.durable)
             .finish()
     }
 }
@@ -175,7 +178,30 @@ impl RedisStoreBuilder {
             coalesce: true,
             coalesce_in_flight: None,
             observer: None,
+            durable: None,
         }
+    }
+
+    /// Durable decisions (off by default): a decision that admits (charges units, or grants a
+    /// lease) is answered only once `replicas` replicas acknowledge its write, by `WAIT replicas
+    /// timeout` sent right after the script in one pipeline on the same connection (one `WAIT`
+    /// per script call, so per coalesced call under load; none for a call that only reads).
+    /// When fewer acknowledge within `timeout`, the admissions of that call are answered with an
+    /// [`Error::Unavailable`] whose source is a [`NotDurable`](crate::NotDurable): transient,
+    /// so a hybrid store's failure mode answers (pair it with fail-closed for a hard quota).
+    /// Denials are answered as they are. A failover that promotes a replica holding the write
+    /// then cannot re-admit what was admitted. See the
+    /// [crate documentation](crate#durable-decisions).
+    ///
+    /// Every mode: standalone (with its replicas), pool, Sentinel, and Cluster, where the
+    /// script and `WAIT` go to the slot's primary on one connection (redirects followed with
+    /// both), so `WAIT` counts that primary's replicas. [`connect`](Self::connect) answers an
+    /// [`Error::Config`] for 0 replicas, a zero timeout, or a timeout not below the
+    /// [`response_timeout`](Self::response_timeout) (the call's deadline must leave room for
+    /// `WAIT`).
+    pub fn durable(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.durable = Some(Durable { replicas, timeout });
+        self
     }
 
     /// Coalesce script calls (on by default): when every call slot is taken (see
@@ -310,6 +336,18 @@ impl RedisStoreBuilder {
             Topology::Url(url) => parse_url(url)?,
             other => other.clone(),
         };
+        if let Some(durable) = self.durable {
+            if durable.replicas == 0 {
+                return Err(config_error("durable decisions need at least 1 replica"));
+            }
+            if durable.timeout.is_zero() || durable.timeout >= self.response_timeout {
+                return Err(config_error(format!(
+                    "the durable decisions' WAIT timeout ({:?}) must be above zero and below \
+                     the response timeout ({:?})",
+                    durable.timeout, self.response_timeout
+                )));
+            }
+        }
         if self.pool_size.is_some() && !matches!(topology, Topology::Standalone(_)) {
             return Err(config_error(
                 "a connection pool is available for a standalone server only",

@@ -66,7 +66,9 @@ use redis::{
 };
 use tokio::time::Instant;
 
+use crate::NotDurable;
 use crate::config::{Certs, NodeAuth, STORE, config_error};
+use crate::durable::Durable;
 use crate::script::{self, Answer, Call};
 
 /// The most attempts one call makes in a Cluster (redirects and waits), within its deadline.
@@ -95,6 +97,8 @@ pub(crate) enum Backend {
 pub(crate) struct Timeouts {
     pub(crate) connect: Duration,
     pub(crate) response: Duration,
+    /// Durable decisions: `WAIT` after each call that may write.
+    pub(crate) durable: Option<Durable>,
 }
 
 impl Backend {
@@ -110,11 +114,11 @@ impl Backend {
             Backend::Manager(manager) => {
                 within(after, async {
                     let mut conn = manager.clone();
-                    match call.run(&mut conn).await {
+                    match call.run(&mut conn, timeouts.durable).await {
                         // The manager answered with the failure of its last reconnection (made
                         // while the server was down), and has just started another one: nothing
                         // was sent, so the call waits for the new connection and runs on it.
-                        Err(e) if refused(&e) => call.run(&mut conn).await,
+                        Err(e) if refused(&e) => call.run(&mut conn, timeouts.durable).await,
                         result => result,
                     }
                 })
@@ -128,7 +132,7 @@ impl Backend {
                     // Broken until the call completes: a call the deadline cuts short leaves it
                     // so, and the pool replaces the connection at its next checkout.
                     pooled.broken = true;
-                    let result = call.run(&mut pooled.conn).await;
+                    let result = call.run(&mut pooled.conn, timeouts.durable).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
                     if matches!(&result, Err(e) if lost_connection(e)) {
                         // The server went away (a restart, a crash): every connection opened
@@ -140,7 +144,7 @@ impl Backend {
                 .await
             }
             Backend::Sentinel(sentinel) => sentinel.call(call, timeouts).await,
-            Backend::Cluster(cluster) => cluster_call(cluster, call, after).await,
+            Backend::Cluster(cluster) => cluster_call(cluster, call, timeouts).await,
         }
     }
 
@@ -741,11 +745,16 @@ fn did_not_run(err: &Error) -> Option<Next> {
 
 /// Runs `call` on the Cluster, following redirects and waits that prove the script did not run,
 /// within `after` in all.
+///
+/// With durable decisions the script and `WAIT` go as one pipeline, which redis-rs routes by its
+/// one keyed command (`route_for_pipeline`: `WAIT` names no slot): to the slot's primary, on
+/// one connection, so `WAIT` counts that primary's replicas holding the write.
 async fn cluster_call(
     cluster: &ClusterConnection,
     call: &Call<'_>,
-    after: Duration,
+    timeouts: Timeouts,
 ) -> Result<Answers, Error> {
+    let after = timeouts.response;
     let deadline = Instant::now() + after;
     let mut conn = cluster.clone();
     let mut ask: Option<SingleNodeRoutingInfo> = None;
@@ -754,13 +763,13 @@ async fn cluster_call(
     loop {
         attempt += 1;
         let result = match ask.take() {
-            None => tokio::time::timeout_at(deadline, call.run(&mut conn)).await,
+            None => tokio::time::timeout_at(deadline, call.run(&mut conn, timeouts.durable)).await,
             Some(node) => {
                 let mut asking = Asking {
                     conn: &mut conn,
                     node,
                 };
-                tokio::time::timeout_at(deadline, call.run(&mut asking)).await
+                tokio::time::timeout_at(deadline, call.run(&mut asking, timeouts.durable)).await
             }
         };
         let err = match result {
@@ -955,17 +964,17 @@ impl SentinelBackend {
         let result = within(timeouts.response, async {
             let Current { id, mut conn, .. } = self.connection().await?;
             used = Some(id);
-            call.run(&mut conn).await
+            call.run(&mut conn, timeouts.durable).await
         })
         .await;
         // A timeout, a lost connection, `READONLY` from a demoted primary (for the whole call,
         // or for a group of a coalesced one): the next call asks the sentinels where the
         // primary is now.
+        // Not for too few replicas acknowledging (durable decisions): the primary answered.
+        let moved = |e: &Error| e.is_transient() && NotDurable::of(e).is_none();
         let transient = match &result {
-            Err(e) => e.is_transient(),
-            Ok(answers) => answers
-                .iter()
-                .any(|a| matches!(a, Err(e) if e.is_transient())),
+            Err(e) => moved(e),
+            Ok(answers) => answers.iter().any(|a| matches!(a, Err(e) if moved(e))),
         };
         if let (true, Some(id)) = (transient, used) {
             self.invalidate(id);
@@ -1041,6 +1050,7 @@ mod tests {
         let timeouts = Timeouts {
             connect: Duration::from_secs(1),
             response: Duration::from_secs(1),
+            durable: None,
         };
         let size = output_size(
             |(backend, call): (&'static Backend, &'static Call<'static>)| {

@@ -3,6 +3,7 @@
 mod coalesce;
 mod config;
 mod connection;
+mod durable;
 mod layout;
 mod lease;
 pub mod region;
@@ -13,6 +14,7 @@ pub use config::{
     DEFAULT_COALESCE_IN_FLIGHT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT,
     RedisStoreBuilder,
 };
+pub use durable::NotDurable;
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
 pub use region::{HomeUnreachable, RegionBuilder, RegionStats, RegionStore};
 pub use store::{Mode, RedisStore};

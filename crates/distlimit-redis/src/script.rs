@@ -30,7 +30,10 @@
 //! `Call::run` is the one place a call is sent: `EVALSHA` and, when the server answers `NOSCRIPT`
 //! (a restart, a failover, `SCRIPT FLUSH`), the same call once more as `EVAL` with the script's
 //! text, which also caches it again. A `NOSCRIPT` reply means the script did not run, so
-//! re-sending it cannot charge twice. Nothing else is ever retried. (`redis::Script` answers
+//! re-sending it cannot charge twice. Nothing else is ever retried. With durable decisions
+//! (`durable.rs`) the script is followed by `WAIT` in one pipeline on the same connection, and
+//! the answers of the groups that admitted become a `NotDurable` error when too few replicas
+//! acknowledged. (`redis::Script` answers
 //! `NOSCRIPT` with a `SCRIPT LOAD` and a second `EVALSHA`: a third round trip, a keyless command
 //! that a Cluster routes apart from the call and that the `ASK` path here would have to wrap too,
 //! and a copy of every key and argument into its own buffers.)
@@ -143,7 +146,9 @@ use std::time::Duration;
 
 use distlimit_core::{Algorithm, Decision, Error, Limit, MAX_BATCH, NEVER};
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
+
+use crate::durable::Durable;
 
 /// The name this driver reports in its errors.
 const STORE: &str = "redis";
@@ -554,6 +559,21 @@ impl Group {
         Ok(())
     }
 
+    /// Whether `answer` (this group's) admitted units: a charged request, or a lease granted.
+    /// Only such an answer needs its write on replicas; losing any other write (a denial's carried
+    /// state, a refund, units given back) can only under-admit.
+    pub(crate) fn admitted(&self, answer: &Answer) -> bool {
+        match self.op {
+            GroupOp::Lease => answer.granted > 0,
+            GroupOp::Refund | GroupOp::Evaluate => false,
+            GroupOp::One | GroupOp::Commit | GroupOp::CommitTimed => answer
+                .decisions
+                .iter()
+                .zip(&self.requests)
+                .any(|(d, (_, values))| d.is_allowed() && values[0] > 0),
+        }
+    }
+
     /// The number of requests (decisions, or keys of a refund).
     pub(crate) fn len(&self) -> usize {
         self.ends.len()
@@ -668,28 +688,90 @@ impl<'a> Call<'a> {
     /// The call fails as a whole on a failure of the call itself; a group fails alone on a bad
     /// value at its keys, except in a call of one group, where its error is the call's (as if
     /// the script had failed: what the connections classify, retry and fail over on).
+    ///
+    /// With `durable`, and unless every group only reads, the script is followed by `WAIT` in
+    /// one pipeline on the same connection; a group that admitted something is answered with a
+    /// [`NotDurable`](crate::NotDurable) error when fewer replicas acknowledged.
     pub(crate) async fn run<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
+        durable: Option<Durable>,
     ) -> Result<Vec<Result<Answer, Error>>, Error> {
-        let reply = match self.cmd(false).query_async::<Value>(conn).await {
+        let durable = durable.filter(|_| self.writes());
+        let reply = match self.send(conn, durable, false).await {
             // The script did not run: sending it with its text cannot decide twice.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.cmd(true).query_async::<Value>(conn).await
+                self.send(conn, durable, true).await
             }
             other => other,
         };
-        let reply = reply.map_err(|e| {
+        let (reply, acknowledged) = reply.map_err(|e| {
             let keys: Vec<&[u8]> = self.groups.iter().flat_map(|g| g.key_slices()).collect();
             map_error(e, &keys)
         })?;
         let mut answers = self.parse(reply)?;
+        if let (Some(durable), Some(acknowledged)) = (durable, acknowledged)
+            && acknowledged < i64::from(durable.replicas)
+        {
+            for (answer, group) in answers.iter_mut().zip(&self.groups) {
+                if matches!(answer, Ok(a) if group.admitted(a)) {
+                    *answer = Err(durable.shortfall(acknowledged));
+                }
+            }
+        }
         if let [Err(_)] = answers.as_slice()
             && let Some(Err(e)) = answers.pop()
         {
             return Err(e);
         }
         Ok(answers)
+    }
+
+    /// Whether a group may write: every group but a batch only evaluated, or only peeks.
+    fn writes(&self) -> bool {
+        self.groups.iter().any(|g| {
+            g.op != GroupOp::Evaluate
+                && (matches!(g.op, GroupOp::Refund | GroupOp::Lease)
+                    || g.requests.iter().any(|(_, values)| values[0] > 0))
+        })
+    }
+
+    /// Sends the script, and with `durable` `WAIT` right after it in one pipeline (so on the
+    /// same connection, and `WAIT` counts the replicas holding this connection's writes up to
+    /// the script's): the script's reply, and how many replicas `WAIT` answered.
+    async fn send<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        durable: Option<Durable>,
+        eval: bool,
+    ) -> Result<(Value, Option<i64>), RedisError> {
+        let Some(durable) = durable else {
+            return Ok((self.cmd(eval).query_async::<Value>(conn).await?, None));
+        };
+        let mut pipeline = Pipeline::with_capacity(2);
+        pipeline
+            .add_command(self.cmd(eval))
+            .cmd("WAIT")
+            .arg(durable.replicas)
+            .arg(durable.timeout_ms());
+        let mut replies = conn.req_packed_commands(&pipeline, 0, 2).await?;
+        let (Some(wait), Some(script), true) = (replies.pop(), replies.pop(), replies.is_empty())
+        else {
+            return Err(RedisError::from((
+                ErrorKind::Parse,
+                "expected two replies to the script and WAIT",
+            )));
+        };
+        // The script's own error first (`NOSCRIPT`, `READONLY`, …): it is what the call failed on.
+        let script = script.extract_error()?;
+        match wait.extract_error()? {
+            Value::Int(acknowledged) => Ok((script, Some(acknowledged))),
+            other => Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "WAIT answered something else than an integer",
+                describe(&other),
+            ))),
+        }
     }
 
     fn cmd(&self, eval: bool) -> Cmd {
@@ -836,7 +918,7 @@ where
     C: ConnectionLike + Send,
 {
     let group = Group::single(redis_key, limit, cost, time)?;
-    only(Call::one(&group).run(conn).await?)?.decision()
+    only(Call::one(&group).run(conn, None).await?)?.decision()
 }
 
 /// One step of the regional pool at `redis_key` (see `pool.lua`), as the region store sends it:
@@ -865,7 +947,7 @@ where
     C: ConnectionLike + Send,
 {
     let group = Group::batch(requests, time, GroupOp::Commit)?;
-    Ok(only(Call::one(&group).run(conn).await?)?.decisions)
+    Ok(only(Call::one(&group).run(conn, None).await?)?.decisions)
 }
 
 /// The answer of a call of one group.

@@ -57,6 +57,7 @@ impl fmt::Debug for RedisStore {
             .field("client_clock", &self.inner.clock.is_some())
             .field("connect_timeout", &self.inner.timeouts.connect)
             .field("response_timeout", &self.inner.timeouts.response)
+            .field("durable", &self.inner.timeouts.durable)
             .field("coalescer", &self.inner.coalescer)
             .finish_non_exhaustive()
     }
@@ -120,6 +121,7 @@ impl RedisStore {
         let timeouts = Timeouts {
             connect: builder.connect_timeout,
             response: builder.response_timeout,
+            durable: builder.durable,
         };
         let mut auth = builder.auth.clone();
         let (backend, mode) = match &topology {

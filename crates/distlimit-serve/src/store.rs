@@ -32,6 +32,10 @@ pub const MAX_INSTANCES: u64 = 10_000;
 /// The longest Redis budget `--redis-budget-ms` accepts: one minute.
 pub const MAX_REDIS_BUDGET_MS: u64 = 60_000;
 
+/// `--redis-durable-timeout-ms` unless given: 40 ms, below the default `--redis-budget-ms`
+/// (50).
+pub const DEFAULT_DURABLE_TIMEOUT_MS: u64 = 40;
+
 /// The first wait between connection attempts to a Redis that did not answer at start; it
 /// doubles up to [`MAX_RECONNECT_BACKOFF`].
 pub const MIN_RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
@@ -63,6 +67,21 @@ pub struct StoreArgs {
     /// the whole decision).
     #[arg(long, value_name = "MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS))]
     pub redis_timeout_ms: u64,
+
+    /// Durable decisions: answer an admission only once this many replicas hold its write
+    /// (Redis `WAIT`, one per script call, on the same connection), so that a failover to a
+    /// replica cannot admit again what was admitted; when fewer acknowledge within
+    /// `--redis-durable-timeout-ms` the failure mode answers (pair it with `fail-closed` for a
+    /// hard quota). Standalone with replicas, Sentinel, or Cluster (N replicas of each
+    /// shard). Off when absent.
+    #[arg(long, value_name = "N", requires = "redis", value_parser = clap::value_parser!(u32).range(1..))]
+    pub redis_durable_replicas: Option<u32>,
+
+    /// With `--redis-durable-replicas`: how long `WAIT` waits for the replicas, in milliseconds
+    /// (1 to 60000); below `--redis-timeout-ms` and `--redis-budget-ms`, which bound the whole
+    /// decision.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_DURABLE_TIMEOUT_MS, requires = "redis_durable_replicas", value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS))]
+    pub redis_durable_timeout_ms: u64,
 
     /// What decisions do while Redis cannot decide: `fallback` (this instance enforces its
     /// share of each limit), `fail-open` (admit) or `fail-closed` (answer an error).
@@ -108,6 +127,12 @@ impl StoreArgs {
     /// The Redis reply timeout.
     pub fn redis_timeout(&self) -> Duration {
         Duration::from_millis(self.redis_timeout_ms)
+    }
+
+    /// Durable decisions: the replicas required and `WAIT`'s timeout, if asked for.
+    pub fn redis_durable(&self) -> Option<(u32, Duration)> {
+        self.redis_durable_replicas
+            .map(|n| (n, Duration::from_millis(self.redis_durable_timeout_ms)))
     }
 }
 
@@ -190,10 +215,26 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
             redis: None,
         });
     };
-    let builder = RedisStore::builder(url.as_str())
+    let mut builder = RedisStore::builder(url.as_str())
         .response_timeout(args.redis_timeout())
         // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
         .observer(Arc::new(metrics.clone()));
+    if let Some((replicas, timeout)) = args.redis_durable() {
+        // The budget bounds the whole decision: a WAIT that may outlast it would never answer.
+        if timeout >= args.redis_budget() {
+            return Err(StoreError::Redis(Error::Config {
+                store: REDIS_STORE,
+                message: format!(
+                    "--redis-durable-timeout-ms ({} ms) must be below --redis-budget-ms ({} ms)",
+                    args.redis_durable_timeout_ms, args.redis_budget_ms
+                ),
+            }));
+        }
+        tracing::info!(
+            "durable decisions: each admission waits for {replicas} replica(s), at most {timeout:?}"
+        );
+        builder = builder.durable(replicas, timeout);
+    }
     let mode = FailureMode::from(args.failure_mode);
     let redis = RedisPrimary::connect(builder, mode).await?;
     let connected = redis.shared.connected.clone();
@@ -413,5 +454,59 @@ impl LeaseStore for RedisPrimary {
         want: u64,
     ) -> Result<Grant, Error> {
         self.store()?.exchange(request, give_back, want).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        store: StoreArgs,
+    }
+
+    #[test]
+    fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
+        let args = |flags: &[&str]| {
+            let base = ["test", "--redis", "redis://127.0.0.1:1"];
+            Flags::try_parse_from(base.iter().chain(flags))
+                .unwrap()
+                .store
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let metrics = Metrics::new();
+        let refused = args(&[
+            "--redis-durable-replicas",
+            "1",
+            "--redis-durable-timeout-ms",
+            "50",
+        ]);
+        match rt.block_on(build(&refused, &metrics)) {
+            Err(StoreError::Redis(Error::Config { message, .. })) => {
+                assert!(message.contains("--redis-budget-ms"), "{message}");
+            }
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("a WAIT timeout of the budget's length was accepted"),
+        }
+        // Below the budget but not below the reply timeout: the store refuses it.
+        let refused = args(&[
+            "--redis-durable-replicas",
+            "1",
+            "--redis-durable-timeout-ms",
+            "300",
+            "--redis-budget-ms",
+            "1000",
+        ]);
+        assert!(matches!(
+            rt.block_on(build(&refused, &metrics)),
+            Err(StoreError::Redis(Error::Config { .. }))
+        ));
     }
 }

@@ -27,6 +27,7 @@ pub struct Args {
     pub http: SocketAddr,
 
     /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
+    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`,
     /// `--failure-mode`, `--lease` (shared with the demo).
     #[command(flatten)]
     pub store: StoreArgs,
@@ -437,6 +438,16 @@ mod tests {
         // u64 in both binaries (the demo's was u32).
         let args = parse(&["--max-connections", "5000000000"]).unwrap();
         assert_eq!(args.serve.max_connections, 5_000_000_000);
+        // Durable decisions: only with --redis, at least 1 replica; the timeout only with them.
+        assert_eq!(args.store.redis_durable(), None);
+        let durable = parse(&["--redis", "redis://x:1", "--redis-durable-replicas", "2"]).unwrap();
+        assert_eq!(
+            durable.store.redis_durable(),
+            Some((2, std::time::Duration::from_millis(40)))
+        );
+        assert!(parse(&["--redis-durable-replicas", "1"]).is_err());
+        assert!(parse(&["--redis", "redis://x:1", "--redis-durable-replicas", "0"]).is_err());
+        assert!(parse(&["--redis", "redis://x:1", "--redis-durable-timeout-ms", "10"]).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@ mod checks;
 pub mod delay_proxy;
 mod faulty;
 mod macros;
+mod proxy;
 #[cfg(feature = "redis")]
 pub mod server;
 mod support;
@@ -23,6 +24,7 @@ pub use checks::{
 };
 pub use delay_proxy::DelayProxy;
 pub use faulty::{Fault, FaultKind, FaultyStore};
+pub use proxy::Proxy;
 
 /// Where every check's clock starts: 2023-11-19T00:00:00Z in microseconds since the Unix epoch,
 /// a multiple of ten days (so of every whole second, minute, hour and day period), so that

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,9 @@ const SENTINELS: usize = 3;
 
 /// Sentinels that must agree the primary is down before a failover (a majority).
 const QUORUM: usize = 2;
+
+/// The sentinels' `failover-timeout`.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long the whole set may take to be ready, from the first start to the last check.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -43,13 +47,41 @@ impl Sentinel {
     /// The replica is synced before the sentinels start so their first `INFO` of the primary
     /// lists it; otherwise they would learn of it only at the next `INFO`, 10 s later.
     pub fn start(bin: &Path) -> Result<Self, String> {
+        Self::start_with(bin, Ok, FAILOVER_TIMEOUT)
+    }
+
+    /// As [`start`](Self::start), but the replica replicates from the address `via` returns for
+    /// the primary's (a [`Proxy`](crate::Proxy) to it, say, to make the replica lag): `via` is
+    /// called once the primary runs. The sentinels still monitor the primary itself.
+    ///
+    /// Their `failover-timeout` is 60 s here instead of 5 s: a sentinel points a replica that
+    /// replicates from another address than the primary's back at the primary once
+    /// `failover-timeout` has passed since it learned of the replica, which would bypass the
+    /// proxy. (A first failover is not slowed by it.)
+    pub fn start_replicating_via(
+        bin: &Path,
+        via: impl FnOnce(SocketAddr) -> Result<SocketAddr, String>,
+    ) -> Result<Self, String> {
+        Self::start_with(bin, via, Duration::from_secs(60))
+    }
+
+    fn start_with(
+        bin: &Path,
+        via: impl FnOnce(SocketAddr) -> Result<SocketAddr, String>,
+        failover_timeout: Duration,
+    ) -> Result<Self, String> {
         let start = Instant::now();
         let primary = RedisServer::spawn(bin, "sentinel primary", |_, _| Ok(Vec::new()))?;
         let primary_port = primary.port();
+        let upstream = via(SocketAddr::from((Ipv4Addr::LOCALHOST, primary_port)))?;
         let mut replica = RedisServer::spawn(bin, "sentinel replica", |_, _| {
-            Ok(["--replicaof", "127.0.0.1", &primary_port.to_string()]
-                .map(OsString::from)
-                .to_vec())
+            Ok([
+                "--replicaof".to_owned(),
+                upstream.ip().to_string(),
+                upstream.port().to_string(),
+            ]
+            .map(OsString::from)
+            .to_vec())
         })?;
         wait_until(READY_TIMEOUT, || {
             check_all_running([&mut replica])?;
@@ -71,8 +103,11 @@ impl Sentinel {
                 // Sentinel rewrites its config file, so it lives in the sentinel's own dir.
                 fs::create_dir_all(dir).map_err(|e| e.to_string())?;
                 let config = dir.join("sentinel.conf");
-                fs::write(&config, config_file(port, dir, primary_port))
-                    .map_err(|e| format!("writing {}: {e}", config.display()))?;
+                fs::write(
+                    &config,
+                    config_file(port, dir, primary_port, failover_timeout),
+                )
+                .map_err(|e| format!("writing {}: {e}", config.display()))?;
                 Ok(vec![config.into_os_string(), OsString::from("--sentinel")])
             })?);
         }
@@ -167,7 +202,7 @@ impl Sentinel {
 
 /// The config file of the sentinel on `port`, keeping its state in `dir`, monitoring the primary
 /// on `primary_port`.
-fn config_file(port: u16, dir: &Path, primary_port: u16) -> String {
+fn config_file(port: u16, dir: &Path, primary_port: u16, failover_timeout: Duration) -> String {
     // Quoted: a temp dir path may contain spaces.
     let dir = dir.display().to_string();
     let dir = format!("\"{}\"", dir.replace('\\', "\\\\").replace('"', "\\\""));
@@ -177,8 +212,9 @@ fn config_file(port: u16, dir: &Path, primary_port: u16) -> String {
          dir {dir}\n\
          sentinel monitor {SERVICE} 127.0.0.1 {primary_port} {QUORUM}\n\
          sentinel down-after-milliseconds {SERVICE} 1000\n\
-         sentinel failover-timeout {SERVICE} 5000\n\
-         sentinel parallel-syncs {SERVICE} 1\n"
+         sentinel failover-timeout {SERVICE} {}\n\
+         sentinel parallel-syncs {SERVICE} 1\n",
+        failover_timeout.as_millis()
     )
 }
 
@@ -230,7 +266,7 @@ mod tests {
 
     #[test]
     fn config_files_monitor_the_primary_and_quote_the_dir() {
-        let config = config_file(41001, Path::new("/tmp/a \"b\""), 41000);
+        let config = config_file(41001, Path::new("/tmp/a \"b\""), 41000, FAILOVER_TIMEOUT);
         let lines: Vec<&str> = config.lines().collect();
         assert_eq!(
             lines,
