@@ -565,6 +565,8 @@ impl Group {
     pub(crate) fn admitted(&self, answer: &Answer) -> bool {
         match self.op {
             GroupOp::Lease => answer.granted > 0,
+            // A pool step may spend units of the region's pool: held to `WAIT` like an admission.
+            GroupOp::Pool => true,
             GroupOp::Refund | GroupOp::Evaluate => false,
             GroupOp::One | GroupOp::Commit | GroupOp::CommitTimed => answer
                 .decisions
@@ -731,7 +733,7 @@ impl<'a> Call<'a> {
     fn writes(&self) -> bool {
         self.groups.iter().any(|g| {
             g.op != GroupOp::Evaluate
-                && (matches!(g.op, GroupOp::Refund | GroupOp::Lease)
+                && (matches!(g.op, GroupOp::Refund | GroupOp::Lease | GroupOp::Pool)
                     || g.requests.iter().any(|(_, values)| values[0] > 0))
         })
     }
@@ -934,7 +936,7 @@ where
     C: ConnectionLike + Send,
 {
     let group = Group::pool(redis_key, &[], parameters, action, time)?;
-    Ok(only(Call::one(&group).run(conn).await?)?.pool)
+    Ok(only(Call::one(&group).run(conn, None).await?)?.pool)
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.
