@@ -4,7 +4,7 @@
 //!
 //! Run with `cargo bench -p distlimit-redis --bench regions`. It starts two `redis-server`s
 //! (home and the far region) with the workspace's harness (`distlimit_test::server`: free
-//! loopback ports, killed by PID at the end) and a `distlimit_test::DelayProxy` between them.
+//! loopback ports, killed by PID at the end) and a `distlimit_test::Proxy` between them.
 //! One decision in flight, token bucket of 1 000 000 per second (every decision admitted, so
 //! pools keep being refilled ahead of need). The region store and the single-region store are
 //! measured in interleaved rounds ([`ROUNDS`] × [`PER_ROUND`] decisions each), so that the load
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use distlimit_core::{Key, Limit, Quota, Request, Store};
 use distlimit_redis::{RedisStore, RegionBuilder};
-use distlimit_test::DelayProxy;
+use distlimit_test::Proxy;
 use distlimit_test::server::RedisServer;
 
 /// Interleaved rounds per store.
@@ -62,9 +62,7 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let link = DelayProxy::start(home.addr().parse().unwrap(), Duration::from_millis(40))
-            .await
-            .unwrap();
+        let link = Proxy::with_delay(home.addr().parse().unwrap(), Duration::from_millis(40)).unwrap();
         let home_store = RedisStore::builder(link.redis_url())
             .response_timeout(Duration::from_secs(1))
             .connect()

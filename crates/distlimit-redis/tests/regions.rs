@@ -1,7 +1,7 @@
 //! One limit across regions (`RegionStore`), on real processes: three regions on loopback, each
 //! its own `redis-server`, with two instances each (tokio tasks of this test, each with its own
 //! stores and connections). Region 0 is home: its Redis holds the global budget. Regions 1 and
-//! 2 reach home through a `DelayProxy` adding 40 ms each way; their decisions go to their own
+//! 2 reach home through a `Proxy` adding 40 ms each way; their decisions go to their own
 //! Redis only.
 //!
 //! * `capped_limit_is_never_exceeded`: a limit that does not refill during the test, every
@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlimit_core::{Key, Limit, Quota, Request, Store};
 use distlimit_redis::{HomeUnreachable, RedisStore, RegionBuilder, RegionStore};
-use distlimit_test::DelayProxy;
+use distlimit_test::Proxy;
 use distlimit_test::server::RedisServer;
 
 const REGIONS: usize = 3;
@@ -52,7 +52,7 @@ fn now_us() -> u64 {
 /// Three regions: their servers (0 is home) and the links from regions 1 and 2 to home.
 struct Regions {
     servers: Vec<RedisServer>,
-    links: Vec<Option<DelayProxy>>,
+    links: Vec<Option<Proxy>>,
 }
 
 impl Regions {
@@ -63,7 +63,7 @@ impl Regions {
         let home = servers[0].addr().parse().unwrap();
         let mut links = vec![None];
         for _ in 1..REGIONS {
-            links.push(Some(DelayProxy::start(home, ONE_WAY).await.unwrap()));
+            links.push(Some(Proxy::with_delay(home, ONE_WAY).unwrap()));
         }
         Self { servers, links }
     }
@@ -111,11 +111,11 @@ impl Regions {
     }
 
     fn cut(&self) {
-        self.links.iter().flatten().for_each(DelayProxy::cut);
+        self.links.iter().flatten().for_each(Proxy::partition);
     }
 
     fn restore(&self) {
-        self.links.iter().flatten().for_each(DelayProxy::restore);
+        self.links.iter().flatten().for_each(Proxy::heal);
     }
 }
 

@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 
 mod checks;
-pub mod delay_proxy;
 mod faulty;
 mod macros;
 mod proxy;
@@ -22,7 +21,6 @@ pub use checks::{
     check_limit_change_follows_model, check_matches_reference_model, check_peek_changes_nothing,
     check_policies_are_independent, check_retry_after_is_exact, check_store_ext_validates_keys,
 };
-pub use delay_proxy::DelayProxy;
 pub use faulty::{Fault, FaultKind, FaultyStore};
 pub use proxy::Proxy;
 

@@ -88,9 +88,26 @@ impl Proxy {
         Ok(Self { addr, shared })
     }
 
+    /// [`start`](Self::start), then [`set_delay`](Self::set_delay)`(one_way)`: a link of
+    /// `one_way` each way (the distance between two regions).
+    ///
+    /// # Errors
+    ///
+    /// When no loopback port can be bound.
+    pub fn with_delay(upstream: SocketAddr, one_way: Duration) -> io::Result<Self> {
+        let proxy = Self::start(upstream)?;
+        proxy.set_delay(one_way);
+        Ok(proxy)
+    }
+
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `redis://` and [`addr`](Self::addr): the URL of the Redis server behind the proxy.
+    pub fn redis_url(&self) -> String {
+        format!("redis://{}", self.addr)
     }
 
     /// The port clients connect to.
@@ -141,6 +158,28 @@ impl Proxy {
         }
         drop(state);
         self.shared.changed.notify_all();
+    }
+}
+
+impl Proxy {
+    /// Partitions the link: [`hold`](Self::hold), then [`cut`](Self::cut). Every open
+    /// connection is closed, and new ones are accepted but black-holed (nothing forwarded), so a
+    /// client waits for its own timeout, as across a partition; until [`heal`](Self::heal).
+    pub fn partition(&self) {
+        self.hold();
+        self.cut();
+    }
+
+    /// Heals a [`partition`](Self::partition): closes the black-holed connections (dropping what
+    /// they held, which the partition lost) and forwards new ones.
+    pub fn heal(&self) {
+        self.cut();
+        self.release();
+    }
+
+    /// Whether the link holds its bytes ([`hold`](Self::hold) or [`partition`](Self::partition)).
+    pub fn is_held(&self) -> bool {
+        self.shared.lock().held
     }
 }
 
