@@ -458,6 +458,10 @@ fn invalid_files_are_refused() {
             "own name",
         ),
         ("domain: [1, 2]\n", "domain"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: [a, b]\n",
+            "metadata",
+        ),
         ("{{{", "bad.yaml"),
     ];
     for (yaml, expected) in cases {
