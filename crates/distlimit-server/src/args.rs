@@ -4,9 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use axum::http::HeaderName;
 use clap::Parser;
 use distlimit_serve::ServeArgs;
 use distlimit_serve::store::StoreArgs;
+
+use crate::answer::{self, HeaderNames, ResponseSettings};
 
 /// The rate-limit service's command line (`distlimit-server --help`).
 #[derive(Clone, Debug, Parser)]
@@ -33,9 +36,31 @@ pub struct Args {
     pub store: StoreArgs,
 
     /// Add the rate-limit headers to every answer: `RateLimit` and `RateLimit-Policy`, and the
-    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` trio.
+    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` trio (names set by
+    /// `--limit-header`, `--remaining-header`, `--reset-header`).
     #[arg(long)]
     pub response_headers: bool,
+
+    /// The name of the header carrying the limit, with `--response-headers`
+    /// (envoyproxy/ratelimit's `LIMIT_LIMIT_HEADER`). Sent in lower case.
+    #[arg(long, value_name = "NAME", default_value = "RateLimit-Limit", value_parser = answer::parse_header_name)]
+    pub limit_header: HeaderName,
+
+    /// The name of the header carrying what is left, with `--response-headers`
+    /// (`LIMIT_REMAINING_HEADER`). Sent in lower case.
+    #[arg(long, value_name = "NAME", default_value = "RateLimit-Remaining", value_parser = answer::parse_header_name)]
+    pub remaining_header: HeaderName,
+
+    /// The name of the header carrying the seconds to the window's reset, with
+    /// `--response-headers` (`LIMIT_RESET_HEADER`). Sent in lower case.
+    #[arg(long, value_name = "NAME", default_value = "RateLimit-Reset", value_parser = answer::parse_header_name)]
+    pub reset_header: HeaderName,
+
+    /// Fill the gRPC response's `dynamic_metadata` (envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA`): the request's domain, descriptors and `hits_addend`, and
+    /// the YAML `metadata` of the descriptors that passed (see `distlimit_server::answer`).
+    #[arg(long)]
+    pub response_dynamic_metadata: bool,
 
     /// envoyproxy/ratelimit's global shadow mode: descriptors are decided, counted and
     /// answered as usual, but the request is never answered over the limit.
@@ -129,6 +154,19 @@ impl Args {
     pub fn serve_config(&self) -> distlimit_serve::ServeConfig {
         self.serve.serve_config()
     }
+
+    /// How answers are completed: the headers (with `--response-headers`) under their names,
+    /// the dynamic metadata.
+    pub fn response_settings(&self) -> ResponseSettings {
+        ResponseSettings {
+            headers: self.response_headers.then(|| HeaderNames {
+                limit: self.limit_header.clone(),
+                remaining: self.remaining_header.clone(),
+                reset: self.reset_header.clone(),
+            }),
+            dynamic_metadata: self.response_dynamic_metadata,
+        }
+    }
 }
 
 impl Default for Args {
@@ -163,6 +201,8 @@ impl Args {
     /// | `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` (default `config`) | `--config ROOT/SUBDIRECTORY/APPDIRECTORY` |
     /// | `REDIS_URL`, `REDIS_SOCKET_TYPE` (`tcp`, `unix`), `REDIS_TYPE` (`SINGLE`, `SENTINEL`: `name,host:port,…`; `CLUSTER`: `host:port,…`), `REDIS_AUTH` (`password` or `user:password`), `REDIS_TLS` | `--redis URL` (a `REDIS_URL` with a scheme is taken as is) |
     /// | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
+    /// | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `--limit-header`, `--remaining-header`, `--reset-header` |
+    /// | `RESPONSE_DYNAMIC_METADATA` | `--response-dynamic-metadata` |
     /// | `SHADOW_MODE`, `QUOTA_MODE` | `--shadow-mode`, `--quota-mode` |
     /// | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT` | `--tls-cert`, `--tls-key`, `--tls-client-ca` (both ports) |
     ///
@@ -172,7 +212,8 @@ impl Args {
     ///
     /// # Errors
     ///
-    /// A variable the server cannot use (a port that is no number), or the command line's
+    /// A variable the server cannot use (a port that is no number, a header name that HTTP
+    /// does not allow), or the command line's
     /// errors (`clap`'s, which print the help or the version too).
     pub fn from_env_and_args<I, T>(
         env: impl Fn(&str) -> Option<String>,
@@ -252,9 +293,26 @@ fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvEr
         ("LIMIT_RESPONSE_HEADERS_ENABLED", "--response-headers"),
         ("SHADOW_MODE", "--shadow-mode"),
         ("QUOTA_MODE", "--quota-mode"),
+        ("RESPONSE_DYNAMIC_METADATA", "--response-dynamic-metadata"),
     ] {
         if truthy(name)? {
             flags.push(flag.to_owned());
+        }
+    }
+    for (name, flag) in [
+        ("LIMIT_LIMIT_HEADER", "--limit-header"),
+        ("LIMIT_REMAINING_HEADER", "--remaining-header"),
+        ("LIMIT_RESET_HEADER", "--reset-header"),
+    ] {
+        if let Some(value) = env(name) {
+            if answer::parse_header_name(&value).is_err() {
+                return Err(EnvError {
+                    name,
+                    value,
+                    why: "expected an HTTP header name (a token: letters, digits and !#$%&'*+-.^_`|~)",
+                });
+            }
+            flags.extend([flag.to_owned(), value]);
         }
     }
     if truthy("GRPC_SERVER_USE_TLS")? {
@@ -462,5 +520,38 @@ mod tests {
         };
         let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
         assert_eq!(error.name, "REDIS_SOCKET_TYPE");
+        let env = |name: &str| (name == "LIMIT_RESET_HEADER").then(|| "Reset: now".to_owned());
+        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
+        assert_eq!(error.name, "LIMIT_RESET_HEADER");
+        assert!(error.to_string().contains("Reset: now"), "{error}");
+        // The same name as a flag: clap's error.
+        let flag = ["distlimit-server", "--limit-header", "a b"];
+        assert!(Args::from_env_and_args(|_| None, flag).unwrap().is_err());
+    }
+
+    #[test]
+    fn header_names_and_dynamic_metadata_from_the_variables() {
+        let defaults = parse(&[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")], &[]);
+        let settings = defaults.response_settings();
+        assert_eq!(settings.headers, Some(HeaderNames::default()));
+        assert!(!settings.dynamic_metadata);
+        let args = parse(
+            &[
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+                ("LIMIT_LIMIT_HEADER", "X-RateLimit-Limit"),
+                ("LIMIT_REMAINING_HEADER", "x-left"),
+                ("RESPONSE_DYNAMIC_METADATA", "true"),
+            ],
+            &["--reset-header", "X-Reset"],
+        );
+        let settings = args.response_settings();
+        let names = settings.headers.unwrap();
+        assert_eq!(names.limit.as_str(), "x-ratelimit-limit");
+        assert_eq!(names.remaining.as_str(), "x-left");
+        assert_eq!(names.reset.as_str(), "x-reset");
+        assert!(settings.dynamic_metadata);
+        // Names without LIMIT_RESPONSE_HEADERS_ENABLED: no headers, as in envoyproxy.
+        let off = parse(&[("LIMIT_LIMIT_HEADER", "X-L")], &[]);
+        assert_eq!(off.response_settings().headers, None);
     }
 }

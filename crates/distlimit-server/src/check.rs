@@ -15,7 +15,7 @@ use distlimit_policy::{Answer, Item, Limiter, PolicySet, Verdict};
 use distlimit_tower::headers::{push_ratelimit_item, push_ratelimit_policy_item};
 use sha2::{Digest, Sha256};
 
-use crate::config::{Config, Rule, RuleLimit, Unit};
+use crate::config::{Config, Metadata, Rule, RuleLimit, Unit};
 use crate::metrics::{Protocol, RequestMetrics, RequestResult};
 
 /// The most descriptors one request may carry.
@@ -87,6 +87,9 @@ pub struct CurrentLimit {
     pub unit: Option<Unit>,
     /// The window.
     pub window: Duration,
+    /// The YAML rule's `metadata` (none for an override or a TOML policy), for the response's
+    /// dynamic metadata (see [`crate::answer`]).
+    pub metadata: Option<Arc<Metadata>>,
 }
 
 /// The answer to a [`CheckRequest`].
@@ -756,6 +759,7 @@ fn initial_status(applied: Option<&Applied<'_>>) -> DescriptorStatus {
                 requests_per_unit,
                 unit: Some(unit),
                 window: Duration::from_secs(unit.seconds()),
+                metadata: a.rule.and_then(|r| r.metadata.clone()),
             }),
             ..unmatched
         },
@@ -824,6 +828,7 @@ fn policy_status(verdict: &Verdict, spends_nothing: bool) -> DescriptorStatus {
             requests_per_unit: u32::try_from(tier.limit()).unwrap_or(u32::MAX),
             unit,
             window,
+            metadata: None,
         }),
         // Over the limit: nothing remains, whatever a smaller request would have found.
         limit_remaining: match over_limit {
@@ -953,6 +958,7 @@ mod tests {
                 requests_per_unit: 10,
                 unit: None,
                 window: Duration::from_millis(1500),
+                metadata: None,
             }),
             limit_remaining: 3,
             duration_until_reset: Some(Duration::from_millis(200)),

@@ -25,6 +25,7 @@ use tonic::codegen::{BoxFuture, Context, Poll, Service, StdError, http};
 use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 
+use crate::answer::{self, HeaderNames, ResponseSettings};
 use crate::check::{
     CheckError, CheckRequest, CheckResponse, Checker, Descriptor, DescriptorStatus, LimitOverride,
 };
@@ -35,14 +36,14 @@ use crate::metrics::{Protocol, RequestResult};
 #[derive(Clone, Debug)]
 pub struct RateLimitGrpc {
     checker: Arc<Checker>,
-    headers: bool,
+    settings: ResponseSettings,
 }
 
 impl RateLimitGrpc {
-    /// The service on `checker`; with `headers`, answers carry the rate-limit response headers
-    /// (see [`CheckResponse::headers`]).
-    pub fn new(checker: Arc<Checker>, headers: bool) -> Self {
-        Self { checker, headers }
+    /// The service on `checker`, its answers completed as `settings` say (the rate-limit
+    /// response headers, see [`CheckResponse::headers`]; the dynamic metadata).
+    pub fn new(checker: Arc<Checker>, settings: ResponseSettings) -> Self {
+        Self { checker, settings }
     }
 
     /// The tonic server of this service: `ShouldRateLimit` decoded with bytes where Envoy's
@@ -197,7 +198,11 @@ impl RateLimitService for RateLimitGrpc {
         let answer = self.checker.check(&check).await;
         observe(RequestResult::of(&answer));
         let answer = answer.map_err(to_status)?;
-        Ok(Response::new(to_response(&answer, self.headers)))
+        let mut response = to_response(&answer, self.settings.headers.as_ref());
+        if self.settings.dynamic_metadata {
+            response.dynamic_metadata = Some(answer::dynamic_metadata(&request, &answer));
+        }
+        Ok(Response::new(response))
     }
 }
 
@@ -284,8 +289,9 @@ pub fn to_status(error: CheckError) -> Status {
     }
 }
 
-/// Writes an answer as Envoy reads it.
-pub fn to_response(answer: &CheckResponse, headers: bool) -> RateLimitResponse {
+/// Writes an answer as Envoy reads it; with `headers`, the rate-limit headers under those
+/// names.
+pub fn to_response(answer: &CheckResponse, headers: Option<&HeaderNames>) -> RateLimitResponse {
     let overall = if answer.over_limit {
         Code::OverLimit
     } else {
@@ -294,12 +300,12 @@ pub fn to_response(answer: &CheckResponse, headers: bool) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: overall as i32,
         statuses: answer.statuses.iter().map(to_status_message).collect(),
-        response_headers_to_add: if headers {
+        response_headers_to_add: if let Some(names) = headers {
             answer
                 .headers()
                 .into_iter()
                 .map(|(key, value)| HeaderValue {
-                    key: key.to_owned(),
+                    key: names.name(key).to_owned(),
                     value,
                     ..HeaderValue::default()
                 })

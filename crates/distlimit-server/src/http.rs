@@ -8,11 +8,12 @@ use axum::Router;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
+use crate::answer::HeaderNames;
 use crate::check::{CheckError, CheckRequest, CheckResponse, Checker, Descriptor};
 use crate::config::Unit;
 use crate::metrics::{Protocol, RequestResult};
@@ -87,8 +88,8 @@ pub struct JsonLimit {
 pub struct HttpState {
     /// The decisions.
     pub checker: Arc<Checker>,
-    /// Whether answers carry the rate-limit headers.
-    pub headers: bool,
+    /// Answers carry the rate-limit headers, under these names.
+    pub headers: Option<HeaderNames>,
     /// False once shutdown began: `/ready` answers 503.
     pub ready: Arc<AtomicBool>,
     /// Where Redis stands (`None` without `--redis`): `/ready` names it.
@@ -170,12 +171,10 @@ async fn check(
         StatusCode::OK
     };
     let mut response = json(status, to_json(&answer));
-    if state.headers {
+    if let Some(names) = &state.headers {
         for (name, value) in answer.headers() {
             if let Ok(value) = HeaderValue::from_str(&value) {
-                response
-                    .headers_mut()
-                    .insert(HeaderName::from_static(name), value);
+                response.headers_mut().insert(names.header(name), value);
             }
         }
     }

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod answer;
 mod args;
 pub mod check;
 pub mod config;
@@ -254,7 +255,7 @@ impl Server {
             let _ = rx.wait_for(|stop| *stop).await;
         };
 
-        let rls = RateLimitGrpc::new(self.checker.clone(), args.response_headers);
+        let rls = RateLimitGrpc::new(self.checker.clone(), args.response_settings());
         // Both ports: the same connection cap, first request deadline and shutdown deadline;
         // each its own idle timeout.
         let serve_config = args.serve_config();
@@ -275,7 +276,7 @@ impl Server {
             .serve_with_incoming_shutdown(grpc_connections, stopped(stop_rx.clone()));
         let router = http::router(http::HttpState {
             checker: self.checker.clone(),
-            headers: args.response_headers,
+            headers: args.response_settings().headers,
             ready,
             redis: self.redis.clone(),
             timeout: args.request_timeout(),

@@ -20,8 +20,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use distlimit_test::server::RedisServer;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Struct, UInt64Value, Value};
 use support::binary::{Binary, LOADS_ERROR, LOADS_OK};
 use support::{OK, OVER_LIMIT, align, call, descriptor};
 use tonic::transport::Channel;
@@ -381,19 +384,24 @@ descriptors:
     rate_limit: { unlimited: true, requests_per_unit: 55 }
 ";
 /// The quota tests' limits; each case spends its own values (`regular=<case>`).
+/// The `metadata` of the rules are those of `TestMetadataReturnedFor*PassedDescriptors` and
+/// `TestOverlappingMetadataReturnsTheFirstValue` (with a nested struct, merged).
 const QUOTA_DOMAIN: &str = "
 domain: quota-domain
 descriptors:
   - key: regular
+    metadata: { name: service_1, owner: { team: a } }
     rate_limit: { unit: minute, requests_per_unit: 5 }
   - key: quota
     quota_mode: true
+    metadata: { name: service_2, owner: { team: b, pager: p } }
     rate_limit: { unit: minute, requests_per_unit: 3 }
   - key: quota1
     quota_mode: true
     rate_limit: { unit: minute, requests_per_unit: 5 }
   - key: quota2
     quota_mode: true
+    metadata: { some_other_name: service_2 }
     rate_limit: { unit: minute, requests_per_unit: 3 }
 ";
 
@@ -590,13 +598,21 @@ async fn global_shadow_mode() {
     );
 }
 
-/// `TestServiceGlobalQuotaMode` and the codes of `TestMetadataReturnedFor*PassedDescriptors`
-/// with `QUOTA_MODE=true`: every descriptor is a quota descriptor, the request is over only
-/// when all are. (Their dynamic metadata is a difference: not returned.)
+/// `TestServiceGlobalQuotaMode`, `TestMetadataReturnedFor*PassedDescriptors` and
+/// `TestOverlappingMetadataReturnsTheFirstValue` with `QUOTA_MODE=true` and
+/// `RESPONSE_DYNAMIC_METADATA=true`: every descriptor is a quota descriptor, the request is
+/// over only when all are; the dynamic metadata holds the request and the `metadata` of the
+/// descriptors that passed, the first one's value kept for a key in several.
 #[tokio::test]
 async fn global_quota_mode() {
     let dir = service_config();
-    let binary = start(dir.path(), &[("QUOTA_MODE", "true")]);
+    let binary = start(
+        dir.path(),
+        &[
+            ("QUOTA_MODE", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
+        ],
+    );
     let mut c = binary.client().await;
     align(60, Duration::from_secs(3)).await;
     let d = "quota-domain";
@@ -609,23 +625,208 @@ async fn global_quota_mode() {
         OVER_LIMIT,
         &[(OVER_LIMIT, five, 0), (OVER_LIMIT, three, 0)],
     );
-    // The regular descriptor passes, the quota one is over: OK.
+    // Nothing passed: the request, no `metadata`.
+    assert_eq!(
+        dynamic_metadata(&r),
+        serde_json::json!({
+            "domain": d,
+            "descriptors": [{ "entries": ["regular=a"] }, { "entries": ["quota=a"] }],
+            "hitsAddend": 1.0,
+        })
+    );
+    // The regular descriptor passes, the quota one is over: OK, the first one's metadata.
     spend(&mut c, d, &[("quota", "b")], 3).await;
     let r = call(&mut c, req(d, &[&[("regular", "b")], &[("quota", "b")]], 1)).await;
     expect(&r, OK, &[(OK, five, 4), (OVER_LIMIT, three, 0)]);
-    // Both pass.
+    assert_eq!(
+        dynamic_metadata(&r)["metadata"],
+        serde_json::json!({ "name": "service_1", "owner": { "team": "a" } })
+    );
+    // Both pass: merged, the first value of `name` and `team` kept, structs merged.
     let r = call(&mut c, req(d, &[&[("regular", "c")], &[("quota", "c")]], 1)).await;
     expect(&r, OK, &[(OK, five, 4), (OK, three, 2)]);
+    assert_eq!(
+        dynamic_metadata(&r)["metadata"],
+        serde_json::json!({ "name": "service_1", "owner": { "team": "a", "pager": "p" } })
+    );
+    // Both pass with different keys: both.
+    let r = call(
+        &mut c,
+        req(d, &[&[("regular", "d")], &[("quota2", "d")]], 1),
+    )
+    .await;
+    expect(&r, OK, &[(OK, five, 4), (OK, three, 2)]);
+    assert_eq!(
+        dynamic_metadata(&r)["metadata"],
+        serde_json::json!({
+            "name": "service_1",
+            "owner": { "team": "a" },
+            "some_other_name": "service_2",
+        })
+    );
+    // A limit override drops the rule's metadata (as envoyproxy builds a new limit); the
+    // descriptor's override and own `hits_addend` are written; a request `hits_addend` of 0 is
+    // not.
+    let mut overridden = descriptor(&[("regular", "e")]);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 7,
+        unit: MINUTE,
+    });
+    overridden.hits_addend = Some(UInt64Value { value: 2 });
+    let request = RateLimitRequest {
+        domain: d.to_owned(),
+        descriptors: vec![overridden],
+        hits_addend: 0,
+    };
+    let r = call(&mut c, request).await;
+    expect(&r, OK, &[(OK, Some((7, MINUTE)), 5)]);
+    assert_eq!(
+        dynamic_metadata(&r),
+        serde_json::json!({
+            "domain": d,
+            "descriptors": [{
+                "entries": ["regular=e"],
+                "limit": "requests_per_unit:7 unit:MINUTE",
+                "hitsAddend": 2.0,
+            }],
+        })
+    );
+}
+
+/// A response's `dynamic_metadata` as JSON (numbers as floats, as `Struct` holds them).
+#[track_caller]
+fn dynamic_metadata(r: &RateLimitResponse) -> serde_json::Value {
+    fn json(value: &Value) -> serde_json::Value {
+        match &value.kind {
+            None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::StringValue(s)) => serde_json::json!(s),
+            Some(Kind::BoolValue(b)) => serde_json::json!(b),
+            Some(Kind::StructValue(s)) => object(s),
+            Some(Kind::ListValue(l)) => l.values.iter().map(json).collect(),
+        }
+    }
+    fn object(s: &Struct) -> serde_json::Value {
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), json(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+    object(r.dynamic_metadata.as_ref().expect("dynamic metadata"))
 }
 
 /// `TestServiceWithDefaultRatelimitHeaders`: with `LIMIT_RESPONSE_HEADERS_ENABLED=true` a
 /// denied request carries the limit, nothing remaining and the seconds to the reset of the
 /// descriptor that denied. (Header names are compared without case: HTTP/2 sends them in lower
-/// case. `LIMIT_*_HEADER` names are a difference: not configurable.)
+/// case.) Without `RESPONSE_DYNAMIC_METADATA` no dynamic metadata.
 #[tokio::test]
 async fn response_headers() {
     let dir = service_config();
     let binary = start(dir.path(), &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")]);
+    let r = denied_with_headers(
+        &binary,
+        ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"],
+    )
+    .await;
+    assert_eq!(r.dynamic_metadata, None);
+    for name in [
+        "a-ratelimit-limit",
+        "a-ratelimit-remaining",
+        "a-ratelimit-reset",
+    ] {
+        assert!(
+            !r.response_headers_to_add.iter().any(|h| h.key == name),
+            "{r:?}"
+        );
+    }
+}
+
+/// `TestServiceWithCustomRatelimitHeaders`: `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`
+/// and `LIMIT_RESET_HEADER` rename the three headers (sent in lower case); the defaults are
+/// gone. Over HTTP too.
+#[tokio::test]
+async fn custom_response_header_names() {
+    let dir = service_config();
+    let binary = start(
+        dir.path(),
+        &[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_LIMIT_HEADER", "A-Ratelimit-Limit"),
+            ("LIMIT_REMAINING_HEADER", "A-Ratelimit-Remaining"),
+            ("LIMIT_RESET_HEADER", "A-Ratelimit-Reset"),
+        ],
+    );
+    let r = denied_with_headers(
+        &binary,
+        [
+            "A-Ratelimit-Limit",
+            "A-Ratelimit-Remaining",
+            "A-Ratelimit-Reset",
+        ],
+    )
+    .await;
+    let keys: Vec<&str> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| h.key.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "ratelimit-policy",
+            "ratelimit",
+            "a-ratelimit-limit",
+            "a-ratelimit-remaining",
+            "a-ratelimit-reset",
+        ]
+    );
+    let (status, head) = support::binary::http_head(
+        binary.http,
+        "/v1/check",
+        r#"{"domain":"different-domain","descriptors":[[{"key":"foo","value":"bar"}]]}"#,
+    );
+    assert_eq!(status, 429, "{head}");
+    assert!(head.contains("\r\na-ratelimit-limit: 10\r\n"), "{head}");
+    assert!(head.contains("\r\na-ratelimit-remaining: 0\r\n"), "{head}");
+    assert!(!head.contains("\r\nratelimit-limit:"), "{head}");
+}
+
+/// A header name HTTP does not allow stops the start, naming the variable.
+#[test]
+fn a_bad_header_name_stops_the_start() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_distlimit-server"))
+        .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .env("LIMIT_RESPONSE_HEADERS_ENABLED", "true")
+        .env("LIMIT_REMAINING_HEADER", "Remaining Requests")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            // Still serving: kill the child this test started, by its handle.
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = status.unwrap_or_else(|| panic!("started with a bad header name: {stderr}"));
+    assert!(!status.success());
+    assert!(stderr.contains("LIMIT_REMAINING_HEADER"), "{stderr}");
+    assert!(stderr.contains("Remaining Requests"), "{stderr}");
+}
+
+/// Spends `different-domain`'s `foo=bar` and asks for it and `hello=world` again: denied by
+/// the first, whose header values are checked (whatever their names).
+async fn denied_with_headers(binary: &Binary, names: [&str; 3]) -> RateLimitResponse {
     let mut c = binary.client().await;
     align(60, Duration::from_secs(3)).await;
     spend(&mut c, "different-domain", FOO, 10).await;
@@ -642,10 +843,12 @@ async fn response_headers() {
             .map(|h| h.value.clone())
             .unwrap_or_else(|| panic!("no {name} in {r:?}"))
     };
-    assert_eq!(header("RateLimit-Limit"), "10");
-    assert_eq!(header("RateLimit-Remaining"), "0");
-    let reset: u64 = header("RateLimit-Reset").parse().unwrap();
+    let [limit, remaining, reset] = names;
+    assert_eq!(header(limit), "10");
+    assert_eq!(header(remaining), "0");
+    let reset: u64 = header(reset).parse().unwrap();
     assert!((1..=60).contains(&reset), "{reset}");
+    r
 }
 
 /// `TestInitialLoadError`: envoyproxy serves errors ("no rate limit configuration loaded")

@@ -26,7 +26,7 @@
 //!
 //! Every field envoyproxy/ratelimit reads is read: `quota_mode`, `share_threshold`,
 //! `value_to_metric` and `detailed_metric` are exposed on the [`Match`] for the decision;
-//! `metadata` is accepted and ignored. YAML merge keys (`<<: *anchor`) and a UTF-8 byte order
+//! `metadata` (a mapping) is kept on the [`Rule`] for the response's dynamic metadata. YAML merge keys (`<<: *anchor`) and a UTF-8 byte order
 //! mark are accepted (an error in a file with merge keys names the field's path and its line,
 //! found again in the text). Loading is linear in the file's size; flow nesting deeper than
 //! [`MAX_FLOW_DEPTH`] is refused before parsing.
@@ -151,6 +151,59 @@ pub struct Rule {
     /// without `quota_mode` is over its limit, or when every descriptor with `quota_mode` (and
     /// a counted limit) is; the descriptor's own status still reads `OVER_LIMIT`.
     pub quota_mode: bool,
+    /// The descriptor's `metadata` (`None` when absent or empty): with
+    /// `--response-dynamic-metadata`, merged into the response's dynamic metadata when this
+    /// rule passes. Keys that are not strings are written as text (`1: x` is `"1": "x"`), as
+    /// envoyproxy/ratelimit converts them.
+    pub metadata: Option<Arc<Metadata>>,
+}
+
+/// A rule's `metadata`: a JSON object (envoyproxy/ratelimit's `google.protobuf.Struct`).
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
+/// A YAML mapping as JSON: keys written as text, numbers kept, tags dropped, a number that is
+/// not finite written as null (a `Struct` number is finite in JSON).
+fn metadata_map(mapping: serde_yaml_ng::Mapping) -> Metadata {
+    mapping
+        .into_iter()
+        .map(|(key, value)| (metadata_key(key), metadata_value(value)))
+        .collect()
+}
+
+fn metadata_key(key: serde_yaml_ng::Value) -> String {
+    use serde_yaml_ng::Value;
+    match key {
+        Value::String(s) => s,
+        Value::Null => "<nil>".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::Tagged(t) => metadata_key(t.value),
+        other => metadata_value(other).to_string(),
+    }
+}
+
+fn metadata_value(value: serde_yaml_ng::Value) -> serde_json::Value {
+    use serde_json::Value as Json;
+    use serde_yaml_ng::Value;
+    match value {
+        Value::Null => Json::Null,
+        Value::Bool(b) => Json::Bool(b),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                Json::from(u)
+            } else if let Some(i) = n.as_i64() {
+                Json::from(i)
+            } else {
+                n.as_f64()
+                    .and_then(serde_json::Number::from_f64)
+                    .map_or(Json::Null, Json::Number)
+            }
+        }
+        Value::String(s) => Json::String(s),
+        Value::Sequence(items) => Json::Array(items.into_iter().map(metadata_value).collect()),
+        Value::Mapping(m) => Json::Object(metadata_map(m)),
+        Value::Tagged(t) => metadata_value(t.value),
+    }
 }
 
 /// Where a descriptor landed: the rule to apply and the state it counts in.
@@ -807,11 +860,10 @@ struct RawDescriptor {
     value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
-    /// Returned by envoyproxy/ratelimit in a response's dynamic metadata when enabled there;
-    /// accepted and ignored here.
+    /// Returned in a response's dynamic metadata (`--response-dynamic-metadata`) when the
+    /// descriptor passes: a mapping, or nothing.
     #[serde(default)]
-    #[allow(dead_code)]
-    metadata: Option<serde::de::IgnoredAny>,
+    metadata: Option<serde_yaml_ng::Mapping>,
 }
 
 #[derive(PartialEq, Eq, Deserialize)]
@@ -996,6 +1048,10 @@ fn build_level(descriptors: Vec<RawDescriptor>, parent: &str) -> Level {
             replaces: r.replaces,
             shadow_mode: raw.shadow_mode,
             quota_mode: raw.quota_mode,
+            metadata: raw
+                .metadata
+                .filter(|m| !m.is_empty())
+                .map(|m| Arc::new(metadata_map(m))),
         });
         let index = level.nodes.len();
         if raw.value.is_empty() {

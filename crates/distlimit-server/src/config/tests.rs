@@ -458,6 +458,10 @@ fn invalid_files_are_refused() {
             "own name",
         ),
         ("domain: [1, 2]\n", "domain"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: [a, b]\n",
+            "metadata",
+        ),
         ("{{{", "bad.yaml"),
     ];
     for (yaml, expected) in cases {
@@ -631,7 +635,13 @@ descriptors:
     let a = config.lookup("d", [("a", "1")]).unwrap();
     assert_eq!(a.rule.limit, limit(7, Unit::Minute));
     assert!(a.rule.quota_mode);
+    let metadata = serde_json::Value::Object((**a.rule.metadata.as_ref().unwrap()).clone());
+    assert_eq!(
+        metadata,
+        serde_json::json!({ "owner": { "team": ["x", "y"] }, "1": 2 })
+    );
     let b = config.lookup("d", [("b", "1")]).unwrap();
+    assert_eq!(b.rule.metadata, None);
     assert_eq!(b.rule.limit, limit(9, Unit::Minute));
     assert!(!b.rule.quota_mode);
     assert_eq!(

@@ -199,6 +199,27 @@ pub fn after<'a>(line: &'a str, prefix: &str) -> &'a str {
 
 /// One HTTP/1.1 request on a new connection: the status and the body.
 pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let (status, response) = http_response(addr, method, path, body);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// One HTTP/1.1 `POST` on a new connection: the status and the head (status line and headers,
+/// each line ending `\r\n`, header names as sent).
+pub fn http_head(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+    let (status, response) = http_response(addr, "POST", path, body);
+    let head = response
+        .split_once("\r\n\r\n")
+        .map(|(h, _)| format!("{h}\r\n"))
+        .unwrap_or_default();
+    (status, head)
+}
+
+/// One HTTP/1.1 request on a new connection: the status and the whole response.
+fn http_response(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -213,9 +234,5 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Str
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    (status, response)
 }
