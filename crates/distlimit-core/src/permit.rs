@@ -145,6 +145,12 @@ impl PermitId {
         Ok(Self(id))
     }
 
+    /// The low 53 bits of `id`: always a valid id (for stores that count ids up).
+    #[inline]
+    pub fn wrapping(id: u64) -> Self {
+        Self(id & MAX_PERMIT_ID)
+    }
+
     /// The id as a number.
     #[inline]
     pub fn get(self) -> u64 {
