@@ -245,6 +245,9 @@ impl<'a> PermitRequest<'a> {
 ///   admitted;
 /// * `expired`: how many permits this call found expired and dropped (permits whose holder
 ///   neither released nor renewed them in time: a crash, or a request that outlived its lease).
+///   A store forgets a key once all its permits expired, so permits that expired together with
+///   the key's last one are never found, and not counted: `expired` is a lower bound, for
+///   metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PermitDecision {
     permit: Option<PermitId>,

@@ -21,7 +21,9 @@
 //!   store decides a batch over several slots one slot group at a time, and gives back what
 //!   earlier groups charged when a later one denies, with a refund group (see the crate
 //!   documentation, "Batches across Cluster slots");
-//! * a refund ([`Group::refund`]) and a lease exchange ([`Group::lease`]).
+//! * a refund ([`Group::refund`]), a lease exchange ([`Group::lease`]) and a concurrency
+//!   permit's acquire, release or renew ([`Group::permit`], `permit.lua`: a sorted set of
+//!   permit ids scored by their expiry, at the key's permit key, see `permits.rs`).
 //!
 //! A store call is a call with one group; the coalescer (`coalesce.rs`) packs the groups of
 //! several waiting callers into the same shape. So Redis receives one encoding whatever the
@@ -134,14 +136,14 @@
 //!
 //! The Lua lives in `src/scripts/`, each piece written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, `refund.lua` and `lease.lua` (one function each), and the main in two
+//! `decide_<algorithm>`, `refund.lua`, `lease.lua` and `permit.lua` (one function each), and the main in two
 //! parts, `entry.lua` (the call of one request alone, the common one) and `entry_groups.lua` (the
 //! general path). The script text is put together at compile time (`concat!(include_str!(…))`).
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Decision, Error, Limit, MAX_BATCH, NEVER};
+use distlimit_core::{Algorithm, Decision, Error, Limit, MAX_BATCH, NEVER, PermitId, PermitLimit};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
@@ -280,6 +282,7 @@ const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/entry.lua"),
     include_str!("scripts/refund.lua"),
     include_str!("scripts/lease.lua"),
+    include_str!("scripts/permit.lua"),
     include_str!("scripts/entry_groups.lua"),
 );
 
@@ -359,6 +362,8 @@ pub(crate) enum GroupOp {
     Refund,
     /// A lease exchange: give back unspent units, then take up to the units wanted.
     Lease,
+    /// A concurrency permit: acquire, release or renew (see `permit.lua`).
+    Permit,
 }
 
 impl GroupOp {
@@ -370,6 +375,7 @@ impl GroupOp {
             GroupOp::CommitTimed => 3,
             GroupOp::Refund => 4,
             GroupOp::Lease => 5,
+            GroupOp::Permit => 6,
         }
     }
 }
@@ -383,6 +389,31 @@ pub(crate) struct Answer {
     pub(crate) at: Option<u64>,
     /// [`GroupOp::Lease`]: the units granted.
     pub(crate) granted: u64,
+    /// [`GroupOp::Permit`]: the script's answer.
+    pub(crate) permit: Option<PermitReply>,
+}
+
+/// What a permit group answered (see `permit.lua`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PermitReply {
+    /// Admitted, or the permit was live.
+    pub(crate) ok: bool,
+    /// The permit's id.
+    pub(crate) id: u64,
+    /// The key's live permits after the call.
+    pub(crate) in_flight: u64,
+    /// A denied acquire's wait, µs.
+    pub(crate) retry_after_us: u64,
+    /// The permits found expired.
+    pub(crate) expired: u64,
+}
+
+/// What a permit group does (its action in `permit.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PermitAction {
+    Acquire,
+    Release,
+    Renew,
 }
 
 impl Answer {
@@ -503,6 +534,31 @@ impl Group {
         Ok(group)
     }
 
+    /// A permit `action` on permit `id` of the sorted set at `redis_key`, held to `limit`
+    /// (see `permit.lua`).
+    pub(crate) fn permit(
+        redis_key: &[u8],
+        limit: &PermitLimit,
+        id: PermitId,
+        action: PermitAction,
+        time: TimeSource,
+    ) -> Result<Self, Error> {
+        let mut group = Group::with_capacity(time, GroupOp::Permit, redis_key.len(), 1)?;
+        group.keys.extend_from_slice(redis_key);
+        group.ends.push(group.keys.len());
+        let code = match action {
+            PermitAction::Acquire => 0,
+            PermitAction::Release => 1,
+            PermitAction::Renew => 2,
+        };
+        // Algorithm 0: no rate algorithm; the limit's slots hold max in flight and the lease.
+        let max = u64::from(limit.max_in_flight());
+        group
+            .requests
+            .push(([0, max, limit.lease_us(), 0, 0], [id.get(), code]));
+        Ok(group)
+    }
+
     fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
         let kind = Kind::of(limit.algorithm())?;
         let (expect, cost) = Expect::new(limit, cost);
@@ -543,6 +599,7 @@ impl Group {
         match self.op {
             GroupOp::Refund => 0,
             GroupOp::Lease => 8 + DECISION_BYTES,
+            GroupOp::Permit => DECISION_BYTES,
             GroupOp::CommitTimed => DECISION_BYTES * self.len() + 8,
             GroupOp::One | GroupOp::Evaluate | GroupOp::Commit => DECISION_BYTES * self.len(),
         }
@@ -552,6 +609,35 @@ impl Group {
     fn answer(&self, part: &[u8]) -> Result<Answer, Error> {
         match self.op {
             GroupOp::Refund => Ok(Answer::default()),
+            GroupOp::Permit => {
+                let mut n = [0u64; 5];
+                for (slot, bytes) in n.iter_mut().zip(part.chunks_exact(8)) {
+                    *slot = integer(bytes)?;
+                }
+                let [ok, id, in_flight, retry_after_us, expired] = n;
+                let ([_, max, ..], [sent, action]) =
+                    self.requests.first().copied().unwrap_or_default();
+                let consistent = ok <= 1
+                    && id == sent
+                    && (ok == 1 || action != 0 || in_flight >= max)
+                    && ((ok == 0 && action == 0) == (retry_after_us > 0));
+                if !consistent {
+                    return Err(protocol(format!(
+                        "inconsistent permit reply: ok {ok}, id {id} (sent {sent}), in flight \
+                         {in_flight} of {max}, retry_after {retry_after_us} µs, action {action}"
+                    )));
+                }
+                Ok(Answer {
+                    permit: Some(PermitReply {
+                        ok: ok == 1,
+                        id,
+                        in_flight,
+                        retry_after_us,
+                        expired,
+                    }),
+                    ..Answer::default()
+                })
+            }
             GroupOp::Lease => {
                 let granted = integer(&part[..8])?;
                 let want = self.requests.first().map_or(0, |r| r.1[1]);
@@ -569,6 +655,7 @@ impl Group {
                     decisions: vec![decision],
                     at: None,
                     granted,
+                    permit: None,
                 })
             }
             GroupOp::One | GroupOp::Evaluate | GroupOp::Commit | GroupOp::CommitTimed => {
@@ -588,6 +675,7 @@ impl Group {
                     decisions,
                     at,
                     granted: 0,
+                    permit: None,
                 })
             }
         }
@@ -674,7 +762,7 @@ impl<'a> Call<'a> {
             body.push(exact(group.op.code()));
             body.push(exact(group.len() as u64));
             let width = match group.op {
-                GroupOp::Refund | GroupOp::Lease => 2,
+                GroupOp::Refund | GroupOp::Lease | GroupOp::Permit => 2,
                 _ => 1,
             };
             for (limit, values) in &group.requests {

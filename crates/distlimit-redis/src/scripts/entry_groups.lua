@@ -88,6 +88,11 @@ while pos <= size do
       end
       return ''
     end)
+  elseif op == 6 then
+    local l, id, action
+    l, id, action, pos = struct.unpack('>ddd', blob, pos)
+    local b = 5 * l - 4
+    ok, reply, err = pcall(permit, KEYS[k], P[b + 1], P[b + 2], now, id, action, slack)
   else
     local l, back, want
     l, back, want, pos = struct.unpack('>ddd', blob, pos)
