@@ -147,7 +147,7 @@ impl PermitId {
 
     /// The low 53 bits of `id`: always a valid id (for stores that count ids up).
     #[inline]
-    pub fn wrapping(id: u64) -> Self {
+    pub const fn wrapping(id: u64) -> Self {
         Self(id & MAX_PERMIT_ID)
     }
 
