@@ -15,7 +15,7 @@ use axum::http::Uri;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use distlimit_core::{Error, PermitLimit, PermitStore};
+use distlimit_core::{Error, Observer, PermitLimit, PermitStore};
 use distlimit_tower::{ClientIpResolver, InFlightLayer, KeyExtractor, TrustedProxies};
 
 use crate::USER_HEADER;
@@ -28,7 +28,8 @@ pub const MAX_GENERATE_DELAY_MS: u64 = 10_000;
 
 /// The concurrency limit of `/api/generate`: at most `max_in_flight` requests per user
 /// (`X-User-ID`, else the client IP) in flight, each permit leased for `lease`; one more is
-/// answered `429` with `Retry-After: 1`. A store failure answers `503` (fail closed; with
+/// answered `429` with `Retry-After: 1`. Permit events go to `observer`
+/// (`distlimit_permits_total`, `distlimit_permits_held` on `/metrics`). A store failure answers `503` (fail closed; with
 /// Redis, the hybrid's failure mode answers first).
 ///
 /// # Errors
@@ -40,6 +41,7 @@ pub fn generate_limit(
     max_in_flight: u32,
     lease: Duration,
     trusted: TrustedProxies,
+    observer: Arc<dyn Observer>,
 ) -> Result<InFlightLayer, Error> {
     let limit = PermitLimit::new(max_in_flight, lease)?;
     Ok(
@@ -47,6 +49,7 @@ pub fn generate_limit(
             .key(KeyExtractor::header(USER_HEADER))
             .client_ip(ClientIpResolver::new(trusted))
             .timeout(None)
+            .observer(observer)
             .build(),
     )
 }

@@ -144,6 +144,7 @@ impl Demo {
             args.max_in_flight,
             std::time::Duration::from_millis(args.in_flight_lease_ms),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
+            Arc::new(metrics.clone()),
         )
         .map_err(StartError::ConcurrencyLimit)?;
         Ok(Self {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use distlimit_test::server::RedisServer;
 use http::StatusCode;
+use support::openmetrics::parse;
 use support::{DemoProcess, Http, unique};
 
 fn demos(redis: &RedisServer, lease_ms: &str) -> Vec<DemoProcess> {
@@ -79,6 +80,30 @@ async fn the_handler_never_sees_more_than_max_in_flight_across_processes() {
     assert_eq!((inside.len(), rejected), (4, 8), "{inside:?}");
     let again = http.get(demos[1].addr, "/api/generate", Some(&user)).await;
     assert_eq!(again.status, StatusCode::OK);
+
+    // The processes' metrics add up to what happened: 5 permits taken and given back, 8
+    // requests turned away, none held now.
+    let mut events = std::collections::HashMap::new();
+    for demo in &demos {
+        let reply = http.get(demo.addr, "/metrics", None).await;
+        let exposition = parse(&reply.body).unwrap_or_else(|e| panic!("{e}\n{}", reply.body));
+        for event in ["acquired", "rejected", "released"] {
+            *events.entry(event).or_insert(0.0) += exposition
+                .value(
+                    "distlimit_permits_total",
+                    &[("policy", "generate"), ("event", event)],
+                )
+                .unwrap_or(0.0);
+        }
+        assert_eq!(
+            exposition.value("distlimit_permits_held", &[("policy", "generate")]),
+            Some(0.0)
+        );
+    }
+    assert_eq!(
+        (events["acquired"], events["rejected"], events["released"]),
+        (5.0, 8.0, 5.0)
+    );
 }
 
 /// A process SIGKILLed while holding all four permits of a user: the others still refuse the

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use distlimit_core::{
-    Error, Key, PermitDecision, PermitId, PermitLimit, PermitRequest, PermitStore, StateName,
+    Error, Key, NoopObserver, Observer, PermitDecision, PermitEvent, PermitId, PermitLimit,
+    PermitRequest, PermitStore, StateName,
 };
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
@@ -62,6 +63,7 @@ struct Config {
     on_full: OnFull,
     on_error: OnError,
     timeout: Option<Duration>,
+    observer: Arc<dyn Observer>,
     /// Requests waiting in the queue.
     waiting: AtomicUsize,
     /// Signalled when a request of this layer gives its permit back.
@@ -143,6 +145,7 @@ impl InFlightLayer {
                 on_full: OnFull::Reject,
                 on_error: OnError::default(),
                 timeout: Some(crate::DEFAULT_TIMEOUT),
+                observer: Arc::new(NoopObserver),
                 waiting: AtomicUsize::new(0),
                 released: Notify::new(),
             },
@@ -179,6 +182,13 @@ impl InFlightLayerBuilder {
     /// default; `None`: no limit). A queued request's wait is its deadline, not this.
     pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
         self.config.timeout = timeout;
+        self
+    }
+
+    /// Where permit events go ([`Observer::on_permits`]: acquired, rejected, released,
+    /// expired, under the layer's state name); none by default.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.config.observer = observer;
         self
     }
 
@@ -260,7 +270,10 @@ where
                         guard: Some(guard),
                     }))
                 }
-                Acquired::Full => Ok(full_response(grpc)),
+                Acquired::Full => {
+                    config.report(PermitEvent::Rejected, 1);
+                    Ok(full_response(grpc))
+                }
                 Acquired::Failed => match config.on_error {
                     OnError::FailOpen => Ok(inner
                         .call(req)
@@ -304,9 +317,20 @@ impl Config {
             },
             None => acquire.await,
         };
-        result.map_err(|error| {
+        let decision = result.map_err(|error| {
             tracing::warn!(policy = %self.state.as_str(), %error, "distlimit-tower: permit acquire failed");
-        })
+        })?;
+        self.report(PermitEvent::Expired, decision.expired().into());
+        if decision.is_allowed() {
+            self.report(PermitEvent::Acquired, 1);
+        }
+        Ok(decision)
+    }
+
+    fn report(&self, event: PermitEvent, count: u64) {
+        if count > 0 {
+            self.observer.on_permits(self.state.as_str(), event, count);
+        }
     }
 
     async fn acquire(&self, key: &OwnedKey) -> Acquired {
@@ -438,6 +462,7 @@ impl Drop for PermitGuard {
         if let Some(renew) = self.renew.take() {
             renew.abort();
         }
+        self.config.report(PermitEvent::Released, 1);
         let (Some(key), Ok(runtime)) = (self.key.take(), tokio::runtime::Handle::try_current())
         else {
             // No runtime to give it back on: the permit expires after its lease.
