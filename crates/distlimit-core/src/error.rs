@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{KeyError, QuotaError};
+use crate::{KeyError, PermitError, QuotaError};
 
 /// A boxed error from a store's backend.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -20,6 +20,9 @@ pub enum Error {
     /// The quota was invalid.
     #[error(transparent)]
     InvalidQuota(#[from] QuotaError),
+    /// A concurrency limit or a permit id was invalid.
+    #[error(transparent)]
+    InvalidPermit(#[from] PermitError),
     /// The request as a whole was invalid (for example an empty batch, or a key twice in one batch).
     #[error("invalid request: {0}")]
     InvalidRequest(&'static str),
@@ -90,6 +93,7 @@ impl Error {
             Error::Backend { transient, .. } => *transient,
             Error::InvalidKey(_)
             | Error::InvalidQuota(_)
+            | Error::InvalidPermit(_)
             | Error::InvalidRequest(_)
             | Error::Protocol { .. }
             | Error::BadState { .. }
@@ -109,17 +113,21 @@ impl Error {
     pub fn is_invalid_input(&self) -> bool {
         matches!(
             self,
-            Error::InvalidKey(_) | Error::InvalidQuota(_) | Error::InvalidRequest(_)
+            Error::InvalidKey(_)
+                | Error::InvalidQuota(_)
+                | Error::InvalidPermit(_)
+                | Error::InvalidRequest(_)
         )
     }
 
     /// A stable lowercase name of the variant, for metric labels and logs: `invalid_key`,
-    /// `invalid_quota`, `invalid_request`, `timeout`, `unavailable`, `protocol`, `bad_state`,
+    /// `invalid_quota`, `invalid_permit`, `invalid_request`, `timeout`, `unavailable`, `protocol`, `bad_state`,
     /// `config`, `backend`.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidKey(_) => "invalid_key",
             Error::InvalidQuota(_) => "invalid_quota",
+            Error::InvalidPermit(_) => "invalid_permit",
             Error::InvalidRequest(_) => "invalid_request",
             Error::Timeout { .. } => "timeout",
             Error::Unavailable { .. } => "unavailable",

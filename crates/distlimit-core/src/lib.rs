@@ -7,6 +7,7 @@ mod error;
 mod key;
 mod lease;
 pub mod observe;
+mod permit;
 mod quota;
 mod state_name;
 mod store;
@@ -17,7 +18,11 @@ pub use decision::{Decision, NEVER, Source};
 pub use error::{BoxError, Error, NotSent};
 pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use lease::{Grant, LeaseStore, LeaseUnsupported};
-pub use observe::{BreakerState, NoopObserver, Observer, Outcome};
+pub use observe::{BreakerState, NoopObserver, Observer, Outcome, PermitEvent};
+pub use permit::{
+    MAX_IN_FLIGHT, MAX_PERMIT_ID, MAX_PERMIT_LEASE, MIN_PERMIT_LEASE, PermitDecision, PermitError,
+    PermitId, PermitLimit, PermitRequest, PermitStore, Permits,
+};
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
 pub use state_name::{StateName, StateRef};
 pub use store::{MAX_BATCH, Request, Store, StoreExt, merge_batch, validate_batch};

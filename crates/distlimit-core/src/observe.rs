@@ -34,6 +34,34 @@ impl Outcome {
     }
 }
 
+/// What happened to concurrency permits (see [`PermitStore`](crate::PermitStore)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum PermitEvent {
+    /// A permit was taken: a request went in.
+    Acquired,
+    /// An acquire found the key full: a request was turned away (or waits in a queue).
+    Rejected,
+    /// A permit was given back when its request ended.
+    Released,
+    /// Permits were found expired: their holder neither released nor renewed them in time
+    /// (it crashed, or its request outlived its lease).
+    Expired,
+}
+
+impl PermitEvent {
+    /// A stable lowercase name, for metric labels: `acquired`, `rejected`, `released`,
+    /// `expired`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermitEvent::Acquired => "acquired",
+            PermitEvent::Rejected => "rejected",
+            PermitEvent::Released => "released",
+            PermitEvent::Expired => "expired",
+        }
+    }
+}
+
 /// The state of a circuit breaker in front of a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -113,6 +141,12 @@ pub trait Observer: Send + Sync {
     fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
         let _ = (store, in_use, waiting);
     }
+
+    /// `count` permits of the concurrency limit of state `policy` had `event` (reported by
+    /// whoever holds permits, such as `distlimit-tower`'s `InFlightLayer`).
+    fn on_permits(&self, policy: &str, event: PermitEvent, count: u64) {
+        let _ = (policy, event, count);
+    }
 }
 
 /// An [`Observer`] that ignores everything: the default.
@@ -156,6 +190,10 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 
     fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
         (**self).on_connections(store, in_use, waiting);
+    }
+
+    fn on_permits(&self, policy: &str, event: PermitEvent, count: u64) {
+        (**self).on_permits(policy, event, count);
     }
 }
 

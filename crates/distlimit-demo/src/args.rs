@@ -33,6 +33,18 @@ pub struct Args {
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<Cidr>,
 
+    /// The most requests of one user (`X-User-ID`, else the client IP) in flight at once on
+    /// `GET /api/generate`, across every instance sharing the store.
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_in_flight: u32,
+
+    /// How long a permit of `/api/generate` outlives an instance that crashed while holding
+    /// it (it is renewed while its request runs), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    pub in_flight_lease_ms: u64,
+
     /// The serving limits: `--header-read-timeout-ms`, `--idle-timeout-ms`,
     /// `--max-connections`, `--shutdown-timeout-ms` (shared with `distlimit-server`).
     #[command(flatten)]

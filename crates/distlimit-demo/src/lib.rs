@@ -2,6 +2,7 @@
 
 mod app;
 mod args;
+mod generate;
 /// Serving with the hardened defaults of every server this project ships ([`distlimit_serve`]).
 pub use distlimit_serve as serve;
 
@@ -21,6 +22,9 @@ use tokio::net::TcpListener;
 
 pub use crate::app::{ApiLimits, DATA_BODY, api_limits, router};
 pub use crate::args::Args;
+pub use crate::generate::{
+    GENERATE_POLICY, MAX_GENERATE_DELAY_MS, generate_limit, generate_routes,
+};
 pub use distlimit_serve::{ServeConfig, serve, shutdown_signal};
 
 /// The policy limiting each user of `/api/data`; a `--policy` file must define it.
@@ -71,6 +75,10 @@ pub enum StartError {
     /// background.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The concurrency limit of `/api/generate` (`--max-in-flight`, `--in-flight-lease-ms`)
+    /// was refused.
+    #[error("the concurrency limit of /api/generate: {0}")]
+    ConcurrencyLimit(distlimit_core::Error),
     /// The listening address could not be bound (in use, or not this host's).
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -110,9 +118,8 @@ impl Demo {
             }
         }
         let metrics = Metrics::new();
-        let store = distlimit_serve::store::build(&args.store, &metrics)
-            .await?
-            .store;
+        let built = distlimit_serve::store::build(&args.store, &metrics).await?;
+        let store = built.store;
         let limiter = limiter(store, policies, &metrics);
         // A reload that drops a policy the routes use is refused, the running set kept.
         for name in [POLICY, IP_POLICY] {
@@ -132,8 +139,16 @@ impl Demo {
             limiter.clone(),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
         );
+        let in_flight = generate_limit(
+            built.permits,
+            args.max_in_flight,
+            std::time::Duration::from_millis(args.in_flight_lease_ms),
+            TrustedProxies::new(args.trusted_proxies.iter().copied()),
+            Arc::new(metrics.clone()),
+        )
+        .map_err(StartError::ConcurrencyLimit)?;
         Ok(Self {
-            router: router(Some(limits), metrics.clone()),
+            router: router(Some(limits), metrics.clone()).merge(generate_routes(in_flight)),
             metrics,
             limiter,
             watcher,

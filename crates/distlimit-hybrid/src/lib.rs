@@ -4,6 +4,7 @@ mod blocked;
 mod breaker;
 mod config;
 mod lease;
+mod permits;
 mod share;
 mod sync;
 
@@ -34,6 +35,7 @@ pub use crate::config::{
     Builder, ConfigError, DEFAULT_BLOCKED_ENTRIES, DEFAULT_BUDGET, DEFAULT_COOL_OFF,
     DEFAULT_FIRST_COOL_OFF, DEFAULT_OPEN_RULE, FailureMode, MAX_WINDOW_FAILURES, OpenRule,
 };
+pub use crate::permits::FAIL_OPEN_PERMIT;
 
 /// A store that asks a primary store behind a circuit breaker and falls back to another. See the
 /// [crate documentation](crate).

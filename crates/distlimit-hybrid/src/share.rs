@@ -31,6 +31,16 @@ impl Share {
         }
     }
 
+    /// `limit`'s `max_in_flight` divided by the instance count, rounded down, at least 1.
+    pub(crate) fn scale_permits(
+        self,
+        limit: &distlimit_core::PermitLimit,
+    ) -> distlimit_core::PermitLimit {
+        let max = (u64::from(limit.max_in_flight()) / self.instances).max(1);
+        let max = u32::try_from(max).unwrap_or(limit.max_in_flight());
+        distlimit_core::PermitLimit::new(max, limit.lease()).unwrap_or(*limit)
+    }
+
     /// Whether limits stay as they are (one instance).
     #[inline]
     pub(crate) fn is_whole(self) -> bool {

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod clock;
+mod permits;
 mod shard;
 mod sync;
 #[cfg(all(test, distlimit_loom))]
@@ -63,6 +64,7 @@ pub struct MemoryStore<C = FastClock, S = DefaultHasher> {
     max_keys_per_shard: usize,
     evictions: AtomicU64,
     observer: Arc<dyn Observer>,
+    permits: permits::PermitTable,
 }
 
 /// Configures a [`MemoryStore`].
@@ -166,6 +168,7 @@ impl<C, S> Builder<C, S> {
             max_keys_per_shard: self.max_keys.div_ceil(SHARDS).max(1),
             evictions: AtomicU64::new(0),
             observer: self.observer,
+            permits: permits::PermitTable::new(self.max_keys),
         }
     }
 }
@@ -338,6 +341,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         for shard in self.shards.iter() {
             shard.0.write().purge(now, &self.hasher);
         }
+        self.permits.purge(now);
     }
 }
 

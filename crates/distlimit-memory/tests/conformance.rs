@@ -28,3 +28,5 @@ async fn decide_now_is_decide_without_waiting() {
     }
     assert_eq!(answers, [(true, 2), (true, 1), (true, 0), (false, 0)]);
 }
+
+distlimit_test::permit_conformance_tests!(|clock| async move { MemoryStore::with_clock(clock) });

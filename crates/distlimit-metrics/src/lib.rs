@@ -2,6 +2,7 @@
 
 mod labels;
 mod lease;
+mod permits;
 mod policy;
 mod redis;
 
@@ -68,6 +69,7 @@ struct Inner {
     breaker_transitions: Family<TransitionLabels, Counter>,
     evictions: Family<StoreLabels, Counter>,
     lease: LeaseFamilies,
+    permits: permits::PermitFamilies,
     calls: redis::CallFamilies,
 }
 
@@ -115,6 +117,7 @@ impl MetricsBuilder {
             breaker_transitions: Family::default(),
             evictions: Family::default(),
             lease: LeaseFamilies::default(),
+            permits: permits::PermitFamilies::default(),
             calls: redis::CallFamilies::new(),
         };
         let mut registry = std::mem::take(&mut inner.registry);
@@ -174,6 +177,7 @@ impl Inner {
             self.evictions.clone(),
         );
         self.lease.register(registry);
+        self.permits.register(registry);
         self.calls.register(registry);
     }
 }
@@ -312,6 +316,10 @@ impl Observer for Metrics {
 
     fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
         self.inner.calls.on_connections(store, in_use, waiting);
+    }
+
+    fn on_permits(&self, policy: &str, event: distlimit_core::PermitEvent, count: u64) {
+        self.inner.permits.on_permits(policy, event, count);
     }
 }
 

@@ -8,6 +8,9 @@
 //! allow = ["10.0.0.0/8", "health-checker"] # optional: admitted without asking the store
 //! deny = ["203.0.113.9", "2001:db8:bad::/48"] # optional: denied, retry_after = never
 //! # list entries: exact keys, or IP addresses and CIDRs matching IP keys they contain
+//! max_in_flight = 20       # optional: at most 20 requests of one key in flight (1 to 65536),
+//! in_flight_lease = "30s"   # for layers holding permits; a crashed holder's permits come back
+//!                           # after the lease (default 30s, 1ms to 1d)
 //! tiers = [
 //!   # algorithm: token_bucket (default), gcra, fixed_window, sliding_log, sliding_window
 //!   # per: a whole number and a unit: us, ms, s, m, h, d
@@ -50,6 +53,10 @@ struct RawPolicy {
     allow: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     deny: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_in_flight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    in_flight_lease: Option<String>,
     tiers: Vec<RawTier>,
     #[serde(default, rename = "override", skip_serializing_if = "Vec::is_empty")]
     overrides: Vec<RawOverride>,
@@ -161,6 +168,11 @@ impl RawPolicy {
         let name = self.name;
         let in_policy = |e: PolicyConfigError| e.in_policy(&name);
         let mut policy = Policy::new(name.as_str()).shadow(self.shadow);
+        if let Some(limit) = in_flight(self.max_in_flight, self.in_flight_lease.as_deref())
+            .map_err(|e| e.in_policy(&name))?
+        {
+            policy = policy.with_max_in_flight(limit);
+        }
         for tier in self.tiers {
             policy = policy.tier(tier.into_tier().map_err(in_policy)?);
         }
@@ -188,6 +200,10 @@ impl RawPolicy {
             shadow: policy.is_shadow(),
             allow: policy.allowed_keys().map(lossy).collect(),
             deny: policy.denied_keys().map(lossy).collect(),
+            max_in_flight: policy.max_in_flight().map(|l| l.max_in_flight()),
+            in_flight_lease: policy
+                .max_in_flight()
+                .map(|l| format_duration(l.lease_us())),
             tiers: policy.tiers().iter().map(RawTier::from_tier).collect(),
             overrides: policy
                 .overrides()
@@ -199,6 +215,35 @@ impl RawPolicy {
                 .collect(),
         }
     }
+}
+
+/// The lease of a concurrency limit without `in_flight_lease`.
+pub const DEFAULT_IN_FLIGHT_LEASE: Duration = Duration::from_secs(30);
+
+/// A policy's concurrency limit from its two fields: a lease without a limit, a limit of 0 or
+/// above 65 536, or a lease outside 1 ms to a day is a [`Field::MaxInFlight`] error.
+fn in_flight(
+    max: Option<u32>,
+    lease: Option<&str>,
+) -> Result<Option<distlimit_core::PermitLimit>, PolicyConfigError> {
+    let Some(max) = max else {
+        return match lease {
+            Some(_) => Err(PolicyConfigError::new(
+                Field::MaxInFlight,
+                "in_flight_lease without max_in_flight",
+            )),
+            None => Ok(None),
+        };
+    };
+    let lease = match lease {
+        Some(text) => parse_duration(text).map_err(|e| {
+            PolicyConfigError::new(Field::MaxInFlight, format!("in_flight_lease: {e}"))
+        })?,
+        None => DEFAULT_IN_FLIGHT_LEASE,
+    };
+    distlimit_core::PermitLimit::new(max, lease)
+        .map(Some)
+        .map_err(|e| PolicyConfigError::new(Field::MaxInFlight, e.to_string()))
 }
 
 fn lossy(key: &[u8]) -> String {
@@ -317,6 +362,50 @@ mod tests {
         ] {
             let e = parse_duration(bad).unwrap_err();
             assert_eq!(e.field(), Field::Per, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn concurrency_limits_parse_validate_and_round_trip() {
+        let text = "[[policy]]\nname = \"gen\"\nmax_in_flight = 4\nin_flight_lease = \"10s\"\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n";
+        let set = PolicySet::from_toml_str(text).unwrap();
+        let limit = set.get("gen").unwrap().max_in_flight().unwrap();
+        assert_eq!(
+            (limit.max_in_flight(), limit.lease()),
+            (4, Duration::from_secs(10))
+        );
+        let again = PolicySet::from_toml_str(&set.to_toml_string()).unwrap();
+        assert_eq!(again.get("gen").unwrap().max_in_flight(), Some(limit));
+        let default = text.replace("in_flight_lease = \"10s\"\n", "");
+        let set = PolicySet::from_toml_str(&default).unwrap();
+        assert_eq!(
+            set.get("gen").unwrap().max_in_flight().unwrap().lease(),
+            DEFAULT_IN_FLIGHT_LEASE
+        );
+        for (bad, says) in [
+            (
+                text.replace("max_in_flight = 4", "max_in_flight = 0"),
+                "at least 1",
+            ),
+            (
+                text.replace("max_in_flight = 4", "max_in_flight = 70000"),
+                "maximum is 65536",
+            ),
+            (text.replace("\"10s\"", "\"0s\""), "at least 1 ms"),
+            (text.replace("\"10s\"", "\"2d\""), "longer than"),
+            (text.replace("\"10s\"", "\"ten\""), "in_flight_lease"),
+            (
+                text.replace("max_in_flight = 4\n", ""),
+                "without max_in_flight",
+            ),
+        ] {
+            let e = PolicySet::from_toml_str(&bad).unwrap_err();
+            assert_eq!(e.field(), Field::MaxInFlight, "{bad}");
+            let message = e.to_string();
+            assert!(
+                message.contains("policy \"gen\"") && message.contains(says),
+                "{message}"
+            );
         }
     }
 

@@ -59,12 +59,14 @@ pub enum Field {
     File,
     /// [`watch`](crate::watch) was called outside a Tokio runtime.
     Runtime,
+    /// A policy's concurrency limit (`max_in_flight`, `in_flight_lease`).
+    MaxInFlight,
 }
 
 impl Field {
     /// The name used in configuration and messages: `name`, `tiers`, `algorithm`, `limit`,
-    /// `per`, `burst`, `scope`, `allow`, `deny`, `override`, `policy`, `toml`, `file` or
-    /// `runtime`.
+    /// `per`, `burst`, `scope`, `allow`, `deny`, `override`, `policy`, `toml`, `file`,
+    /// `runtime` or `max_in_flight`.
     pub fn name(self) -> &'static str {
         match self {
             Field::Name => "name",
@@ -81,6 +83,7 @@ impl Field {
             Field::Toml => "toml",
             Field::File => "file",
             Field::Runtime => "runtime",
+            Field::MaxInFlight => "max_in_flight",
         }
     }
 }

@@ -11,6 +11,7 @@ mod watch;
 mod tests;
 
 pub use batch::{Answer, Item};
+pub use config::DEFAULT_IN_FLIGHT_LEASE;
 pub use error::{CheckError, Field, PolicyConfigError};
 pub use limiter::{Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
 pub use policy::{

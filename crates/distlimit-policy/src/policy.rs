@@ -268,6 +268,8 @@ pub(crate) struct Applied {
 pub struct Policy {
     name: Box<str>,
     shadow: bool,
+    /// The concurrency limit, for layers that hold the policy's keys to requests in flight.
+    in_flight: Option<distlimit_core::PermitLimit>,
     tiers: Vec<Tier>,
     allow: Vec<Box<[u8]>>,
     deny: Vec<Box<[u8]>>,
@@ -286,6 +288,7 @@ impl Policy {
         Self {
             name: name.into(),
             shadow: false,
+            in_flight: None,
             tiers: Vec::new(),
             allow: Vec::new(),
             deny: Vec::new(),
@@ -359,6 +362,21 @@ impl Policy {
     #[inline]
     pub fn is_shadow(&self) -> bool {
         self.shadow
+    }
+
+    /// The same policy with a concurrency limit: at most `limit.max_in_flight()` requests of
+    /// one key in flight. The limiter does not enforce it (a rate decision has no end); a
+    /// layer that holds permits (`distlimit-tower`'s `InFlightLayer`) reads it with
+    /// [`max_in_flight`](Self::max_in_flight).
+    pub fn with_max_in_flight(mut self, limit: distlimit_core::PermitLimit) -> Self {
+        self.in_flight = Some(limit);
+        self
+    }
+
+    /// The concurrency limit, if the policy has one.
+    #[inline]
+    pub fn max_in_flight(&self) -> Option<distlimit_core::PermitLimit> {
+        self.in_flight
     }
 
     /// The tiers every key is checked against, unless overridden, in declaration order.

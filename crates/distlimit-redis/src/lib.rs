@@ -6,6 +6,7 @@ mod connection;
 mod durable;
 mod layout;
 mod lease;
+mod permits;
 pub mod region;
 mod script;
 mod store;
@@ -16,6 +17,7 @@ pub use config::{
 };
 pub use durable::NotDurable;
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
+pub use permits::PERMIT_SUFFIX;
 pub use region::{HomeUnreachable, RegionBuilder, RegionStats, RegionStore};
 pub use store::{Mode, RedisStore};
 

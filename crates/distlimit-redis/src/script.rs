@@ -21,7 +21,9 @@
 //!   store decides a batch over several slots one slot group at a time, and gives back what
 //!   earlier groups charged when a later one denies, with a refund group (see the crate
 //!   documentation, "Batches across Cluster slots");
-//! * a refund ([`Group::refund`]) and a lease exchange ([`Group::lease`]).
+//! * a refund ([`Group::refund`]), a lease exchange ([`Group::lease`]) and a concurrency
+//!   permit's acquire, release or renew ([`Group::permit`], `permit.lua`: a sorted set of
+//!   permit ids scored by their expiry, at the key's permit key, see `permits.rs`).
 //!
 //! A store call is a call with one group; the coalescer (`coalesce.rs`) packs the groups of
 //! several waiting callers into the same shape. So Redis receives one encoding whatever the
@@ -137,14 +139,14 @@
 //!
 //! The Lua lives in `src/scripts/`, each piece written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, `refund.lua` and `lease.lua` (one function each), and the main in two
+//! `decide_<algorithm>`, `refund.lua`, `lease.lua` and `permit.lua` (one function each), and the main in two
 //! parts, `entry.lua` (the call of one request alone, the common one) and `entry_groups.lua` (the
 //! general path). The script text is put together at compile time (`concat!(include_str!(…))`).
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Decision, Error, Limit, MAX_BATCH, NEVER};
+use distlimit_core::{Algorithm, Decision, Error, Limit, MAX_BATCH, NEVER, PermitId, PermitLimit};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
@@ -286,6 +288,7 @@ const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/refund.lua"),
     include_str!("scripts/lease.lua"),
     include_str!("scripts/pool.lua"),
+    include_str!("scripts/permit.lua"),
     include_str!("scripts/entry_groups.lua"),
 );
 
@@ -367,6 +370,8 @@ pub(crate) enum GroupOp {
     Lease,
     /// A step of a regional pool (see `pool.lua` and `region.rs`).
     Pool,
+    /// A concurrency permit: acquire, release or renew (see `permit.lua`).
+    Permit,
 }
 
 impl GroupOp {
@@ -379,6 +384,7 @@ impl GroupOp {
             GroupOp::Refund => 4,
             GroupOp::Lease => 5,
             GroupOp::Pool => 6,
+            GroupOp::Permit => 7,
         }
     }
 }
@@ -394,6 +400,31 @@ pub(crate) struct Answer {
     pub(crate) granted: u64,
     /// [`GroupOp::Pool`]: the pool's reply (see `pool.lua`).
     pub(crate) pool: [u64; POOL_REPLY],
+    /// [`GroupOp::Permit`]: the script's answer.
+    pub(crate) permit: Option<PermitReply>,
+}
+
+/// What a permit group answered (see `permit.lua`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PermitReply {
+    /// Admitted, or the permit was live.
+    pub(crate) ok: bool,
+    /// The permit's id.
+    pub(crate) id: u64,
+    /// The key's live permits after the call.
+    pub(crate) in_flight: u64,
+    /// A denied acquire's wait, µs.
+    pub(crate) retry_after_us: u64,
+    /// The permits found expired.
+    pub(crate) expired: u64,
+}
+
+/// What a permit group does (its action in `permit.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PermitAction {
+    Acquire,
+    Release,
+    Renew,
 }
 
 impl Answer {
@@ -547,6 +578,31 @@ impl Group {
         Ok(group)
     }
 
+    /// A permit `action` on permit `id` of the sorted set at `redis_key`, held to `limit`
+    /// (see `permit.lua`).
+    pub(crate) fn permit(
+        redis_key: &[u8],
+        limit: &PermitLimit,
+        id: PermitId,
+        action: PermitAction,
+        time: TimeSource,
+    ) -> Result<Self, Error> {
+        let mut group = Group::with_capacity(time, GroupOp::Permit, redis_key.len(), 1)?;
+        group.keys.extend_from_slice(redis_key);
+        group.ends.push(group.keys.len());
+        let code = match action {
+            PermitAction::Acquire => 0,
+            PermitAction::Release => 1,
+            PermitAction::Renew => 2,
+        };
+        // Algorithm 0: no rate algorithm; the limit's slots hold max in flight and the lease.
+        let max = u64::from(limit.max_in_flight());
+        group
+            .requests
+            .push(([0, max, limit.lease_us(), 0, 0], [id.get(), code, 0, 0]));
+        Ok(group)
+    }
+
     fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
         let kind = Kind::of(limit.algorithm())?;
         let (expect, cost) = Expect::new(limit, cost);
@@ -567,6 +623,16 @@ impl Group {
             GroupOp::Lease => answer.granted > 0,
             // A pool step may spend units of the region's pool: held to `WAIT` like an admission.
             GroupOp::Pool => true,
+            // An acquired or renewed permit holds a place until its expiry: held to `WAIT` like
+            // an admission (lost, the place would be handed out again while its request runs).
+            // A lost release only makes the place wait for its expiry.
+            GroupOp::Permit => {
+                answer.permit.is_some_and(|p| p.ok)
+                    && self
+                        .requests
+                        .first()
+                        .is_some_and(|(_, values)| values[1] != 1)
+            }
             GroupOp::Refund | GroupOp::Evaluate => false,
             GroupOp::One | GroupOp::Commit | GroupOp::CommitTimed => answer
                 .decisions
@@ -606,6 +672,7 @@ impl Group {
             GroupOp::Refund => 0,
             GroupOp::Lease => 8 + DECISION_BYTES,
             GroupOp::Pool => 8 * POOL_REPLY,
+            GroupOp::Permit => DECISION_BYTES,
             GroupOp::CommitTimed => DECISION_BYTES * self.len() + 8,
             GroupOp::One | GroupOp::Evaluate | GroupOp::Commit => DECISION_BYTES * self.len(),
         }
@@ -622,6 +689,35 @@ impl Group {
                 }
                 Ok(Answer {
                     pool,
+                    ..Answer::default()
+                })
+            }
+            GroupOp::Permit => {
+                let mut n = [0u64; 5];
+                for (slot, bytes) in n.iter_mut().zip(part.chunks_exact(8)) {
+                    *slot = integer(bytes)?;
+                }
+                let [ok, id, in_flight, retry_after_us, expired] = n;
+                let ([_, max, ..], [sent, action, ..]) =
+                    self.requests.first().copied().unwrap_or_default();
+                let consistent = ok <= 1
+                    && id == sent
+                    && (ok == 1 || action != 0 || in_flight >= max)
+                    && ((ok == 0 && action == 0) == (retry_after_us > 0));
+                if !consistent {
+                    return Err(protocol(format!(
+                        "inconsistent permit reply: ok {ok}, id {id} (sent {sent}), in flight \
+                         {in_flight} of {max}, retry_after {retry_after_us} µs, action {action}"
+                    )));
+                }
+                Ok(Answer {
+                    permit: Some(PermitReply {
+                        ok: ok == 1,
+                        id,
+                        in_flight,
+                        retry_after_us,
+                        expired,
+                    }),
                     ..Answer::default()
                 })
             }
@@ -733,8 +829,10 @@ impl<'a> Call<'a> {
     fn writes(&self) -> bool {
         self.groups.iter().any(|g| {
             g.op != GroupOp::Evaluate
-                && (matches!(g.op, GroupOp::Refund | GroupOp::Lease | GroupOp::Pool)
-                    || g.requests.iter().any(|(_, values)| values[0] > 0))
+                && (matches!(
+                    g.op,
+                    GroupOp::Refund | GroupOp::Lease | GroupOp::Pool | GroupOp::Permit
+                ) || g.requests.iter().any(|(_, values)| values[0] > 0))
         })
     }
 
@@ -809,7 +907,7 @@ impl<'a> Call<'a> {
             body.push(exact(group.op.code()));
             body.push(exact(group.len() as u64));
             let width = match group.op {
-                GroupOp::Refund | GroupOp::Lease => 2,
+                GroupOp::Refund | GroupOp::Lease | GroupOp::Permit => 2,
                 GroupOp::Pool => 4,
                 _ => 1,
             };

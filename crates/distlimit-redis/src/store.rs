@@ -47,6 +47,7 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     timeouts: Timeouts,
     mode: Mode,
+    permit_ids: crate::permits::PermitIds,
 }
 
 impl fmt::Debug for RedisStore {
@@ -173,6 +174,7 @@ impl RedisStore {
                 clock: builder.clock,
                 timeouts,
                 mode,
+                permit_ids: crate::permits::PermitIds::new(),
             }),
         })
     }
@@ -214,6 +216,11 @@ impl RedisStore {
             );
         }
         coalescer.queued(slot, group).await
+    }
+
+    /// Where permit ids come from.
+    pub(crate) fn permit_ids(&self) -> &crate::permits::PermitIds {
+        &self.inner.permit_ids
     }
 
     /// Where the scripts read the time: Redis' `TIME`, or the configured client clock now.

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    BreakerState, Decision, Error, Grant, LeaseStore, NotSent, Observer, Outcome, Request, Store,
+    BreakerState, Decision, Error, Grant, LeaseStore, NotSent, Observer, Outcome, PermitDecision,
+    PermitId, PermitRequest, PermitStore, Request, Store,
 };
 use distlimit_hybrid::{FailureMode, Hybrid};
 use distlimit_lease::Leased;
@@ -186,6 +187,9 @@ impl RedisStatus {
 pub struct BuiltStore {
     /// The store.
     pub store: Arc<dyn Store>,
+    /// The concurrency permits (requests in flight) on the same backend: the memory store, or
+    /// the hybrid store of Redis and memory (never leased).
+    pub permits: Arc<dyn PermitStore>,
     /// Where Redis stands (`None` on the memory store).
     pub redis: Option<RedisStatus>,
 }
@@ -210,8 +214,10 @@ impl std::fmt::Debug for BuiltStore {
 pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, StoreError> {
     let Some(url) = &args.redis else {
         tracing::info!("store: memory (this process only)");
+        let memory = Arc::new(MemoryStore::new());
         return Ok(BuiltStore {
-            store: Arc::new(MemoryStore::new()),
+            store: memory.clone(),
+            permits: memory,
             redis: None,
         });
     };
@@ -260,9 +266,11 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         Arc::new(move || hybrid.breaker_state())
     };
     let status = Some(RedisStatus { connected, breaker });
+    let permits: Arc<dyn PermitStore> = hybrid.clone();
     if args.lease.is_empty() {
         return Ok(BuiltStore {
             store: hybrid,
+            permits,
             redis: status,
         });
     }
@@ -275,6 +283,7 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
     distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
     Ok(BuiltStore {
         store,
+        permits,
         redis: status,
     })
 }
@@ -454,6 +463,21 @@ impl LeaseStore for RedisPrimary {
         want: u64,
     ) -> Result<Grant, Error> {
         self.store()?.exchange(request, give_back, want).await
+    }
+}
+
+#[async_trait]
+impl PermitStore for RedisPrimary {
+    async fn acquire(&self, request: &PermitRequest<'_>) -> Result<PermitDecision, Error> {
+        self.store()?.acquire(request).await
+    }
+
+    async fn release(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {
+        self.store()?.release(request, permit).await
+    }
+
+    async fn renew(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {
+        self.store()?.renew(request, permit).await
     }
 }
 

@@ -1,4 +1,5 @@
-//! The HTTP side: `POST /v1/check` (the decision as JSON), `GET /metrics`, `GET /ready`.
+//! The HTTP side: `POST /v1/check` (the decision as JSON), `POST /v1/permits/*` (concurrency
+//! limits, see `permits.rs`), `GET /metrics`, `GET /ready`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,7 +85,7 @@ pub struct JsonLimit {
 }
 
 /// What the HTTP handlers share.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct HttpState {
     /// The decisions.
     pub checker: Arc<Checker>,
@@ -96,23 +97,39 @@ pub struct HttpState {
     pub redis: Option<distlimit_serve::store::RedisStatus>,
     /// The time limit of one check.
     pub timeout: Duration,
+    /// The concurrency permits (`/v1/permits/*`).
+    pub permits: Arc<dyn distlimit_core::PermitStore>,
+}
+
+impl std::fmt::Debug for HttpState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpState")
+            .field("checker", &self.checker)
+            .field("headers", &self.headers)
+            .field("redis", &self.redis)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The routes.
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/check", post(check))
+        .route("/v1/permits/acquire", post(crate::permits::acquire))
+        .route("/v1/permits/release", post(crate::permits::release))
+        .route("/v1/permits/renew", post(crate::permits::renew))
         .route("/metrics", get(metrics))
         .route("/ready", get(ready))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
 
-fn json(status: StatusCode, body: String) -> Response {
+pub(crate) fn json(status: StatusCode, body: String) -> Response {
     (status, [(CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     json(status, serde_json::json!({ "error": message }).to_string())
 }
 

@@ -8,6 +8,7 @@ pub mod grpc;
 pub mod http;
 mod metrics;
 mod net;
+mod permits;
 mod reload;
 
 use std::future::Future;
@@ -31,6 +32,7 @@ pub use crate::grpc::RateLimitGrpc;
 pub use crate::metrics::{
     LoadResult, Protocol, RequestMetrics, RequestResult, UNCONFIGURED_DOMAIN,
 };
+pub use crate::permits::{JsonAcquired, JsonHeld, JsonPermit};
 pub use crate::reload::{Reload, Watcher};
 /// Completes at Ctrl-C or SIGTERM; installed when called, so an early signal is not lost.
 pub use distlimit_serve::shutdown_signal;
@@ -77,6 +79,7 @@ pub struct Server {
     watcher: Option<Watcher>,
     tls: Option<(Tls, TlsWatcher)>,
     redis: Option<RedisStatus>,
+    permits: permits::Shared,
     args: Args,
 }
 
@@ -160,6 +163,7 @@ impl Server {
             watcher,
             tls,
             redis: built.redis,
+            permits: permits::Shared(built.permits),
             args: args.clone(),
         })
     }
@@ -280,6 +284,7 @@ impl Server {
             ready,
             redis: self.redis.clone(),
             timeout: args.request_timeout(),
+            permits: self.permits.0.clone(),
         });
         let http_stopped = stopped(stop_rx.clone());
         let http_server = async move {

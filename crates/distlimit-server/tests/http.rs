@@ -162,3 +162,78 @@ descriptors:
     assert!(!metrics.contains("not-configured"), "{metrics}");
     server.stop().await;
 }
+
+/// `/v1/permits/*`: acquire up to `max_in_flight`, 429 past it with the wait until the earliest
+/// permit expires, release (once) frees a place, renew answers whether the permit is held, bad
+/// input is a 400 naming what was wrong.
+#[tokio::test]
+async fn permits_are_acquired_released_and_renewed_over_json() {
+    let server = Running::start(&[]).await;
+    let limit = r#""name":"jobs","key":"tenant-1","max_in_flight":2,"lease_ms":60000"#;
+    let acquire = format!("{{{limit}}}");
+    let mut permits = Vec::new();
+    for in_flight in 1..=2 {
+        let (status, _, text) = send(server.http, "POST", "/v1/permits/acquire", &acquire).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["acquired"], true);
+        assert_eq!(json["in_flight"], in_flight);
+        permits.push(json["permit"].as_u64().unwrap());
+    }
+    let (status, _, text) = send(server.http, "POST", "/v1/permits/acquire", &acquire).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["acquired"], false);
+    let wait = json["retry_after_ms"].as_u64().unwrap();
+    assert!((1..=60_000).contains(&wait), "{text}");
+
+    let with = |permit: u64| format!("{{{limit},\"permit\":{permit}}}");
+    let (status, _, text) = send(server.http, "POST", "/v1/permits/renew", &with(permits[1])).await;
+    assert_eq!(
+        (status, text.as_str()),
+        (StatusCode::OK, r#"{"held":true}"#)
+    );
+    let (_, _, text) = send(
+        server.http,
+        "POST",
+        "/v1/permits/release",
+        &with(permits[0]),
+    )
+    .await;
+    assert_eq!(text, r#"{"held":true}"#);
+    let (_, _, text) = send(
+        server.http,
+        "POST",
+        "/v1/permits/release",
+        &with(permits[0]),
+    )
+    .await;
+    assert_eq!(text, r#"{"held":false}"#);
+    let (status, _, _) = send(server.http, "POST", "/v1/permits/acquire", &acquire).await;
+    assert_eq!(status, StatusCode::OK);
+
+    for bad in [
+        r#"{"name":"jobs","key":"k","max_in_flight":0,"lease_ms":1000}"#,
+        r#"{"name":"jobs","key":"k","max_in_flight":1,"lease_ms":0}"#,
+        r#"{"name":"jobs","key":"","max_in_flight":1,"lease_ms":1000}"#,
+        r#"{"name":"jobs","key":"k","max_in_flight":1,"lease_ms":1000,"permit":9007199254740992}"#,
+    ] {
+        let path = if bad.contains("permit\"") {
+            "/v1/permits/release"
+        } else {
+            "/v1/permits/acquire"
+        };
+        let (status, _, text) = send(server.http, "POST", path, bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {text}");
+        assert!(text.contains("error"), "{text}");
+    }
+    let (status, _, _) = send(
+        server.http,
+        "POST",
+        "/v1/permits/release",
+        r#"{"name":"jobs","key":"k","max_in_flight":1,"lease_ms":1000}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    server.stop().await;
+}

@@ -3,6 +3,7 @@
 mod checks;
 mod faulty;
 mod macros;
+mod permit_checks;
 mod proxy;
 #[cfg(feature = "redis")]
 pub mod server;
@@ -22,6 +23,12 @@ pub use checks::{
     check_policies_are_independent, check_retry_after_is_exact, check_store_ext_validates_keys,
 };
 pub use faulty::{Fault, FaultKind, FaultyStore};
+pub use permit_checks::{
+    check_permit_concurrent_acquires_admit_exactly_max, check_permit_expires_after_lease,
+    check_permit_fresh_key_admits_max, check_permit_keys_and_states_are_independent,
+    check_permit_matches_model, check_permit_release_frees_one_place,
+    check_permit_renew_extends_lease,
+};
 pub use proxy::Proxy;
 
 /// Where every check's clock starts: 2023-11-19T00:00:00Z in microseconds since the Unix epoch,
@@ -51,6 +58,9 @@ pub fn unique_prefix(tag: &str) -> Vec<u8> {
 /// The name of every check, in the order [`run_all`] runs them: also the test names
 /// [`conformance_tests!`] generates, and each check's function name without `check_`.
 pub const CHECKS: &[&str] = &crate::__for_each_check!(__check_names {});
+
+/// The name of every permit check (the tests [`permit_conformance_tests!`] generates).
+pub const PERMIT_CHECKS: &[&str] = &crate::__for_each_permit_check!(__check_names {});
 
 /// Runs every check in turn, each with a fresh [`ManualClock`] (see [`new_clock`]) and a store
 /// `factory` built from it; panics at the first contract violation.

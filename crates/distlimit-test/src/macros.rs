@@ -125,3 +125,61 @@ macro_rules! __check_names {
         [$(stringify!($name)),*]
     };
 }
+
+/// Expands to a module (`permit_conformance`, or the name given first) with one `#[test]` per
+/// check of the [`PermitStore`](distlimit_core::PermitStore) contract ([`PERMIT_CHECKS`](crate::PERMIT_CHECKS)),
+/// each on a fresh runtime, clock and store, as [`conformance_tests!`](crate::conformance_tests)
+/// does. The store must implement `PermitStore` and `Store` (one check makes sure a key's
+/// permits and its rate state live apart).
+///
+/// ```
+/// use distlimit_core::ManualClock;
+/// # use distlimit_core::{Decision, Error, Request, Store};
+/// # use distlimit_core::{PermitDecision, PermitId, PermitRequest, PermitStore};
+/// # struct MyStore;
+/// # #[async_trait::async_trait]
+/// # impl Store for MyStore {
+/// #     async fn decide(&self, _: &Request<'_>) -> Result<Decision, Error> { todo!() }
+/// #     async fn decide_all(&self, _: &[Request<'_>]) -> Result<Vec<Decision>, Error> { todo!() }
+/// # }
+/// # #[async_trait::async_trait]
+/// # impl PermitStore for MyStore {
+/// #     async fn acquire(&self, _: &PermitRequest<'_>) -> Result<PermitDecision, Error> { todo!() }
+/// #     async fn release(&self, _: &PermitRequest<'_>, _: PermitId) -> Result<bool, Error> { todo!() }
+/// #     async fn renew(&self, _: &PermitRequest<'_>, _: PermitId) -> Result<bool, Error> { todo!() }
+/// # }
+/// async fn store(_clock: ManualClock) -> MyStore { MyStore }
+///
+/// distlimit_test::permit_conformance_tests!(store);
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! permit_conformance_tests {
+    ($module:ident, $factory:expr $(,)?) => {
+        $crate::__for_each_permit_check!(__conformance_module { $module, $factory });
+    };
+    ($factory:expr $(,)?) => {
+        $crate::__for_each_permit_check!(__conformance_module {
+            permit_conformance,
+            $factory
+        });
+    };
+}
+
+/// The one list of permit checks, as [`__for_each_check`] for the store checks.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __for_each_permit_check {
+    ($callback:ident { $($args:tt)* }) => {
+        $crate::$callback! {
+            { $($args)* }
+            fresh_key_admits_max => check_permit_fresh_key_admits_max,
+            release_frees_one_place => check_permit_release_frees_one_place,
+            expires_after_lease => check_permit_expires_after_lease,
+            renew_extends_lease => check_permit_renew_extends_lease,
+            keys_and_states_are_independent => check_permit_keys_and_states_are_independent,
+            concurrent_acquires_admit_exactly_max => check_permit_concurrent_acquires_admit_exactly_max,
+            matches_model => check_permit_matches_model,
+        }
+    };
+}

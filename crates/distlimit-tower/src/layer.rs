@@ -229,7 +229,7 @@ impl<S: Store + ?Sized + 'static> Config<S> {
 
 /// The key `key` names for a request, with the client IP as the fallback; `None` when the key
 /// needs the client IP and no peer address is known.
-fn owned_key(
+pub(crate) fn owned_key(
     key: &KeyExtractor,
     info: &RequestInfo<'_>,
     client_ip: Option<ClientIp>,
@@ -271,14 +271,15 @@ struct Check {
 
 /// A request's key, owned by its check: a header value (a cheap clone: the values hyper parses
 /// share the request's buffer), an IP key on the stack, or a custom extractor's bytes.
-enum OwnedKey {
+#[derive(Clone)]
+pub(crate) enum OwnedKey {
     Header(HeaderValue),
     Ip(IpKey),
     Custom(Bytes),
 }
 
 impl OwnedKey {
-    fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         match self {
             OwnedKey::Header(value) => value.as_bytes(),
             OwnedKey::Ip(key) => key.as_bytes(),

@@ -4,6 +4,7 @@ mod body;
 mod client_ip;
 mod future;
 pub mod headers;
+mod in_flight;
 mod key;
 mod layer;
 mod policy;
@@ -17,6 +18,9 @@ pub use client_ip::{
 pub use distlimit_core::{Quota, QuotaError};
 pub use future::ResponseFuture;
 pub use headers::RateLimitHeaders;
+pub use in_flight::{
+    InFlight, InFlightBody, InFlightFuture, InFlightLayer, InFlightLayerBuilder, OnFull,
+};
 pub use ipnet::IpNet;
 pub use key::{DEFAULT_MAX_HEADER_KEY_LEN, KeyExtractor};
 pub use layer::{DEFAULT_TIMEOUT, OnError, RateLimit, RateLimitLayer, RateLimitLayerBuilder};

@@ -115,6 +115,11 @@ while pos <= size do
     local p = 5 * l - 4
     ok, reply, err = pcall(pool, KEYS[k], now, P[p + 1], P[p + 2], P[p + 3], P[p + 4], action, a,
       b, c)
+  elseif op == 7 then
+    local l, id, action
+    l, id, action, pos = struct.unpack('>ddd', blob, pos)
+    local b = 5 * l - 4
+    ok, reply, err = pcall(permit, KEYS[k], P[b + 1], P[b + 2], now, id, action, slack)
   else
     local l, back, want
     l, back, want, pos = struct.unpack('>ddd', blob, pos)

@@ -86,6 +86,32 @@ impl Store for Guarded {
     }
 }
 
+#[async_trait]
+impl distlimit_core::PermitStore for Guarded {
+    async fn acquire(
+        &self,
+        request: &distlimit_core::PermitRequest<'_>,
+    ) -> Result<distlimit_core::PermitDecision, Error> {
+        self.store.acquire(request).await
+    }
+
+    async fn release(
+        &self,
+        request: &distlimit_core::PermitRequest<'_>,
+        permit: distlimit_core::PermitId,
+    ) -> Result<bool, Error> {
+        self.store.release(request, permit).await
+    }
+
+    async fn renew(
+        &self,
+        request: &distlimit_core::PermitRequest<'_>,
+        permit: distlimit_core::PermitId,
+    ) -> Result<bool, Error> {
+        self.store.renew(request, permit).await
+    }
+}
+
 /// Connects `builder`, failing the test on an error.
 pub async fn connect(builder: RedisStoreBuilder, what: &str) -> RedisStore {
     match builder.connect().await {
