@@ -293,7 +293,11 @@ impl Observer for Metrics {
             .get_or_create(&StoreLabels { store })
             .inc_by(evicted);
     }
+}
 
+/// The lease client's events: `distlimit_lease_*` (feature `lease`).
+#[cfg(feature = "lease")]
+impl distlimit_lease::LeaseObserver for Metrics {
     fn on_lease_taken(&self, store: &'static str, _policy: &str, units: u64) {
         self.inner.lease.taken(store, units);
     }
@@ -305,7 +309,12 @@ impl Observer for Metrics {
     fn on_lease_units(&self, store: &'static str, held: u64) {
         self.inner.lease.held(store, held);
     }
+}
 
+/// The Redis store's calls: `distlimit_store_call_decisions`, `distlimit_store_calls_in_flight`,
+/// `distlimit_store_callers_waiting` (feature `redis`).
+#[cfg(feature = "redis")]
+impl distlimit_redis::RedisObserver for Metrics {
     fn on_coalesced(&self, store: &'static str, decisions: usize) {
         self.inner.calls.on_coalesced(store, decisions);
     }

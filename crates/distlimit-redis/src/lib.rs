@@ -5,6 +5,7 @@ mod config;
 mod connection;
 mod layout;
 mod lease;
+mod observe;
 mod script;
 mod store;
 
@@ -13,6 +14,7 @@ pub use config::{
     RedisStoreBuilder,
 };
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
+pub use observe::RedisObserver;
 pub use store::{Mode, RedisStore};
 
 /// What the crate's own tests and bench need of the script driver; not an API (no stability
