@@ -1,7 +1,10 @@
 //! [`Observer`]: what the limiter and the stores report as they work, for metrics and logs.
 //!
-//! The core crate defines the events; `distlimit-metrics` turns them into Prometheus series, and
-//! anything else (a `tracing` bridge, a test recorder) can implement the trait too. Every method
+//! The core crate defines the events every store and the limiter share (decisions, store errors,
+//! circuit breakers, evictions); a driver's own events are a trait of its crate
+//! (`distlimit_redis::RedisObserver`, `distlimit_lease::LeaseObserver`), so core does not grow
+//! with every driver. `distlimit-metrics` turns them into Prometheus series, and anything else
+//! (a `tracing` bridge, a test recorder) can implement the traits too. Every method
 //! has an empty default, so an observer implements only what it needs, and new events can be
 //! added without breaking it. Observers are called on the decision path: they must be cheap and
 //! must never block.
@@ -113,35 +116,6 @@ pub trait Observer: Send + Sync {
         let _ = (store, evicted);
     }
 
-    /// The lease client named `store` withdrew `units` units for `policy` in one store call (0
-    /// when the store had none available).
-    fn on_lease_taken(&self, store: &'static str, policy: &str, units: u64) {
-        let _ = (store, policy, units);
-    }
-
-    /// The lease client named `store` gave back `units` unspent units of ended leases for
-    /// `policy`.
-    fn on_lease_returned(&self, store: &'static str, policy: &str, units: u64) {
-        let _ = (store, policy, units);
-    }
-
-    /// The lease client named `store` holds `held` units in leases now, all keys together.
-    fn on_lease_units(&self, store: &'static str, held: u64) {
-        let _ = (store, held);
-    }
-
-    /// The store named `store` sent one coalesced call carrying `decisions` decisions (several
-    /// callers' requests decided in one round trip; 1 when a caller's call carried only its own).
-    fn on_coalesced(&self, store: &'static str, decisions: usize) {
-        let _ = (store, decisions);
-    }
-
-    /// The store named `store` has `in_use` calls in flight on its connections (at most its pool
-    /// size or call limit) and `waiting` callers queued for one.
-    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
-        let _ = (store, in_use, waiting);
-    }
-
     /// `count` permits of the concurrency limit of state `policy` had `event` (reported by
     /// whoever holds permits, such as `distlimit-tower`'s `InFlightLayer`).
     fn on_permits(&self, policy: &str, event: PermitEvent, count: u64) {
@@ -170,26 +144,6 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 
     fn on_evict(&self, store: &'static str, evicted: u64) {
         (**self).on_evict(store, evicted);
-    }
-
-    fn on_lease_taken(&self, store: &'static str, policy: &str, units: u64) {
-        (**self).on_lease_taken(store, policy, units);
-    }
-
-    fn on_lease_returned(&self, store: &'static str, policy: &str, units: u64) {
-        (**self).on_lease_returned(store, policy, units);
-    }
-
-    fn on_lease_units(&self, store: &'static str, held: u64) {
-        (**self).on_lease_units(store, held);
-    }
-
-    fn on_coalesced(&self, store: &'static str, decisions: usize) {
-        (**self).on_coalesced(store, decisions);
-    }
-
-    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
-        (**self).on_connections(store, in_use, waiting);
     }
 
     fn on_permits(&self, policy: &str, event: PermitEvent, count: u64) {

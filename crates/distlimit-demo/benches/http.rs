@@ -4,10 +4,12 @@
 //! one of 1 000 000 users (`X-User-ID`) drawn in a pseudo-random order, so nearly every
 //! request's user is new to the store.
 //!
-//! Four servers, each a separate process (this executable, re-run with `BENCH_ROLE=server`)
+//! Five servers, each a separate process (this executable, re-run with `BENCH_ROLE=server`)
 //! pinned to one core, so the client's own work is not counted in theirs:
 //!
-//! * `bare`: the routes without a limiter;
+//! * `axum`: a bare `axum::serve` app answering `GET /api/data` with the demo's body, none of
+//!   the demo's serving stack (what an outside harness compares the demo with);
+//! * `bare`: the demo's routes and serving stack (`distlimit-serve`) without a limiter;
 //! * `allow`: with the limits, on policies that never deny;
 //! * `deny`: with the limits, every user already spent before the run (1 per hour, burst 1):
 //!   every request is answered 429;
@@ -16,9 +18,15 @@
 //!   sending those bytes costs without deciding anything.
 //!
 //! Each server's CPU time is read from `/proc/<pid>/task/*/schedstat` around every round.
-//! Rounds run in back-to-back sets of four, rotating which goes first, so that machine noise
+//! Rounds run in back-to-back sets of five, rotating which goes first, so that machine noise
 //! hits all alike; the medians of the sets' ratios are the result (`deny` also against
 //! `bare429`).
+//!
+//! The one client thread does not keep a server busy (its core idles), so requests per second
+//! are the client's pace and their ratios read near 1 whatever the server does. What a load
+//! generator that saturates the pinned server reads is its capacity, the inverse of its CPU time
+//! per request: the `capacity` ratios (base CPU per request / side CPU per request) are the
+//! result, against `axum` (what users compare with) and against `bare`.
 //!
 //! `cargo bench -p distlimit-demo --bench http` (servers on CPU 0); the client on the other
 //! core: `taskset -c 1 cargo bench -p distlimit-demo --bench http`.
@@ -27,7 +35,7 @@
 //! per round (20000), `BENCH_ROUND_SECS` (3, the time bound of a round), `BENCH_ROUNDS` (11
 //! sets), `BENCH_SERVER_CPUS` (a `taskset -c` list for the servers, `0`; empty: not
 //! pinned), `BENCH_SERVER_THREADS` (1) and `BENCH_CLIENT_THREADS` (1) worker threads.
-//! `BENCH_SIDE` (`bare`, `allow`, `deny` or `bare429`) instead runs one server alone for
+//! `BENCH_SIDE` (`axum`, `bare`, `allow`, `deny` or `bare429`) instead runs one server alone for
 //! `BENCH_REQUESTS × BENCH_ROUNDS` requests, and prints its PID first (for `perf record -p`).
 #![allow(
     clippy::unwrap_used,
@@ -79,10 +87,18 @@ tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000000000, per 
 "#;
 
 /// The servers compared, in the order of the table's columns.
-const SIDES: [Side; 4] = [Side::Bare, Side::Allow, Side::Deny, Side::Bare429];
+const SIDES: [Side; 5] = [
+    Side::Axum,
+    Side::Bare,
+    Side::Allow,
+    Side::Deny,
+    Side::Bare429,
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
+    /// A bare `axum::serve` app: no limiter, none of the demo's serving stack.
+    Axum,
     Bare,
     Allow,
     Deny,
@@ -93,6 +109,7 @@ enum Side {
 impl Side {
     fn name(self) -> &'static str {
         match self {
+            Self::Axum => "axum",
             Self::Bare => "bare",
             Self::Allow => "allow",
             Self::Deny => "deny",
@@ -105,13 +122,13 @@ impl Side {
             .into_iter()
             .find(|side| side.name() == name)
             .unwrap_or_else(|| {
-                panic!("a side is `bare`, `allow`, `deny` or `bare429`, not {name:?}")
+                panic!("a side is `axum`, `bare`, `allow`, `deny` or `bare429`, not {name:?}")
             })
     }
 
     fn status(self) -> StatusCode {
         match self {
-            Self::Bare | Self::Allow => StatusCode::OK,
+            Self::Axum | Self::Bare | Self::Allow => StatusCode::OK,
             Self::Deny | Self::Bare429 => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -173,6 +190,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 async fn start(side: Side, users: u64) -> SocketAddr {
     let metrics = Metrics::new();
     let limits = match side {
+        Side::Axum => return serve_axum().await,
         Side::Bare => None,
         Side::Bare429 => return serve_control(denial().await).await,
         Side::Allow | Side::Deny => {
@@ -225,6 +243,23 @@ async fn denial() -> (StatusCode, HeaderMap, Bytes) {
     assert_eq!(head.status, StatusCode::TOO_MANY_REQUESTS);
     let body = body.collect().await.unwrap().to_bytes();
     (head.status, head.headers, body)
+}
+
+/// The `axum` server: `axum::serve` with the demo's answer on `GET /api/data`, nothing else.
+async fn serve_axum() -> SocketAddr {
+    let app = axum::Router::new().route(
+        "/api/data",
+        axum::routing::get(|| async {
+            (
+                [(http::header::CONTENT_TYPE, "application/json")],
+                DATA_BODY,
+            )
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
 }
 
 /// The `bare429` server: `GET /api/data` answers `answer`, nothing is limited.
@@ -421,25 +456,32 @@ fn main() {
             std::env::var("BENCH_SERVER_CPUS").unwrap_or_else(|_| "0".into())
         );
         println!(
-            "round  {:>20}  {:>20}  {:>20}  {:>20}  allow/bare  deny/bare  deny/bare429",
-            "bare req/s, µs/req", "allow req/s, µs/req", "deny req/s, µs/req", "bare429 req/s, µs/req"
+            "round  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  capacity allow/axum  deny/axum",
+            "axum req/s, µs/req",
+            "bare req/s, µs/req",
+            "allow req/s, µs/req",
+            "deny req/s, µs/req",
+            "bare429 req/s, µs/req"
         );
         // Per side: requests per second and µs of server CPU per request, one per round.
-        let mut rates: [Vec<f64>; 4] = Default::default();
-        let mut cpus: [Vec<f64>; 4] = Default::default();
+        let mut rates: [Vec<f64>; 5] = Default::default();
+        let mut cpus: [Vec<f64>; 5] = Default::default();
         // (name, side, baseline): throughput and CPU ratios, one per set of rounds.
         let pairs = [
+            ("allow/axum", Side::Allow, Side::Axum),
+            ("deny/axum", Side::Deny, Side::Axum),
+            ("bare/axum", Side::Bare, Side::Axum),
             ("allow/bare", Side::Allow, Side::Bare),
             ("deny/bare", Side::Deny, Side::Bare),
             ("deny/bare429", Side::Deny, Side::Bare429),
             ("bare429/bare", Side::Bare429, Side::Bare),
         ];
-        let mut rate_ratios: [Vec<f64>; 4] = Default::default();
-        let mut cpu_ratios: [Vec<f64>; 4] = Default::default();
+        let mut rate_ratios: [Vec<f64>; 7] = Default::default();
+        let mut cpu_ratios: [Vec<f64>; 7] = Default::default();
         let index = |side: Side| SIDES.iter().position(|s| *s == side).unwrap();
         for r in 0..rounds {
-            let mut rate = [0.0; 4];
-            let mut cpu = [0.0; 4];
+            let mut rate = [0.0; 5];
+            let mut cpu = [0.0; 5];
             for k in 0..SIDES.len() {
                 // Rotated, so each side goes first, second, third and last alike.
                 let i = (k + usize::try_from(r).unwrap()) % SIDES.len();
@@ -455,12 +497,7 @@ fn main() {
             for i in 0..SIDES.len() {
                 print!("  {:>12.0} {:>7.2}", rate[i], cpu[i]);
             }
-            println!(
-                "  {:>10.3}  {:>9.3}  {:>12.3}",
-                rate[1] / rate[0],
-                rate[2] / rate[0],
-                rate[2] / rate[3]
-            );
+            println!("  {:>19.3}  {:>9.3}", cpu[0] / cpu[2], cpu[0] / cpu[3]);
             for i in 0..SIDES.len() {
                 rates[i].push(rate[i]);
                 cpus[i].push(cpu[i]);
@@ -486,7 +523,8 @@ fn main() {
             let cpu_ratio = median(cpu_ratios[k].clone());
             let extra = cpus[index(side)] - cpus[index(base)];
             println!(
-                "median {name}: throughput {ratio:.3}, server CPU per request {cpu_ratio:.3} ({extra:+.2} µs per request)"
+                "median {name}: capacity {:.3} (server CPU per request {cpu_ratio:.3}, {extra:+.2} µs per request), client-paced throughput {ratio:.3}",
+                1.0 / cpu_ratio
             );
         }
     });

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod account;
+mod observe;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -11,13 +12,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, Key, LeaseStore, NoopObserver, Observer, Request, StateRef, Store,
-    SystemClock,
+    Clock, Decision, Error, Key, LeaseStore, NoopObserver, Request, StateRef, Store, SystemClock,
 };
 use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
 
 use crate::account::{Account, Local};
+pub use crate::observe::LeaseObserver;
 
 /// How long a lease lasts by default: 100 ms.
 pub const DEFAULT_HORIZON: Duration = Duration::from_millis(100);
@@ -32,7 +33,7 @@ pub const SWEEP_BATCH: usize = 1024;
 /// Shards of the lease table (by key hash), so keys on different threads rarely share a lock.
 const SHARDS: usize = 16;
 
-/// The store name reported to the [`Observer`].
+/// The store name reported to the [`LeaseObserver`].
 pub const STORE_NAME: &str = "lease";
 
 /// Which policies lease: every other request goes straight to the store.
@@ -119,7 +120,7 @@ pub struct Leased<S> {
     horizon_us: u64,
     max_leases: usize,
     clock: Arc<dyn Clock>,
-    observer: Arc<dyn Observer>,
+    observer: Arc<dyn LeaseObserver>,
     hasher: foldhash::quality::RandomState,
     shards: Box<[RwLock<HashTable<Arc<Slot>>>]>,
     len: AtomicUsize,
@@ -132,7 +133,7 @@ pub struct Builder {
     horizon: Duration,
     max_leases: usize,
     clock: Arc<dyn Clock>,
-    observer: Arc<dyn Observer>,
+    observer: Arc<dyn LeaseObserver>,
 }
 
 impl Builder {
@@ -157,7 +158,7 @@ impl Builder {
     }
 
     /// Where leases taken and returned are reported (policy and units; store [`STORE_NAME`]).
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+    pub fn observer(mut self, observer: Arc<dyn LeaseObserver>) -> Self {
         self.observer = observer;
         self
     }

@@ -287,7 +287,7 @@ struct Recorder {
     held: AtomicU64,
 }
 
-impl distlimit_core::Observer for Recorder {
+impl distlimit_lease::LeaseObserver for Recorder {
     fn on_lease_taken(&self, _store: &'static str, _policy: &str, units: u64) {
         self.taken.fetch_add(units, Ordering::Relaxed);
     }

@@ -298,6 +298,14 @@ impl Observer for Metrics {
             .inc_by(evicted);
     }
 
+    fn on_permits(&self, policy: &str, event: distlimit_core::PermitEvent, count: u64) {
+        self.inner.permits.on_permits(policy, event, count);
+    }
+}
+
+/// The lease client's events: `distlimit_lease_*` (feature `lease`).
+#[cfg(feature = "lease")]
+impl distlimit_lease::LeaseObserver for Metrics {
     fn on_lease_taken(&self, store: &'static str, _policy: &str, units: u64) {
         self.inner.lease.taken(store, units);
     }
@@ -309,17 +317,18 @@ impl Observer for Metrics {
     fn on_lease_units(&self, store: &'static str, held: u64) {
         self.inner.lease.held(store, held);
     }
+}
 
+/// The Redis store's calls: `distlimit_store_call_decisions`, `distlimit_store_calls_in_flight`,
+/// `distlimit_store_callers_waiting` (feature `redis`).
+#[cfg(feature = "redis")]
+impl distlimit_redis::RedisObserver for Metrics {
     fn on_coalesced(&self, store: &'static str, decisions: usize) {
         self.inner.calls.on_coalesced(store, decisions);
     }
 
     fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
         self.inner.calls.on_connections(store, in_use, waiting);
-    }
-
-    fn on_permits(&self, policy: &str, event: distlimit_core::PermitEvent, count: u64) {
-        self.inner.permits.on_permits(policy, event, count);
     }
 }
 

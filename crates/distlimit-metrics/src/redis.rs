@@ -16,8 +16,8 @@ fn call_histogram() -> Histogram {
     Histogram::new(CALL_BUCKETS)
 }
 
-/// The families fed by [`Observer::on_coalesced`](distlimit_core::Observer::on_coalesced) and
-/// [`Observer::on_connections`](distlimit_core::Observer::on_connections).
+/// The families fed by `distlimit_redis::RedisObserver` (feature `redis`; registered either
+/// way, so the exposition is the same with or without it).
 #[derive(Debug)]
 pub(crate) struct CallFamilies {
     decisions: Family<StoreLabels, Histogram, fn() -> Histogram>,
@@ -52,6 +52,7 @@ impl CallFamilies {
         );
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn on_coalesced(&self, store: &'static str, decisions: usize) {
         #[allow(clippy::cast_precision_loss)] // at most a few hundred: exact in an f64
         self.decisions
@@ -59,6 +60,7 @@ impl CallFamilies {
             .observe(decisions as f64);
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn on_connections(&self, store: &'static str, in_flight: usize, waiting: usize) {
         let labels = StoreLabels { store };
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -67,9 +69,9 @@ impl CallFamilies {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 mod tests {
-    use distlimit_core::Observer;
+    use distlimit_redis::RedisObserver;
 
     use crate::Metrics;
 

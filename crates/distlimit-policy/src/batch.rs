@@ -167,7 +167,8 @@ enum ResolvedKind<'s, 'a> {
     Policy {
         applied: &'s Arc<Applied>,
         listed: Option<Listed>,
-        key: &'a [u8],
+        /// Validated once, here: the tiers' requests take it as it is.
+        key: Key<'a>,
         cost: u64,
     },
     Request(Request<'a>),
@@ -183,8 +184,8 @@ impl<'s, 'a> Resolved<'s, 'a> {
                 let Some(found) = set.get(policy) else {
                     return Err(CheckError::UnknownPolicy(policy.to_owned()));
                 };
-                Key::new(key).map_err(Error::from)?;
-                let rule = found.rule(key);
+                let key = Key::new(key).map_err(Error::from)?;
+                let rule = found.rule(key.as_bytes());
                 let listed = match rule {
                     Some(Rule::Allow) => Some(Listed::Allow),
                     Some(Rule::Deny) => Some(Listed::Deny),
@@ -283,13 +284,13 @@ impl<'s, 'a> Resolved<'s, 'a> {
                 applied,
                 key,
                 cost,
-            } => (&applied.tiers[..], *key, *cost, None),
-            ResolvedKind::Request(request) => (&[][..], &[][..], 0, Some(*request)),
-            _ => (&[][..], &[][..], 0, None),
+            } => (&applied.tiers[..], Some(*key), *cost, None),
+            ResolvedKind::Request(request) => (&[][..], None, 0, Some(*request)),
+            _ => (&[][..], None, 0, None),
         };
-        let requests = tiers
-            .iter()
-            .filter_map(move |tier| tier_request(tier, key, cost).ok())
+        let requests = key
+            .into_iter()
+            .flat_map(move |key| tiers.iter().map(move |tier| tier_request(tier, key, cost)))
             .chain(own);
         requests.map(move |r| if peek { r.with_cost(0) } else { r })
     }
@@ -323,23 +324,19 @@ impl<'s, 'a> Resolved<'s, 'a> {
     }
 }
 
-/// The store request of `tier` for `key`.
+/// The store request of `tier` for `key` (validated by [`Resolved::new`]).
 #[inline]
-pub(crate) fn tier_request<'a>(
-    tier: &'a Tier,
-    key: &'a [u8],
-    cost: u64,
-) -> Result<Request<'a>, CheckError> {
+pub(crate) fn tier_request<'a>(tier: &'a Tier, key: Key<'a>, cost: u64) -> Request<'a> {
     let key = match tier.scope() {
         Scope::Key => key,
-        Scope::Global => GLOBAL_KEY,
+        // `GLOBAL_KEY` is one byte, a valid key: never the fallback (folded away).
+        Scope::Global => Key::new(GLOBAL_KEY).unwrap_or(key),
     };
-    let key = Key::new(key).map_err(Error::from)?;
     let request = Request::new(key, *tier.limit()).with_cost(cost);
-    Ok(match tier.state() {
+    match tier.state() {
         Some(state) => request.with_state(state),
         None => request,
-    })
+    }
 }
 
 /// What decides a batch: the store and whom to report to.
@@ -397,6 +394,8 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             return Some(Err(self.failed(&askers, e)));
         }
         let mut rest = &decisions[..];
+        // One clock read for the batch: its items were decided together.
+        let latency = self.latency();
         let enforced_first = items.iter().enumerate().filter(|(_, item)| !item.shadow);
         let in_shadow = items.iter().enumerate().filter(|(_, item)| item.shadow);
         for (i, item) in enforced_first.chain(in_shadow) {
@@ -409,7 +408,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 false => &[],
             };
             let answer = item.answer(Cow::Borrowed(own));
-            self.report(item, &answer);
+            self.report_at(item, &answer, latency);
             out(i, answer);
         }
         Some(Ok(()))
@@ -431,10 +430,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                 1,
             ) => {
                 let tier = applied.tiers.first()?;
-                let request = match tier_request(tier, key, *cost) {
-                    Ok(request) => request,
-                    Err(e) => return Some(Err(e)),
-                };
+                let request = tier_request(tier, *key, *cost);
                 match self.store.decide_now(&request)? {
                     Ok(d) => item.answer(Cow::Borrowed(&[d])),
                     Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),
@@ -607,18 +603,28 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         Some(answer_merged(&answered, &slots, decisions))
     }
 
-    /// Reports a policy item's answer to the observer, as a check.
+    /// Reports a policy item's answer to the observer, as a check timed until now.
     #[inline]
     fn report(&self, item: &Resolved<'_, '_>, answer: &Answer) {
-        if let (Some(observer), Some(started), Some(policy)) =
-            (self.observer, self.started, item.policy())
+        self.report_at(item, answer, self.latency());
+    }
+
+    /// The time since the batch started, when there is an observer to report it to.
+    #[inline]
+    fn latency(&self) -> Option<Duration> {
+        self.observer
+            .and(self.started)
+            .map(|started| started.elapsed())
+    }
+
+    /// Reports a policy item's answer to the observer with `latency`, the time its batch took
+    /// (read once for the items decided together).
+    #[inline]
+    fn report_at(&self, item: &Resolved<'_, '_>, answer: &Answer, latency: Option<Duration>) {
+        if let (Some(observer), Some(latency), Some(policy)) =
+            (self.observer, latency, item.policy())
         {
-            observer.on_decision(
-                policy,
-                answer.outcome(),
-                answer.decision(),
-                started.elapsed(),
-            );
+            observer.on_decision(policy, answer.outcome(), answer.decision(), latency);
         }
     }
 

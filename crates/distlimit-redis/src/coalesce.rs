@@ -21,11 +21,11 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use distlimit_core::observe::Observer;
 use distlimit_core::{Error, NotSent};
 use tokio::sync::oneshot;
 
 use crate::NotDurable;
+use crate::RedisObserver;
 use crate::config::STORE;
 use crate::connection::{Backend, Timeouts};
 use crate::script::{Answer, Call, Group};
@@ -54,7 +54,7 @@ struct Queue {
 #[derive(Default)]
 struct Queues {
     by_slot: HashMap<u16, Queue>,
-    /// The sums over every slot, for [`Observer::on_connections`].
+    /// The sums over every slot, for [`RedisObserver::on_connections`].
     in_flight: usize,
     waiting: usize,
 }
@@ -67,7 +67,7 @@ pub(crate) struct Coalescer {
     /// The most calls in flight per slot.
     in_flight: usize,
     queues: Mutex<Queues>,
-    observer: Option<Arc<dyn Observer>>,
+    observer: Option<Arc<dyn RedisObserver>>,
 }
 
 impl fmt::Debug for Coalescer {
@@ -97,7 +97,7 @@ impl Coalescer {
         backend: Arc<Backend>,
         timeouts: Timeouts,
         in_flight: usize,
-        observer: Option<Arc<dyn Observer>>,
+        observer: Option<Arc<dyn RedisObserver>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             backend,

@@ -4,8 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::{Clock, Error, Observer};
+use distlimit_core::{Clock, Error};
 
+use crate::RedisObserver;
 use crate::durable::Durable;
 use crate::layout::{DEFAULT_PREFIX, KeyLayout};
 use crate::store::RedisStore;
@@ -112,7 +113,7 @@ pub struct RedisStoreBuilder {
     pub(crate) auth: NodeAuth,
     pub(crate) coalesce: bool,
     pub(crate) coalesce_in_flight: Option<usize>,
-    pub(crate) observer: Option<Arc<dyn Observer>>,
+    pub(crate) observer: Option<Arc<dyn RedisObserver>>,
     pub(crate) durable: Option<Durable>,
 }
 
@@ -223,9 +224,9 @@ impl RedisStoreBuilder {
     }
 
     /// Reports coalesced calls' sizes and the calls in flight and waiting
-    /// ([`Observer::on_coalesced`], [`Observer::on_connections`]) to `observer`, for example
+    /// ([`RedisObserver::on_coalesced`], [`RedisObserver::on_connections`]) to `observer`, for example
     /// `distlimit-metrics`' `Metrics`.
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+    pub fn observer(mut self, observer: Arc<dyn RedisObserver>) -> Self {
         self.observer = Some(observer);
         self
     }

@@ -6,6 +6,7 @@ mod connection;
 mod durable;
 mod layout;
 mod lease;
+mod observe;
 mod permits;
 pub mod region;
 mod script;
@@ -17,6 +18,7 @@ pub use config::{
 };
 pub use durable::NotDurable;
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
+pub use observe::RedisObserver;
 pub use permits::PERMIT_SUFFIX;
 pub use region::{HomeUnreachable, RegionBuilder, RegionStats, RegionStore};
 pub use store::{Mode, RedisStore};

@@ -32,11 +32,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlimit_core::{
-    Algorithm, Decision, Error, Key, LeaseStore, Limit, ManualClock, Observer, Quota, Request,
-    Store,
+    Algorithm, Decision, Error, Key, LeaseStore, Limit, ManualClock, Quota, Request, Store,
 };
 use distlimit_memory::MemoryStore;
-use distlimit_redis::RedisStore;
+use distlimit_redis::{RedisObserver, RedisStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::{Guarded, RedisServer, blocking};
@@ -57,7 +56,7 @@ struct Sizes {
     waiting: Mutex<usize>,
 }
 
-impl Observer for Sizes {
+impl RedisObserver for Sizes {
     fn on_coalesced(&self, _store: &'static str, decisions: usize) {
         self.calls.lock().unwrap().push(decisions);
     }
@@ -216,7 +215,7 @@ struct Stores {
 async fn stores() -> Stores {
     let sizes = Arc::new(Sizes::default());
     let coalesced_clock = ManualClock::new(0);
-    let observer: Arc<dyn Observer> = sizes.clone();
+    let observer: Arc<dyn RedisObserver> = sizes.clone();
     let coalesced = support::standalone_store(coalesced_clock.clone(), "coalesced", |b| {
         b.coalesce_in_flight(1).observer(observer)
     })
@@ -239,7 +238,7 @@ async fn stores() -> Stores {
 async fn cluster_stores() -> Option<Stores> {
     let urls = support::cluster_urls()?;
     let sizes = Arc::new(Sizes::default());
-    let observer: Arc<dyn Observer> = sizes.clone();
+    let observer: Arc<dyn RedisObserver> = sizes.clone();
     let coalesced_clock = ManualClock::new(0);
     let coalesced = RedisStore::cluster(urls.clone())
         .prefix(support::unique_prefix("cluster-coalesced"))
@@ -536,7 +535,7 @@ async fn a_bad_value_fails_only_its_own_caller_and_bad_input_keeps_its_errors() 
     };
     let prefix = support::unique_prefix("coalesce-bad");
     let sizes = Arc::new(Sizes::default());
-    let observer: Arc<dyn Observer> = sizes.clone();
+    let observer: Arc<dyn RedisObserver> = sizes.clone();
     let coalesced = RedisStore::builder(&url)
         .prefix(&prefix)
         .coalesce_in_flight(1)
@@ -684,7 +683,7 @@ async fn every_call_is_the_one_entry_script_and_leases_coalesce_exactly() {
     };
     const CAPACITY: u64 = 40;
     let sizes = Arc::new(Sizes::default());
-    let observer: Arc<dyn Observer> = sizes.clone();
+    let observer: Arc<dyn RedisObserver> = sizes.clone();
     let store = RedisStore::builder(server.url())
         .coalesce_in_flight(1)
         .client_clock(ManualClock::new(1_700_000_000_000_000))
@@ -772,7 +771,7 @@ async fn a_paused_or_killed_server_fails_every_caller_of_a_coalesced_call_once()
     const CALLERS: usize = 48;
     let timeout = Duration::from_millis(300);
     let sizes = Arc::new(Sizes::default());
-    let observer: Arc<dyn Observer> = sizes.clone();
+    let observer: Arc<dyn RedisObserver> = sizes.clone();
     let store = RedisStore::builder(server.url())
         .coalesce_in_flight(1)
         .response_timeout(timeout)
@@ -864,7 +863,7 @@ async fn a_paused_or_killed_server_fails_every_caller_of_a_coalesced_call_once()
 #[derive(Default)]
 struct Last(Mutex<(usize, usize)>);
 
-impl Observer for Last {
+impl RedisObserver for Last {
     fn on_connections(&self, _store: &'static str, in_use: usize, waiting: usize) {
         *self.0.lock().unwrap() = (in_use, waiting);
     }
@@ -877,7 +876,7 @@ async fn callers_that_give_up_at_random_leave_no_slot_taken_and_no_decision_twic
     };
     const CALLERS: usize = 3_000;
     let last = Arc::new(Last::default());
-    let observer: Arc<dyn Observer> = last.clone();
+    let observer: Arc<dyn RedisObserver> = last.clone();
     let store = RedisStore::builder(&url)
         .prefix(support::unique_prefix("coalesce-give-up"))
         .coalesce_in_flight(1)
@@ -934,7 +933,7 @@ async fn a_queue_of_callers_that_all_gave_up_frees_its_slot_and_sends_nothing() 
         return;
     };
     let last = Arc::new(Last::default());
-    let observer: Arc<dyn Observer> = last.clone();
+    let observer: Arc<dyn RedisObserver> = last.clone();
     let store = RedisStore::builder(server.url())
         .coalesce_in_flight(1)
         .response_timeout(Duration::from_millis(100))

@@ -322,26 +322,6 @@ impl Observer for LogTransitions {
     fn on_evict(&self, store: &'static str, evicted: u64) {
         self.metrics.on_evict(store, evicted);
     }
-
-    fn on_lease_taken(&self, store: &'static str, policy: &str, units: u64) {
-        self.metrics.on_lease_taken(store, policy, units);
-    }
-
-    fn on_lease_returned(&self, store: &'static str, policy: &str, units: u64) {
-        self.metrics.on_lease_returned(store, policy, units);
-    }
-
-    fn on_lease_units(&self, store: &'static str, held: u64) {
-        self.metrics.on_lease_units(store, held);
-    }
-
-    fn on_coalesced(&self, store: &'static str, decisions: usize) {
-        self.metrics.on_coalesced(store, decisions);
-    }
-
-    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
-        self.metrics.on_connections(store, in_use, waiting);
-    }
 }
 
 /// Redis, connected now or later: until a connection is made every call fails with an
