@@ -272,12 +272,9 @@ pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize
     let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
     let mut answered_by = Vec::with_capacity(requests.len());
     for request in requests {
-        let same = merged
-            .iter_mut()
-            .enumerate()
-            .find(|(_, m)| {
-                m.policy() == request.policy() && m.key == request.key && m.kind == request.kind
-            });
+        let same = merged.iter_mut().enumerate().find(|(_, m)| {
+            m.policy() == request.policy() && m.key == request.key && m.kind == request.kind
+        });
         match same {
             Some((slot, m)) => {
                 m.cost = m.cost.saturating_add(request.cost);

@@ -21,6 +21,6 @@ pub use store::{Mode, RedisStore};
 pub mod test_hook {
     pub use crate::script::{
         CLIENT_TTL_SLACK, MAX_CLIENT_TIME_US, ScriptRequest, TimeSource, decide, decide_all,
-        load_scripts, script_sha1, script_source, single_argument,
+        load_scripts, script_sha1, script_source, settle, single_argument,
     };
 }

@@ -141,7 +141,9 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Decision, Error, Limit, MAX_BATCH, NEVER};
+use distlimit_core::{
+    Algorithm, Decision, Error, Limit, MAX_BATCH, MAX_REPORT, NEVER, RequestKind,
+};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
@@ -280,6 +282,7 @@ const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/entry.lua"),
     include_str!("scripts/refund.lua"),
     include_str!("scripts/lease.lua"),
+    include_str!("scripts/settle.lua"),
     include_str!("scripts/entry_groups.lua"),
 );
 
@@ -359,6 +362,8 @@ pub(crate) enum GroupOp {
     Refund,
     /// A lease exchange: give back unspent units, then take up to the units wanted.
     Lease,
+    /// Reports and give-backs, every one applied (`settle.lua`).
+    Settle,
 }
 
 impl GroupOp {
@@ -370,6 +375,7 @@ impl GroupOp {
             GroupOp::CommitTimed => 3,
             GroupOp::Refund => 4,
             GroupOp::Lease => 5,
+            GroupOp::Settle => 6,
         }
     }
 }
@@ -503,6 +509,50 @@ impl Group {
         Ok(group)
     }
 
+    /// Reports and give-backs (`kinds[j]` says which `requests[j]` is), every one applied in
+    /// order, each answered by the peek after it (see `settle.lua`). The token bucket and GCRA
+    /// only, costs of at most [`MAX_REPORT`]; an empty batch, one above [`MAX_BATCH`], a Redis
+    /// key twice or a decision among them is an [`Error::InvalidRequest`].
+    pub(crate) fn settle(
+        requests: &[ScriptRequest<'_>],
+        kinds: &[RequestKind],
+        time: TimeSource,
+    ) -> Result<Self, Error> {
+        if requests.is_empty() || requests.len() != kinds.len() {
+            return Err(Error::InvalidRequest("empty batch"));
+        }
+        if requests.len() > MAX_BATCH {
+            return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
+        }
+        let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
+        let mut group = Group::with_capacity(time, GroupOp::Settle, bytes, requests.len())?;
+        for (i, (r, kind)) in requests.iter().zip(kinds).enumerate() {
+            if requests[..i].iter().any(|o| o.redis_key == r.redis_key) {
+                return Err(Error::InvalidRequest("the same key twice in one batch"));
+            }
+            r.limit.check_debt()?;
+            let code = match kind {
+                RequestKind::Report => 1,
+                RequestKind::GiveBack => 2,
+                RequestKind::Decide => {
+                    return Err(Error::InvalidRequest(
+                        "a batch mixes decisions with reports or give-backs",
+                    ));
+                }
+            };
+            if r.cost > MAX_REPORT {
+                return Err(Error::InvalidRequest(
+                    "a report or give-back above MAX_REPORT units",
+                ));
+            }
+            group.push(r.redis_key, &r.limit, 0)?;
+            if let Some(last) = group.requests.last_mut() {
+                last.1 = [r.cost, code];
+            }
+        }
+        Ok(group)
+    }
+
     fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
         let kind = Kind::of(limit.algorithm())?;
         let (expect, cost) = Expect::new(limit, cost);
@@ -543,6 +593,7 @@ impl Group {
         match self.op {
             GroupOp::Refund => 0,
             GroupOp::Lease => 8 + DECISION_BYTES,
+            GroupOp::Settle => DECISION_BYTES * self.len(),
             GroupOp::CommitTimed => DECISION_BYTES * self.len() + 8,
             GroupOp::One | GroupOp::Evaluate | GroupOp::Commit => DECISION_BYTES * self.len(),
         }
@@ -571,7 +622,11 @@ impl Group {
                     granted,
                 })
             }
-            GroupOp::One | GroupOp::Evaluate | GroupOp::Commit | GroupOp::CommitTimed => {
+            GroupOp::One
+            | GroupOp::Evaluate
+            | GroupOp::Commit
+            | GroupOp::CommitTimed
+            | GroupOp::Settle => {
                 let split = DECISION_BYTES * self.len();
                 let decisions = part[..split]
                     .chunks_exact(DECISION_BYTES)
@@ -674,7 +729,7 @@ impl<'a> Call<'a> {
             body.push(exact(group.op.code()));
             body.push(exact(group.len() as u64));
             let width = match group.op {
-                GroupOp::Refund | GroupOp::Lease => 2,
+                GroupOp::Refund | GroupOp::Lease | GroupOp::Settle => 2,
                 _ => 1,
             };
             for (limit, values) in &group.requests {
@@ -785,6 +840,21 @@ where
 {
     let group = Group::single(redis_key, limit, cost, time)?;
     only(Call::one(&group).run(conn).await?)?.decision()
+}
+
+/// Settles a batch of reports and give-backs (`kinds[j]` for `requests[j]`), as the store does:
+/// one call of one group, every request applied, each answered by the peek after it.
+pub async fn settle<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    kinds: &[RequestKind],
+    time: TimeSource,
+) -> Result<Vec<Decision>, Error>
+where
+    C: ConnectionLike + Send,
+{
+    let group = Group::settle(requests, kinds, time)?;
+    Ok(only(Call::one(&group).run(conn).await?)?.decisions)
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.

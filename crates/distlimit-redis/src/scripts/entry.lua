@@ -1,6 +1,6 @@
--- The one entry script (see script.rs, "The call"), first part (then refund.lua, lease.lua and
--- entry_groups.lua, so that the common call below builds none of their closures): every call
--- carries one or more groups, decided one after the other in the order given, each alone (a
+-- The one entry script (see script.rs, "The call"), first part (then refund.lua, lease.lua,
+-- settle.lua and entry_groups.lua, so that the common call below builds none of their
+-- closures): every call carries one or more groups, decided one after the other in the order given, each alone (a
 -- single request, an all-or-nothing batch, a refund or a lease exchange). A group that fails (a
 -- bad value at one of its keys) fails alone; the groups after it are still decided.
 -- KEYS: every group's keys in turn.
@@ -15,10 +15,11 @@
 --     op 1, 2, 3, a batch: each cost; 1 evaluates (charges nothing), 2 charges if every request
 --       is admitted, 3 does as 2 and appends the time decided at (one double);
 --     op 4, a refund: each cost and the time it was charged at (see refund.lua);
---     op 5, a lease exchange (n = 1): the units given back and the units wanted (see lease.lua).
+--     op 5, a lease exchange (n = 1): the units given back and the units wanted (see lease.lua);
+--     op 6, settling: each cost and its kind, 1 a report, 2 a give-back (see settle.lua).
 -- Reply: one string: per group in turn a status byte and its payload: 'o' and its answer (its
 -- decisions, 40 bytes each; the time too for op 3; nothing for op 4; the units granted and the
--- decision for op 5), or 'e', the length of its error message as 4 big-endian bytes, and the
+-- decision for op 5; the peek after each request for op 6), or 'e', the length of its error message as 4 big-endian bytes, and the
 -- message.
 -- Cost: one table for every limit of the call (P), one for the reply, none per request.
 local algorithms = {decide_token_bucket, decide_gcra, decide_fixed_window, decide_sliding_log,
