@@ -467,7 +467,9 @@ impl<const W: usize, A> Part<Compact<W, A>> {
         };
         let stamp = entry.word >> STAMP_SHIFT;
         let mut state = entry.state();
-        state.give_back(stamps.get(stamp).unwrap_or(quota), now, units);
+        // More than the capacity counts as the capacity, as `Limit::give_back`.
+        let written = stamps.get(stamp).unwrap_or(quota);
+        state.give_back(written, now, units.min(written.burst()));
         entry.word = stamped(state.tat_us, stamp);
     }
 
