@@ -480,13 +480,17 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             (_, 0) => item.answer(Cow::Borrowed(&[])),
             (
                 ResolvedKind::Policy {
-                    applied, key, cost, ..
+                    applied,
+                    key,
+                    cost,
+                    settle,
+                    ..
                 },
                 1,
             ) => {
                 let tier = applied.tiers.first()?;
                 let request = match tier_request(tier, key, *cost) {
-                    Ok(request) => request,
+                    Ok(request) => request.with_kind(*settle),
                     Err(e) => return Some(Err(e)),
                 };
                 match self.store.decide_now(&request)? {
