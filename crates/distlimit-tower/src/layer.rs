@@ -880,11 +880,13 @@ impl<S: Store + ?Sized> Config<S> {
         let reserved: SmallVec<[Reserved; 1]> = checks
             .iter()
             .filter_map(|c| {
+                // The spec first: a limit not settled copies nothing.
+                let spec = c.settle.clone()?;
                 Some(Reserved {
                     policy: c.policy.clone(),
                     key: Bytes::copy_from_slice(c.key.as_bytes()),
                     estimate: c.cost,
-                    spec: c.settle.clone()?,
+                    spec,
                 })
             })
             .collect();
