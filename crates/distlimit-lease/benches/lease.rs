@@ -138,7 +138,11 @@ fn bench(c: &mut Criterion) {
     ];
     let keys: Arc<Vec<String>> = Arc::new((0..256).map(|i| format!("settle-{i}")).collect());
     for (name, store) in &stores {
-        for kind in [RequestKind::Decide, RequestKind::Report, RequestKind::GiveBack] {
+        for kind in [
+            RequestKind::Decide,
+            RequestKind::Report,
+            RequestKind::GiveBack,
+        ] {
             let op = match kind {
                 RequestKind::Decide => "decide",
                 RequestKind::Report => "report",

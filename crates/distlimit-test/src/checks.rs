@@ -1194,11 +1194,13 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
         quota(7, SECOND, 9),
         quota(3, MINUTE, 2),
     ];
-    for (i, limit) in [Algorithm::TokenBucket, Algorithm::Gcra]
-        .into_iter()
-        .flat_map(|a| quotas.iter().map(move |q| Limit::new(a, *q)))
-        .enumerate()
-    {
+    let mut limits = Vec::new();
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        for quota in quotas {
+            limits.push(Limit::new(algorithm, quota));
+        }
+    }
+    for (i, limit) in limits.into_iter().enumerate() {
         let names = [keys.key(format!("{i}a")), keys.key(format!("{i}b"))];
         let key = |j: usize| match distlimit_core::Key::new(&names[j]) {
             Ok(key) => key,
