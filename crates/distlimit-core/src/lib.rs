@@ -12,7 +12,9 @@ mod quota;
 mod state_name;
 mod store;
 
-pub use algorithm::{Algorithm, Limit, State, UnknownAlgorithm};
+pub use algorithm::{
+    Algorithm, DebtUnsupported, Limit, MAX_DEFICIT, MAX_REPORT, MAX_TAT, State, UnknownAlgorithm,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, NEVER, Source};
 pub use error::{BoxError, Error, NotSent};
@@ -25,4 +27,6 @@ pub use permit::{
 };
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
 pub use state_name::{StateName, StateRef};
-pub use store::{MAX_BATCH, Request, Store, StoreExt, merge_batch, validate_batch};
+pub use store::{
+    MAX_BATCH, Request, RequestKind, Store, StoreExt, merge_batch, validate_batch, validate_settle,
+};

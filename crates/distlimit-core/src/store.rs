@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{Decision, Error, Key, KeyError, Limit, MAX_POLICY_LEN, StateName, StateRef};
+use crate::{
+    Decision, Error, Key, KeyError, Limit, MAX_POLICY_LEN, MAX_REPORT, StateName, StateRef,
+};
 
 /// The most requests one [`Store::decide_all`] batch may hold.
 ///
@@ -40,6 +42,33 @@ pub struct Request<'a> {
     key: Key<'a>,
     limit: Limit,
     cost: u64,
+    kind: RequestKind,
+}
+
+/// What a [`Request`] does with its cost: decide it (the default), or *settle* usage known only
+/// after the response, applied whatever is left (see [`Store`], "Settling").
+///
+/// Reserve, then settle: reserve an estimate with a normal request ([`RequestKind::Decide`]);
+/// once the actual cost is known, give back `reserved − actual` ([`RequestKind::GiveBack`]) or
+/// report `actual − reserved` ([`RequestKind::Report`]). A request already served without a
+/// reservation reports its whole cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RequestKind {
+    /// Charged if admitted, denied (and not charged) otherwise.
+    #[default]
+    Decide,
+    /// A forced charge: always applied, past the limit as debt ([`Limit::force`]).
+    Report,
+    /// Unspent units given back ([`Limit::give_back`]): never above the capacity.
+    GiveBack,
+}
+
+impl RequestKind {
+    /// Whether the request settles (a report or a give-back) rather than decides.
+    #[inline]
+    pub fn is_settle(self) -> bool {
+        !matches!(self, RequestKind::Decide)
+    }
 }
 
 impl<'a> Request<'a> {
@@ -51,17 +80,57 @@ impl<'a> Request<'a> {
             key,
             limit,
             cost: 1,
+            kind: RequestKind::Decide,
         }
     }
 
     /// A request of cost 0: it reports whether one unit would pass now and changes nothing.
     pub fn peek(key: Key<'a>, limit: Limit) -> Self {
         Self {
-            state: StateRef::untyped(""),
-            key,
-            limit,
             cost: 0,
+            ..Self::new(key, limit)
         }
+    }
+
+    /// A report of cost 1 (set the cost with [`with_cost`](Self::with_cost)): usage already
+    /// served, charged even past the limit, as debt ([`RequestKind::Report`]).
+    ///
+    /// ```
+    /// use distlimit_core::{Key, Limit, Quota, Request, RequestKind};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limit = Limit::token_bucket(Quota::per_minute(10_000)?);
+    /// let report = Request::report(Key::new("user:42")?, limit).with_cost(1_200);
+    /// assert_eq!(report.kind(), RequestKind::Report);
+    /// assert_eq!(report.cost(), 1_200);
+    /// # Ok(()) }
+    /// ```
+    pub fn report(key: Key<'a>, limit: Limit) -> Self {
+        Self {
+            kind: RequestKind::Report,
+            ..Self::new(key, limit)
+        }
+    }
+
+    /// A give-back of 1 unit (set the units with [`with_cost`](Self::with_cost)): units reserved
+    /// and not used ([`RequestKind::GiveBack`]).
+    pub fn give_back(key: Key<'a>, limit: Limit) -> Self {
+        Self {
+            kind: RequestKind::GiveBack,
+            ..Self::new(key, limit)
+        }
+    }
+
+    /// The same request of another kind.
+    #[inline]
+    pub fn with_kind(self, kind: RequestKind) -> Self {
+        Self { kind, ..self }
+    }
+
+    /// What the request does with its cost.
+    #[inline]
+    pub fn kind(&self) -> RequestKind {
+        self.kind
     }
 
     /// The same request with another cost (a weighted request).
@@ -121,7 +190,7 @@ impl<'a> Request<'a> {
         &self.limit
     }
 
-    /// The units charged if admitted.
+    /// The units charged if admitted (reported, or given back, for a settling request).
     #[inline]
     pub fn cost(&self) -> u64 {
         self.cost
@@ -129,13 +198,25 @@ impl<'a> Request<'a> {
 }
 
 /// Checks that a batch for [`Store::decide_all`] is valid: 1 to [`MAX_BATCH`] requests, no
-/// (policy, key) pair twice. Drivers call it first so every store rejects the same batches.
+/// (policy, key) pair twice, and either only decisions or only settling requests (reports and
+/// give-backs), each of those on the token bucket or GCRA with a cost of at most
+/// [`MAX_REPORT`]. Drivers call it first so every store rejects the same batches; a single
+/// request goes through [`validate_settle`].
 pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
     if requests.is_empty() {
         return Err(Error::InvalidRequest("empty batch"));
     }
     if requests.len() > MAX_BATCH {
         return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
+    }
+    let settles = requests[0].kind.is_settle();
+    for r in requests {
+        if r.kind.is_settle() != settles {
+            return Err(Error::InvalidRequest(
+                "a batch mixes decisions with reports or give-backs",
+            ));
+        }
+        validate_settle(r)?;
     }
     for (i, a) in requests.iter().enumerate() {
         if requests[..i]
@@ -150,8 +231,24 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Checks one settling request (a report or a give-back): the token bucket or GCRA, and a cost of
+/// at most [`MAX_REPORT`]. A decision always passes.
+#[inline]
+pub fn validate_settle(request: &Request<'_>) -> Result<(), Error> {
+    if request.kind.is_settle() {
+        request.limit.check_debt()?;
+        if request.cost > MAX_REPORT {
+            return Err(Error::InvalidRequest(
+                "a report or give-back above MAX_REPORT units",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `requests` with each (policy, key) pair once, as [`validate_batch`] wants a batch: requests on
-/// one pair become one, costing the sum of their costs, with the first one's limit. Also returns,
+/// one pair (and of one [`RequestKind`]) become one, costing the sum of their costs, with the
+/// first one's limit. Also returns,
 /// for each request, the index of the merged request whose decision answers it.
 ///
 /// ```
@@ -175,10 +272,9 @@ pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize
     let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
     let mut answered_by = Vec::with_capacity(requests.len());
     for request in requests {
-        let same = merged
-            .iter_mut()
-            .enumerate()
-            .find(|(_, m)| m.policy() == request.policy() && m.key == request.key);
+        let same = merged.iter_mut().enumerate().find(|(_, m)| {
+            m.policy() == request.policy() && m.key == request.key && m.kind == request.kind
+        });
         match same {
             Some((slot, m)) => {
                 m.cost = m.cost.saturating_add(request.cost);
@@ -212,6 +308,23 @@ pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize
 ///   atomically, after [`validate_batch`];
 /// * return `Err` only when it failed to decide, classified by [`Error::is_transient`]; never panic
 ///   on any key, quota or reply from its backend.
+///
+/// # Settling
+///
+/// A request of kind [`RequestKind::Report`] or [`RequestKind::GiveBack`] (on the token bucket
+/// or GCRA; the window algorithms answer [`Error::InvalidRequest`]) *settles* usage known only
+/// after the response. A store MUST:
+/// * apply it always, atomically, exactly as [`Limit::force_from`] (a report: the cost charged
+///   whatever is left, past the limit as debt) or [`Limit::give_back_from`] (a give-back: the
+///   units returned, never above a full state) would on the request's state;
+/// * answer what a peek (cost 0) answers right after it: allowed while a unit is available,
+///   else denied with the exact `retry_after` until one is (the debt paid and a unit refilled);
+/// * in [`decide_all`](Store::decide_all), apply every request of a batch of settling requests
+///   (a batch holding both kinds is an [`Error::InvalidRequest`], by [`validate_batch`]).
+///
+/// Reserve, then settle: a normal request reserves an estimate; the settle gives back
+/// `reserved − actual` or reports `actual − reserved`. What a key is charged is then exactly
+/// the sum of the actual costs, and a key in debt is denied until the debt has refilled.
 ///
 /// A store SHOULD forget state after it expires, so memory stays bounded, and document how it
 /// reads time (its own clock, or a server's).

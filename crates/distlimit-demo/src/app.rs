@@ -2,17 +2,25 @@
 
 use std::sync::Arc;
 
-use crate::{IP_POLICY, POLICY, USER_HEADER};
+use crate::{IP_POLICY, POLICY, TOKENS_POLICY, USAGE_HEADER, USER_HEADER};
 use axum::Router;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use distlimit_metrics::Metrics;
 use distlimit_policy::Limiter;
 use distlimit_tower::{
-    ClientIpResolver, KeyExtractor, RateLimitHeaders, RateLimitLayer, TrustedProxies,
+    ClientIpResolver, KeyExtractor, RateLimitHeaders, RateLimitLayer, Settle, TrustedProxies,
 };
+
+/// The longest `delay_ms` `GET /api/generate` accepts: 10 s.
+pub const MAX_DELAY_MS: u64 = 10_000;
+
+/// The most tokens `GET /api/generate` accepts to report: 2^52
+/// ([`MAX_REPORT`](distlimit_core::MAX_REPORT)).
+pub const MAX_TOKENS: u64 = distlimit_core::MAX_REPORT;
 
 /// The body of `GET /api/data`.
 pub const DATA_BODY: &str = r#"{"message":"Success"}"#;
@@ -26,6 +34,12 @@ pub struct ApiLimits {
     /// `X-User-ID`, else by the client IP. A request denied by either is charged by neither,
     /// so a user over their own limit spends nothing of the address they share with others.
     pub layer: RateLimitLayer,
+    /// Policy [`TOKENS_POLICY`] on `/api/generate`, keyed by `X-User-ID` (else the client IP),
+    /// charged from the response: each request reserves 1 token, settled with the
+    /// [`USAGE_HEADER`] of its response when the body ends (the excess charged past the limit,
+    /// as debt the user then waits out). `None` when the policy set does not define the policy
+    /// (a `--policy` file without it): the route is not served.
+    pub generate: Option<RateLimitLayer>,
 }
 
 /// The layer limiting `/api/data` ([`ApiLimits`]); the client IP is the socket peer, or what
@@ -35,14 +49,23 @@ pub struct ApiLimits {
 /// No time limit on the checks: the memory store never waits, and the Redis store is wrapped in
 /// a hybrid store whose own budget (`--redis-budget-ms`) hands slow calls to the local fallback.
 pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
-    let layer = RateLimitLayer::builder(limiter, IP_POLICY)
+    let layer = RateLimitLayer::builder(limiter.clone(), IP_POLICY)
         .key(KeyExtractor::client_ip())
         .and(POLICY, KeyExtractor::header(USER_HEADER))
-        .client_ip(ClientIpResolver::new(trusted))
+        .client_ip(ClientIpResolver::new(trusted.clone()))
         .headers(RateLimitHeaders::Denied)
         .timeout(None)
         .build();
-    ApiLimits { layer }
+    let generate = limiter.policies().get(TOKENS_POLICY).is_some().then(|| {
+        RateLimitLayer::builder(limiter, TOKENS_POLICY)
+            .key(KeyExtractor::header(USER_HEADER))
+            .settle(Settle::from_header(USAGE_HEADER).estimate(1))
+            .client_ip(ClientIpResolver::new(trusted))
+            .headers(RateLimitHeaders::Denied)
+            .timeout(None)
+            .build()
+    });
+    ApiLimits { layer, generate }
 }
 
 /// The routes: `GET /api/data` behind `limits` (none: unlimited, for comparisons), and the
@@ -51,15 +74,74 @@ pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
 /// The limits wrap the route's `GET` handler only (`route_layer`): a request no handler serves
 /// (another path, 404, or another method, 405) spends nothing.
 pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
-    let data = match limits {
-        Some(limits) => get(data).route_layer(limits.layer),
-        None => get(data),
+    let (data, generate) = match limits {
+        Some(limits) => (
+            get(data).route_layer(limits.layer),
+            limits
+                .generate
+                .map(|layer| get(generate).route_layer(layer)),
+        ),
+        None => (get(data), Some(get(generate))),
     };
     let ops = Router::new()
         .route("/metrics", get(exposition))
         .route("/healthz", get(healthz))
         .with_state(metrics);
-    Router::new().route("/api/data", data).merge(ops)
+    let api = Router::new().route("/api/data", data);
+    let api = match generate {
+        Some(generate) => api.route("/api/generate", generate),
+        None => api,
+    };
+    api.merge(ops)
+}
+
+/// `GET /api/generate?tokens=N&delay_ms=M`: answers after `M` ms (at most [`MAX_DELAY_MS`],
+/// default 0) with `N` tokens used (at most [`MAX_TOKENS`], default 0) in the
+/// [`USAGE_HEADER`], as an LLM endpoint reports its usage once the answer is done. A bad value
+/// is a 400 problem document naming it (charged the reserved token).
+async fn generate(uri: Uri) -> axum::response::Response {
+    let mut tokens = 0;
+    let mut delay_ms = 0;
+    for pair in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (slot, max) = match name {
+            "tokens" => (&mut tokens, MAX_TOKENS),
+            "delay_ms" => (&mut delay_ms, MAX_DELAY_MS),
+            _ => continue,
+        };
+        match value.parse::<u64>() {
+            Ok(n) if n <= max => *slot = n,
+            _ => return bad_parameter(name, max),
+        }
+    }
+    if delay_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+    }
+    (
+        [
+            (CONTENT_TYPE, "application/json".to_owned()),
+            (USAGE_HEADER, tokens.to_string()),
+        ],
+        format!(r#"{{"tokens":{tokens}}}"#),
+    )
+        .into_response()
+}
+
+/// The 400 answer to a parameter of `/api/generate` that is not an integer up to `max`.
+fn bad_parameter(name: &str, max: u64) -> axum::response::Response {
+    (
+        StatusCode::BAD_REQUEST,
+        [(CONTENT_TYPE, "application/problem+json")],
+        format!(
+            r#"{{"type":"about:blank","title":"Bad Request","status":400,"detail":"{name} must be an integer from 0 to {max}"}}"#
+        ),
+    )
+        .into_response()
 }
 
 async fn data() -> impl IntoResponse {

@@ -20,7 +20,7 @@ use distlimit_serve::store::StoreError;
 use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
 
-pub use crate::app::{ApiLimits, DATA_BODY, api_limits, router};
+pub use crate::app::{ApiLimits, DATA_BODY, MAX_DELAY_MS, MAX_TOKENS, api_limits, router};
 pub use crate::args::Args;
 pub use crate::generate::{
     GENERATE_POLICY, MAX_GENERATE_DELAY_MS, generate_limit, generate_routes,
@@ -37,8 +37,17 @@ pub const IP_POLICY: &str = "api-ip";
 /// The header naming the user; requests without it are limited by client IP.
 pub const USER_HEADER: HeaderName = HeaderName::from_static("x-user-id");
 
+/// The policy limiting the tokens each user of `/api/generate` uses, charged from the response
+/// ([`USAGE_HEADER`]); without it in a `--policy` file the route is not served. Its tiers must
+/// be token buckets or GCRA (the window algorithms cannot carry debt).
+pub const TOKENS_POLICY: &str = "tokens";
+
+/// The response header of `/api/generate` saying how many tokens the answer used.
+pub const USAGE_HEADER: HeaderName = HeaderName::from_static("x-usage-tokens");
+
 /// The policies without `--policy`: per user, a token bucket of 100 tokens refilled at 60 per
-/// minute; per client IP, one of 1 000 refilled at 600 per minute.
+/// minute; per client IP, one of 1 000 refilled at 600 per minute; per user of
+/// `/api/generate`, a token bucket of 10 000 tokens refilled at 10 000 per minute.
 pub const DEFAULT_POLICIES: &str = r#"
 [[policy]]
 name = "api"
@@ -47,6 +56,10 @@ tiers = [{ name = "burst", algorithm = "token_bucket", limit = 60, per = "1m", b
 [[policy]]
 name = "api-ip"
 tiers = [{ name = "client", algorithm = "token_bucket", limit = 600, per = "1m", burst = 1000 }]
+
+[[policy]]
+name = "tokens"
+tiers = [{ name = "minute", algorithm = "token_bucket", limit = 10000, per = "1m" }]
 "#;
 
 /// The name of the Redis store in metrics and logs.
@@ -124,6 +137,9 @@ impl Demo {
         // A reload that drops a policy the routes use is refused, the running set kept.
         for name in [POLICY, IP_POLICY] {
             limiter.declare(name)?;
+        }
+        if limiter.policies().get(TOKENS_POLICY).is_some() {
+            limiter.declare(TOKENS_POLICY)?;
         }
         // SIGHUP rereads the policy file at once instead of ending the process.
         let what = match &args.policy {

@@ -207,6 +207,7 @@ impl<P, F, C> Hybrid<P, F, C> {
         let limit = self.share.scale(request.limit());
         Ok(Request::new(request.key(), limit)
             .with_cost(request.cost())
+            .with_kind(request.kind())
             .with_policy(request.policy())?)
     }
 }

@@ -7,6 +7,10 @@
 //! decisions per second and Redis calls per decision, counted by Redis itself (`INFO
 //! commandstats`: `EVALSHA` + `EVAL` calls) and, for the wrapper, by its own stats.
 //!
+//! Group `settle`: the cost of settling (a report, a give-back: `RequestKind`) next to a plain
+//! decision, on the memory store and on Redis, with 1 and 256 requests in flight (256 tasks,
+//! 256 keys; the time is per request).
+//!
 //! `cargo bench -p distlimit-lease --bench lease` (starts its own `redis-server`).
 
 #![allow(
@@ -16,10 +20,11 @@
     missing_docs
 )]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use distlimit_core::{Key, Limit, Quota, Request, Store};
+use distlimit_core::{Key, Limit, Quota, Request, RequestKind, Store};
 use distlimit_lease::Leased;
 use distlimit_memory::MemoryStore;
 use distlimit_redis::RedisStore;
@@ -120,6 +125,56 @@ fn bench(c: &mut Criterion) {
     group.bench_function("memory/decide", |b| {
         b.iter(|| rt.block_on(memory.decide(&request)).unwrap())
     });
+    group.finish();
+
+    let mut group = c.benchmark_group("settle");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let stores: [(&str, Arc<dyn Store>); 2] = [
+        ("memory", Arc::new(MemoryStore::new())),
+        ("redis", Arc::new(redis.clone())),
+    ];
+    let keys: Arc<Vec<String>> = Arc::new((0..256).map(|i| format!("settle-{i}")).collect());
+    for (name, store) in &stores {
+        for kind in [
+            RequestKind::Decide,
+            RequestKind::Report,
+            RequestKind::GiveBack,
+        ] {
+            let op = match kind {
+                RequestKind::Decide => "decide",
+                RequestKind::Report => "report",
+                RequestKind::GiveBack => "give_back",
+            };
+            group.bench_function(format!("{name}/{op}/1"), |b| {
+                let request = request.with_kind(kind);
+                b.iter(|| rt.block_on(store.decide(&request)).unwrap())
+            });
+            group.bench_function(format!("{name}/{op}/256"), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            let mut tasks = tokio::task::JoinSet::new();
+                            for i in 0..256 {
+                                let (store, keys) = (store.clone(), keys.clone());
+                                tasks.spawn(async move {
+                                    let key = Key::new(&keys[i]).unwrap();
+                                    let r = Request::new(key, limit).with_kind(kind);
+                                    store.decide(&r).await.unwrap();
+                                });
+                            }
+                            while tasks.join_next().await.is_some() {}
+                        }
+                        // Per request: 256 per iteration.
+                        start.elapsed() / 256
+                    })
+                })
+            });
+        }
+    }
     group.finish();
 
     // Counted runs: decisions per second and Redis calls per decision.

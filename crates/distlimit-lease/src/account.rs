@@ -81,6 +81,18 @@ impl Account {
         Local::Ask
     }
 
+    /// Spends up to `cost` held units at `now` for a report (usage charged whatever is left):
+    /// the units this instance already withdrew pay first. Returns the units spent; the rest
+    /// goes to the store.
+    pub(crate) fn drain(&mut self, limit: &Limit, now: u64, cost: u64) -> u64 {
+        self.used_us = now;
+        self.expire(limit, now);
+        let spent = self.units.min(cost);
+        self.units -= spent;
+        self.spent_since_take += spent;
+        spent
+    }
+
     /// Puts back `cost` units a request spent from this lease under `limit` when another part
     /// of its batch denied it: the units are this instance's again, so the batch charged
     /// nothing. They return to the lease while it runs under `limit` (an ended lease hands them

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, Key, LeaseStore, NoopObserver, Request, StateRef, Store, SystemClock,
+    Clock, Decision, Error, Key, LeaseStore, NoopObserver, Request, RequestKind, StateRef, Store,
+    SystemClock,
 };
 use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
@@ -297,7 +298,8 @@ impl<S: LeaseStore> Leased<S> {
     /// capacity, and the token bucket or GCRA. Peeks and everything else go to the store.
     fn leases(&self, request: &Request<'_>) -> bool {
         let limit = request.limit();
-        request.cost() > 0
+        request.kind() == RequestKind::Decide
+            && request.cost() > 0
             && request.cost() <= limit.capacity()
             && limit.check_lease().is_ok()
             && self.policies.lease(request.state())
@@ -409,6 +411,30 @@ impl<S: LeaseStore> Leased<S> {
         }
     }
 
+    /// A report on a leased policy: the units this instance holds for the key pay first (they
+    /// are charged in the store already), the rest is reported to the store, where what exceeds
+    /// the key's units becomes debt. If the store fails, the units taken from the lease go back
+    /// to it, so the report charged nothing here either.
+    async fn report(&self, slot: &Slot, request: &Request<'_>) -> Result<Decision, Error> {
+        let (limit, cost) = (request.limit(), request.cost());
+        let drained = slot.account.lock().drain(limit, self.clock.now_us(), cost);
+        self.counters.held.fetch_sub(drained, Ordering::Relaxed);
+        let result = self.inner.decide(&request.with_cost(cost - drained)).await;
+        if result.is_err() && drained > 0 {
+            slot.account.lock().unspend(limit, drained);
+            self.counters.held.fetch_add(drained, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Whether `request` is a report this wrapper settles against a lease first.
+    fn reports_on_lease(&self, request: &Request<'_>) -> bool {
+        request.kind() == RequestKind::Report
+            && request.cost() <= distlimit_core::MAX_REPORT
+            && request.limit().check_lease().is_ok()
+            && self.policies.lease(request.state())
+    }
+
     /// Puts the units `spent` from leases by a batch that was then denied back into them.
     fn unspend(&self, spent: &[(&Slot, &Request<'_>)]) {
         for (slot, request) in spent {
@@ -506,6 +532,11 @@ pub fn spawn_sweeper<S: LeaseStore + 'static>(
 #[warn(clippy::missing_trait_methods)]
 impl<S: LeaseStore> Store for Leased<S> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        if self.reports_on_lease(request)
+            && let Some(slot) = self.slot(request)
+        {
+            return self.report(&slot, request).await;
+        }
         if !self.leases(request) {
             return self.inner.decide(request).await;
         }
@@ -596,6 +627,9 @@ impl<S: LeaseStore> Store for Leased<S> {
     /// A decision the lease can make alone (spent from it, or denied while the store has
     /// nothing); else the inner store's own `decide_now` for requests that do not lease.
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        if self.reports_on_lease(request) {
+            return None;
+        }
         if !self.leases(request) {
             return self.inner.decide_now(request);
         }

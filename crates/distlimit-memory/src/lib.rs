@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use distlimit_core::{
     Clock, Decision, Error, Grant, LeaseStore, NoopObserver, Observer, Request, Store,
-    validate_batch,
+    validate_batch, validate_settle,
 };
 
 pub use clock::FastClock;
@@ -196,10 +196,21 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
 
     /// Decides one request at an explicit time (µs since the epoch) instead of the store's
     /// clock, for callers that already read the time for a batch of work.
+    ///
+    /// A report or a give-back ([`RequestKind`](distlimit_core::RequestKind)) is applied
+    /// whatever is left and answered by the peek after it; one the limit cannot carry (a window
+    /// algorithm, a cost above [`MAX_REPORT`](distlimit_core::MAX_REPORT)) changes nothing and
+    /// is answered by a peek ([`Store::decide`] answers its error).
     #[inline]
     pub fn decide_at(&self, request: &Request<'_>, now_us: u64) -> Decision {
         let (id, hash, shard) = self.locate(request);
         let shard = &self.shards[shard].0;
+        if request.kind().is_settle() {
+            if validate_settle(request).is_err() {
+                return shard.read().evaluate(hash, id, request.limit(), now_us, 0);
+            }
+            return self.settle(&mut shard.write(), id, hash, request, now_us);
+        }
         if request.cost() == 0 {
             return shard.read().evaluate(hash, id, request.limit(), now_us, 0);
         }
@@ -221,6 +232,33 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             hash,
             id,
             request.limit(),
+            now_us,
+            request.cost(),
+            self.max_keys_per_shard,
+            &self.hasher,
+        );
+        if evicted {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.observer.on_evict(STORE_NAME, 1);
+        }
+        decision
+    }
+
+    /// Settles `request` (checked by the caller) in its shard's table, which the caller has
+    /// locked, and counts an eviction the insert needed.
+    fn settle(
+        &self,
+        table: &mut Table,
+        id: Id<'_>,
+        hash: u64,
+        request: &Request<'_>,
+        now_us: u64,
+    ) -> Decision {
+        let (decision, evicted) = table.settle(
+            hash,
+            id,
+            request.limit(),
+            request.kind(),
             now_us,
             request.cost(),
             self.max_keys_per_shard,
@@ -276,6 +314,14 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             guards.push((s, self.shards[s].0.write()));
         }
         let guard_of = |shard: usize| shard_ids.binary_search(&shard).unwrap_or(0);
+
+        if requests[0].kind().is_settle() {
+            // A batch of reports and give-backs (`validate_batch`): every one applied.
+            for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
+                *d = self.settle(&mut guards[guard_of(shard)].1, id, hash, r, now);
+            }
+            return Ok(());
+        }
 
         for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
             *d = guards[guard_of(shard)]
@@ -399,6 +445,7 @@ impl<C, S> fmt::Debug for MemoryStore<C, S> {
 #[async_trait]
 impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        validate_settle(request)?;
         Ok(self.decide_sync(request))
     }
 
@@ -409,6 +456,9 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
     /// Always `Some`: the memory store never waits.
     #[inline(always)]
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+        if let Err(e) = validate_settle(request) {
+            return Some(Err(e));
+        }
         Some(Ok(self.decide_sync(request)))
     }
 

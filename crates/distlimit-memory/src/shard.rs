@@ -11,7 +11,7 @@
 use std::hash::{BuildHasher, Hasher};
 
 use distlimit_core::algorithm::Gcra;
-use distlimit_core::{Algorithm, Decision, Grant, Limit, Quota, State};
+use distlimit_core::{Algorithm, Decision, Grant, Limit, Quota, RequestKind, State};
 use hashbrown::HashTable;
 
 /// Entries sampled per table when the shard is at its key cap; the victim is the one that
@@ -467,8 +467,36 @@ impl<const W: usize, A> Part<Compact<W, A>> {
         };
         let stamp = entry.word >> STAMP_SHIFT;
         let mut state = entry.state();
-        state.give_back(stamps.get(stamp).unwrap_or(quota), now, units);
+        // More than the capacity counts as the capacity, as `Limit::give_back`.
+        let written = stamps.get(stamp).unwrap_or(quota);
+        state.give_back(written, now, units.min(written.burst()));
         entry.word = stamped(state.tat_us, stamp);
+    }
+
+    /// Charges `cost` to `id`'s GCRA entry whatever is left ([`Gcra::force`]), if the table
+    /// holds one: carried over first when written under another quota, as `Limit::force_from`.
+    fn force(
+        &mut self,
+        hash: u64,
+        id: Id<'_>,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &mut Stamps,
+    ) -> Option<Decision> {
+        let entry = self.get_mut(hash, id)?;
+        let quota = limit.quota();
+        let stamp = entry.word >> STAMP_SHIFT;
+        let (mut state, stamp) = match stamps.get(stamp) {
+            Some(from) if from != quota => {
+                (entry.state().carried(from, quota, now), stamps.of(quota))
+            }
+            _ if stamp == 0 => (entry.state(), stamps.of(quota)),
+            _ => (entry.state(), stamp),
+        };
+        state.force(quota, now, cost);
+        entry.word = stamped(state.tat_us, stamp);
+        Some(state.decide(quota, now, 0))
     }
 
     fn insert_gcra<S: BuildHasher>(
@@ -685,6 +713,64 @@ impl Table {
         }
     }
 
+    /// Settles one request (a report or a give-back, on the token bucket or GCRA, checked by the
+    /// caller): `Limit::force_from` or `Limit::give_back_from`, answering the peek after it. True
+    /// with it if a live key was evicted to make room.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn settle<S: BuildHasher>(
+        &mut self,
+        hash: u64,
+        id: Id<'_>,
+        limit: &Limit,
+        kind: RequestKind,
+        now: u64,
+        cost: u64,
+        max_len: usize,
+        hasher: &S,
+    ) -> (Decision, bool) {
+        if kind != RequestKind::Report {
+            self.give_back(hash, id, limit, now, cost);
+            return (self.evaluate(hash, id, limit, now, 0), false);
+        }
+        let home = Home::of(id, limit);
+        let known = match home {
+            Home::Word => self
+                .word
+                .force(hash, id, limit, now, cost, &mut self.stamps),
+            Home::Short => self
+                .short
+                .force(hash, id, limit, now, cost, &mut self.stamps),
+            Home::Long => self
+                .long
+                .force(hash, id, limit, now, cost, &mut self.stamps),
+            Home::Wide => self.wide.get_mut(hash, id).map(|entry| {
+                let stamps = &mut self.stamps;
+                let mut written = stamps.get(entry.expires >> STAMP_SHIFT).copied();
+                let decision = limit
+                    .force_from(&mut entry.state, &mut written, now, cost)
+                    .unwrap_or_else(|_| limit.evaluate(Some(&entry.state), now, 0));
+                entry.expires = stamped(
+                    entry.state.expires_at(limit.quota()),
+                    stamps.of(limit.quota()),
+                );
+                decision
+            }),
+        };
+        if let Some(decision) = known {
+            return (decision, false);
+        }
+        let mut state = State::fresh(limit.algorithm());
+        match limit.force(&mut state, now, cost) {
+            Ok(decision) => {
+                let expires = state.expires_at(limit.quota());
+                let evicted =
+                    self.insert_fresh(hash, id, home, limit, state, expires, now, max_len, hasher);
+                (decision, evicted)
+            }
+            Err(_) => (limit.evaluate(None, now, 0), false),
+        }
+    }
+
     /// [`decide`](Self::decide) for an id not in its table: a fresh key, or one whose state
     /// belongs to another algorithm (then in another table), which counts as fresh and is
     /// replaced when this request is admitted. Out of line, so the known-key path inlines.
@@ -706,6 +792,28 @@ impl Table {
         if !decision.is_allowed() || cost == 0 {
             return (decision, false);
         }
+        let expires = now.saturating_add(decision.reset_after_us());
+        let evicted =
+            self.insert_fresh(hash, id, home, limit, state, expires, now, max_len, hasher);
+        (decision, evicted)
+    }
+
+    /// Inserts `state`, just written under `limit` and equivalent to a fresh one from `expires`
+    /// on, for an id not in its table (removing a state of another algorithm from the other
+    /// tables). True if a live key was evicted.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_fresh<S: BuildHasher>(
+        &mut self,
+        hash: u64,
+        id: Id<'_>,
+        home: Home,
+        limit: &Limit,
+        state: State,
+        expires: u64,
+        now: u64,
+        max_len: usize,
+        hasher: &S,
+    ) -> bool {
         match (home, Home::compact(id)) {
             (Home::Wide, Home::Word) => self.word.remove(hash, id),
             (Home::Wide, Home::Short) => self.short.remove(hash, id),
@@ -730,7 +838,7 @@ impl Table {
                 self.long.insert_gcra(hash, id, word, now, hasher)
             }
             (_, state) => {
-                let expires = stamped(now.saturating_add(decision.reset_after_us()), stamp);
+                let expires = stamped(expires, stamp);
                 let entry = Wide {
                     key: KeyBuf::new(id),
                     expires,
@@ -739,7 +847,7 @@ impl Table {
                 self.wide.insert(hash, entry, now, hasher);
             }
         }
-        (decision, evicted)
+        evicted
     }
 
     /// Frees one place in a shard at its cap of `max_len` entries: drops the expired entries

@@ -6,7 +6,9 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlimit_core::{Decision, Error, Key, MAX_BATCH, NEVER, Observer, Outcome, Request, Store};
+use distlimit_core::{
+    Decision, Error, Key, MAX_BATCH, NEVER, Observer, Outcome, Request, RequestKind, Store,
+};
 use smallvec::{SmallVec, smallvec};
 
 use crate::limiter::{Listed, Verdict};
@@ -41,6 +43,7 @@ enum ItemKind<'a> {
         policy: &'a str,
         key: &'a [u8],
         cost: u64,
+        settle: RequestKind,
     },
     Request(Request<'a>),
     Deny,
@@ -51,8 +54,36 @@ impl<'a> Item<'a> {
     /// shadow mode, lists and overrides apply).
     pub fn policy(policy: &'a str, key: &'a [u8], cost: u64) -> Self {
         Self {
-            kind: ItemKind::Policy { policy, key, cost },
+            kind: ItemKind::Policy {
+                policy,
+                key,
+                cost,
+                settle: RequestKind::Decide,
+            },
             shadow: false,
+        }
+    }
+
+    /// A policy item of another [`RequestKind`]: a report (`cost` charged on every tier even
+    /// past the limit, as debt) or a give-back (`cost` units returned), for usage known only
+    /// after the response (see [`Limiter::settle`](crate::Limiter::settle)). A batch holds
+    /// either decisions or settling items, never both ([`Error::InvalidRequest`]). No effect on
+    /// other items.
+    #[must_use]
+    pub fn with_kind(self, kind: RequestKind) -> Self {
+        match self.kind {
+            ItemKind::Policy {
+                policy, key, cost, ..
+            } => Self {
+                kind: ItemKind::Policy {
+                    policy,
+                    key,
+                    cost,
+                    settle: kind,
+                },
+                ..self
+            },
+            _ => self,
         }
     }
 
@@ -170,6 +201,7 @@ enum ResolvedKind<'s, 'a> {
         /// Validated once, here: the tiers' requests take it as it is.
         key: Key<'a>,
         cost: u64,
+        settle: RequestKind,
     },
     Request(Request<'a>),
     Deny,
@@ -180,7 +212,12 @@ impl<'s, 'a> Resolved<'s, 'a> {
     #[inline]
     pub(crate) fn new(set: &'s PolicySet, item: &Item<'a>) -> Result<Self, CheckError> {
         let kind = match item.kind {
-            ItemKind::Policy { policy, key, cost } => {
+            ItemKind::Policy {
+                policy,
+                key,
+                cost,
+                settle,
+            } => {
                 let Some(found) = set.get(policy) else {
                     return Err(CheckError::UnknownPolicy(policy.to_owned()));
                 };
@@ -199,6 +236,7 @@ impl<'s, 'a> Resolved<'s, 'a> {
                         listed,
                         key,
                         cost,
+                        settle,
                     },
                     shadow,
                 });
@@ -225,12 +263,17 @@ impl<'s, 'a> Resolved<'s, 'a> {
     pub(crate) fn on<'t>(self, applied: &'t Arc<Applied>) -> Resolved<'t, 'a> {
         let kind = match self.kind {
             ResolvedKind::Policy {
-                listed, key, cost, ..
+                listed,
+                key,
+                cost,
+                settle,
+                ..
             } => ResolvedKind::Policy {
                 applied,
                 listed,
                 key,
                 cost,
+                settle,
             },
             ResolvedKind::Request(request) => ResolvedKind::Request(request),
             ResolvedKind::Deny => ResolvedKind::Deny,
@@ -276,23 +319,37 @@ impl<'s, 'a> Resolved<'s, 'a> {
         }
     }
 
-    /// The store requests, each charging nothing when `peek`.
+    /// The store requests, each charging nothing when `peek` (reports and give-backs are
+    /// applied whatever the batch answers: never peeked).
     fn requests(&self, peek: bool) -> impl Iterator<Item = Request<'_>> + '_ {
-        let (tiers, key, cost, own) = match &self.kind {
+        let (tiers, key, cost, settle, own) = match &self.kind {
             ResolvedKind::Policy {
                 listed: None,
                 applied,
                 key,
                 cost,
-            } => (&applied.tiers[..], Some(*key), *cost, None),
-            ResolvedKind::Request(request) => (&[][..], None, 0, Some(*request)),
-            _ => (&[][..], None, 0, None),
+                settle,
+            } => (&applied.tiers[..], Some(*key), *cost, *settle, None),
+            ResolvedKind::Request(request) => {
+                (&[][..], None, 0, RequestKind::Decide, Some(*request))
+            }
+            _ => (&[][..], None, 0, RequestKind::Decide, None),
         };
         let requests = key
             .into_iter()
-            .flat_map(move |key| tiers.iter().map(move |tier| tier_request(tier, key, cost)))
+            .flat_map(move |key| {
+                tiers
+                    .iter()
+                    .map(move |tier| tier_request(tier, key, cost).with_kind(settle))
+            })
             .chain(own);
-        requests.map(move |r| if peek { r.with_cost(0) } else { r })
+        requests.map(move |r| {
+            if peek && !r.kind().is_settle() {
+                r.with_cost(0)
+            } else {
+                r
+            }
+        })
     }
 
     /// The answer from the decisions of [`requests`](Self::requests), in order (owned when the
@@ -425,12 +482,16 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             (_, 0) => item.answer(Cow::Borrowed(&[])),
             (
                 ResolvedKind::Policy {
-                    applied, key, cost, ..
+                    applied,
+                    key,
+                    cost,
+                    settle,
+                    ..
                 },
                 1,
             ) => {
                 let tier = applied.tiers.first()?;
-                let request = tier_request(tier, *key, *cost);
+                let request = tier_request(tier, *key, *cost).with_kind(*settle);
                 match self.store.decide_now(&request)? {
                     Ok(d) => item.answer(Cow::Borrowed(&[d])),
                     Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),

@@ -113,6 +113,57 @@ impl<S: Store + ?Sized> Limiter<S> {
         verdict.ok_or_else(|| MISMATCH.into())
     }
 
+    /// Settles usage known only after the response on every tier of `policy` for `key`: a
+    /// [`RequestKind::Report`](distlimit_core::RequestKind::Report) charges `cost` even past
+    /// the limit (the excess is debt that later checks wait out), a
+    /// [`RequestKind::GiveBack`](distlimit_core::RequestKind::GiveBack) returns `cost` units
+    /// reserved and not used. Reserve, then settle: [`check_cost`](Self::check_cost) an
+    /// estimate, then report `actual − estimate` or give back `estimate − actual`.
+    ///
+    /// The verdict is what a peek answers after it (denied while the key is in debt, with the
+    /// exact `retry_after`). Allow- and deny-listed keys charge nothing. The policy's tiers must
+    /// be token buckets or GCRA ([`CheckError::Store`] with an `InvalidRequest` otherwise).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_core::RequestKind;
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Limiter, PolicySet};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policies = PolicySet::from_toml_str(
+    ///     r#"
+    ///     [[policy]]
+    ///     name = "tokens"
+    ///     tiers = [ { name = "minute", limit = 100, per = "1m", algorithm = "token_bucket" } ]
+    ///     "#,
+    /// )?;
+    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), policies);
+    /// // Reserve 10, use 250: the 240 above the estimate are charged, 150 of them as debt.
+    /// assert!(limiter.check_cost("tokens", b"alice", 10).await?.is_allowed());
+    /// let after = limiter.settle("tokens", b"alice", RequestKind::Report, 240).await?;
+    /// assert!(!after.is_allowed());
+    /// assert!(after.decision().retry_after().as_secs() >= 90);
+    /// # Ok(()) }
+    /// ```
+    pub async fn settle(
+        &self,
+        policy: &str,
+        key: &[u8],
+        kind: distlimit_core::RequestKind,
+        cost: u64,
+    ) -> Result<Verdict, CheckError> {
+        let item = Item::policy(policy, key, cost).with_kind(kind);
+        let answers = self.decide_batch(std::slice::from_ref(&item)).await?;
+        answers
+            .into_iter()
+            .next()
+            .and_then(Answer::into_verdict)
+            .ok_or_else(|| MISMATCH.into())
+    }
+
     /// Decides a check without waiting, if the store can: charges `cost` units to `key` under
     /// every tier of `policy` and returns the verdict, or returns `None`, having charged nothing,
     /// when the store would have to be awaited (then use [`check_cost`](Self::check_cost)).

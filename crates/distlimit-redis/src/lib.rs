@@ -29,6 +29,6 @@ pub use store::{Mode, RedisStore};
 pub mod test_hook {
     pub use crate::script::{
         CLIENT_TTL_SLACK, MAX_CLIENT_TIME_US, POOL_REPLY, ScriptRequest, TimeSource, decide,
-        decide_all, load_scripts, pool_step, script_sha1, script_source, single_argument,
+        decide_all, load_scripts, pool_step, script_sha1, script_source, settle, single_argument,
     };
 }

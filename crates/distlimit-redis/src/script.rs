@@ -146,7 +146,10 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Decision, Error, Limit, MAX_BATCH, NEVER, PermitId, PermitLimit};
+use distlimit_core::{
+    Algorithm, Decision, Error, Limit, MAX_BATCH, MAX_REPORT, NEVER, PermitId, PermitLimit,
+    RequestKind,
+};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
@@ -289,6 +292,7 @@ const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/lease.lua"),
     include_str!("scripts/pool.lua"),
     include_str!("scripts/permit.lua"),
+    include_str!("scripts/settle.lua"),
     include_str!("scripts/entry_groups.lua"),
 );
 
@@ -372,6 +376,8 @@ pub(crate) enum GroupOp {
     Pool,
     /// A concurrency permit: acquire, release or renew (see `permit.lua`).
     Permit,
+    /// Reports and give-backs, every one applied (`settle.lua`).
+    Settle,
 }
 
 impl GroupOp {
@@ -385,6 +391,7 @@ impl GroupOp {
             GroupOp::Lease => 5,
             GroupOp::Pool => 6,
             GroupOp::Permit => 7,
+            GroupOp::Settle => 8,
         }
     }
 }
@@ -603,6 +610,50 @@ impl Group {
         Ok(group)
     }
 
+    /// Reports and give-backs (`kinds[j]` says which `requests[j]` is), every one applied in
+    /// order, each answered by the peek after it (see `settle.lua`). The token bucket and GCRA
+    /// only, costs of at most [`MAX_REPORT`]; an empty batch, one above [`MAX_BATCH`], a Redis
+    /// key twice or a decision among them is an [`Error::InvalidRequest`].
+    pub(crate) fn settle(
+        requests: &[ScriptRequest<'_>],
+        kinds: &[RequestKind],
+        time: TimeSource,
+    ) -> Result<Self, Error> {
+        if requests.is_empty() || requests.len() != kinds.len() {
+            return Err(Error::InvalidRequest("empty batch"));
+        }
+        if requests.len() > MAX_BATCH {
+            return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
+        }
+        let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
+        let mut group = Group::with_capacity(time, GroupOp::Settle, bytes, requests.len())?;
+        for (i, (r, kind)) in requests.iter().zip(kinds).enumerate() {
+            if requests[..i].iter().any(|o| o.redis_key == r.redis_key) {
+                return Err(Error::InvalidRequest("the same key twice in one batch"));
+            }
+            r.limit.check_debt()?;
+            let code = match kind {
+                RequestKind::Report => 1,
+                RequestKind::GiveBack => 2,
+                RequestKind::Decide => {
+                    return Err(Error::InvalidRequest(
+                        "a batch mixes decisions with reports or give-backs",
+                    ));
+                }
+            };
+            if r.cost > MAX_REPORT {
+                return Err(Error::InvalidRequest(
+                    "a report or give-back above MAX_REPORT units",
+                ));
+            }
+            group.push(r.redis_key, &r.limit, 0)?;
+            if let Some(last) = group.requests.last_mut() {
+                last.1 = [r.cost, code, 0, 0];
+            }
+        }
+        Ok(group)
+    }
+
     fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
         let kind = Kind::of(limit.algorithm())?;
         let (expect, cost) = Expect::new(limit, cost);
@@ -633,6 +684,8 @@ impl Group {
                         .first()
                         .is_some_and(|(_, values)| values[1] != 1)
             }
+            // A report is usage charged: lost to a failover, the key would admit it again.
+            GroupOp::Settle => self.requests.iter().any(|(_, values)| values[1] == 1),
             GroupOp::Refund | GroupOp::Evaluate => false,
             GroupOp::One | GroupOp::Commit | GroupOp::CommitTimed => answer
                 .decisions
@@ -673,6 +726,7 @@ impl Group {
             GroupOp::Lease => 8 + DECISION_BYTES,
             GroupOp::Pool => 8 * POOL_REPLY,
             GroupOp::Permit => DECISION_BYTES,
+            GroupOp::Settle => DECISION_BYTES * self.len(),
             GroupOp::CommitTimed => DECISION_BYTES * self.len() + 8,
             GroupOp::One | GroupOp::Evaluate | GroupOp::Commit => DECISION_BYTES * self.len(),
         }
@@ -740,7 +794,11 @@ impl Group {
                     ..Answer::default()
                 })
             }
-            GroupOp::One | GroupOp::Evaluate | GroupOp::Commit | GroupOp::CommitTimed => {
+            GroupOp::One
+            | GroupOp::Evaluate
+            | GroupOp::Commit
+            | GroupOp::CommitTimed
+            | GroupOp::Settle => {
                 let split = DECISION_BYTES * self.len();
                 let decisions = part[..split]
                     .chunks_exact(DECISION_BYTES)
@@ -831,7 +889,11 @@ impl<'a> Call<'a> {
             g.op != GroupOp::Evaluate
                 && (matches!(
                     g.op,
-                    GroupOp::Refund | GroupOp::Lease | GroupOp::Pool | GroupOp::Permit
+                    GroupOp::Refund
+                        | GroupOp::Lease
+                        | GroupOp::Pool
+                        | GroupOp::Permit
+                        | GroupOp::Settle
                 ) || g.requests.iter().any(|(_, values)| values[0] > 0))
         })
     }
@@ -907,7 +969,7 @@ impl<'a> Call<'a> {
             body.push(exact(group.op.code()));
             body.push(exact(group.len() as u64));
             let width = match group.op {
-                GroupOp::Refund | GroupOp::Lease | GroupOp::Permit => 2,
+                GroupOp::Refund | GroupOp::Lease | GroupOp::Permit | GroupOp::Settle => 2,
                 GroupOp::Pool => 4,
                 _ => 1,
             };
@@ -1035,6 +1097,21 @@ where
 {
     let group = Group::pool(redis_key, &[], parameters, action, time)?;
     Ok(only(Call::one(&group).run(conn, None).await?)?.pool)
+}
+
+/// Settles a batch of reports and give-backs (`kinds[j]` for `requests[j]`), as the store does:
+/// one call of one group, every request applied, each answered by the peek after it.
+pub async fn settle<C>(
+    conn: &mut C,
+    requests: &[ScriptRequest<'_>],
+    kinds: &[RequestKind],
+    time: TimeSource,
+) -> Result<Vec<Decision>, Error>
+where
+    C: ConnectionLike + Send,
+{
+    let group = Group::settle(requests, kinds, time)?;
+    Ok(only(Call::one(&group).run(conn, None).await?)?.decisions)
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlimit_core::{Clock, Decision, Error, Key, Request, Store, validate_batch};
+use distlimit_core::{Clock, Decision, Error, Key, Request, RequestKind, Store, validate_batch};
 
 use crate::coalesce::Coalescer;
 use crate::config::{DEFAULT_COALESCE_IN_FLIGHT, RedisStoreBuilder, Topology};
@@ -241,7 +241,12 @@ impl Store for RedisStore {
             request.key().as_bytes(),
             &mut key,
         );
-        let group = Group::single(key.as_bytes(), request.limit(), request.cost(), self.time())?;
+        let group = if request.kind().is_settle() {
+            let one = ScriptRequest::new(key.as_bytes(), *request.limit(), request.cost());
+            Group::settle(&[one], &[request.kind()], self.time())?
+        } else {
+            Group::single(key.as_bytes(), request.limit(), request.cost(), self.time())?
+        };
         self.send(group).await?.decision()
     }
 
@@ -271,6 +276,9 @@ impl Store for RedisStore {
                 ScriptRequest::new(key, *r.limit(), r.cost())
             })
             .collect();
+        if requests[0].kind().is_settle() {
+            return self.settle(&script_requests, requests).await;
+        }
         if self.inner.mode == Mode::Cluster {
             let slot = hash_slot(script_requests[0].redis_key);
             if script_requests
@@ -294,6 +302,49 @@ impl RedisStore {
         } else {
             0
         }
+    }
+
+    /// A batch of reports and give-backs: one call, or in a Cluster one per hash slot (in the
+    /// order the slots first appear; nothing to undo, every request is applied). A call that
+    /// fails fails the batch; calls before it stay applied.
+    async fn settle(
+        &self,
+        script_requests: &[ScriptRequest<'_>],
+        requests: &[Request<'_>],
+    ) -> Result<Vec<Decision>, Error> {
+        let kinds: Vec<RequestKind> = requests.iter().map(Request::kind).collect();
+        let slot_of = |r: &ScriptRequest<'_>| self.coalescing_slot(r.redis_key);
+        let mut slots: Vec<u16> = Vec::new();
+        for r in script_requests {
+            if !slots.contains(&slot_of(r)) {
+                slots.push(slot_of(r));
+            }
+        }
+        let mut out = vec![None; requests.len()];
+        for slot in slots {
+            let (mut group, mut group_kinds, mut at) = (Vec::new(), Vec::new(), Vec::new());
+            for (i, r) in script_requests.iter().enumerate() {
+                if slot_of(r) == slot {
+                    group.push(*r);
+                    group_kinds.push(kinds[i]);
+                    at.push(i);
+                }
+            }
+            let answer = self
+                .send(Group::settle(&group, &group_kinds, self.time())?)
+                .await?;
+            if answer.decisions.len() != at.len() {
+                return Err(crate::script::protocol(
+                    "a settle answered another number of decisions".to_owned(),
+                ));
+            }
+            for (i, d) in at.into_iter().zip(answer.decisions) {
+                out[i] = Some(d);
+            }
+        }
+        out.into_iter()
+            .map(|d| d.ok_or_else(|| crate::script::protocol("a settle left a request".to_owned())))
+            .collect()
     }
 
     /// A Cluster batch whose keys live in several slots (a global tier next to a key's tiers):

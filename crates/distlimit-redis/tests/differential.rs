@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlimit_core::algorithm::{FixedWindow, Gcra, SlidingLog, SlidingWindow, TokenBucket};
-use distlimit_core::{Algorithm, Decision, Error, Limit, Quota, State};
+use distlimit_core::{Algorithm, Decision, Error, Limit, Quota, RequestKind, State};
 use distlimit_redis::test_hook::{
     self as script, CLIENT_TTL_SLACK, ScriptRequest, TimeSource, decide, decide_all,
 };
@@ -1116,5 +1116,216 @@ fn server_time_is_read_inside_the_script() {
             "{ds:?}, {passed} µs after the first"
         );
         assert!(ds[1].retry_after() <= Duration::from_secs(3_600), "{ds:?}");
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settling: reports (forced charges, debt) and give-backs against the model.
+
+/// One step on a key: a decision, a report (forced charge) or a give-back of its units.
+#[derive(Clone, Copy, Debug)]
+enum Settle {
+    Decide(u64),
+    Report(u64),
+    GiveBack(u64),
+}
+
+fn settle_step() -> impl Strategy<Value = Settle> {
+    prop_oneof![
+        (0u64..12).prop_map(Settle::Decide),
+        prop_oneof![0u64..40, 0u64..(1 << 53)].prop_map(Settle::Report),
+        (0u64..15).prop_map(Settle::GiveBack),
+    ]
+}
+
+fn settle_quotas() -> [Quota; 4] {
+    [
+        Quota::per_second(10).unwrap(),
+        Quota::per_second(10).unwrap().with_burst(4).unwrap(),
+        Quota::from_parts(7, 1_000_000, 9).unwrap(),
+        Quota::per_day(1).unwrap(),
+    ]
+}
+
+/// Steps on two keys: (advance µs, key 0 or 1, quota index, step), and whether the keys are
+/// GCRA; every third step of a run of a key's neighbours is sent as a batch of both keys.
+type SettleCase = (bool, Vec<(u64, usize, usize, Settle, bool)>);
+
+fn settle_case() -> impl Strategy<Value = SettleCase> {
+    (
+        prop::bool::ANY,
+        prop::collection::vec(
+            (
+                prop_oneof![0u64..10, 0u64..2_000_000],
+                0usize..2,
+                prop_oneof![3 => Just(0usize), 1 => 0usize..4],
+                settle_step(),
+                prop::bool::weighted(0.2),
+            ),
+            1..50,
+        ),
+    )
+}
+
+/// Applies `step` to the model state of one key at `now`: what the store must answer.
+fn settle_model(
+    limit: &Limit,
+    state: &mut State,
+    written: &mut Option<Quota>,
+    now: u64,
+    step: Settle,
+) -> Decision {
+    match step {
+        Settle::Decide(cost) => limit.decide_from(state, written, now, cost),
+        Settle::Report(cost) => limit
+            .force_from(state, written, now, cost.min(distlimit_core::MAX_REPORT))
+            .unwrap(),
+        Settle::GiveBack(units) => {
+            limit.give_back_from(state, written, now, units).unwrap();
+            limit.evaluate_from(Some(state), written.as_ref(), now, 0)
+        }
+    }
+}
+
+async fn run_settle_case(
+    conn: &mut MultiplexedConnection,
+    (gcra, steps): &SettleCase,
+) -> Result<(), TestCaseError> {
+    let algorithm = if *gcra {
+        Algorithm::Gcra
+    } else {
+        Algorithm::TokenBucket
+    };
+    let base = prefix("settle");
+    let keys = [
+        format!("{base}:a").into_bytes(),
+        format!("{base}:b").into_bytes(),
+    ];
+    let mut states = [State::fresh(algorithm), State::fresh(algorithm)];
+    let mut written = [None, None];
+    let mut now = 1_700_000_000_000_000u64;
+    for &(advance, k, q, step, both) in steps {
+        now += advance;
+        let time = TimeSource::Client(now);
+        let limit = limit_of(algorithm, settle_quotas()[q]);
+        let settling = |s: Settle| match s {
+            Settle::Report(c) => Some((c.min(distlimit_core::MAX_REPORT), RequestKind::Report)),
+            Settle::GiveBack(u) => Some((u, RequestKind::GiveBack)),
+            Settle::Decide(_) => None,
+        };
+        match settling(step) {
+            Some((cost, kind)) if both => {
+                // A batch: this step on key k, a report of 1 on the other key.
+                let other = 1 - k;
+                let requests = [
+                    ScriptRequest::new(&keys[k], limit, cost),
+                    ScriptRequest::new(&keys[other], limit, 1),
+                ];
+                let got = script::settle(conn, &requests, &[kind, RequestKind::Report], time)
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let want_k = settle_model(&limit, &mut states[k], &mut written[k], now, step);
+                let want_o = settle_model(
+                    &limit,
+                    &mut states[other],
+                    &mut written[other],
+                    now,
+                    Settle::Report(1),
+                );
+                prop_assert_eq!(&got, &vec![want_k, want_o], "batch {:?} at {}", step, now);
+            }
+            Some((cost, kind)) => {
+                let got = script::settle(
+                    conn,
+                    &[ScriptRequest::new(&keys[k], limit, cost)],
+                    &[kind],
+                    time,
+                )
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let want = settle_model(&limit, &mut states[k], &mut written[k], now, step);
+                prop_assert_eq!(&got, &vec![want], "{:?} at {}", step, now);
+            }
+            None => {
+                let Settle::Decide(cost) = step else {
+                    unreachable!()
+                };
+                let got = decide(conn, &keys[k], &limit, cost, time)
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let want = settle_model(&limit, &mut states[k], &mut written[k], now, step);
+                prop_assert_eq!(got, want, "{:?} at {}", step, now);
+            }
+        }
+        // Both keys peek alike afterwards.
+        for j in 0..2 {
+            let got = decide(conn, &keys[j], &limit, 0, time)
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let want = limit.evaluate_from(Some(&states[j]), written[j].as_ref(), now, 0);
+            prop_assert_eq!(got, want, "peek of key {} at {}", j, now);
+        }
+    }
+    let _: i64 = redis::cmd("DEL")
+        .arg(&keys[0])
+        .arg(&keys[1])
+        .query_async(conn)
+        .await
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    Ok(())
+}
+
+/// Reports, give-backs and decisions in random sequences (time advancing, quotas changing, debt
+/// up to the saturation bounds, batches of two keys) decide exactly like the model.
+#[test]
+fn settling_scripts_match_the_model() {
+    let Some(server) = server() else { return };
+    let rt = runtime();
+    let conn = rt.block_on(connect(&server.url));
+    let cases = std::env::var("DISTLIMIT_DIFFERENTIAL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&settle_case(), |case| {
+        let mut conn = conn.clone();
+        rt.block_on(run_settle_case(&mut conn, &case))
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// The window algorithms refuse reports and give-backs, writing nothing.
+#[test]
+fn settling_refuses_the_windows() {
+    let Some(server) = server() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let mut conn = connect(&server.url).await;
+        let key = prefix("settle-window").into_bytes();
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
+        ] {
+            let limit = limit_of(algorithm, Quota::per_second(5).unwrap());
+            for kind in [RequestKind::Report, RequestKind::GiveBack] {
+                let err = script::settle(
+                    &mut conn,
+                    &[ScriptRequest::new(&key, limit, 3)],
+                    &[kind],
+                    TimeSource::Server,
+                )
+                .await
+                .unwrap_err();
+                assert!(matches!(err, Error::InvalidRequest(_)), "{err:?}");
+            }
+        }
+        assert!(!exists(&mut conn, &key).await);
     });
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use distlimit_core::observe::{Observer, Outcome};
 use distlimit_core::{
-    Decision, Error, Key, Limit, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, StateName, Store,
+    Decision, Error, Key, Limit, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, RequestKind,
+    StateName, Store,
 };
 use distlimit_metrics::Metrics;
 use distlimit_policy::{Answer, Item, Limiter, PolicySet, Verdict};
@@ -38,7 +39,15 @@ pub struct Descriptor<'a> {
     pub limit: Option<LimitOverride>,
     /// Units this descriptor spends; `None`: the request's. Zero checks without spending.
     pub hits: Option<u64>,
+    /// Whether the descriptor reports usage after the response (charged even past the limit)
+    /// or gives units back, instead of being decided (see [`Checker::check`], "Reports").
+    pub kind: RequestKind,
 }
+
+/// The descriptor entry key that marks a descriptor as a report (usage after the response):
+/// the entry is removed before matching. Envoy sends it from a `generic_key` action on the
+/// rate limit with `apply_on_stream_done` (see the crate documentation).
+pub const REPORT_ENTRY: &str = "distlimit.report";
 
 /// Envoy's per-descriptor limit override.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -298,6 +307,18 @@ impl Checker {
     /// that passed. A rule's state is keyed by [`Match::counter_entries`](crate::config::Match::counter_entries),
     /// its metrics by [`Match::metric_path`](crate::config::Match::metric_path).
     ///
+    /// # Reports
+    ///
+    /// A request whose descriptors are reports ([`RequestKind::Report`]: Envoy's
+    /// `apply_on_stream_done` request marked with [`REPORT_ENTRY`], or `POST /v1/report`) or
+    /// give-backs (`is_negative_hits`) charges each descriptor's hits even past the limit (the
+    /// excess is debt later checks wait out) or returns them; every one is applied, and each
+    /// status says whether its key is over the limit now. Only TOML policies of the token
+    /// bucket or GCRA carry debt: a report matching a YAML rule (a fixed window), a limit
+    /// override or a window policy is [`CheckError::InvalidArgument`], charging nothing; an
+    /// unmatched descriptor charges nothing. A request mixing decided and settled descriptors is
+    /// [`CheckError::InvalidArgument`].
+    ///
     /// # Errors
     ///
     /// [`CheckError::InvalidArgument`] for an empty domain, no descriptors, or more than
@@ -309,6 +330,15 @@ impl Checker {
         let config = &*running.config;
         let default_hits = request.hits.max(1);
         let domain = request.domain;
+        let kind = request
+            .descriptors
+            .first()
+            .map_or(RequestKind::Decide, |d| d.kind);
+        if request.descriptors.iter().any(|d| d.kind != kind) {
+            return Err(CheckError::InvalidArgument(
+                "a request mixes decided descriptors with reports or give-backs".into(),
+            ));
+        }
 
         // Each descriptor's plan: a TOML policy (without a limit override), else its rule.
         let mut plans: Vec<Plan<'_>> = request
@@ -356,12 +386,23 @@ impl Checker {
         // Which items are such quota items (filled only when they can deny: no allocation).
         let mut quota: Vec<bool> = Vec::new();
         let mut item_of: Vec<Option<usize>> = Vec::with_capacity(plans.len());
-        for plan in &plans {
+        for (i, plan) in plans.iter().enumerate() {
             let (item, is_quota) = match plan {
+                Plan::Policy { policy, key, cost } if kind.is_settle() => (
+                    (*cost > 0).then(|| Item::policy(policy, key, *cost).with_kind(kind)),
+                    false,
+                ),
                 Plan::Policy { policy, key, cost } => (
                     Some(Item::policy(policy, key, *cost).shadow(*cost == 0)),
                     false,
                 ),
+                Plan::Rule(_) if kind.is_settle() => {
+                    return Err(CheckError::InvalidArgument(format!(
+                        "descriptor {i}: a report or give-back needs a TOML policy of the token \
+                         bucket or GCRA; YAML rules and limit overrides count fixed windows, \
+                         which cannot carry debt"
+                    )));
+                }
                 Plan::Rule(rule) => {
                     let is_quota = rule.is_quota(self.quota_mode);
                     (rule.item(is_quota && !vetoing), is_quota && vetoing)

@@ -28,9 +28,11 @@ use tonic::{Request, Response, Status};
 use crate::answer::{self, HeaderNames, ResponseSettings};
 use crate::check::{
     CheckError, CheckRequest, CheckResponse, Checker, Descriptor, DescriptorStatus, LimitOverride,
+    REPORT_ENTRY,
 };
 use crate::config::Unit;
 use crate::metrics::{Protocol, RequestResult};
+use distlimit_core::RequestKind;
 
 /// The gRPC service: Envoy's `RateLimitService` answered by a [`Checker`].
 #[derive(Clone, Debug)]
@@ -226,11 +228,17 @@ pub fn to_check(request: &RateLimitRequest) -> Result<CheckRequest<'_>, Status> 
 }
 
 fn to_descriptor(i: usize, d: &RateLimitDescriptor) -> Result<Descriptor<'_>, Status> {
-    if d.is_negative_hits {
-        return Err(Status::invalid_argument(format!(
-            "descriptor {i}: is_negative_hits is not supported"
-        )));
-    }
+    let report = d.entries.iter().any(|e| e.key == REPORT_ENTRY);
+    let kind = match (d.is_negative_hits, report) {
+        (false, false) => RequestKind::Decide,
+        (false, true) => RequestKind::Report,
+        (true, false) => RequestKind::GiveBack,
+        (true, true) => {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {i}: a report ({REPORT_ENTRY}) with is_negative_hits"
+            )));
+        }
+    };
     let limit = match &d.limit {
         None => None,
         Some(o) => Some(LimitOverride {
@@ -247,10 +255,12 @@ fn to_descriptor(i: usize, d: &RateLimitDescriptor) -> Result<Descriptor<'_>, St
         entries: d
             .entries
             .iter()
+            .filter(|e| e.key != REPORT_ENTRY)
             .map(|e| (e.key.as_str(), e.value.as_str()))
             .collect(),
         limit,
         hits: d.hits_addend.map(|h| h.value),
+        kind,
     })
 }
 

@@ -1,5 +1,6 @@
-//! The HTTP side: `POST /v1/check` (the decision as JSON), `POST /v1/permits/*` (concurrency
-//! limits, see `permits.rs`), `GET /metrics`, `GET /ready`.
+//! The HTTP side: `POST /v1/check` (the decision as JSON), `POST /v1/report` (usage after the
+//! response, charged even past the limit), `POST /v1/permits/*` (concurrency limits, see
+//! `permits.rs`), `GET /metrics`, `GET /ready`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +16,8 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use crate::answer::HeaderNames;
+use distlimit_core::RequestKind;
+
 use crate::check::{CheckError, CheckRequest, CheckResponse, Checker, Descriptor};
 use crate::config::Unit;
 use crate::metrics::{Protocol, RequestResult};
@@ -119,6 +122,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/permits/acquire", post(crate::permits::acquire))
         .route("/v1/permits/release", post(crate::permits::release))
         .route("/v1/permits/renew", post(crate::permits::renew))
+        .route("/v1/report", post(report))
         .route("/metrics", get(metrics))
         .route("/ready", get(ready))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -136,6 +140,24 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Response {
 async fn check(
     State(state): State<HttpState>,
     body: Result<axum::Json<JsonCheck>, JsonRejection>,
+) -> Response {
+    decide(state, body, RequestKind::Decide).await
+}
+
+/// `POST /v1/report`: the body of `/v1/check`, each descriptor's `hits` charged even past the
+/// limit (usage known after the response; see [`Checker::check`], "Reports"). Always 200 once
+/// recorded; each status says whether its key is over the limit now.
+async fn report(
+    State(state): State<HttpState>,
+    body: Result<axum::Json<JsonCheck>, JsonRejection>,
+) -> Response {
+    decide(state, body, RequestKind::Report).await
+}
+
+async fn decide(
+    state: HttpState,
+    body: Result<axum::Json<JsonCheck>, JsonRejection>,
+    kind: RequestKind,
 ) -> Response {
     let started = Instant::now();
     let body = match body {
@@ -161,6 +183,7 @@ async fn check(
                     .iter()
                     .map(|e| (e.key.as_str(), e.value.as_str()))
                     .collect(),
+                kind,
                 ..Descriptor::default()
             })
             .collect(),
@@ -182,7 +205,7 @@ async fn check(
         Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
         Ok(Ok(answer)) => answer,
     };
-    let status = if answer.over_limit {
+    let status = if answer.over_limit && kind == RequestKind::Decide {
         StatusCode::TOO_MANY_REQUESTS
     } else {
         StatusCode::OK

@@ -490,7 +490,8 @@ descriptors:
             request("d", vec![descriptor(&[("user", "a")]); 10_000]),
             "descriptors",
         ),
-        ("negative hits", negative, "is_negative_hits"),
+        // A give-back on a YAML rule (a fixed window): refused, typed.
+        ("negative hits", negative, "cannot carry debt"),
     ];
     for (name, bad, expected) in cases {
         let status = client.should_rate_limit(bad).await.unwrap_err();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlimit_core::{
     Algorithm, Clock, Decision, Error, KeyError, Limit, MAX_BATCH, MAX_KEY_LEN, ManualClock, NEVER,
-    Request, State, Store, StoreExt,
+    Quota, Request, RequestKind, State, Store, StoreExt,
 };
 use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
@@ -1176,4 +1176,168 @@ pub async fn check_policies_are_independent<S: Store + ?Sized>(store: &S, clock:
         matches!(&minute, Ok(d) if d.remaining() == 2),
         "{ctx}: an admitted batch charges policy \"minute\" once, got {minute:?}"
     );
+}
+
+/// Reports and give-backs (see [`Store`], "Settling"), for the token bucket and GCRA: a
+/// deterministic walk of decisions, reports (past the limit, as debt) and give-backs on two keys,
+/// through `decide` and two-key `decide_all` batches, where every answer must equal
+/// [`Limit::force_from`], [`Limit::give_back_from`] (then a peek) or [`Limit::decide_from`] on
+/// local states; a key in debt is denied until exactly `now + retry_after`. The window
+/// algorithms, a batch mixing decisions with reports, and a cost above
+/// [`MAX_REPORT`](distlimit_core::MAX_REPORT) are [`Error::InvalidRequest`]s that change nothing.
+pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
+    const CHECK: &str = "settling_follows_model";
+    let keys = Keys::new(CHECK);
+    let ctx = format!("check `{CHECK}`");
+    let quotas = [
+        quota(10, SECOND, 10),
+        quota(7, SECOND, 9),
+        quota(3, MINUTE, 2),
+    ];
+    let mut limits = Vec::new();
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        for quota in quotas {
+            limits.push(Limit::new(algorithm, quota));
+        }
+    }
+    for (i, limit) in limits.into_iter().enumerate() {
+        let names = [keys.key(format!("{i}a")), keys.key(format!("{i}b"))];
+        let key = |j: usize| match distlimit_core::Key::new(&names[j]) {
+            Ok(key) => key,
+            Err(e) => panic!("distlimit-test bug: {e}"),
+        };
+        let mut states = [
+            State::fresh(limit.algorithm()),
+            State::fresh(limit.algorithm()),
+        ];
+        let mut written = [None, None];
+        let mut rng = Rng::new(seed(CHECK, i));
+        for step in 0..MODEL_STEPS {
+            clock.advance(Duration::from_micros(match rng.below(4) {
+                0 => 0,
+                1 => rng.below(1_000),
+                _ => rng.below(limit.quota().period_us()),
+            }));
+            let now = clock.now_us();
+            let j = step % 2;
+            let cost = rng.below(3 * limit.capacity() + 2);
+            let kind = match rng.below(3) {
+                0 => RequestKind::Decide,
+                1 => RequestKind::Report,
+                _ => RequestKind::GiveBack,
+            };
+            let expect = |state: &mut State, written: &mut Option<Quota>, kind, cost| match kind {
+                RequestKind::Decide => limit.decide_from(state, written, now, cost),
+                RequestKind::Report => match limit.force_from(state, written, now, cost) {
+                    Ok(d) => d,
+                    Err(e) => panic!("distlimit-test bug: {e}"),
+                },
+                RequestKind::GiveBack => {
+                    if let Err(e) = limit.give_back_from(state, written, now, cost) {
+                        panic!("distlimit-test bug: {e}");
+                    }
+                    limit.evaluate_from(Some(state), written.as_ref(), now, 0)
+                }
+            };
+            let request = Request::new(key(j), limit).with_cost(cost).with_kind(kind);
+            if kind.is_settle() && step % 3 == 2 {
+                // A batch: this request and a report of 1 on the other key, both applied.
+                let other = Request::report(key(1 - j), limit);
+                let got = decide_all(store, &[request, other], &ctx).await;
+                let want = [
+                    expect(&mut states[j], &mut written[j], kind, cost),
+                    expect(
+                        &mut states[1 - j],
+                        &mut written[1 - j],
+                        RequestKind::Report,
+                        1,
+                    ),
+                ];
+                assert_eq!(
+                    got,
+                    want,
+                    "{ctx}: {}, step {step} at {now} µs: a batch of a {kind:?} of {cost} and a \
+                     report of 1: the store's answers (left) differ from the model (right): \
+                     every report and give-back is applied, answered by the peek after it",
+                    describe(&limit)
+                );
+            } else {
+                let got = store.decide(&request).await;
+                let want = expect(&mut states[j], &mut written[j], kind, cost);
+                assert!(
+                    matches!(&got, Ok(d) if *d == want),
+                    "{ctx}: {}, step {step} at {now} µs: a {kind:?} of {cost}: the store \
+                     answered {got:?}, the model {want:?} (a report charges past the limit as \
+                     debt, a give-back never above capacity; both answer the peek after them)",
+                    describe(&limit)
+                );
+            }
+            let peek = decide(store, &names[j], limit, 0, &ctx).await;
+            if peek.is_denied() && peek.retry_after() != NEVER {
+                let r = peek.retry_after_us();
+                let want = limit.evaluate_from(Some(&states[j]), written[j].as_ref(), now + r, 1);
+                assert!(
+                    want.is_allowed(),
+                    "{ctx}: a key in debt must admit one unit at now + retry_after ({peek:?})"
+                );
+            }
+        }
+    }
+
+    // What cannot be settled is refused, changing nothing.
+    let key = keys.key("refused");
+    let Ok(k) = distlimit_core::Key::new(&key) else {
+        panic!("distlimit-test bug: key too long")
+    };
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ] {
+        let limit = Limit::new(algorithm, quota(5, SECOND, 5));
+        for request in [
+            Request::report(k, limit).with_cost(9),
+            Request::give_back(k, limit).with_cost(1),
+        ] {
+            let got = store.decide(&request).await;
+            assert!(
+                matches!(got, Err(Error::InvalidRequest(_))),
+                "{ctx}: a {:?} on {algorithm} must be an InvalidRequest, got {got:?}",
+                request.kind()
+            );
+        }
+        let peek = decide(store, &key, limit, 0, &ctx).await;
+        assert_eq!(
+            peek.remaining(),
+            5,
+            "{ctx}: a refused report on {algorithm} must change nothing"
+        );
+    }
+    let limit = Limit::gcra(quota(5, SECOND, 5));
+    let other = keys.key("other");
+    let Ok(o) = distlimit_core::Key::new(&other) else {
+        panic!("distlimit-test bug: key too long")
+    };
+    let refused: [&[Request<'_>]; 2] = [
+        &[
+            Request::new(k, limit),
+            Request::report(o, limit).with_cost(2),
+        ],
+        &[Request::report(k, limit).with_cost(distlimit_core::MAX_REPORT + 1)],
+    ];
+    for batch in refused {
+        let got = store.decide_all(batch).await;
+        assert!(
+            matches!(got, Err(Error::InvalidRequest(_))),
+            "{ctx}: {batch:?} must be an InvalidRequest, got {got:?}"
+        );
+    }
+    for name in [&key, &other] {
+        let peek = decide(store, name, limit, 0, &ctx).await;
+        assert_eq!(
+            peek.remaining(),
+            5,
+            "{ctx}: a refused batch must change nothing"
+        );
+    }
 }

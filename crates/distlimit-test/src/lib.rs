@@ -20,7 +20,8 @@ pub use checks::{
     check_denied_request_is_not_charged, check_fresh_key_admits_capacity,
     check_idle_key_decides_as_fresh, check_key_bytes_are_opaque, check_keys_are_independent,
     check_limit_change_follows_model, check_matches_reference_model, check_peek_changes_nothing,
-    check_policies_are_independent, check_retry_after_is_exact, check_store_ext_validates_keys,
+    check_policies_are_independent, check_retry_after_is_exact, check_settling_follows_model,
+    check_store_ext_validates_keys,
 };
 pub use faulty::{Fault, FaultKind, FaultyStore};
 pub use permit_checks::{

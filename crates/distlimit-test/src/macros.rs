@@ -78,6 +78,7 @@ macro_rules! __for_each_check {
             concurrent_batches_are_atomic => check_concurrent_batches_are_atomic,
             store_ext_validates_keys => check_store_ext_validates_keys,
             policies_are_independent => check_policies_are_independent,
+            settling_follows_model => check_settling_follows_model,
         }
     };
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Algorithm, Clock, Decision, Error, KeyError, MAX_KEY_LEN, ManualClock, Request, State, Store,
-    validate_batch,
+    Algorithm, Clock, Decision, Error, KeyError, MAX_KEY_LEN, ManualClock, Request, RequestKind,
+    State, Store, validate_batch,
 };
 use distlimit_test::new_clock;
 use parking_lot::Mutex;
@@ -50,6 +50,11 @@ enum Bug {
     ShortensMaxKeyLen,
     /// One state per key whatever the policy name.
     IgnoresPolicy,
+    /// Reports and give-backs decided like requests: a report past the limit is denied and
+    /// charges nothing (usage lost), a give-back charges.
+    SettlesAsDecisions,
+    /// A report charges at most what is left: no debt.
+    NoDebt,
 }
 
 /// Key bytes, the policy name, and the algorithm when states are kept per algorithm.
@@ -116,6 +121,29 @@ impl BuggyStore {
     /// The decisions, and the states to store afterwards.
     fn plan(&self, requests: &[Request<'_>], now: u64) -> (Vec<Decision>, Vec<(MapKey, State)>) {
         let states = self.states.lock();
+        if self.bug != Bug::SettlesAsDecisions && requests.iter().any(|r| r.kind().is_settle()) {
+            let mut decisions = Vec::new();
+            let mut writes = Vec::new();
+            for r in requests {
+                let limit = r.limit();
+                let mut state = self
+                    .read(&states, r, now)
+                    .unwrap_or_else(|| State::fresh(limit.algorithm()));
+                if r.kind() == RequestKind::Report {
+                    let left = limit.evaluate(Some(&state), now, 0).remaining();
+                    let cost = match self.bug {
+                        Bug::NoDebt => r.cost().min(left),
+                        _ => r.cost(),
+                    };
+                    let _ = limit.force(&mut state, now, cost);
+                } else {
+                    let _ = limit.give_back(&mut state, now, r.cost());
+                }
+                decisions.push(limit.evaluate(Some(&state), now, 0));
+                writes.push((self.map_key(r), state));
+            }
+            return (decisions, writes);
+        }
         let decisions: Vec<Decision> = requests
             .iter()
             .map(|r| {
@@ -312,6 +340,18 @@ caught!(
     "check `policies_are_independent`"
 );
 caught!(
+    settles_as_decisions,
+    Bug::SettlesAsDecisions,
+    check_settling_follows_model,
+    "check `settling_follows_model`"
+);
+caught!(
+    reports_without_debt,
+    Bug::NoDebt,
+    check_settling_follows_model,
+    "check `settling_follows_model`"
+);
+caught!(
     state_per_algorithm,
     Bug::StatePerAlgorithm,
     check_limit_change_follows_model,
@@ -358,4 +398,6 @@ async fn harmless_bugs_pass_other_checks() {
     distlimit_test::check_matches_reference_model(&store, &clock).await;
     let (store, clock) = buggy(Bug::MonotonicClock);
     distlimit_test::check_matches_reference_model(&store, &clock).await;
+    let (store, clock) = buggy(Bug::StatePerAlgorithm);
+    distlimit_test::check_settling_follows_model(&store, &clock).await;
 }

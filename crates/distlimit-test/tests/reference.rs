@@ -40,7 +40,7 @@ async fn run_all_passes_on_a_current_thread_runtime() {
 
 #[test]
 fn checks_are_listed_once() {
-    assert_eq!(CHECKS.len(), 17);
+    assert_eq!(CHECKS.len(), 18);
     for (i, name) in CHECKS.iter().enumerate() {
         assert!(!CHECKS[..i].contains(name), "{name} twice");
     }

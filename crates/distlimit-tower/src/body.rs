@@ -6,6 +6,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use crate::settle::Settlement;
+
 pin_project_lite::pin_project! {
     /// The response body of a [`RateLimit`](crate::RateLimit) service: the inner service's
     /// body, or the layer's own (a problem document, or nothing for a gRPC trailers-only
@@ -15,6 +17,9 @@ pin_project_lite::pin_project! {
     pub struct RateLimitBody<B> {
         #[pin]
         kind: Kind<B>,
+        // The reservations settled when the body ends (or, dropped first, as a dropped
+        // response).
+        settle: Option<Box<Settlement>>,
     }
 }
 
@@ -32,6 +37,15 @@ impl<B> RateLimitBody<B> {
     pub fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
+            settle: None,
+        }
+    }
+
+    /// Wraps the inner service's body, settling `settle` when it ends.
+    pub(crate) fn settled(body: B, settle: Box<Settlement>) -> Self {
+        Self {
+            kind: Kind::Inner { body },
+            settle: Some(settle),
         }
     }
 
@@ -41,6 +55,7 @@ impl<B> RateLimitBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
+            settle: None,
         }
     }
 
@@ -48,6 +63,7 @@ impl<B> RateLimitBody<B> {
     pub fn empty() -> Self {
         Self {
             kind: Kind::Full { data: None },
+            settle: None,
         }
     }
 }
@@ -60,15 +76,31 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Inner { mut body } => {
+                let frame = body.as_mut().poll_frame(cx);
+                if let Some(settle) = this.settle
+                    && matches!(&frame, Poll::Ready(None) | Poll::Ready(Some(Ok(_))))
+                    && (matches!(&frame, Poll::Ready(None)) || body.is_end_stream())
+                {
+                    settle.finish();
+                }
+                frame
+            }
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body } => {
+                let end = body.is_end_stream();
+                if end && let Some(settle) = &self.settle {
+                    settle.finish();
+                }
+                end
+            }
             Kind::Full { data } => data.is_none(),
         }
     }

@@ -11,6 +11,7 @@ use crate::RateLimitBody;
 use crate::headers::Computed;
 use crate::layer::{CheckFuture, Step, is_grpc};
 use crate::response::Rejection;
+use crate::settle::Settlement;
 
 pin_project_lite::pin_project! {
     /// The future of a [`RateLimit`](crate::RateLimit) call: the check (the request's one boxed
@@ -38,6 +39,7 @@ pin_project_lite::pin_project! {
             #[pin]
             call: Inner::Future,
             headers: Option<Computed>,
+            settle: Option<Box<Settlement>>,
         },
         Rejected {
             rejection: Option<(Rejection, bool)>,
@@ -60,10 +62,19 @@ where
         }
     }
 
-    /// The inner service's response, with `headers` added.
-    pub(crate) fn calling(call: Inner::Future, headers: Option<Computed>) -> Self {
+    /// The inner service's response, with `headers` added, its reservations settled when its
+    /// body ends.
+    pub(crate) fn calling(
+        call: Inner::Future,
+        headers: Option<Computed>,
+        settle: Option<Box<Settlement>>,
+    ) -> Self {
         Self {
-            state: State::Calling { call, headers },
+            state: State::Calling {
+                call,
+                headers,
+                settle,
+            },
         }
     }
 
@@ -94,9 +105,13 @@ where
                         return Poll::Pending;
                     };
                     match step {
-                        Step::Pass(headers) => {
+                        Step::Pass(headers, settle) => {
                             let call = inner.call(req);
-                            state.set(State::Calling { call, headers });
+                            state.set(State::Calling {
+                                call,
+                                headers,
+                                settle,
+                            });
                         }
                         Step::Reject(rejection) => {
                             let grpc = is_grpc(req.headers());
@@ -105,11 +120,24 @@ where
                         }
                     }
                 }
-                StateProj::Calling { call, headers } => {
+                StateProj::Calling {
+                    call,
+                    headers,
+                    settle,
+                } => {
                     let result = ready!(call.poll(cx));
                     let headers = headers.take();
+                    // An error drops the reservations: settled as a dropped response.
+                    let settle = settle.take();
                     state.set(State::Done);
-                    let mut response = result?.map(RateLimitBody::inner);
+                    let mut response = match settle {
+                        None => result?.map(RateLimitBody::inner),
+                        Some(mut settle) => {
+                            let (parts, body) = result?.into_parts();
+                            settle.head(&parts);
+                            Response::from_parts(parts, RateLimitBody::settled(body, settle))
+                        }
+                    };
                     if let Some(headers) = headers {
                         headers.apply(response.headers_mut());
                     }

@@ -27,7 +27,10 @@ use crate::headers::Computed;
 use crate::key::{Kind as KeyKind, header_key};
 use crate::request::peer_addr;
 use crate::response::Rejection;
-use crate::{ClientIpResolver, KeyExtractor, PolicySelector, RateLimitHeaders, RequestInfo};
+use crate::settle::{Reserved, Settlement, Sink, Spec};
+use crate::{
+    ClientIpResolver, KeyExtractor, PolicySelector, RateLimitHeaders, RequestInfo, Settle,
+};
 
 /// What the layer does when the limiter's store fails, or does not answer within the
 /// [timeout](RateLimitLayerBuilder::timeout).
@@ -68,6 +71,8 @@ struct LimitSpec {
     key: KeyExtractor,
     /// `None`: the layer's [cost](RateLimitLayerBuilder::cost).
     cost: Option<Box<CostFn>>,
+    /// Charged from the response: the cost is the estimate.
+    settle: Option<Arc<Spec>>,
 }
 
 impl fmt::Debug for LimitSpec {
@@ -76,12 +81,15 @@ impl fmt::Debug for LimitSpec {
             .field("policy", &self.policy)
             .field("key", &self.key)
             .field("cost", &self.cost.as_ref().map(|_| ".."))
+            .field("settled", &self.settle.is_some())
             .finish()
     }
 }
 
 struct Config<S: ?Sized> {
     limiter: Arc<Limiter<S>>,
+    /// The limiter again, for settles sent after the response (store type erased).
+    sink: Arc<dyn Sink>,
     /// The builder's limit first, then those added with [`RateLimitLayerBuilder::and`]; never
     /// empty.
     limits: Vec<LimitSpec>,
@@ -150,12 +158,18 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
                 let detail = "The rate limiter cannot identify the client.";
                 return Err(Rejection::Misconfigured { detail });
             };
-            let cost = match &limit.cost {
-                Some(cost) => cost(&info),
-                None => *shared_cost
+            let cost = match (&limit.settle, &limit.cost) {
+                (Some(settle), _) => Settle::estimate_of(settle, &info),
+                (None, Some(cost)) => cost(&info),
+                (None, None) => *shared_cost
                     .get_or_insert_with(|| self.cost.as_deref().map_or(1, |cost| cost(&info))),
             };
-            Ok(Some(Check { policy, key, cost }))
+            Ok(Some(Check {
+                policy,
+                key,
+                cost,
+                settle: limit.settle.clone(),
+            }))
         };
         let mut checks = match &self.limits[..] {
             // One limit (the common layer): no list.
@@ -195,7 +209,7 @@ impl<S: Store + ?Sized + 'static> Config<S> {
         let (policy, key, cost) = (&check.policy, check.key.as_bytes(), check.cost);
         if let Some(result) = self.limiter.check_now(policy, key, cost) {
             let verdicts = result.as_ref().map(std::slice::from_ref);
-            return Start::Decided(self.step(policy, verdicts));
+            return Start::Decided(self.step(policy, verdicts, std::slice::from_ref(&check)));
         }
         self.await_batch(smallvec![check])
     }
@@ -208,7 +222,7 @@ impl<S: Store + ?Sized + 'static> Config<S> {
         match decided {
             Some(result) => {
                 let policy = checks.first().map_or("", |c| &*c.policy);
-                Start::Decided(self.step(policy, result.as_deref()))
+                Start::Decided(self.step(policy, result.as_deref(), &checks))
             }
             None => self.await_batch(checks),
         }
@@ -262,11 +276,12 @@ fn batch_of(checks: &[Check]) -> SmallVec<[(&str, &[u8], u64); INLINE]> {
     batch
 }
 
-/// One limit of one request: its policy, key and cost.
+/// One limit of one request: its policy, key and cost (the estimate of a settled limit).
 struct Check {
     policy: Arc<str>,
     key: OwnedKey,
     cost: u64,
+    settle: Option<Arc<Spec>>,
 }
 
 /// A request's key, owned by its check: a header value (a cheap clone: the values hyper parses
@@ -365,13 +380,16 @@ impl RateLimitLayer {
         limiter: Arc<Limiter<S>>,
         policy: impl Into<PolicySelector>,
     ) -> RateLimitLayerBuilder<S> {
+        let sink: Arc<dyn Sink> = limiter.clone();
         RateLimitLayerBuilder {
             config: Config {
                 limiter,
+                sink,
                 limits: vec![LimitSpec {
                     policy: policy.into(),
                     key: KeyExtractor::default(),
                     cost: None,
+                    settle: None,
                 }],
                 cost: None,
                 client_ip: ClientIpResolver::default(),
@@ -449,6 +467,17 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
         self
     }
 
+    /// Charges the builder's own limit from the response ([`Settle`]): each request reserves
+    /// the estimate, settled with the actual cost when the response body ends (see
+    /// [`and_settled`](Self::and_settled)).
+    #[must_use]
+    pub fn settle(mut self, settle: Settle) -> Self {
+        if let Some(first) = self.config.limits.first_mut() {
+            first.settle = Some(settle.spec);
+        }
+        self
+    }
+
     /// Adds a limit: requests are also checked against the policy `policy` picks, keyed by
     /// `key`, charged the layer's [cost](Self::cost).
     ///
@@ -494,6 +523,60 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
             policy: policy.into(),
             key,
             cost: None,
+            settle: None,
+        });
+        self
+    }
+
+    /// Adds a limit charged from the response ([`Settle`]): each request reserves the estimate
+    /// in the layer's one all-or-nothing batch (with the other limits), and the reservation is
+    /// settled with the actual cost when the response body ends: the difference given back, or
+    /// the excess charged past the limit as debt that later requests wait out.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    ///
+    /// use distlimit_memory::MemoryStore;
+    /// use distlimit_policy::{Limiter, PolicySet};
+    /// use distlimit_tower::{KeyExtractor, RateLimitLayer, Settle};
+    /// use http::HeaderName;
+    ///
+    /// let policies = PolicySet::from_toml_str(
+    ///     r#"
+    ///     [[policy]]
+    ///     name = "requests"
+    ///     tiers = [ { name = "minute", limit = 60, per = "1m" } ]
+    ///
+    ///     [[policy]]
+    ///     name = "tokens"
+    ///     tiers = [ { name = "minute", limit = 10000, per = "1m", algorithm = "token_bucket" } ]
+    ///     "#,
+    /// )?;
+    /// let limiter = Arc::new(Limiter::new(Arc::new(MemoryStore::new()), policies));
+    /// let user = KeyExtractor::header(HeaderName::from_static("x-user-id"));
+    /// let layer = RateLimitLayer::builder(limiter, "requests")
+    ///     .key(user.clone())
+    ///     .and_settled(
+    ///         "tokens",
+    ///         user,
+    ///         Settle::from_header(HeaderName::from_static("x-usage-tokens")).estimate(1),
+    ///     )
+    ///     .try_build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn and_settled(
+        mut self,
+        policy: impl Into<PolicySelector>,
+        key: KeyExtractor,
+        settle: Settle,
+    ) -> Self {
+        self.config.limits.push(LimitSpec {
+            policy: policy.into(),
+            key,
+            cost: None,
+            settle: Some(settle.spec),
         });
         self
     }
@@ -514,6 +597,7 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
             policy: policy.into(),
             key,
             cost: Some(Box::new(cost)),
+            settle: None,
         });
         self
     }
@@ -683,12 +767,12 @@ where
         };
         match self.config.clone().start(head) {
             // The service polled ready serves the request now.
-            Start::Unchecked => ResponseFuture::calling(self.inner.call(req), None),
+            Start::Unchecked => ResponseFuture::calling(self.inner.call(req), None, None),
             Start::Reject(rejection) | Start::Decided(Step::Reject(rejection)) => {
                 ResponseFuture::rejected(rejection, is_grpc(req.headers()))
             }
-            Start::Decided(Step::Pass(headers)) => {
-                ResponseFuture::calling(self.inner.call(req), headers)
+            Start::Decided(Step::Pass(headers, settle)) => {
+                ResponseFuture::calling(self.inner.call(req), headers, settle)
             }
             Start::Check(check) => {
                 // The service that was polled ready goes into the future; a fresh clone stays.
@@ -710,8 +794,9 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 
 /// What the layer does with one checked request.
 pub(crate) enum Step {
-    /// Call the inner service, adding these headers to its response.
-    Pass(Option<Computed>),
+    /// Call the inner service, adding these headers to its response, and settle the
+    /// reservations of its settled limits when the response ends.
+    Pass(Option<Computed>, Option<Box<Settlement>>),
     /// Answer without calling it.
     Reject(Rejection),
 }
@@ -729,7 +814,7 @@ impl<S: Store + ?Sized> Config<S> {
         let batch = batch_of(checks);
         let check = self.limiter.check_all(&batch);
         let Some(limit) = self.timeout else {
-            return self.step(policy, check.await.as_deref());
+            return self.step(policy, check.await.as_deref(), checks);
         };
         let mut check = std::pin::pin!(check);
         // A check answered at its first poll (the memory store never waits) needs no timer.
@@ -748,17 +833,22 @@ impl<S: Store + ?Sized> Config<S> {
                 }
             },
         };
-        self.step(policy, result.as_deref())
+        self.step(policy, result.as_deref(), checks)
     }
 
-    /// What a check's result (a verdict per limit) means for the request.
-    fn step(&self, policy: &str, result: Result<&[Verdict], &CheckError>) -> Step {
+    /// What a check's result (a verdict per limit of `checks`) means for the request.
+    fn step(
+        &self,
+        policy: &str,
+        result: Result<&[Verdict], &CheckError>,
+        checks: &[Check],
+    ) -> Step {
         match result {
             Ok(verdicts) if verdicts.iter().all(Verdict::is_allowed) => {
                 let full = self.headers == RateLimitHeaders::Always;
                 let headers = (full || self.legacy_headers)
                     .then(|| Computed::new(verdicts, full, self.legacy_headers));
-                Step::Pass(headers)
+                Step::Pass(headers, self.settlement(checks))
             }
             Ok(verdicts) => {
                 let full = self.headers != RateLimitHeaders::Never;
@@ -782,7 +872,28 @@ impl<S: Store + ?Sized> Config<S> {
             OnError::FailClosed { retry_after } => {
                 Step::Reject(Rejection::Unavailable { retry_after })
             }
-            OnError::FailOpen => Step::Pass(None),
+            OnError::FailOpen => Step::Pass(None, None),
         }
+    }
+
+    /// The reservations of an admitted request's settled limits, if it has any.
+    fn settlement(&self, checks: &[Check]) -> Option<Box<Settlement>> {
+        let reserved: SmallVec<[Reserved; 1]> = checks
+            .iter()
+            .filter_map(|c| {
+                // The spec first: a limit not settled copies nothing.
+                let spec = c.settle.clone()?;
+                Some(Reserved {
+                    policy: c.policy.clone(),
+                    key: Bytes::copy_from_slice(c.key.as_bytes()),
+                    estimate: c.cost,
+                    spec,
+                })
+            })
+            .collect();
+        if reserved.is_empty() {
+            return None;
+        }
+        Some(Box::new(Settlement::new(self.sink.clone(), reserved)))
     }
 }

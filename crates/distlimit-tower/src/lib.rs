@@ -10,6 +10,7 @@ mod layer;
 mod policy;
 mod request;
 pub mod response;
+mod settle;
 
 pub use body::RateLimitBody;
 pub use client_ip::{
@@ -26,3 +27,4 @@ pub use key::{DEFAULT_MAX_HEADER_KEY_LEN, KeyExtractor};
 pub use layer::{DEFAULT_TIMEOUT, OnError, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::{PolicySelector, RouteTable};
 pub use request::{PeerAddr, RequestInfo};
+pub use settle::{Settle, Usage};

@@ -44,6 +44,13 @@
 //!   same state.
 //! * Time going backwards refills nothing.
 //!
+//! The token bucket and GCRA also take *forced* charges ([`Limit::force`]: usage reported
+//! after the fact, charged past the limit as debt that later requests wait out) and give-backs
+//! ([`Limit::give_back`]); the window algorithms refuse both ([`DebtUnsupported`]). A forced
+//! charge may take the token bucket's deficit beyond `burst × P'` and GCRA's arrival time beyond
+//! `now + burst × T`, up to [`MAX_DEFICIT`] and [`MAX_TAT`] (below 2^53, so the scripts stay
+//! exact): see the `debt` rules on [`Limit::force`].
+//!
 //! A state's numbers are counted in units of the quota it was written under (GCRA's `T`, the
 //! token bucket's `1 / P'`, the windows' period). Read under another quota, it is carried over
 //! ([`State::carried`], [`Limit::decide_from`]): what the key had spent under the old quota, in
@@ -51,6 +58,7 @@
 //! raised limit frees a denied key at once and a lowered one never hands out a fresh bucket.
 //! Stores record the quota (or the parameters that matter) next to each state.
 
+mod debt;
 mod fixed_window;
 mod gcra;
 mod lease;
@@ -61,6 +69,7 @@ mod token_bucket;
 use std::fmt;
 use std::str::FromStr;
 
+pub use debt::{DebtUnsupported, MAX_DEFICIT, MAX_REPORT, MAX_TAT};
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use sliding_log::SlidingLog;

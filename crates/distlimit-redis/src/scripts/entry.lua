@@ -1,9 +1,9 @@
 -- The one entry script (see script.rs, "The call"), first part (then refund.lua, lease.lua,
--- pool.lua, permit.lua and entry_groups.lua, so that the common call below builds none of their
--- closures): every call carries one or more groups, decided one after the other in the order
--- given, each alone (a single request, an all-or-nothing batch, a refund, a lease exchange, a
--- regional pool's step or a permit). A group that fails (a bad value at one of its keys) fails
--- alone; the groups after it are still decided.
+-- pool.lua, permit.lua, settle.lua and entry_groups.lua, so that the common call below builds
+-- none of their closures): every call carries one or more groups, decided one after the other
+-- in the order given, each alone (a single request, an all-or-nothing batch, a refund, a lease
+-- exchange, a regional pool's step, a permit or a settling). A group that fails (a bad value at
+-- one of its keys) fails alone; the groups after it are still decided.
 -- KEYS: every group's keys in turn.
 -- ARGV[1]: one string of big-endian doubles holding integers (one argument instead of several per
 -- decision: Redis turns every argument into a Lua string, about 0.1 µs each):
@@ -20,11 +20,12 @@
 --     op 6, a regional pool (n = 1): its action and three values (see pool.lua); its "limit" is
 --       the pool's parameters (0, then horizon, capacity, claim_ttl and keep);
 --     op 7, a permit (n = 1; its limit is algorithm 0 with parameters max in flight and lease µs):
---       the permit's id and the action, 0 acquire, 1 release, 2 renew (see permit.lua).
+--       the permit's id and the action, 0 acquire, 1 release, 2 renew (see permit.lua);
+--     op 8, settling: each cost and its kind, 1 a report, 2 a give-back (see settle.lua).
 -- Reply: one string: per group in turn a status byte and its payload: 'o' and its answer (its
 -- decisions, 40 bytes each; the time too for op 3; nothing for op 4; the units granted and the
--- decision for op 5; seven doubles for op 6; five doubles for op 7), or 'e', the length of its
--- error message as 4 big-endian bytes, and the message.
+-- decision for op 5; seven doubles for op 6; five doubles for op 7; the peek after each request
+-- for op 8), or 'e', the length of its error message as 4 big-endian bytes, and the message.
 -- Cost: one table for every limit of the call (P), one for the reply, none per request.
 local algorithms = {decide_token_bucket, decide_gcra, decide_fixed_window, decide_sliding_log,
   decide_sliding_window}

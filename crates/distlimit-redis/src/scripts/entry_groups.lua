@@ -95,6 +95,14 @@ while pos <= size do
     if ok and reply and op == 3 then
       reply = reply .. struct.pack('>d', now)
     end
+  elseif op == 8 then
+    local rs = {}
+    for j = 1, n do
+      local l, cost, kind
+      l, cost, kind, pos = struct.unpack('>ddd', blob, pos)
+      rs[j] = {5 * l - 4, cost, kind}
+    end
+    ok, reply, err = pcall(settle_all, k, P, rs, now, slack, n)
   elseif op == 4 then
     local rs = {}
     for j = 1, n do

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, ManualClock, Quota, Request, State, Store, validate_batch,
+    Clock, Decision, Error, ManualClock, Quota, Request, RequestKind, State, Store, validate_batch,
 };
 use parking_lot::Mutex;
 
@@ -52,6 +52,9 @@ impl Store for ReferenceStore {
         let (state, written) = states
             .entry(id(request))
             .or_insert_with(|| (State::fresh(request.limit().algorithm()), None));
+        if request.kind().is_settle() {
+            return Ok(settle(request, state, written, now));
+        }
         Ok(request
             .limit()
             .decide_from(state, written, now, request.cost()))
@@ -61,6 +64,19 @@ impl Store for ReferenceStore {
         validate_batch(requests)?;
         let mut states = self.backend.0.lock();
         let now = self.clock.now_us();
+        if requests[0].kind().is_settle() {
+            // Reports and give-backs (`validate_batch`: all of them): every one applied,
+            // answered by the peek after it.
+            return Ok(requests
+                .iter()
+                .map(|r| {
+                    let (state, written) = states
+                        .entry(id(r))
+                        .or_insert_with(|| (State::fresh(r.limit().algorithm()), None));
+                    settle(r, state, written, now)
+                })
+                .collect());
+        }
         let evaluate = |r: &Request<'_>, cost: u64| match states.get(&id(r)) {
             Some((state, written)) => {
                 r.limit()
@@ -84,6 +100,19 @@ impl Store for ReferenceStore {
         }
         Ok(decisions)
     }
+}
+
+/// A report (`Limit::force_from`) or a give-back (`Limit::give_back_from`), checked by
+/// `validate_batch`, answered by the peek after it.
+fn settle(r: &Request<'_>, state: &mut State, written: &mut Option<Quota>, now: u64) -> Decision {
+    let limit = r.limit();
+    if r.kind() == RequestKind::Report
+        && let Ok(decision) = limit.force_from(state, written, now, r.cost())
+    {
+        return decision;
+    }
+    let _ = limit.give_back_from(state, written, now, r.cost());
+    limit.evaluate_from(Some(state), written.as_ref(), now, 0)
 }
 
 /// A state per (policy, key), as the contract asks.
