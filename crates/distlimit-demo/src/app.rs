@@ -1,18 +1,20 @@
 //! The HTTP side: routes, the rate-limit layer, the shutdown signal.
 
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{IP_POLICY, POLICY, TOKENS_POLICY, USAGE_HEADER, USER_HEADER};
 use axum::Router;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderName, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use distlimit_metrics::Metrics;
 use distlimit_policy::Limiter;
 use distlimit_tower::{
-    ClientIpResolver, KeyExtractor, RateLimitHeaders, RateLimitLayer, Settle, TrustedProxies,
+    ClientIpResolver, InFlightLayer, KeyExtractor, RateLimitHeaders, RateLimitLayer, Settle,
+    TrustedProxies,
 };
 
 /// The longest `delay_ms` `GET /api/generate` accepts: 10 s.
@@ -40,6 +42,10 @@ pub struct ApiLimits {
     /// as debt the user then waits out). `None` when the policy set does not define the policy
     /// (a `--policy` file without it): the route is not served.
     pub generate: Option<RateLimitLayer>,
+    /// The concurrency limit of `/api/generate` ([`generate_limit`](crate::generate_limit)),
+    /// checked before the tokens are reserved (a request over it reserves nothing); `None`
+    /// from [`api_limits`], set by the demo from `--max-in-flight`.
+    pub in_flight: Option<InFlightLayer>,
 }
 
 /// The layer limiting `/api/data` ([`ApiLimits`]); the client IP is the socket peer, or what
@@ -65,7 +71,11 @@ pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
             .timeout(None)
             .build()
     });
-    ApiLimits { layer, generate }
+    ApiLimits {
+        layer,
+        generate,
+        in_flight: None,
+    }
 }
 
 /// The routes: `GET /api/data` behind `limits` (none: unlimited, for comparisons), and the
@@ -75,12 +85,25 @@ pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
 /// (another path, 404, or another method, 405) spends nothing.
 pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
     let (data, generate) = match limits {
-        Some(limits) => (
-            get(data).route_layer(limits.layer),
-            limits
-                .generate
-                .map(|layer| get(generate).route_layer(layer)),
-        ),
+        Some(limits) => {
+            let generate = match (limits.generate, limits.in_flight) {
+                (None, None) => None,
+                (tokens, in_flight) => {
+                    let route = get(generate);
+                    let route = match tokens {
+                        Some(layer) => route.route_layer(layer),
+                        None => route,
+                    };
+                    // The last layer runs first: a request over the concurrency limit
+                    // reserves no tokens.
+                    Some(match in_flight {
+                        Some(layer) => route.route_layer(layer),
+                        None => route,
+                    })
+                }
+            };
+            (get(data).route_layer(limits.layer), generate)
+        }
         None => (get(data), Some(get(generate))),
     };
     let ops = Router::new()
@@ -100,6 +123,7 @@ pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
 /// [`USAGE_HEADER`], as an LLM endpoint reports its usage once the answer is done. A bad value
 /// is a 400 problem document naming it (charged the reserved token).
 async fn generate(uri: Uri) -> axum::response::Response {
+    let entered = now_us();
     let mut tokens = 0;
     let mut delay_ms = 0;
     for pair in uri
@@ -122,14 +146,31 @@ async fn generate(uri: Uri) -> axum::response::Response {
     if delay_ms > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
     }
+    let left = now_us();
     (
         [
             (CONTENT_TYPE, "application/json".to_owned()),
             (USAGE_HEADER, tokens.to_string()),
+            (HANDLER_ENTERED, entered.to_string()),
+            (HANDLER_LEFT, left.to_string()),
         ],
         format!(r#"{{"tokens":{tokens}}}"#),
     )
         .into_response()
+}
+
+/// The response header of `/api/generate` saying when the handler was entered, µs since the
+/// Unix epoch (with [`HANDLER_LEFT`], a client of several instances on one host counts how
+/// many requests were inside the handler at once).
+const HANDLER_ENTERED: HeaderName = HeaderName::from_static("x-handler-entered-us");
+
+/// The response header of `/api/generate` saying when the handler was left.
+const HANDLER_LEFT: HeaderName = HeaderName::from_static("x-handler-left-us");
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// The 400 answer to a parameter of `/api/generate` that is not an integer up to `max`.

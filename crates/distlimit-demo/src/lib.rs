@@ -22,9 +22,7 @@ use tokio::net::TcpListener;
 
 pub use crate::app::{ApiLimits, DATA_BODY, MAX_DELAY_MS, MAX_TOKENS, api_limits, router};
 pub use crate::args::Args;
-pub use crate::generate::{
-    GENERATE_POLICY, MAX_GENERATE_DELAY_MS, generate_limit, generate_routes,
-};
+pub use crate::generate::{GENERATE_POLICY, generate_limit};
 pub use distlimit_serve::{ServeConfig, serve, shutdown_signal};
 
 /// The policy limiting each user of `/api/data`; a `--policy` file must define it.
@@ -151,7 +149,7 @@ impl Demo {
             .policy
             .as_ref()
             .map(|path| watch_policy(limiter.clone(), path.clone(), hangup));
-        let limits = api_limits(
+        let mut limits = api_limits(
             limiter.clone(),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
         );
@@ -163,8 +161,9 @@ impl Demo {
             Arc::new(metrics.clone()),
         )
         .map_err(StartError::ConcurrencyLimit)?;
+        limits.in_flight = Some(in_flight);
         Ok(Self {
-            router: router(Some(limits), metrics.clone()).merge(generate_routes(in_flight)),
+            router: router(Some(limits), metrics.clone()),
             metrics,
             limiter,
             watcher,
