@@ -26,6 +26,9 @@ use distlimit_redis::{HomeUnreachable, RedisStore, RedisStoreBuilder, RegionBuil
 /// The name of the Redis store in metrics and logs.
 pub const REDIS_STORE: &str = "redis";
 
+/// The name of the home Redis (`--redis-home`) in logs.
+pub const REDIS_HOME: &str = "redis home";
+
 /// The most instances `--instances` accepts: beyond it each one's share of a limit rounds to
 /// nothing useful.
 pub const MAX_INSTANCES: u64 = 10_000;
@@ -260,7 +263,8 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
                  home unreachable: {:?}",
                 args.region.home_unreachable
             );
-            let home = RedisPrimary::connect(home, mode).await?;
+            let home =
+                RedisPrimary::connect_home(home, args.region.home_unreachable.into()).await?;
             RedisPrimary::connect_region(builder, home, region, horizon, mode).await?
         }
     };
@@ -379,6 +383,8 @@ struct Shared {
     connected: Arc<AtomicBool>,
     /// The region store's home and settings, with `--redis-home`.
     home: Option<Home>,
+    /// `redis`, or `redis home`: in logs.
+    name: &'static str,
 }
 
 /// What a region's Redis needs for its [`RegionStore`].
@@ -406,7 +412,13 @@ impl RedisPrimary {
     /// The errors of [`RedisStoreBuilder::connect`] that retrying cannot fix (not
     /// [transient](Error::is_transient)): a bad URL, rejected credentials.
     pub async fn connect(builder: RedisStoreBuilder, mode: FailureMode) -> Result<Self, Error> {
-        Self::start(builder, None, mode).await
+        Self::start(
+            builder,
+            None,
+            REDIS_STORE,
+            &format!("failure mode {mode:?}"),
+        )
+        .await
     }
 
     /// [`connect`](Self::connect) to a region's Redis: decisions go through a [`RegionStore`]
@@ -429,27 +441,50 @@ impl RedisPrimary {
             region,
             sweep_every,
         };
-        Self::start(builder, Some(home), mode).await
+        Self::start(
+            builder,
+            Some(home),
+            REDIS_STORE,
+            &format!("failure mode {mode:?}"),
+        )
+        .await
+    }
+
+    /// [`connect`](Self::connect) to the home Redis of [`connect_region`](Self::connect_region)
+    /// (`--redis-home`): logged as `redis home`; while it does not answer, the region stores
+    /// answer `answer` once their pools run out.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_home(
+        builder: RedisStoreBuilder,
+        answer: HomeUnreachable,
+    ) -> Result<Self, Error> {
+        let meanwhile = format!("the region's pools, then {answer:?},");
+        Self::start(builder, None, REDIS_HOME, &meanwhile).await
     }
 
     async fn start(
         builder: RedisStoreBuilder,
         home: Option<Home>,
-        mode: FailureMode,
+        name: &'static str,
+        meanwhile: &str,
     ) -> Result<Self, Error> {
         let shared = Arc::new(Shared {
             home,
+            name,
             ..Shared::default()
         });
         match builder.clone().connect().await {
             Ok(store) => {
-                tracing::info!("redis: connected ({:?})", store.mode());
+                tracing::info!("{name}: connected ({:?})", store.mode());
                 shared.set(store);
             }
             Err(error) if error.is_transient() => {
                 tracing::warn!(
-                    "redis: {error}; starting without it, failure mode {mode:?} answers until it \
-                     does (retrying every {MIN_RECONNECT_BACKOFF:?} to {MAX_RECONNECT_BACKOFF:?})"
+                    "{name}: {error}; starting without it, {meanwhile} answers until it does \
+                     (retrying every {MIN_RECONNECT_BACKOFF:?} to {MAX_RECONNECT_BACKOFF:?})"
                 );
                 tokio::spawn(reconnect(Arc::downgrade(&shared), builder));
             }
@@ -497,9 +532,10 @@ async fn reconnect(shared: std::sync::Weak<Shared>, builder: RedisStoreBuilder) 
         let Some(target) = shared.upgrade() else {
             return;
         };
+        let name = target.name;
         match builder.clone().connect().await {
             Ok(store) => {
-                tracing::info!("redis: connected ({:?}); Redis decides again", store.mode());
+                tracing::info!("{name}: connected ({:?}); it decides again", store.mode());
                 target.set(store);
                 return;
             }
@@ -507,9 +543,9 @@ async fn reconnect(shared: std::sync::Weak<Shared>, builder: RedisStoreBuilder) 
                 let message = error.to_string();
                 if message != last {
                     if error.is_transient() {
-                        tracing::debug!("redis: still unreachable: {message}");
+                        tracing::debug!("{name}: still unreachable: {message}");
                     } else {
-                        tracing::error!("redis: {message}; retrying");
+                        tracing::error!("{name}: {message}; retrying");
                     }
                     last = message;
                 }
