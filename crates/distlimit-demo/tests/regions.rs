@@ -7,7 +7,8 @@
 //! * `capped_limit_holds_across_six_processes`: a limit of 300 that does not refill during the
 //!   test, 1 200 requests offered over 2 s through the six processes: admitted ≤ 300 and
 //!   ≥ 270 (90 %); the same load on the six processes without `--redis-home` (each region
-//!   limiting alone) admits more than 300, so the check can fail;
+//!   limiting alone) admits more than 300, so the check can fail; the same with `--lease api`
+//!   (instances lease from their region's pools);
 //! * `home_cut_off_reaches_no_client_as_an_error`: 50 per second (burst 50) offered 120 per
 //!   second for 9 s, all links to home cut from 1.5 s to 6.5 s, `--failure-mode fail-closed`:
 //!   no 5xx reaches a client (while a process deciding at home through the same link answers
@@ -96,7 +97,7 @@ impl Regions {
 
     /// Two demo processes per region on its own Redis, with `--redis-home` through the
     /// region's link when `home`, else limiting on the region's Redis alone.
-    fn demos(&self, policy: &str, home: bool) -> Vec<(usize, DemoProcess)> {
+    fn demos(&self, policy: &str, home: bool, extra: &[&str]) -> Vec<(usize, DemoProcess)> {
         let mut out = Vec::new();
         for region in 0..REGIONS {
             for _ in 0..INSTANCES {
@@ -119,6 +120,7 @@ impl Regions {
                 if home {
                     args.extend(["--redis-home", &link]);
                 }
+                args.extend(extra);
                 out.push((region, DemoProcess::start(&args)));
             }
         }
@@ -213,9 +215,20 @@ fn sum(tallies: &[Tally], field: impl Fn(&Tally) -> u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capped_limit_holds_across_six_processes() {
+    capped(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capped_limit_holds_across_six_processes_with_leases() {
+    capped(&["--lease", "api"]).await;
+}
+
+/// The capped limit through six processes started with `extra` flags, then without
+/// `--redis-home`.
+async fn capped(extra: &[&str]) {
     let regions = Regions::start().await;
     let policy = regions.policy(CAPPED);
-    let demos = regions.demos(&policy, true);
+    let demos = regions.demos(&policy, true, extra);
     // 100 per second for 2 s through each of the six processes: 1 200, four times the limit.
     let tallies = offer(&addrs(&demos), "tenant", 100, 2, None).await;
     let admitted = sum(&tallies, |t| t.admitted);
@@ -230,7 +243,7 @@ async fn capped_limit_holds_across_six_processes() {
 
     // Without --redis-home each region limits alone: three limits in all (another user, whose
     // key region 0's Redis, home's, has not seen).
-    let alone = regions.demos(&policy, false);
+    let alone = regions.demos(&policy, false, extra);
     let tallies = offer(&addrs(&alone), "tenant-alone", 100, 2, None).await;
     let admitted = sum(&tallies, |t| t.admitted);
     println!("alone: admitted {admitted}: {tallies:?}");
@@ -242,7 +255,7 @@ async fn capped_limit_holds_across_six_processes() {
 async fn home_cut_off_reaches_no_client_as_an_error() {
     let regions = Regions::start().await;
     let policy = regions.policy(STEADY);
-    let demos = regions.demos(&policy, true);
+    let demos = regions.demos(&policy, true, &[]);
     // A process deciding at home through region 1's link, as without regions.
     let link = regions.links[1].redis_url();
     let plain = DemoProcess::start(&[
