@@ -637,6 +637,8 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
 
 /// Instances may lease from their region's pool (`Leased<RegionStore<_>>`): an exchange gives
 /// back units to the pool and takes up to `want` of those it holds, as one step.
+/// A pool found empty while home has units (a refill pending) answers `retry_after` 1 ms, not
+/// the limit's refill time, since a lease does not ask again before `retry_after`.
 #[async_trait]
 impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
     async fn exchange(
