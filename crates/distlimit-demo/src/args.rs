@@ -23,8 +23,9 @@ pub struct Args {
     pub policy: Option<PathBuf>,
 
     /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
-    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`,
-    /// `--failure-mode`, `--lease` (shared with `distlimit-server`).
+    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`, `--failure-mode`, `--lease`,
+    /// `--redis-home`, `--region-horizon-ms`, `--home-unreachable` (shared with
+    /// `distlimit-server`).
     #[command(flatten)]
     pub store: StoreArgs,
 
@@ -99,5 +100,61 @@ mod tests {
             distlimit_serve::store::FailureModeArg::FailClosed
         );
         assert!(Args::try_parse_from(["distlimit-demo", "--redis-budget-ms", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_region_flags_need_a_region_and_a_home() {
+        let args = Args::try_parse_from([
+            "distlimit-demo",
+            "--redis",
+            "redis://127.0.0.1:7001",
+            "--redis-home",
+            "redis://127.0.0.1:7000",
+            "--region-horizon-ms",
+            "500",
+            "--home-unreachable",
+            "allow",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.store.region.redis_home.as_deref(),
+            Some("redis://127.0.0.1:7000")
+        );
+        assert_eq!(args.store.region.region_horizon_ms, 500);
+        // A home without this region's Redis, and the region knobs without a home.
+        for flags in [
+            &["--redis-home", "redis://127.0.0.1:7000"][..],
+            &[
+                "--redis",
+                "redis://127.0.0.1:7001",
+                "--region-horizon-ms",
+                "500",
+            ],
+            &[
+                "--redis",
+                "redis://127.0.0.1:7001",
+                "--home-unreachable",
+                "deny",
+            ],
+        ] {
+            let error = Args::try_parse_from(["distlimit-demo"].iter().chain(flags)).unwrap_err();
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "{flags:?}"
+            );
+        }
+        assert!(
+            Args::try_parse_from([
+                "distlimit-demo",
+                "--redis",
+                "redis://127.0.0.1:7001",
+                "--redis-home",
+                "redis://127.0.0.1:7000",
+                "--region-horizon-ms",
+                "0",
+            ])
+            .is_err()
+        );
     }
 }

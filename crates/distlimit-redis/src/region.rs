@@ -289,6 +289,10 @@ struct Step {
 /// name (UTF-8) holds, and `pool`.
 const POOL_SUFFIX: &[u8] = b"\xFFpool";
 
+/// The `retry_after` of a lease exchange that found its pool empty while home has units
+/// (a refill pending): 1 ms, so the lease asks again soon.
+const PENDING_REFILL_RETRY_US: u64 = 1_000;
+
 /// The pool's actions (`pool.lua`).
 const SPEND: u64 = 1;
 const DEPOSIT: u64 = 2;
@@ -633,6 +637,8 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
 
 /// Instances may lease from their region's pool (`Leased<RegionStore<_>>`): an exchange gives
 /// back units to the pool and takes up to `want` of those it holds, as one step.
+/// A pool found empty while home has units (a refill pending) answers `retry_after` 1 ms, not
+/// the limit's refill time, since a lease does not ask again before `retry_after`.
 #[async_trait]
 impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
     async fn exchange(
@@ -646,8 +652,22 @@ impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
         let step = self.spend(request, give_back, want, 1).await?;
         let decision = if step.granted > 0 {
             self.decision(request.limit(), step.granted, &step)
-        } else {
+        } else if step.denied_until > step.now || step.failing {
             self.decision(request.limit(), 1, &step)
+        } else {
+            // An empty pool home has not said is out of units: a refill is on its way (or the
+            // next step claims one). A lease waits out `retry_after` without asking, so it is
+            // short here, not the limit's refill time (an hour on a capped limit), which would
+            // keep the lease from the units the refill brings.
+            let denied = self.decision(request.limit(), 1, &step);
+            let retry = denied.retry_after_us().min(PENDING_REFILL_RETRY_US);
+            Decision::from_micros(
+                false,
+                denied.limit(),
+                denied.remaining(),
+                denied.reset_after_us(),
+                retry,
+            )
         };
         Ok(Grant {
             granted: step.granted,

@@ -21,10 +21,14 @@ use distlimit_hybrid::{FailureMode, Hybrid};
 use distlimit_lease::Leased;
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
-use distlimit_redis::{RedisStore, RedisStoreBuilder};
+use distlimit_redis::region::spawn_region_sweeper;
+use distlimit_redis::{HomeUnreachable, RedisStore, RedisStoreBuilder, RegionBuilder, RegionStore};
 
 /// The name of the Redis store in metrics and logs.
 pub const REDIS_STORE: &str = "redis";
+
+/// The name of the home Redis (`--redis-home`) in logs.
+pub const REDIS_HOME: &str = "redis home";
 
 /// The most instances `--instances` accepts: beyond it each one's share of a limit rounds to
 /// nothing useful.
@@ -96,6 +100,57 @@ pub struct StoreArgs {
     /// in Redis as usual. Only with `--redis`.
     #[arg(long = "lease", value_name = "POLICY", requires = "redis")]
     pub lease: Vec<String>,
+
+    /// One limit across regions: the flags of [`RegionArgs`].
+    #[command(flatten)]
+    pub region: RegionArgs,
+}
+
+/// One limit across regions ([`RegionStore`]): `--redis-home`, `--region-horizon-ms`,
+/// `--home-unreachable`. With `--redis-home`, `--redis` is this region's Redis.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+pub struct RegionArgs {
+    /// One limit across regions: this Redis (the home region's) holds each limit's global
+    /// budget, and `--redis` is this region's own Redis. Decisions spend units from pools in
+    /// this region's Redis, at its latency; the pools are refilled from home ahead of need, so
+    /// all regions together never admit more than the limit. May be the same server as
+    /// `--redis` (in the home region). Only with `--redis`.
+    #[arg(long, value_name = "URL", requires = "redis")]
+    pub redis_home: Option<String>,
+
+    /// How long units leased from home stay in this region's pool before they go back home,
+    /// and how long a refill aims to last, in milliseconds (1 to 60000). Keep it several times
+    /// the round trip to home. Only with `--redis-home`.
+    #[arg(long, value_name = "MS", default_value_t = millis(distlimit_redis::region::DEFAULT_REGION_HORIZON), value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS), requires = "redis_home")]
+    pub region_horizon_ms: u64,
+
+    /// What a request this region's pool cannot pay gets while home is unreachable: `deny`
+    /// (the limit holds) or `allow` (fail open for that key in this region until home answers).
+    /// Only with `--redis-home`.
+    #[arg(long, value_enum, value_name = "ANSWER", default_value_t = HomeUnreachableArg::Deny, requires = "redis_home")]
+    pub home_unreachable: HomeUnreachableArg,
+}
+
+/// `--home-unreachable`: the region store's [`HomeUnreachable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HomeUnreachableArg {
+    /// Denied: the limit holds.
+    Deny,
+    /// Admitted: the key is not limited in this region until home answers.
+    Allow,
+}
+
+impl From<HomeUnreachableArg> for HomeUnreachable {
+    fn from(answer: HomeUnreachableArg) -> Self {
+        match answer {
+            HomeUnreachableArg::Deny => HomeUnreachable::Deny,
+            HomeUnreachableArg::Allow => HomeUnreachable::Allow,
+        }
+    }
+}
+
+const fn millis(duration: Duration) -> u64 {
+    duration.as_millis() as u64
 }
 
 /// `--failure-mode`: the hybrid store's [`FailureMode`] for every policy.
@@ -242,7 +297,24 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         builder = builder.durable(replicas, timeout);
     }
     let mode = FailureMode::from(args.failure_mode);
-    let redis = RedisPrimary::connect(builder, mode).await?;
+    let redis = match &args.region.redis_home {
+        None => RedisPrimary::connect(builder, mode).await?,
+        Some(home) => {
+            let horizon = Duration::from_millis(args.region.region_horizon_ms);
+            let region = RegionStore::builder()
+                .horizon(horizon)
+                .home_unreachable(args.region.home_unreachable.into());
+            let home = RedisStore::builder(home.as_str()).response_timeout(args.redis_timeout());
+            tracing::info!(
+                "one limit across regions: units leased from the home Redis, horizon {horizon:?}, \
+                 home unreachable: {:?}",
+                args.region.home_unreachable
+            );
+            let home =
+                RedisPrimary::connect_home(home, args.region.home_unreachable.into()).await?;
+            RedisPrimary::connect_region(builder, home, region, horizon, mode).await?
+        }
+    };
     let connected = redis.shared.connected.clone();
     tracing::info!(
         "store: redis, failure mode {mode:?}, memory fallback with 1/{} of each limit",
@@ -327,15 +399,37 @@ impl Observer for LogTransitions {
 /// Redis, connected now or later: until a connection is made every call fails with an
 /// [`Error::Unavailable`] that was [`NotSent`], which the hybrid store answers with its failure
 /// mode.
-#[derive(Debug)]
+///
+/// With a home ([`connect_region`](Self::connect_region)), this Redis is a region's: once
+/// connected, decisions go through a [`RegionStore`] spending from its pools.
+#[derive(Clone, Debug)]
 pub struct RedisPrimary {
     shared: Arc<Shared>,
 }
 
 #[derive(Debug, Default)]
 struct Shared {
-    store: OnceLock<RedisStore>,
+    store: OnceLock<Connected>,
     connected: Arc<AtomicBool>,
+    /// The region store's home and settings, with `--redis-home`.
+    home: Option<Home>,
+    /// `redis`, or `redis home`: in logs.
+    name: &'static str,
+}
+
+/// What a region's Redis needs for its [`RegionStore`].
+#[derive(Debug)]
+struct Home {
+    store: RedisPrimary,
+    region: RegionBuilder,
+    sweep_every: Duration,
+}
+
+/// The store decisions go to once connected.
+#[derive(Debug)]
+enum Connected {
+    Redis(RedisStore),
+    Region(RegionStore<RedisPrimary>),
 }
 
 impl RedisPrimary {
@@ -348,16 +442,79 @@ impl RedisPrimary {
     /// The errors of [`RedisStoreBuilder::connect`] that retrying cannot fix (not
     /// [transient](Error::is_transient)): a bad URL, rejected credentials.
     pub async fn connect(builder: RedisStoreBuilder, mode: FailureMode) -> Result<Self, Error> {
-        let shared = Arc::new(Shared::default());
+        Self::start(
+            builder,
+            None,
+            REDIS_STORE,
+            &format!("failure mode {mode:?}"),
+        )
+        .await
+    }
+
+    /// [`connect`](Self::connect) to a region's Redis: decisions go through a [`RegionStore`]
+    /// built by `region` on it, whose units come from `home` (a home unreachable is the region
+    /// store's to answer: see [`HomeUnreachable`]), and pools gone quiet are swept every
+    /// `sweep_every` ([`RegionStore::sweep`]: their due units go home).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect), for the region's Redis.
+    pub async fn connect_region(
+        builder: RedisStoreBuilder,
+        home: RedisPrimary,
+        region: RegionBuilder,
+        sweep_every: Duration,
+        mode: FailureMode,
+    ) -> Result<Self, Error> {
+        let home = Home {
+            store: home,
+            region,
+            sweep_every,
+        };
+        Self::start(
+            builder,
+            Some(home),
+            REDIS_STORE,
+            &format!("failure mode {mode:?}"),
+        )
+        .await
+    }
+
+    /// [`connect`](Self::connect) to the home Redis of [`connect_region`](Self::connect_region)
+    /// (`--redis-home`): logged as `redis home`; while it does not answer, the region stores
+    /// answer `answer` once their pools run out.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_home(
+        builder: RedisStoreBuilder,
+        answer: HomeUnreachable,
+    ) -> Result<Self, Error> {
+        let meanwhile = format!("the region's pools, then {answer:?},");
+        Self::start(builder, None, REDIS_HOME, &meanwhile).await
+    }
+
+    async fn start(
+        builder: RedisStoreBuilder,
+        home: Option<Home>,
+        name: &'static str,
+        meanwhile: &str,
+    ) -> Result<Self, Error> {
+        let shared = Arc::new(Shared {
+            home,
+            name,
+            ..Shared::default()
+        });
         match builder.clone().connect().await {
             Ok(store) => {
-                tracing::info!("redis: connected ({:?})", store.mode());
+                tracing::info!("{name}: connected ({:?})", store.mode());
                 shared.set(store);
             }
             Err(error) if error.is_transient() => {
                 tracing::warn!(
-                    "redis: {error}; starting without it, failure mode {mode:?} answers until it \
-                     does (retrying every {MIN_RECONNECT_BACKOFF:?} to {MAX_RECONNECT_BACKOFF:?})"
+                    "{name}: {error}; starting without it, {meanwhile} answers until it does \
+                     (retrying every {MIN_RECONNECT_BACKOFF:?} to {MAX_RECONNECT_BACKOFF:?})"
                 );
                 tokio::spawn(reconnect(Arc::downgrade(&shared), builder));
             }
@@ -371,7 +528,7 @@ impl RedisPrimary {
         self.shared.connected.load(Ordering::Acquire)
     }
 
-    fn store(&self) -> Result<&RedisStore, Error> {
+    fn store(&self) -> Result<&Connected, Error> {
         self.shared.store.get().ok_or_else(|| Error::Unavailable {
             store: REDIS_STORE,
             source: Box::new(NotSent("not connected yet".into())),
@@ -380,8 +537,17 @@ impl RedisPrimary {
 }
 
 impl Shared {
+    /// Decisions go to `store` from now on (through a region store with a home).
     fn set(&self, store: RedisStore) {
-        let _ = self.store.set(store);
+        let connected = match &self.home {
+            None => Connected::Redis(store),
+            Some(home) => {
+                let region = home.region.clone().build(home.store.clone(), store);
+                spawn_region_sweeper(&region, home.sweep_every);
+                Connected::Region(region)
+            }
+        };
+        let _ = self.store.set(connected);
         self.connected.store(true, Ordering::Release);
     }
 }
@@ -396,9 +562,10 @@ async fn reconnect(shared: std::sync::Weak<Shared>, builder: RedisStoreBuilder) 
         let Some(target) = shared.upgrade() else {
             return;
         };
+        let name = target.name;
         match builder.clone().connect().await {
             Ok(store) => {
-                tracing::info!("redis: connected ({:?}); Redis decides again", store.mode());
+                tracing::info!("{name}: connected ({:?}); it decides again", store.mode());
                 target.set(store);
                 return;
             }
@@ -406,9 +573,9 @@ async fn reconnect(shared: std::sync::Weak<Shared>, builder: RedisStoreBuilder) 
                 let message = error.to_string();
                 if message != last {
                     if error.is_transient() {
-                        tracing::debug!("redis: still unreachable: {message}");
+                        tracing::debug!("{name}: still unreachable: {message}");
                     } else {
-                        tracing::error!("redis: {message}; retrying");
+                        tracing::error!("{name}: {message}; retrying");
                     }
                     last = message;
                 }
@@ -421,16 +588,25 @@ async fn reconnect(shared: std::sync::Weak<Shared>, builder: RedisStoreBuilder) 
 #[async_trait]
 impl Store for RedisPrimary {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        self.store()?.decide(request).await
+        match self.store()? {
+            Connected::Redis(store) => store.decide(request).await,
+            Connected::Region(store) => store.decide(request).await,
+        }
     }
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        self.store()?.decide_all(requests).await
+        match self.store()? {
+            Connected::Redis(store) => store.decide_all(requests).await,
+            Connected::Region(store) => store.decide_all(requests).await,
+        }
     }
 
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         // Not connected: the asynchronous path fails, and the hybrid store answers.
-        self.shared.store.get()?.decide_now(request)
+        match self.shared.store.get()? {
+            Connected::Redis(store) => store.decide_now(request),
+            Connected::Region(store) => store.decide_now(request),
+        }
     }
 }
 
@@ -442,22 +618,36 @@ impl LeaseStore for RedisPrimary {
         give_back: u64,
         want: u64,
     ) -> Result<Grant, Error> {
-        self.store()?.exchange(request, give_back, want).await
+        match self.store()? {
+            Connected::Redis(store) => store.exchange(request, give_back, want).await,
+            Connected::Region(store) => store.exchange(request, give_back, want).await,
+        }
     }
 }
 
 #[async_trait]
 impl PermitStore for RedisPrimary {
     async fn acquire(&self, request: &PermitRequest<'_>) -> Result<PermitDecision, Error> {
-        self.store()?.acquire(request).await
+        self.permits()?.acquire(request).await
     }
 
     async fn release(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {
-        self.store()?.release(request, permit).await
+        self.permits()?.release(request, permit).await
     }
 
     async fn renew(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {
-        self.store()?.renew(request, permit).await
+        self.permits()?.renew(request, permit).await
+    }
+}
+
+impl RedisPrimary {
+    /// Where permits live: the Redis store, or with `--redis-home` the region's own Redis
+    /// (a concurrency limit holds per region: permits are not leased from home).
+    fn permits(&self) -> Result<&RedisStore, Error> {
+        Ok(match self.store()? {
+            Connected::Redis(store) => store,
+            Connected::Region(store) => store.region(),
+        })
     }
 }
 

@@ -30,8 +30,8 @@ pub struct Args {
     pub http: SocketAddr,
 
     /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
-    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`,
-    /// `--failure-mode`, `--lease` (shared with the demo).
+    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`, `--failure-mode`, `--lease`,
+    /// `--redis-home`, `--region-horizon-ms`, `--home-unreachable` (shared with the demo).
     #[command(flatten)]
     pub store: StoreArgs,
 
