@@ -125,6 +125,7 @@ async fn concurrent_responses_leave_in_few_writes() {
         .expect("the load ends within 60 s");
     let writes = write_calls(pid) - before;
     let responses = (BURSTS * CONNECTIONS * STREAMS) as u64;
+    eprintln!("{writes} write calls for {responses} responses");
     // One write per response without coalescing; at least 4 responses per write with it
     // (about 16 on an idle machine: a connection's whole burst).
     assert!(
