@@ -1,6 +1,7 @@
 //! The decision, independent of the protocol: [`Checker::check`] answers a [`CheckRequest`]
 //! with one [`DescriptorStatus`] per descriptor.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -17,7 +18,7 @@ use distlimit_tower::headers::{push_ratelimit_item, push_ratelimit_policy_item};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, Metadata, Rule, RuleLimit, Unit};
-use crate::metrics::{Protocol, RequestMetrics, RequestResult};
+use crate::metrics::{DomainRequests, Protocol, RequestMetrics, RequestResult};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -180,6 +181,8 @@ struct Running {
     config: Arc<Config>,
     /// The batch every request is decided in (with the TOML policies, if any).
     limiter: Limiter,
+    /// The request counters of each configured domain.
+    requests: HashMap<Box<str>, DomainRequests>,
 }
 
 impl std::fmt::Debug for Checker {
@@ -228,6 +231,7 @@ impl Checker {
         let limiter =
             Limiter::new(store.clone(), policies).with_observer(Arc::new(metrics.clone()));
         Running {
+            requests: DomainRequests::of(config.domains()),
             config: Arc::new(config),
             limiter,
         }
@@ -287,9 +291,9 @@ impl Checker {
         result: RequestResult,
         elapsed: Duration,
     ) {
-        let configured = self.running.load().config.has_domain(domain);
+        let running = self.running.load();
         self.requests
-            .on_request(protocol, configured.then_some(domain), result, elapsed);
+            .on_request_in(protocol, running.requests.get(domain), result, elapsed);
     }
 
     /// Decides `request`: every limited descriptor outside shadow and quota mode, YAML rule and
@@ -748,7 +752,7 @@ fn resolve<'c>(
             .map(|(k, _)| *k)
             .collect::<Vec<_>>()
             .join(".");
-        let label = format!("{domain}/{path}");
+        let label = label(domain, &path);
         return Some(Applied {
             name: path,
             label,
@@ -764,7 +768,7 @@ fn resolve<'c>(
     }
     let m = config.lookup(domain, descriptor.entries.iter().copied())?;
     Some(Applied {
-        label: format!("{domain}/{}", m.metric_path(&descriptor.entries)),
+        label: label(domain, &m.metric_path(&descriptor.entries)),
         name: m.rule.name.clone().unwrap_or_else(|| m.path.to_owned()),
         limit: m.rule.limit,
         shadow: m.rule.shadow_mode,
@@ -772,6 +776,15 @@ fn resolve<'c>(
         rule: Some(m.rule),
         key: state_key(&m.counter_entries(&descriptor.entries)),
     })
+}
+
+/// `<domain>/<path>`: a rule's metrics label.
+fn label(domain: &str, path: &str) -> String {
+    let mut label = String::with_capacity(domain.len() + 1 + path.len());
+    label.push_str(domain);
+    label.push('/');
+    label.push_str(path);
+    label
 }
 
 fn initial_status(applied: Option<&Applied<'_>>) -> DescriptorStatus {
@@ -916,26 +929,64 @@ fn window_left(unit: Unit) -> Duration {
 /// keys are length-prefixed (no two lists share a name), or a digest past
 /// [`MAX_POLICY_LEN`].
 fn rule_state(domain: &str, entries: &[(&str, &str)], unit: Unit) -> Result<StateName, CheckError> {
-    let mut rest = format!("{}:{domain}", domain.len());
+    // `<unit>/<len>:<domain>/<len>:<key>...`, built without the formatting machinery (this
+    // runs for every descriptor of every request).
+    let unit = unit.name();
+    let mut tier = String::with_capacity(
+        unit.len() + domain.len() + 8 + entries.iter().map(|(k, _)| k.len() + 6).sum::<usize>(),
+    );
+    tier.push_str(unit);
+    tier.push('/');
+    let rest = tier.len();
+    push_len_prefixed(&mut tier, domain);
     for (key, _) in entries {
-        let _ = write!(rest, "/{}:{key}", key.len());
+        tier.push('/');
+        push_len_prefixed(&mut tier, key);
     }
-    let tier = format!("{unit}/{rest}");
     if 4 + tier.len() <= MAX_POLICY_LEN {
         return StateName::of_tier("rls", &tier)
             .map_err(|e| CheckError::InvalidArgument(e.to_string()));
     }
     // 4 + 6 + 8 + 64 bytes at most: within MAX_POLICY_LEN.
-    let digest = format!("{unit}/sha256:{}", hex(&Sha256::digest(rest.as_bytes())));
+    let digest = format!(
+        "{unit}/sha256:{}",
+        hex(&Sha256::digest(&tier.as_bytes()[rest..]))
+    );
     StateName::of_tier("rls", &digest).map_err(|e| CheckError::InvalidArgument(e.to_string()))
+}
+
+/// Appends `<len>:<text>`.
+fn push_len_prefixed(out: &mut String, text: &str) {
+    push_decimal(out, text.len());
+    out.push(':');
+    out.push_str(text);
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        // A digit: below 10.
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[at..] {
+        out.push(char::from(digit));
+    }
 }
 
 /// The store key of a descriptor: its values, each prefixed by its length (so no two lists of
 /// values share a key), or a digest of that past [`MAX_KEY_LEN`].
 fn state_key(entries: &[(&str, &str)]) -> Vec<u8> {
-    let mut key = String::new();
+    let mut key = String::with_capacity(entries.iter().map(|(_, v)| v.len() + 6).sum::<usize>());
     for (_, value) in entries {
-        let _ = write!(key, "{}:{value};", value.len());
+        push_len_prefixed(&mut key, value);
+        key.push(';');
     }
     if key.is_empty() {
         // A descriptor without entries only ever gets a limit through an override.

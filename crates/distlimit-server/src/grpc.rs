@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
@@ -20,9 +21,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use http_body_util::BodyExt;
 use tonic::codegen::Body;
 use tonic::codegen::{BoxFuture, Context, Poll, Service, StdError, http};
-use tonic::server::{NamedService, UnaryService};
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
 use crate::answer::{self, HeaderNames, ResponseSettings};
@@ -130,19 +132,148 @@ impl From<RawRequest> for RateLimitRequest {
     }
 }
 
-/// `ShouldRateLimit` as a unary gRPC method on [`RawRequest`]s.
-struct ShouldRateLimit(Arc<RateLimitGrpc>);
+/// The path of `ShouldRateLimit`.
+pub(crate) const SHOULD_RATE_LIMIT: &str =
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-impl UnaryService<RawRequest> for ShouldRateLimit {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+/// The largest request message, as tonic's default (`RESOURCE_EXHAUSTED` past it).
+const MAX_REQUEST_MESSAGE: usize = 4 * 1024 * 1024;
 
-    fn call(&mut self, request: Request<RawRequest>) -> Self::Future {
-        let inner = Arc::clone(&self.0);
-        Box::pin(async move {
-            let request = request.map(RateLimitRequest::from);
-            inner.should_rate_limit(request).await
-        })
+/// The 5-byte prefix of a gRPC message: the compressed flag and the length.
+const PREFIX: usize = 5;
+
+impl RlsServer {
+    /// One `ShouldRateLimit` call, framed as gRPC's unary calls are (one length-prefixed
+    /// message each way, the status in trailers; an error as a trailers-only answer), without
+    /// tonic's generic streaming codec: the request is read from its body frames, decoded, and
+    /// the answer is encoded into one buffer that leaves as one data frame.
+    async fn should_rate_limit<B>(
+        self,
+        request: http::Request<B>,
+    ) -> http::Response<tonic::body::Body>
+    where
+        B: Body + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
+        let message = match read_unary(request).await {
+            Ok(message) => message,
+            Err(status) => return status.into_http(),
+        };
+        let request = match <RawRequest as prost::Message>::decode(&message[PREFIX..]) {
+            Ok(raw) => Request::new(RateLimitRequest::from(raw)),
+            Err(error) => {
+                return Status::internal(format!("failed to decode the request: {error}"))
+                    .into_http();
+            }
+        };
+        match self.0.should_rate_limit(request).await {
+            Ok(response) => unary_response(response.get_ref()),
+            Err(status) => status.into_http(),
+        }
+    }
+}
+
+/// The one message of a unary request, with its prefix: `UNIMPLEMENTED` for a compressed one
+/// (no encoding is enabled), `RESOURCE_EXHAUSTED` past [`MAX_REQUEST_MESSAGE`], `INTERNAL`
+/// without a whole message.
+async fn read_unary<B>(request: http::Request<B>) -> Result<Bytes, Status>
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    if let Some(encoding) = request.headers().get("grpc-encoding")
+        && encoding.as_bytes() != b"identity"
+    {
+        return Err(Status::unimplemented(format!(
+            "Content is compressed with `{}` which isn't supported",
+            String::from_utf8_lossy(encoding.as_bytes())
+        )));
+    }
+    let mut body = std::pin::pin!(request.into_body());
+    let mut message = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| Status::from_error(error.into()))?;
+        if let Ok(data) = frame.into_data() {
+            if message.len() + data.remaining() > PREFIX + MAX_REQUEST_MESSAGE {
+                return Err(too_large(message.len() + data.remaining() - PREFIX));
+            }
+            message.put(data);
+        }
+    }
+    if message.len() < PREFIX {
+        return Err(Status::internal("Missing request message."));
+    }
+    if message[0] != 0 {
+        return Err(Status::internal(
+            "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+        ));
+    }
+    let len = u32::from_be_bytes([message[1], message[2], message[3], message[4]]) as usize;
+    if len > MAX_REQUEST_MESSAGE {
+        return Err(too_large(len));
+    }
+    if message.len() < PREFIX + len {
+        return Err(Status::internal("Missing request message."));
+    }
+    message.truncate(PREFIX + len);
+    Ok(message.freeze())
+}
+
+fn too_large(len: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "Error, decoded message length too large: found {len} bytes, the limit is: \
+         {MAX_REQUEST_MESSAGE} bytes"
+    ))
+}
+
+/// A unary answer: `content-type: application/grpc`, `message` length-prefixed in one data
+/// frame, then `grpc-status: 0`.
+fn unary_response(message: &RateLimitResponse) -> http::Response<tonic::body::Body> {
+    let len = prost::Message::encoded_len(message);
+    let mut data = BytesMut::with_capacity(PREFIX + len);
+    data.put_u8(0);
+    // A response is a few hundred bytes: its length fits.
+    data.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    prost::Message::encode_raw(message, &mut data);
+    let mut response = http::Response::new(tonic::body::Body::new(UnaryBody::Data(data.freeze())));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+/// The body of a unary answer: its message, then the OK status.
+enum UnaryBody {
+    Data(Bytes),
+    Trailers,
+    Done,
+}
+
+impl Body for UnaryBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        match std::mem::replace(&mut *self, UnaryBody::Done) {
+            UnaryBody::Data(data) => {
+                *self = UnaryBody::Trailers;
+                Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+            }
+            UnaryBody::Trailers => {
+                let mut trailers = http::HeaderMap::with_capacity(1);
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
+            }
+            UnaryBody::Done => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, UnaryBody::Done)
     }
 }
 
@@ -162,12 +293,8 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let inner = Arc::clone(&self.0);
         match request.uri().path() {
-            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" => {
-                Box::pin(async move {
-                    let codec = tonic_prost::ProstCodec::<RateLimitResponse, RawRequest>::default();
-                    let mut grpc = tonic::server::Grpc::new(codec);
-                    Ok(grpc.unary(ShouldRateLimit(inner), request).await)
-                })
+            SHOULD_RATE_LIMIT => {
+                Box::pin(async move { Ok(RlsServer(inner).should_rate_limit(request).await) })
             }
             _ => Box::pin(async move { Ok(Status::unimplemented("no such method").into_http()) }),
         }

@@ -269,14 +269,20 @@ impl Server {
             tls.clone(),
             serve_config.header_read_timeout,
         );
+        let rls = rls.into_server();
+        // `ShouldRateLimit` on its exact path, beside the services' `/<service>/{*method}`
+        // routes: the router then extracts no path parameter per request.
+        let routes = tonic::service::Routes::new(health_service)
+            .add_service(rls.clone())
+            .into_axum_router()
+            .route_service(grpc::SHOULD_RATE_LIMIT, rls);
         let grpc_server = tonic::transport::Server::builder()
             .timeout(args.request_timeout())
             .max_concurrent_streams(GRPC_CONCURRENCY_PER_CONNECTION)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .layer(distlimit_serve::TrackRequestsLayer)
-            .add_service(health_service)
-            .add_service(rls.into_server())
+            .add_routes(routes.into())
             .serve_with_incoming_shutdown(grpc_connections, stopped(stop_rx.clone()));
         let router = http::router(http::HttpState {
             checker: self.checker.clone(),

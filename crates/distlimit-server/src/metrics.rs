@@ -5,7 +5,8 @@
 //! `distlimit_server_tls_handshake_failures_total` by protocol. Served on `/metrics` together
 //! with the decision series, from one registry.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use distlimit_metrics::Metrics;
@@ -92,11 +93,41 @@ impl RequestResult {
     }
 }
 
+/// Protocols × results: the request counters of one domain label.
+const SERIES: usize = 2 * 4;
+
+/// The request counters of one `domain` label, each looked up in its family once (at its
+/// first request) instead of at every request: no label set is built, hashed or allocated
+/// per request.
+#[derive(Debug)]
+pub(crate) struct DomainRequests {
+    domain: Arc<str>,
+    counters: [OnceLock<Counter>; SERIES],
+}
+
+impl DomainRequests {
+    fn new(domain: &str) -> Self {
+        Self {
+            domain: Arc::from(domain),
+            counters: Default::default(),
+        }
+    }
+
+    /// One of each configured domain of `domains`, by name.
+    pub(crate) fn of<'d>(domains: impl Iterator<Item = &'d str>) -> HashMap<Box<str>, Self> {
+        domains.map(|d| (Box::from(d), Self::new(d))).collect()
+    }
+}
+
 /// The server's registry: the request series and the decision series of a [`Metrics`].
 pub struct RequestMetrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
+    /// The counters of the `unconfigured` domain label.
+    unconfigured: DomainRequests,
     duration: Family<ProtocolLabels, Histogram>,
+    /// The duration histogram of each protocol, looked up once.
+    durations: [OnceLock<Histogram>; 2],
     redis_up: Family<StoreLabels, Gauge>,
     config_loads: Family<LoadLabels, Counter>,
 }
@@ -146,7 +177,9 @@ impl RequestMetrics {
         Self {
             registry,
             requests,
+            unconfigured: DomainRequests::new(UNCONFIGURED_DOMAIN),
             duration,
+            durations: Default::default(),
             redis_up,
             config_loads,
         }
@@ -182,15 +215,65 @@ impl RequestMetrics {
         result: RequestResult,
         elapsed: Duration,
     ) {
-        let labels = RequestLabels {
-            domain: Arc::from(domain.unwrap_or(UNCONFIGURED_DOMAIN)),
+        match domain {
+            Some(domain) => self.count(&DomainRequests::new(domain), protocol, result, elapsed),
+            None => self.count(&self.unconfigured, protocol, result, elapsed),
+        }
+    }
+
+    /// Counts one request of `domain` (`None`: not configured) by `protocol`, on counters
+    /// resolved beforehand.
+    pub(crate) fn on_request_in(
+        &self,
+        protocol: Protocol,
+        domain: Option<&DomainRequests>,
+        result: RequestResult,
+        elapsed: Duration,
+    ) {
+        self.count(
+            domain.unwrap_or(&self.unconfigured),
+            protocol,
+            result,
+            elapsed,
+        );
+    }
+
+    fn count(
+        &self,
+        domain: &DomainRequests,
+        protocol: Protocol,
+        result: RequestResult,
+        elapsed: Duration,
+    ) {
+        let p = match protocol {
+            Protocol::grpc => 0,
+            Protocol::http => 1,
+        };
+        let r = match result {
+            RequestResult::ok => 0,
+            RequestResult::over_limit => 1,
+            RequestResult::invalid => 2,
+            RequestResult::unavailable => 3,
+        };
+        let labels = || RequestLabels {
+            domain: domain.domain.clone(),
             protocol,
             result,
         };
-        self.requests.get_or_create(&labels).inc();
-        self.duration
-            .get_or_create(&ProtocolLabels { protocol })
-            .observe(elapsed.as_secs_f64());
+        if let Some(counter) = domain.counters.get(p * 4 + r) {
+            counter
+                .get_or_init(|| self.requests.get_or_create(&labels()).clone())
+                .inc();
+        }
+        if let Some(histogram) = self.durations.get(p) {
+            histogram
+                .get_or_init(|| {
+                    self.duration
+                        .get_or_create(&ProtocolLabels { protocol })
+                        .clone()
+                })
+                .observe(elapsed.as_secs_f64());
+        }
     }
 
     /// The OpenMetrics text exposition of every series.
