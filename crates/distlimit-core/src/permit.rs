@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Error, Key, KeyError, MAX_POLICY_LEN, StateName, StateRef};
+use crate::{Error, Key, KeyError, StateName, StateRef};
 
 /// The most permits one key may hold at once: 2^16 (65 536).
 ///
@@ -187,16 +187,10 @@ impl<'a> PermitRequest<'a> {
         }
     }
 
-    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`] bytes).
+    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`](crate::MAX_POLICY_LEN) bytes).
     pub fn with_policy(self, policy: &'a str) -> Result<Self, KeyError> {
-        if policy.len() > MAX_POLICY_LEN {
-            return Err(KeyError::PolicyTooLong {
-                len: policy.len(),
-                max: MAX_POLICY_LEN,
-            });
-        }
         Ok(Self {
-            state: StateRef::untyped(policy),
+            state: StateRef::checked(policy)?,
             ..self
         })
     }

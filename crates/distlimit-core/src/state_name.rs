@@ -118,6 +118,14 @@ impl<'a> StateRef<'a> {
         }
     }
 
+    /// [`untyped`](Self::untyped), refusing a name longer than [`MAX_POLICY_LEN`] bytes: what
+    /// the requests' `with_policy` take.
+    #[inline]
+    pub(crate) fn checked(policy: &'a str) -> Result<Self, KeyError> {
+        check_len(policy.len())?;
+        Ok(Self::untyped(policy))
+    }
+
     /// The storage name: `"<policy>/<tier>"`, or `"<policy>"` without a tier.
     #[inline]
     pub fn as_str(&self) -> &'a str {

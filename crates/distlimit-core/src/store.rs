@@ -5,9 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{
-    Decision, Error, Key, KeyError, Limit, MAX_POLICY_LEN, MAX_REPORT, StateName, StateRef,
-};
+use crate::{Decision, Error, Key, KeyError, Limit, MAX_REPORT, StateName, StateRef};
 
 /// The most requests one [`Store::decide_all`] batch may hold.
 ///
@@ -139,19 +137,13 @@ impl<'a> Request<'a> {
         Self { cost, ..self }
     }
 
-    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`] bytes),
+    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`](crate::MAX_POLICY_LEN) bytes),
     /// without a tier: the whole string is the policy's name (see [`with_state`](Self::with_state)
     /// for a tier of a policy).
     #[inline]
     pub fn with_policy(self, policy: &'a str) -> Result<Self, KeyError> {
-        if policy.len() > MAX_POLICY_LEN {
-            return Err(KeyError::PolicyTooLong {
-                len: policy.len(),
-                max: MAX_POLICY_LEN,
-            });
-        }
         Ok(Self {
-            state: StateRef::untyped(policy),
+            state: StateRef::checked(policy)?,
             ..self
         })
     }
