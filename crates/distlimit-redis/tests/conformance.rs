@@ -75,6 +75,7 @@ mod sentinel {
         concurrent_batches_are_atomic => check_concurrent_batches_are_atomic,
         store_ext_validates_keys => check_store_ext_validates_keys,
         policies_are_independent => check_policies_are_independent,
+        settling_follows_model => check_settling_follows_model,
     }
 
     #[test]
@@ -113,6 +114,7 @@ mod cluster {
         concurrent_requests_admit_exactly_limit => check_concurrent_requests_admit_exactly_limit,
         store_ext_validates_keys => check_store_ext_validates_keys,
         policies_are_independent => check_policies_are_independent,
+        settling_follows_model => check_settling_follows_model,
     }
 
     #[test]
