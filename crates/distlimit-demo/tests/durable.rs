@@ -67,9 +67,12 @@ const TRICKLE_MAX: usize = 400;
 /// The longest the sentinels may take to name the replica after the kill (1 s of
 /// `down-after-milliseconds`, an election), on a loaded machine.
 const PROMOTION_BOUND: Duration = Duration::from_secs(20);
-/// The longest a restarted server may take to sync from the new primary, or a process to
-/// follow the promotion (its circuit breaker closing again included).
-const SETTLE_BOUND: Duration = Duration::from_secs(15);
+/// The longest a restarted server may take to sync from the new primary.
+const SYNC_BOUND: Duration = Duration::from_secs(10);
+/// The longest the three processes may take, once the old primary synced, to admit again:
+/// each circuit breaker, opened by the failover, probes again after a cool-off that doubles
+/// after each failed probe up to 5 s (`distlimit_hybrid::DEFAULT_COOL_OFF`).
+const FOLLOW_BOUND: Duration = Duration::from_secs(25);
 
 /// 100 a day, one user: nothing refills during a test. The per-address limit (every request
 /// comes from 127.0.0.1) never denies.
@@ -215,7 +218,7 @@ async fn failover_through_three_processes(durable: bool) -> Run {
     .unwrap_or_else(|e| panic!("{e}"));
     let proxy = proxy.expect("the set replicates through the proxy");
     eprintln!("{} (replica through {})", set.describe(), proxy.addr());
-    poll(SETTLE_BOUND, "the replica is not online", || {
+    poll(SYNC_BOUND, "the replica is not online", || {
         online(set.primary())
     })
     .await;
@@ -294,13 +297,17 @@ async fn failover_through_three_processes(durable: bool) -> Run {
     blocking(|| old.restart()).unwrap_or_else(|e| panic!("{e}"));
     blocking(|| old.command(&["REPLICAOF", "127.0.0.1", &port])).unwrap();
     let new = set.replica();
-    poll(SETTLE_BOUND, "the old primary did not sync", || online(new)).await;
+    poll(SYNC_BOUND, "the old primary did not sync", || online(new)).await;
+    eprintln!(
+        "the old primary synced {:.1?} after the kill",
+        killed.elapsed()
+    );
 
     // Every process follows the promotion: a user of its own is admitted (its circuit breaker,
     // opened by the failover, closed again).
+    let deadline = Instant::now() + FOLLOW_BOUND;
     for (i, demo) in demos.iter().enumerate() {
         let probe = unique(&format!("probe-{i}"));
-        let deadline = Instant::now() + SETTLE_BOUND;
         loop {
             let reply = http.get(demo.addr, "/api/data", Some(&probe)).await;
             if reply.status == StatusCode::OK {
@@ -315,6 +322,10 @@ async fn failover_through_three_processes(durable: bool) -> Run {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        eprintln!(
+            "process {i} follows {:.1?} after the kill",
+            killed.elapsed()
+        );
     }
     stop.store(true, Ordering::Relaxed);
     let mut through = Answers::default();
