@@ -16,9 +16,11 @@
 //!   (fail closed) instead of admitting on their own;
 //! * `three_processes_over_admit_through_a_failover_without_durable_decisions`: the same run
 //!   without `--redis-durable-replicas` admits more than [`LIMIT`] (160 of 100): the promoted
-//!   replica had not received the last admissions, so the check above can fail. (With
-//!   durable decisions but `--failure-mode fallback`, each process admits its share of the
-//!   limit from memory through the failover: 159 of 100, tried by hand.)
+//!   replica had not received the last admissions, so the check above can fail;
+//! * `three_processes_over_admit_through_a_failover_with_durable_decisions_but_a_fallback`:
+//!   with `--failure-mode fallback` instead, each process admits its share of the limit from
+//!   memory through the failover (159 of 100): why a hard quota pairs durable decisions with
+//!   `fail-closed`.
 //!
 //! Servers: private ones (`distlimit_test::server`), never the shared ones of `cargo xtask
 //! test`; without `redis-server` the tests fail. Numbers: `cargo test -p distlimit-demo --test
@@ -202,8 +204,9 @@ impl Run {
     }
 }
 
-/// The failover scenario through three processes, with durable decisions on or off.
-async fn failover_through_three_processes(durable: bool) -> Run {
+/// The failover scenario through three processes, with durable decisions on or off, and
+/// `--failure-mode failure_mode`.
+async fn failover_through_three_processes(durable: bool, failure_mode: &str) -> Run {
     let _alone = SERVERS.lock().await;
     let bin = server_bin().expect("this test needs redis-server");
     let mut proxy = None;
@@ -241,7 +244,7 @@ async fn failover_through_three_processes(durable: bool) -> Run {
         "--redis-timeout-ms",
         RESPONSE_TIMEOUT_MS,
         "--failure-mode",
-        "fail-closed",
+        failure_mode,
     ];
     if durable {
         args.extend([
@@ -253,7 +256,7 @@ async fn failover_through_three_processes(durable: bool) -> Run {
     }
     let demos: Vec<DemoProcess> = (0..PROCESSES).map(|_| DemoProcess::start(&args)).collect();
     let http = Http::new();
-    let user = unique(if durable { "durable" } else { "async" });
+    let user = unique(&format!("durable-{durable}-{failure_mode}"));
 
     let started = Instant::now();
     let before = spend(&http, &demos, &user, BEFORE).await;
@@ -272,7 +275,7 @@ async fn failover_through_three_processes(durable: bool) -> Run {
             tokio::spawn(async move { trickle(&http, addr, &user, &stop).await })
         })
         .collect();
-    eprintln!("durable {durable}: before the kill, in {spent:.1?}: {before:?}");
+    eprintln!("durable {durable}, {failure_mode}: before the kill, in {spent:.1?}: {before:?}");
     assert_eq!(
         before.admitted, BEFORE,
         "every request before the kill is admitted: {before:?}"
@@ -339,7 +342,7 @@ async fn failover_through_three_processes(durable: bool) -> Run {
 
     let after = spend(&http, &demos, &user, AFTER).await;
     eprintln!(
-        "durable {durable}: after the promotion: {after:?}; {} admitted in all (limit {LIMIT})",
+        "durable {durable}, {failure_mode}: after the promotion: {after:?}; {} admitted in all (limit {LIMIT})",
         before.admitted + through.admitted + after.admitted
     );
     if durable {
@@ -359,7 +362,7 @@ async fn failover_through_three_processes(durable: bool) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_never_over_admit_through_a_failover_with_durable_decisions() {
-    let run = failover_through_three_processes(true).await;
+    let run = failover_through_three_processes(true, "fail-closed").await;
     assert!(
         run.admitted() <= LIMIT,
         "{} + {} + {} admitted, limit {LIMIT}",
@@ -387,12 +390,27 @@ async fn three_processes_never_over_admit_through_a_failover_with_durable_decisi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_over_admit_through_a_failover_without_durable_decisions() {
-    let run = failover_through_three_processes(false).await;
+    let run = failover_through_three_processes(false, "fail-closed").await;
     // The promoted replica had not received the last admissions before the kill: it admits
     // them again.
     assert!(
         run.admitted() > LIMIT,
         "{} + {} + {} admitted, limit {LIMIT}: no over-admission without durable decisions",
+        run.before,
+        run.through.admitted,
+        run.after.admitted
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_over_admit_through_a_failover_with_durable_decisions_but_a_fallback() {
+    let run = failover_through_three_processes(true, "fallback").await;
+    // Durable decisions keep what Redis admitted, but through the failover each process admits
+    // its share of the limit from memory (`--instances 3`: a third each): a hard quota pairs
+    // them with `fail-closed`.
+    assert!(
+        run.through.admitted > 0 && run.admitted() > LIMIT,
+        "{} + {} + {} admitted, limit {LIMIT}: no over-admission with a fallback",
         run.before,
         run.through.admitted,
         run.after.admitted
