@@ -41,7 +41,7 @@ use http::StatusCode;
 use support::{DemoProcess, Http, Reply, unique, write_atomically};
 
 /// The tests run one at a time: a killed primary's port is free until the test restarts it,
-/// and a server the other test started on it meanwhile would be taken for the old primary by
+/// and a server another test started on it meanwhile would be taken for the old primary by
 /// the sentinels.
 static SERVERS: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(Default::default);
 
