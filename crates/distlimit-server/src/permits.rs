@@ -77,12 +77,11 @@ pub struct JsonHeld {
     pub held: bool,
 }
 
-/// The limit a call names (its state and the limit) and its key, or the 400 (or 503) saying
-/// why not.
+/// The limit a call names (its state and the limit) and its key, or the 400 saying why not.
 fn parts<'b>(
     state: &HttpState,
     body: &'b JsonPermit,
-) -> Result<(&'b str, PermitLimit, Key<'b>), Response> {
+) -> Result<(&'b str, PermitLimit, Key<'b>), (StatusCode, String)> {
     let (name, limit) = match (&body.policy, &body.name, body.max_in_flight, body.lease_ms) {
         (Some(policy), None, None, None) => {
             let config = state.checker.config();
@@ -90,18 +89,19 @@ fn parts<'b>(
                 Some(set) => set.in_flight(policy),
                 None => distlimit_policy::PolicySet::default().in_flight(policy),
             };
-            let limit = limit.map_err(|e| error(StatusCode::BAD_REQUEST, &e.to_string()))?;
+            let limit = limit.map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
             (policy.as_str(), limit)
         }
         (Some(_), _, _, _) => {
-            return Err(error(
+            return Err((
                 StatusCode::BAD_REQUEST,
-                "`policy` names the limit: give it without `name`, `max_in_flight` and `lease_ms`",
+                "`policy` names the limit: give it without `name`, `max_in_flight` and `lease_ms`"
+                    .to_owned(),
             ));
         }
         (None, Some(name), Some(max), Some(lease_ms)) => {
             let limit = PermitLimit::new(max, Duration::from_millis(lease_ms))
-                .map_err(|e| refused(&e.into()))?;
+                .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
             (name.as_str(), limit)
         }
         (None, name, max, lease) => {
@@ -114,13 +114,13 @@ fn parts<'b>(
             .filter_map(|(missing, field)| missing.then_some(field))
             .collect::<Vec<_>>()
             .join("`, `");
-            return Err(error(
+            return Err((
                 StatusCode::BAD_REQUEST,
-                &format!("missing `{missing}` (or give `policy`)"),
+                format!("missing `{missing}` (or give `policy`)"),
             ));
         }
     };
-    let key = Key::new(&body.key).map_err(|e| refused(&e.into()))?;
+    let key = Key::new(&body.key).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
     Ok((name, limit, key))
 }
 
@@ -155,7 +155,7 @@ pub(crate) async fn acquire(State(state): State<HttpState>, body: Body) -> Respo
     };
     let (name, limit, key) = match parts(&state, &body) {
         Ok(parts) => parts,
-        Err(response) => return response,
+        Err((status, message)) => return error(status, &message),
     };
     let request = match PermitRequest::new(key, limit).with_policy(name) {
         Ok(r) => r,
@@ -191,7 +191,7 @@ async fn give_back(state: HttpState, body: Body, renew: bool) -> Response {
     };
     let (name, limit, key) = match parts(&state, &body) {
         Ok(parts) => parts,
-        Err(response) => return response,
+        Err((status, message)) => return error(status, &message),
     };
     let permit = match body.permit.map(PermitId::new) {
         Some(Ok(permit)) => permit,
