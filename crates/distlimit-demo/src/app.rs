@@ -44,7 +44,7 @@ pub struct ApiLimits {
     pub generate: Option<RateLimitLayer>,
     /// The concurrency limit of `/api/generate` ([`generate_limit`](crate::generate_limit)),
     /// checked before the tokens are reserved (a request over it reserves nothing); `None`
-    /// from [`api_limits`], set by the demo from `--max-in-flight`.
+    /// from [`api_limits`], set by the demo ([`generate_in_flight`](crate::generate_in_flight)).
     pub in_flight: Option<InFlightLayer>,
 }
 

@@ -35,7 +35,8 @@ pub struct Args {
     pub trusted_proxies: Vec<Cidr>,
 
     /// The most requests of one user (`X-User-ID`, else the client IP) in flight at once on
-    /// `GET /api/generate`, across every instance sharing the store.
+    /// `GET /api/generate`, across every instance sharing the store, unless the `--policy`
+    /// file defines policy `generate` (its `max_in_flight` and `in_flight_lease` win).
     #[arg(long, value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_in_flight: u32,

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 
 pub use crate::app::{ApiLimits, DATA_BODY, MAX_DELAY_MS, MAX_TOKENS, api_limits, router};
 pub use crate::args::Args;
-pub use crate::generate::{GENERATE_POLICY, generate_limit};
+pub use crate::generate::{GENERATE_POLICY, generate_in_flight, generate_limit};
 pub use distlimit_serve::{ServeConfig, serve, shutdown_signal};
 
 /// The policy limiting each user of `/api/data`; a `--policy` file must define it.
@@ -87,7 +87,8 @@ pub enum StartError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The concurrency limit of `/api/generate` (`--max-in-flight`, `--in-flight-lease-ms`)
-    /// was refused.
+    /// was refused. (A policy [`GENERATE_POLICY`] without `max_in_flight` is a
+    /// [`Policy`](Self::Policy) error.)
     #[error("the concurrency limit of /api/generate: {0}")]
     ConcurrencyLimit(distlimit_core::Error),
     /// The listening address could not be bound (in use, or not this host's).
@@ -140,6 +141,12 @@ impl Demo {
             limiter.declare(TOKENS_POLICY)?;
         }
         // SIGHUP rereads the policy file at once instead of ending the process.
+        let flags = distlimit_core::PermitLimit::new(
+            args.max_in_flight,
+            std::time::Duration::from_millis(args.in_flight_lease_ms),
+        )
+        .map_err(|e| StartError::ConcurrencyLimit(e.into()))?;
+        let generate = generate_in_flight(&limiter.policies(), flags)?;
         let what = match &args.policy {
             Some(_) => "reading the policy file now",
             None => "ignored (no --policy to reload)",
@@ -148,15 +155,14 @@ impl Demo {
         let watcher = args
             .policy
             .as_ref()
-            .map(|path| watch_policy(limiter.clone(), path.clone(), hangup));
+            .map(|path| watch_policy(limiter.clone(), path.clone(), hangup, (generate, flags)));
         let mut limits = api_limits(
             limiter.clone(),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
         );
         let in_flight = generate_limit(
             built.permits,
-            args.max_in_flight,
-            std::time::Duration::from_millis(args.in_flight_lease_ms),
+            generate,
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
             Arc::new(metrics.clone()),
         )
@@ -222,10 +228,15 @@ impl Demo {
 /// Polls the policy file at `path` (every [`RELOAD_INTERVAL`], and at once when `hangup`
 /// changes) through the binaries' one file poller: a changed file that parses and keeps the
 /// declared policies replaces the running set; any other is refused and the set kept.
+///
+/// `generate` is the concurrency limit `/api/generate` runs with and the flags' limit: a set
+/// that would give the route another one ([`generate_in_flight`]) is applied all the same (its
+/// rate limits take effect), with a warning that the concurrency limit stays until a restart.
 fn watch_policy(
     limiter: Arc<Limiter>,
     path: std::path::PathBuf,
     hangup: tokio::sync::watch::Receiver<u64>,
+    (generate, flags): (distlimit_core::PermitLimit, distlimit_core::PermitLimit),
 ) -> FileWatcher<PolicyConfigError> {
     // The bytes applied or refused last; `None` after a read error, so the file counts as
     // changed once it is readable again.
@@ -249,7 +260,20 @@ fn watch_policy(
             // The policy crate's error for a file that is not UTF-8, naming it.
             Err(_) => PolicySet::from_toml_file(&path),
         };
-        parsed.and_then(|set| limiter.replace(set)).map(|()| true)
+        parsed
+            .and_then(|set| {
+                let next = generate_in_flight(&set, flags);
+                if next.as_ref() != Ok(&generate) {
+                    tracing::warn!(
+                        running = ?generate,
+                        file = ?next,
+                        "the concurrency limit of /api/generate ({GENERATE_POLICY}) is fixed at start: \
+                         the reloaded file's is not applied until a restart"
+                    );
+                }
+                limiter.replace(set)
+            })
+            .map(|()| true)
     })
 }
 

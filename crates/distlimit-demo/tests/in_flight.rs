@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use distlimit_test::server::RedisServer;
 use http::StatusCode;
 use support::openmetrics::parse;
-use support::{DemoProcess, Http, unique};
+use support::{DemoProcess, Http, unique, write_atomically};
 
 fn demos(redis: &RedisServer, lease_ms: &str) -> Vec<DemoProcess> {
     let url = redis.url();
@@ -185,4 +185,73 @@ async fn the_permits_of_a_killed_process_come_back_within_the_lease() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("permits back {:?} after the kill", killed.elapsed());
+}
+
+/// A `--policy` file whose policy `generate` has `max_in_flight = max`, next to the two
+/// policies `/api/data` needs.
+fn policy_file(max: &str) -> String {
+    format!(
+        "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"b\", limit = 100, per = \"1s\" }}]\n\
+         [[policy]]\nname = \"api-ip\"\ntiers = [{{ name = \"c\", limit = 100, per = \"1s\" }}]\n\
+         [[policy]]\nname = \"generate\"\n{max}tiers = [{{ name = \"g\", limit = 100, per = \"1s\" }}]\n"
+    )
+}
+
+/// `(served, refused)` of `n` concurrent slow requests of `user`.
+async fn concurrently(http: &Http, demo: &DemoProcess, user: &str, n: usize) -> (usize, usize) {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (http, addr, user) = (http.clone(), demo.addr, user.to_owned());
+            tokio::spawn(async move {
+                http.get(addr, "/api/generate?delay_ms=3000", Some(&user))
+                    .await
+            })
+        })
+        .collect();
+    let (mut served, mut refused) = (0, 0);
+    for task in tasks {
+        let reply = task.await.unwrap();
+        match reply.status {
+            StatusCode::OK => served += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("{other}: {}", reply.body),
+        }
+    }
+    (served, refused)
+}
+
+/// `max_in_flight = 2` on policy `generate` in the `--policy` file is the limit of
+/// `/api/generate`, over `--max-in-flight 4`: of 3 concurrent slow requests of one user, 2 are
+/// served and 1 is refused. The limit is fixed at start: a reload raising it to 3 logs that it
+/// is not applied, and the route still admits 2. A policy `generate` without `max_in_flight`
+/// stops the start, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_in_flight_of_the_generate_policy_limits_the_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policies.toml");
+    write_atomically(&path, &policy_file("max_in_flight = 2\n"));
+    let file = path.to_str().unwrap();
+    let demo = DemoProcess::start(&["--policy", file, "--max-in-flight", "4"]);
+    let http = Http::new();
+    assert_eq!(concurrently(&http, &demo, "ada", 3).await, (2, 1));
+
+    write_atomically(&path, &policy_file("max_in_flight = 3\n"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !demo.log().iter().any(|l| l.contains("fixed at start")) {
+        assert!(
+            Instant::now() < deadline,
+            "no warning about the reloaded concurrency limit:\n{}",
+            demo.log().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(concurrently(&http, &demo, "bob", 3).await, (2, 1));
+
+    write_atomically(&path, &policy_file(""));
+    let (status, log) = DemoProcess::run(&["--listen", "127.0.0.1:0", "--policy", file]);
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("policy \"generate\": max_in_flight: the policy has no max_in_flight"),
+        "{log}"
+    );
 }

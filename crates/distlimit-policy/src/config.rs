@@ -409,6 +409,32 @@ mod tests {
         }
     }
 
+    /// `PolicySet::in_flight`: the limit a TOML policy names, or an error naming the policy
+    /// that has none (or does not exist).
+    #[test]
+    fn a_policys_concurrency_limit_is_read_by_name() {
+        let text = "[[policy]]\nname = \"gen\"\nmax_in_flight = 2\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n[[policy]]\nname = \"api\"\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n";
+        let set = PolicySet::from_toml_str(text).unwrap();
+        let limit = set.in_flight("gen").unwrap();
+        assert_eq!(
+            (limit.max_in_flight(), limit.lease()),
+            (2, DEFAULT_IN_FLIGHT_LEASE)
+        );
+        let e = set.in_flight("api").unwrap_err();
+        assert_eq!(
+            (e.field(), e.to_string().as_str()),
+            (
+                Field::MaxInFlight,
+                "policy \"api\": max_in_flight: the policy has no max_in_flight"
+            )
+        );
+        let e = set.in_flight("nope").unwrap_err();
+        assert_eq!(
+            (e.field(), e.to_string().as_str()),
+            (Field::Name, "policy \"nope\": name: no such policy")
+        );
+    }
+
     #[test]
     fn malformed_files_say_where() {
         let e = PolicySet::from_toml_str("[[policy]]\nname = \"api\"\ntiers = [\n  { name = ")

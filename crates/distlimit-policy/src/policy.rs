@@ -731,6 +731,38 @@ impl PolicySet {
         self.policies.get(*self.index.get(name)?)
     }
 
+    /// The concurrency limit of policy `name` (its `max_in_flight` and `in_flight_lease`), for
+    /// a layer or an endpoint that holds permits by policy name.
+    ///
+    /// ```
+    /// use distlimit_policy::{Field, PolicySet};
+    ///
+    /// let set = PolicySet::from_toml_str(r#"
+    /// [[policy]]
+    /// name = "generate"
+    /// max_in_flight = 2
+    /// tiers = [{ name = "t", limit = 1, per = "1s" }]
+    /// "#)?;
+    /// assert_eq!(set.in_flight("generate")?.max_in_flight(), 2);
+    /// assert_eq!(set.in_flight("other").unwrap_err().field(), Field::Name);
+    /// # Ok::<(), distlimit_policy::PolicyConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// No policy `name` ([`Field::Name`](crate::Field::Name)), or a policy without
+    /// `max_in_flight` ([`Field::MaxInFlight`](crate::Field::MaxInFlight)); both name the
+    /// policy.
+    pub fn in_flight(&self, name: &str) -> Result<distlimit_core::PermitLimit, PolicyConfigError> {
+        let policy = self
+            .get(name)
+            .ok_or_else(|| PolicyConfigError::new(Field::Name, "no such policy").in_policy(name))?;
+        policy.max_in_flight().ok_or_else(|| {
+            PolicyConfigError::new(Field::MaxInFlight, "the policy has no max_in_flight")
+                .in_policy(name)
+        })
+    }
+
     /// Every policy, in declaration order.
     pub fn policies(&self) -> &[Policy] {
         &self.policies

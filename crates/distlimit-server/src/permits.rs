@@ -2,9 +2,13 @@
 //! `/v1/permits/renew`, on the server's store (the memory store, or the hybrid of Redis and
 //! memory), for callers in any language.
 //!
-//! Each call names the limit itself: `name` (the state, at most 128 bytes), `key` (1 to 1024
-//! bytes), `max_in_flight` (1 to 65 536) and `lease_ms` (1 to 86 400 000); release and renew
-//! add the `permit` acquire answered. The caller releases when its request ends and renews
+//! Each call names the limit one of two ways: itself, with `name` (the state, at most 128
+//! bytes), `max_in_flight` (1 to 65 536) and `lease_ms` (1 to 86 400 000); or by `policy`, a
+//! TOML policy of the configuration whose `max_in_flight` and `in_flight_lease` are the limit
+//! (the state is the policy's name; a reload of the configuration applies to the next call).
+//! Both at once, a policy that does not exist or has no `max_in_flight`, is a 400 naming what
+//! is wrong. Every call has a `key` (1 to 1024 bytes); release and renew add the `permit`
+//! acquire answered, and name the limit the same way as the acquire. The caller releases when its request ends and renews
 //! every third of the lease while it runs; a caller that crashes loses its permits after the
 //! lease.
 //!
@@ -25,18 +29,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::http::{HttpState, error, json};
 
-/// The body of every permit call.
+/// The body of every permit call: `policy`, or `name`, `max_in_flight` and `lease_ms`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JsonPermit {
-    /// The concurrency limit's name (its state).
-    pub name: String,
+    /// The TOML policy whose concurrency limit this is (its name is the state).
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// The concurrency limit's name (its state), without `policy`.
+    #[serde(default)]
+    pub name: Option<String>,
     /// The key held to the limit.
     pub key: String,
-    /// The most permits the key holds at once.
-    pub max_in_flight: u32,
-    /// How long a permit lives without a renew, in milliseconds.
-    pub lease_ms: u64,
+    /// The most permits the key holds at once, without `policy`.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// How long a permit lives without a renew, in milliseconds, without `policy`.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
     /// The permit to release or renew (absent for an acquire).
     #[serde(default)]
     pub permit: Option<u64>,
@@ -67,9 +77,51 @@ pub struct JsonHeld {
     pub held: bool,
 }
 
-fn parts(body: &JsonPermit) -> Result<(PermitLimit, Key<'_>), Error> {
-    let limit = PermitLimit::new(body.max_in_flight, Duration::from_millis(body.lease_ms))?;
-    Ok((limit, Key::new(&body.key)?))
+/// The limit a call names (its state and the limit) and its key, or the 400 saying why not.
+fn parts<'b>(
+    state: &HttpState,
+    body: &'b JsonPermit,
+) -> Result<(&'b str, PermitLimit, Key<'b>), (StatusCode, String)> {
+    let (name, limit) = match (&body.policy, &body.name, body.max_in_flight, body.lease_ms) {
+        (Some(policy), None, None, None) => {
+            let config = state.checker.config();
+            let limit = match config.policies() {
+                Some(set) => set.in_flight(policy),
+                None => distlimit_policy::PolicySet::default().in_flight(policy),
+            };
+            let limit = limit.map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+            (policy.as_str(), limit)
+        }
+        (Some(_), _, _, _) => {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                "`policy` names the limit: give it without `name`, `max_in_flight` and `lease_ms`"
+                    .to_owned(),
+            ));
+        }
+        (None, Some(name), Some(max), Some(lease_ms)) => {
+            let limit = PermitLimit::new(max, Duration::from_millis(lease_ms))
+                .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+            (name.as_str(), limit)
+        }
+        (None, name, max, lease) => {
+            let missing = [
+                (name.is_none(), "name"),
+                (max.is_none(), "max_in_flight"),
+                (lease.is_none(), "lease_ms"),
+            ]
+            .into_iter()
+            .filter_map(|(missing, field)| missing.then_some(field))
+            .collect::<Vec<_>>()
+            .join("`, `");
+            return Err((
+                StatusCode::BAD_REQUEST,
+                format!("missing `{missing}` (or give `policy`)"),
+            ));
+        }
+    };
+    let key = Key::new(&body.key).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    Ok((name, limit, key))
 }
 
 fn refused(error: &Error) -> Response {
@@ -101,11 +153,11 @@ pub(crate) async fn acquire(State(state): State<HttpState>, body: Body) -> Respo
         Ok(Json(body)) => body,
         Err(rejection) => return error(rejection.status(), &rejection.body_text()),
     };
-    let (limit, key) = match parts(&body) {
+    let (name, limit, key) = match parts(&state, &body) {
         Ok(parts) => parts,
-        Err(e) => return refused(&e),
+        Err((status, message)) => return error(status, &message),
     };
-    let request = match PermitRequest::new(key, limit).with_policy(&body.name) {
+    let request = match PermitRequest::new(key, limit).with_policy(name) {
         Ok(r) => r,
         Err(e) => return refused(&e.into()),
     };
@@ -137,16 +189,16 @@ async fn give_back(state: HttpState, body: Body, renew: bool) -> Response {
         Ok(Json(body)) => body,
         Err(rejection) => return error(rejection.status(), &rejection.body_text()),
     };
-    let (limit, key) = match parts(&body) {
+    let (name, limit, key) = match parts(&state, &body) {
         Ok(parts) => parts,
-        Err(e) => return refused(&e),
+        Err((status, message)) => return error(status, &message),
     };
     let permit = match body.permit.map(PermitId::new) {
         Some(Ok(permit)) => permit,
         Some(Err(e)) => return refused(&e.into()),
         None => return error(StatusCode::BAD_REQUEST, "missing field `permit`"),
     };
-    let request = match PermitRequest::new(key, limit).with_policy(&body.name) {
+    let request = match PermitRequest::new(key, limit).with_policy(name) {
         Ok(r) => r,
         Err(e) => return refused(&e.into()),
     };

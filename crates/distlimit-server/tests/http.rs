@@ -237,3 +237,86 @@ async fn permits_are_acquired_released_and_renewed_over_json() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     server.stop().await;
 }
+
+/// `/v1/permits/*` by TOML policy name: the policy's `max_in_flight` (2) and `in_flight_lease`
+/// are the limit, and a reload raising it to 3 applies to the next acquire. A policy without
+/// `max_in_flight`, no such policy, or `policy` next to an explicit limit is a 400 naming it.
+#[tokio::test]
+async fn permits_are_acquired_by_toml_policy_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("limits.toml");
+    let toml = |max: u32| {
+        format!(
+            "[[policy]]\nname = \"jobs\"\nmax_in_flight = {max}\nin_flight_lease = \"1m\"\n\
+             tiers = [{{ name = \"t\", limit = 1, per = \"1s\" }}]\n\
+             [[policy]]\nname = \"plain\"\ntiers = [{{ name = \"t\", limit = 1, per = \"1s\" }}]\n"
+        )
+    };
+    std::fs::write(&file, toml(2)).unwrap();
+    let mut server = Running::with_config(dir.path(), &[]).await;
+    let acquire = r#"{"policy":"jobs","key":"tenant-1"}"#;
+    let mut permits = Vec::new();
+    for in_flight in 1..=2 {
+        let (status, _, text) = send(server.http, "POST", "/v1/permits/acquire", acquire).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (json["in_flight"].as_u64(), json["max_in_flight"].as_u64()),
+            (Some(in_flight), Some(2))
+        );
+        permits.push(json["permit"].as_u64().unwrap());
+    }
+    let (status, _, text) = send(server.http, "POST", "/v1/permits/acquire", acquire).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{text}");
+    let wait: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        (30_000..=60_000).contains(&wait["retry_after_ms"].as_u64().unwrap()),
+        "{text}"
+    );
+    // The same state as an explicit limit of that name: release by policy frees a place there.
+    let release = format!(
+        r#"{{"policy":"jobs","key":"tenant-1","permit":{}}}"#,
+        permits[0]
+    );
+    let (_, _, text) = send(server.http, "POST", "/v1/permits/release", &release).await;
+    assert_eq!(text, r#"{"held":true}"#);
+    let (status, _, text) = send(server.http, "POST", "/v1/permits/acquire", acquire).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+
+    std::fs::write(&file, toml(3)).unwrap();
+    let reload = server.next_reload().await;
+    assert!(
+        matches!(reload, distlimit_server::Reload::Applied { .. }),
+        "{reload:?}"
+    );
+    let (status, _, text) = send(server.http, "POST", "/v1/permits/acquire", acquire).await;
+    assert_eq!(status, StatusCode::OK, "the reloaded limit of 3: {text}");
+
+    for (bad, says) in [
+        (
+            r#"{"policy":"plain","key":"k"}"#,
+            r#"policy \"plain\": max_in_flight: the policy has no max_in_flight"#,
+        ),
+        (
+            r#"{"policy":"nope","key":"k"}"#,
+            r#"policy \"nope\": name: no such policy"#,
+        ),
+        (
+            r#"{"policy":"jobs","key":"k","max_in_flight":5}"#,
+            "give it without `name`, `max_in_flight` and `lease_ms`",
+        ),
+        (
+            r#"{"policy":"jobs","name":"jobs","key":"k"}"#,
+            "give it without",
+        ),
+        (
+            r#"{"name":"jobs","key":"k","lease_ms":1000}"#,
+            "missing `max_in_flight` (or give `policy`)",
+        ),
+    ] {
+        let (status, _, text) = send(server.http, "POST", "/v1/permits/acquire", bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {text}");
+        assert!(text.contains(says), "{bad}: {text}");
+    }
+    server.stop().await;
+}
