@@ -87,17 +87,25 @@ impl PermitStore for BuggyPermits {
             }
             _ => *request.limit(),
         };
-        let mut permits = self
-            .permits
-            .lock()
-            .get(&self.id(request))
-            .cloned()
-            .unwrap_or_default();
-        if self.bug == Bug::NonAtomic {
+        let mut d = if self.bug == Bug::NonAtomic {
+            // Read, yield, write: two acquires interleave and both see the same free places.
+            let mut permits = self
+                .permits
+                .lock()
+                .get(&self.id(request))
+                .cloned()
+                .unwrap_or_default();
             tokio::task::yield_now().await;
-        }
-        let mut d = permits.acquire(now, &limit, id);
-        self.permits.lock().insert(self.id(request), permits);
+            let d = permits.acquire(now, &limit, id);
+            self.permits.lock().insert(self.id(request), permits);
+            d
+        } else {
+            // One lock over the read, the decision and the write: atomic, as a store must be.
+            let mut all = self.permits.lock();
+            all.entry(self.id(request))
+                .or_default()
+                .acquire(now, &limit, id)
+        };
         if self.bug == Bug::OneTooMany && d.is_allowed() {
             d = PermitDecision::acquired(
                 id,
