@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, Grant, LeaseStore, NoopObserver, Observer, Request, Store,
+    Clock, Decision, Error, Grant, LeaseStore, NoopObserver, Observer, Request, RequestKind, Store,
     validate_batch, validate_settle,
 };
 
@@ -197,7 +197,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
     /// Decides one request at an explicit time (µs since the epoch) instead of the store's
     /// clock, for callers that already read the time for a batch of work.
     ///
-    /// A report or a give-back ([`RequestKind`](distlimit_core::RequestKind)) is applied
+    /// A report or a give-back ([`RequestKind`]) is applied
     /// whatever is left and answered by the peek after it; one the limit cannot carry (a window
     /// algorithm, a cost above [`MAX_REPORT`](distlimit_core::MAX_REPORT)) changes nothing and
     /// is answered by a peek ([`Store::decide`] answers its error).
@@ -209,7 +209,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             if validate_settle(request).is_err() {
                 return shard.read().evaluate(hash, id, request.limit(), now_us, 0);
             }
-            return self.settle(&mut shard.write(), id, hash, request, now_us);
+            return self.charge(&mut shard.write(), id, hash, request, now_us);
         }
         if request.cost() == 0 {
             return shard.read().evaluate(hash, id, request.limit(), now_us, 0);
@@ -217,8 +217,9 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         self.charge(&mut shard.write(), id, hash, request, now_us)
     }
 
-    /// Decides and charges `request` in its shard's table, which the caller has locked, and
-    /// counts an eviction the insert needed.
+    /// Decides and charges `request` in its shard's table, which the caller has locked (a
+    /// report or give-back, checked by the caller, is settled), and counts an eviction the
+    /// insert needed.
     #[inline]
     fn charge(
         &self,
@@ -228,42 +229,12 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         request: &Request<'_>,
         now_us: u64,
     ) -> Decision {
-        let (decision, evicted) = table.decide(
-            hash,
-            id,
-            request.limit(),
-            now_us,
-            request.cost(),
-            self.max_keys_per_shard,
-            &self.hasher,
-        );
-        if evicted {
-            self.evictions.fetch_add(1, Ordering::Relaxed);
-            self.observer.on_evict(STORE_NAME, 1);
-        }
-        decision
-    }
-
-    /// Settles `request` (checked by the caller) in its shard's table, which the caller has
-    /// locked, and counts an eviction the insert needed.
-    fn settle(
-        &self,
-        table: &mut Table,
-        id: Id<'_>,
-        hash: u64,
-        request: &Request<'_>,
-        now_us: u64,
-    ) -> Decision {
-        let (decision, evicted) = table.settle(
-            hash,
-            id,
-            request.limit(),
-            request.kind(),
-            now_us,
-            request.cost(),
-            self.max_keys_per_shard,
-            &self.hasher,
-        );
+        let (limit, cost) = (request.limit(), request.cost());
+        let (max, hasher) = (self.max_keys_per_shard, &self.hasher);
+        let (decision, evicted) = match request.kind() {
+            RequestKind::Decide => table.decide(hash, id, limit, now_us, cost, max, hasher),
+            kind => table.settle(hash, id, limit, kind, now_us, cost, max, hasher),
+        };
         if evicted {
             self.evictions.fetch_add(1, Ordering::Relaxed);
             self.observer.on_evict(STORE_NAME, 1);
@@ -318,7 +289,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         if requests[0].kind().is_settle() {
             // A batch of reports and give-backs (`validate_batch`): every one applied.
             for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
-                *d = self.settle(&mut guards[guard_of(shard)].1, id, hash, r, now);
+                *d = self.charge(&mut guards[guard_of(shard)].1, id, hash, r, now);
             }
             return Ok(());
         }
