@@ -187,46 +187,7 @@ impl<'a> PermitRequest<'a> {
         }
     }
 
-    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`](crate::MAX_POLICY_LEN) bytes).
-    pub fn with_policy(self, policy: &'a str) -> Result<Self, KeyError> {
-        Ok(Self {
-            state: StateRef::checked(policy)?,
-            ..self
-        })
-    }
-
-    /// The same request in the state `state`.
-    #[inline]
-    pub fn with_state(self, state: &'a StateName) -> Self {
-        Self {
-            state: state.to_ref(),
-            ..self
-        }
-    }
-
-    /// The state's storage name.
-    #[inline]
-    pub fn policy(&self) -> &'a str {
-        self.state.as_str()
-    }
-
-    /// The state, typed.
-    #[inline]
-    pub fn state(&self) -> StateRef<'a> {
-        self.state
-    }
-
-    /// The key.
-    #[inline]
-    pub fn key(&self) -> Key<'a> {
-        self.key
-    }
-
-    /// The limit.
-    #[inline]
-    pub fn limit(&self) -> &PermitLimit {
-        &self.limit
-    }
+    crate::store::state_accessors!(PermitLimit);
 }
 
 /// The answer to an [`acquire`](PermitStore::acquire): a permit, or a denial (a value, like a

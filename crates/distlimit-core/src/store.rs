@@ -14,6 +14,59 @@ use crate::{Decision, Error, Key, KeyError, Limit, MAX_REPORT, StateName, StateR
 /// takes any size; the Redis script keys each request once).
 pub const MAX_BATCH: usize = 128;
 
+/// The accessors a [`Request`] and a [`PermitRequest`](crate::PermitRequest) share, over their
+/// `state`, `key` and `limit` fields (the limit's type given): naming the state, and reading
+/// the three back. The types are named as the caller imports them.
+macro_rules! state_accessors {
+    ($limit:ty) => {
+        /// The same request in the state of policy `policy` (at most
+        /// [`MAX_POLICY_LEN`](crate::MAX_POLICY_LEN) bytes), without a tier: the whole string is
+        /// the policy's name (see [`with_state`](Self::with_state) for a tier of a policy).
+        #[inline]
+        pub fn with_policy(self, policy: &'a str) -> Result<Self, KeyError> {
+            Ok(Self {
+                state: StateRef::checked(policy)?,
+                ..self
+            })
+        }
+
+        /// The same request in the state `state` (a policy, or one tier of it).
+        #[inline]
+        pub fn with_state(self, state: &'a StateName) -> Self {
+            Self {
+                state: state.to_ref(),
+                ..self
+            }
+        }
+
+        /// The storage name of the state charged (`""` unless named): [`StateName::as_str`](crate::StateName::as_str),
+        /// the name stores key states by.
+        #[inline]
+        pub fn policy(&self) -> &'a str {
+            self.state.as_str()
+        }
+
+        /// The state charged, typed: its policy and tier.
+        #[inline]
+        pub fn state(&self) -> StateRef<'a> {
+            self.state
+        }
+
+        /// The key charged.
+        #[inline]
+        pub fn key(&self) -> Key<'a> {
+            self.key
+        }
+
+        /// The limit the key is held to.
+        #[inline]
+        pub fn limit(&self) -> &$limit {
+            &self.limit
+        }
+    };
+}
+pub(crate) use state_accessors;
+
 /// One request: charge `cost` units to `key` under `limit`, in the state of `policy`.
 ///
 /// A store keeps one state per *(policy, key)* pair: the same client limited per second and per
@@ -137,50 +190,7 @@ impl<'a> Request<'a> {
         Self { cost, ..self }
     }
 
-    /// The same request in the state of policy `policy` (at most [`MAX_POLICY_LEN`](crate::MAX_POLICY_LEN) bytes),
-    /// without a tier: the whole string is the policy's name (see [`with_state`](Self::with_state)
-    /// for a tier of a policy).
-    #[inline]
-    pub fn with_policy(self, policy: &'a str) -> Result<Self, KeyError> {
-        Ok(Self {
-            state: StateRef::checked(policy)?,
-            ..self
-        })
-    }
-
-    /// The same request in the state `state` (a policy, or one tier of it).
-    #[inline]
-    pub fn with_state(self, state: &'a StateName) -> Self {
-        Self {
-            state: state.to_ref(),
-            ..self
-        }
-    }
-
-    /// The storage name of the state charged (`""` unless named): [`StateName::as_str`], the
-    /// name stores key states by.
-    #[inline]
-    pub fn policy(&self) -> &'a str {
-        self.state.as_str()
-    }
-
-    /// The state charged, typed: its policy and tier.
-    #[inline]
-    pub fn state(&self) -> StateRef<'a> {
-        self.state
-    }
-
-    /// The key charged.
-    #[inline]
-    pub fn key(&self) -> Key<'a> {
-        self.key
-    }
-
-    /// The limit the key is held to.
-    #[inline]
-    pub fn limit(&self) -> &Limit {
-        &self.limit
-    }
+    state_accessors!(Limit);
 
     /// The units charged if admitted (reported, or given back, for a settling request).
     #[inline]

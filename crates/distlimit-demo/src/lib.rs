@@ -14,7 +14,7 @@ use axum::Router;
 use axum::http::HeaderName;
 use distlimit_core::Store;
 use distlimit_metrics::Metrics;
-use distlimit_policy::{Limiter, PolicyConfigError, PolicySet};
+use distlimit_policy::{Limiter, PolicyConfigError, PolicyFile, PolicySet};
 use distlimit_serve::FileWatcher;
 use distlimit_serve::store::StoreError;
 use distlimit_tower::TrustedProxies;
@@ -226,8 +226,9 @@ impl Demo {
 }
 
 /// Polls the policy file at `path` (every [`RELOAD_INTERVAL`], and at once when `hangup`
-/// changes) through the binaries' one file poller: a changed file that parses and keeps the
-/// declared policies replaces the running set; any other is refused and the set kept.
+/// changes) through the one file poller, as the policy crate's [`PolicyFile`]: a changed file
+/// that parses and keeps the declared policies replaces the running set; any other is refused
+/// and the set kept.
 ///
 /// `generate` is the concurrency limit `/api/generate` runs with and the flags' limit: a set
 /// that would give the route another one ([`generate_in_flight`]) is applied all the same (its
@@ -238,43 +239,19 @@ fn watch_policy(
     hangup: tokio::sync::watch::Receiver<u64>,
     (generate, flags): (distlimit_core::PermitLimit, distlimit_core::PermitLimit),
 ) -> FileWatcher<PolicyConfigError> {
-    // The bytes applied or refused last; `None` after a read error, so the file counts as
-    // changed once it is readable again.
-    let seen = std::sync::Mutex::new(None::<Vec<u8>>);
-    distlimit_serve::poll_files("policy file", RELOAD_INTERVAL, Some(hangup), move || {
-        let mut seen = seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Ok(bytes) = std::fs::read(&path) else {
-            *seen = None;
-            // The same read again, for the policy crate's error naming the file.
-            return PolicySet::from_toml_file(&path).map(|_| false);
-        };
-        if seen.as_deref() == Some(bytes.as_slice()) {
-            return Ok(false);
+    let file = PolicyFile::new(&limiter, path).inspect(move |set| {
+        let next = generate_in_flight(set, flags);
+        if next.as_ref() != Ok(&generate) {
+            tracing::warn!(
+                running = ?generate,
+                file = ?next,
+                "the concurrency limit of /api/generate ({GENERATE_POLICY}) is fixed at start: \
+                 the reloaded file's is not applied until a restart"
+            );
         }
-        *seen = Some(bytes.clone());
-        drop(seen);
-        let parsed = match std::str::from_utf8(&bytes) {
-            Ok(text) => PolicySet::from_toml_str(text),
-            // The policy crate's error for a file that is not UTF-8, naming it.
-            Err(_) => PolicySet::from_toml_file(&path),
-        };
-        parsed
-            .and_then(|set| {
-                let next = generate_in_flight(&set, flags);
-                if next.as_ref() != Ok(&generate) {
-                    tracing::warn!(
-                        running = ?generate,
-                        file = ?next,
-                        "the concurrency limit of /api/generate ({GENERATE_POLICY}) is fixed at start: \
-                         the reloaded file's is not applied until a restart"
-                    );
-                }
-                limiter.replace(set)
-            })
-            .map(|()| true)
-    })
+    });
+    let runtime = tokio::runtime::Handle::current();
+    distlimit_serve::poll_files(&runtime, "policy file", file, RELOAD_INTERVAL, Some(hangup))
 }
 
 /// A limiter on `store` reporting to `metrics`.

@@ -5,6 +5,7 @@ mod config;
 mod error;
 mod limiter;
 mod policy;
+mod reload;
 mod watch;
 
 #[cfg(all(test, distlimit_loom))]
@@ -17,4 +18,5 @@ pub use limiter::{Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
 pub use policy::{
     MAX_NAME_LEN, MAX_TIERS, Override, Policy, PolicySet, PolicySetBuilder, Scope, Tier,
 };
-pub use watch::{ConfigWatcher, Reload, watch};
+pub use reload::{FileWatcher, Reload, Reloadable, poll_files};
+pub use watch::{PolicyFile, watch};

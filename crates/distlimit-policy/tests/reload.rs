@@ -12,7 +12,8 @@ use distlimit_core::ManualClock;
 use distlimit_memory::MemoryStore;
 use std::error::Error;
 
-use distlimit_policy::{Field, Limiter, PolicySet, Reload, watch};
+use distlimit_policy::{Field, FileWatcher, Limiter, PolicySet, Reload, watch};
+use tokio::sync::watch::Receiver;
 
 mod support;
 use support::next;
@@ -31,6 +32,19 @@ fn limit_of(limiter: &Limiter<MemoryStore<ManualClock>>) -> u64 {
 
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
+}
+
+/// A limiter with the set of `path`, the watcher of `path` (every 5 ms) and its events, after
+/// its first look applied the file.
+async fn watched(path: &Path) -> (Arc<Limiter<MemoryStore>>, FileWatcher, Receiver<Reload>) {
+    let limiter = Arc::new(Limiter::new(
+        Arc::new(MemoryStore::new()),
+        PolicySet::from_toml_file(path).unwrap(),
+    ));
+    let watcher = watch(&limiter, path, Duration::from_millis(5)).unwrap();
+    let mut rx = watcher.subscribe();
+    assert_eq!(next(&mut rx).await, Reload::Applied { generation: 1 });
+    (limiter, watcher, rx)
 }
 
 #[tokio::test]
@@ -110,18 +124,41 @@ async fn edits_are_applied_and_bad_versions_kept_out() {
     assert_eq!(limit_of(&limiter), 7);
 }
 
+/// A Kubernetes ConfigMap volume: `limits.toml` links to `..data/limits.toml`, and an update
+/// swaps the `..data` link to a new directory at once.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_swapped_symbolic_link_is_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2) = (dir.path().join("v1"), dir.path().join("v2"));
+    std::fs::create_dir(&v1).unwrap();
+    std::fs::create_dir(&v2).unwrap();
+    write(&v1.join("limits.toml"), &config(1));
+    write(&v2.join("limits.toml"), &config(2));
+    let data = dir.path().join("..data");
+    std::os::unix::fs::symlink(&v1, &data).unwrap();
+    let path = dir.path().join("limits.toml");
+    std::os::unix::fs::symlink("..data/limits.toml", &path).unwrap();
+    let (limiter, _watcher, mut rx) = watched(&path).await;
+    // The swap: a new link renamed over the old one, as the kubelet does.
+    let swap = dir.path().join("..data_tmp");
+    std::os::unix::fs::symlink(&v2, &swap).unwrap();
+    std::fs::rename(&swap, &data).unwrap();
+    assert_eq!(next(&mut rx).await, Reload::Applied { generation: 2 });
+    assert_eq!(
+        limiter.policies().get("api").unwrap().tiers()[0]
+            .quota()
+            .limit(),
+        2
+    );
+}
+
 #[tokio::test]
 async fn polling_ends_with_the_limiter() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     write(&path, &config(1));
-    let limiter = Arc::new(Limiter::new(
-        Arc::new(MemoryStore::new()),
-        PolicySet::from_toml_file(&path).unwrap(),
-    ));
-    let watcher = watch(&limiter, &path, Duration::from_millis(5)).unwrap();
-    let mut rx = watcher.subscribe();
-    assert_eq!(next(&mut rx).await, Reload::Applied { generation: 1 });
+    let (limiter, watcher, _rx) = watched(&path).await;
     drop(limiter);
     let started = Instant::now();
     while !watcher.is_finished() && started.elapsed() < Duration::from_secs(20) {

@@ -73,4 +73,27 @@ async fn a_refused_reload_is_logged_at_error_level() {
         );
     }
     assert_eq!(levels.0.lock().unwrap().len(), 4);
+
+    // Another version refused for the same reason (the declared "api" missing): neither logged
+    // nor reported again.
+    std::fs::write(&path, config("other")).unwrap();
+    assert!(matches!(next(&mut rx).await, Reload::Rejected { .. }));
+    std::fs::write(&path, config("third")).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!rx.has_changed().unwrap());
+    assert_eq!(levels.0.lock().unwrap().len(), 5);
+
+    // Fixed: applied and logged at INFO; the same refusal as before is then news again.
+    std::fs::write(&path, config("api")).unwrap();
+    assert_eq!(next(&mut rx).await, Reload::Applied { generation: 2 });
+    std::fs::write(&path, config("other")).unwrap();
+    assert!(matches!(next(&mut rx).await, Reload::Rejected { .. }));
+    assert_eq!(
+        levels.0.lock().unwrap()[4..],
+        [
+            tracing::Level::ERROR,
+            tracing::Level::INFO,
+            tracing::Level::ERROR
+        ]
+    );
 }

@@ -304,6 +304,14 @@ struct Target {
     limit: Limit,
 }
 
+/// The pool of one (policy, key) under its limit, as a step names it.
+#[derive(Clone, Copy)]
+struct Pool<'a> {
+    policy: &'a str,
+    key: &'a [u8],
+    limit: &'a Limit,
+}
+
 impl RegionStore<()> {
     /// A builder with the defaults.
     pub fn builder() -> RegionBuilder {
@@ -347,20 +355,14 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             .write_key(policy.as_bytes(), key, out);
     }
 
-    async fn step(
-        &self,
-        policy: &str,
-        key: &[u8],
-        limit: &Limit,
-        action: [u64; 4],
-    ) -> Result<Step, Error> {
+    async fn step(&self, pool: Pool<'_>, action: [u64; 4]) -> Result<Step, Error> {
         let s = &*self.shared;
         let mut buf = KeyBuf::new();
-        self.pool_key(policy, key, &mut buf);
+        self.pool_key(pool.policy, pool.key, &mut buf);
         let group = Group::pool(
             buf.as_bytes(),
             POOL_SUFFIX,
-            [s.horizon_us, limit.capacity(), s.claim_us, s.keep_ms],
+            [s.horizon_us, pool.limit.capacity(), s.claim_us, s.keep_ms],
             action,
             s.region.time(),
         )?;
@@ -386,25 +388,22 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         want: u64,
         min: u64,
     ) -> Result<Step, Error> {
-        let (policy, key, limit) = (request.policy(), request.key().as_bytes(), request.limit());
-        self.step_and_refill(policy, key, limit, [SPEND, back, want, min])
-            .await
+        let pool = Pool {
+            policy: request.policy(),
+            key: request.key().as_bytes(),
+            limit: request.limit(),
+        };
+        self.step_and_refill(pool, [SPEND, back, want, min]).await
     }
 
     /// A step on the pool, then the refill it claimed, if any, in a task of its own.
-    async fn step_and_refill(
-        &self,
-        policy: &str,
-        key: &[u8],
-        limit: &Limit,
-        action: [u64; 4],
-    ) -> Result<Step, Error> {
-        let step = self.step(policy, key, limit, action).await?;
+    async fn step_and_refill(&self, pool: Pool<'_>, action: [u64; 4]) -> Result<Step, Error> {
+        let step = self.step(pool, action).await?;
         if step.back > 0 || step.want > 0 {
             let target = Target {
-                policy: policy.into(),
-                key: key.into(),
-                limit: *limit,
+                policy: pool.policy.into(),
+                key: pool.key.into(),
+                limit: *pool.limit,
             };
             let this = self.clone();
             tokio::spawn(async move { this.refill(target, step.back, step.want).await });
@@ -447,7 +446,14 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             }
         };
         match self
-            .step(&target.policy, &target.key, &target.limit, deposit)
+            .step(
+                Pool {
+                    policy: &target.policy,
+                    key: &target.key,
+                    limit: &target.limit,
+                },
+                deposit,
+            )
             .await
         {
             // A pool holding units is one the sweep must look at once they are due.
@@ -494,7 +500,14 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             // A step asking for nothing: it claims only the units that are due. A pool still
             // holding units is swept again next time.
             if let Ok(step) = self
-                .step_and_refill(&policy, &key, &limit, [SPEND, 0, 0, 0])
+                .step_and_refill(
+                    Pool {
+                        policy: &policy,
+                        key: &key,
+                        limit: &limit,
+                    },
+                    [SPEND, 0, 0, 0],
+                )
                 .await
                 && step.units > 0
             {

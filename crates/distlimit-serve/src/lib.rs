@@ -29,8 +29,8 @@ pub use crate::args::{MAX_TIMEOUT_MS, ServeArgs};
 pub use crate::coalesce::CoalesceWrites;
 #[cfg(feature = "logging")]
 pub mod logging;
-mod poll;
-pub use crate::poll::{FileWatcher, Reload, poll_files};
+// The one file poller (`distlimit-policy`'s): every file a binary reloads runs through it.
+pub use distlimit_policy::{FileWatcher, Reload, Reloadable, poll_files};
 #[cfg(feature = "store")]
 pub mod store;
 #[cfg(feature = "tls")]

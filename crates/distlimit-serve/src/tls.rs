@@ -246,24 +246,31 @@ impl Tls {
     /// As [`load`](Self::load): the changed files were refused and the running certificate is
     /// kept.
     pub fn reload(&self) -> Result<bool, TlsError> {
-        let contents = Contents::read(&self.inner.files)?;
-        if contents == self.inner.current.load().contents {
+        self.apply(&Contents::read(&self.inner.files)?)
+    }
+
+    /// Builds and serves `contents` unless they are the running ones.
+    fn apply(&self, contents: &Contents) -> Result<bool, TlsError> {
+        if *contents == self.inner.current.load().contents {
             return Ok(false);
         }
-        let loaded = build(&self.inner.files, &self.inner.provider, contents)?;
+        let loaded = build(&self.inner.files, &self.inner.provider, contents.clone())?;
         self.inner.current.store(Arc::new(loaded));
         Ok(true)
     }
 
-    /// Starts the file poller ([`poll_files`](crate::poll_files)) on
-    /// [`reload`](Self::reload) every `interval`, and at once when `hangup` changes: it logs
-    /// what it applies and, once per distinct change, what it refuses (with the file's path).
-    /// Dropping the returned [`TlsWatcher`] stops it. Needs a Tokio runtime.
+    /// Starts the file poller ([`poll_files`](crate::poll_files)) on the files every
+    /// `interval`, and at once when `hangup` changes: it logs what it applies and, once per
+    /// distinct change, what it refuses (with the file's path). Dropping the returned
+    /// [`TlsWatcher`] stops it. Needs a Tokio runtime.
     pub fn watch(&self, interval: Duration, hangup: Option<watch::Receiver<u64>>) -> TlsWatcher {
-        let tls = self.clone();
-        crate::poll_files("TLS files", interval, hangup, move || {
-            tls.reload().map_err(|error| error.to_string())
-        })
+        crate::poll_files(
+            &tokio::runtime::Handle::current(),
+            "TLS files",
+            Watched(self.clone()),
+            interval,
+            hangup,
+        )
     }
 
     /// The rustls configuration new connections get on a port speaking `alpn`.
@@ -312,6 +319,27 @@ impl Tls {
 
 /// A running TLS reload task (from [`Tls::watch`]); dropping it stops the task.
 pub type TlsWatcher = crate::FileWatcher<String>;
+
+/// The files of a [`Tls`] as the poller sees them: read, compared with the last read, applied
+/// when changed (and not the running ones).
+struct Watched(Tls);
+
+impl crate::Reloadable for Watched {
+    type Contents = Contents;
+    type Error = String;
+
+    fn read(&self) -> Result<Contents, String> {
+        Contents::read(&self.0.inner.files).map_err(|error| error.to_string())
+    }
+
+    fn apply(&self, contents: &Contents) -> Result<bool, String> {
+        self.0.apply(contents).map_err(|error| error.to_string())
+    }
+
+    fn running(&self) -> Option<Contents> {
+        Some(self.0.inner.current.load().contents.clone())
+    }
+}
 
 fn pem_error(path: &Path, error: rustls_pki_types::pem::Error) -> TlsError {
     TlsError::Pem {

@@ -124,16 +124,39 @@ fn parts<'b>(
     Ok((name, limit, key))
 }
 
-fn refused(error: &Error) -> Response {
-    if error.is_invalid_input() {
-        error_response(StatusCode::BAD_REQUEST, error)
-    } else {
-        error_response(StatusCode::SERVICE_UNAVAILABLE, error)
-    }
+/// Why a call is not answered as asked: the status and the message of the error answer.
+type Refusal = (StatusCode, String);
+
+/// The JSON body of a call, or why not (400, 415, 422).
+fn json_body(body: Body) -> Result<JsonPermit, Refusal> {
+    body.map(|Json(body)| body)
+        .map_err(|rejection| (rejection.status(), rejection.body_text()))
 }
 
-fn error_response(status: StatusCode, cause: &Error) -> Response {
-    error(status, &cause.to_string())
+/// The request a call's body names, or why not.
+fn permit_request<'b>(
+    state: &HttpState,
+    body: &'b JsonPermit,
+) -> Result<PermitRequest<'b>, Refusal> {
+    let (name, limit, key) = parts(state, body)?;
+    PermitRequest::new(key, limit)
+        .with_policy(name)
+        .map_err(|e| refusal(&e.into()))
+}
+
+/// An error of the store: 400 for the caller's input, else 503.
+fn refusal(error: &Error) -> Refusal {
+    let status = if error.is_invalid_input() {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, error.to_string())
+}
+
+/// The error answer of a refusal.
+fn answer((status, message): Refusal) -> Response {
+    error(status, &message)
 }
 
 /// The server's permit store, named in its `Debug` output only.
@@ -149,25 +172,22 @@ impl std::fmt::Debug for Shared {
 type Body = Result<Json<JsonPermit>, JsonRejection>;
 
 pub(crate) async fn acquire(State(state): State<HttpState>, body: Body) -> Response {
-    let body = match body {
-        Ok(Json(body)) => body,
-        Err(rejection) => return error(rejection.status(), &rejection.body_text()),
-    };
-    let (name, limit, key) = match parts(&state, &body) {
-        Ok(parts) => parts,
-        Err((status, message)) => return error(status, &message),
-    };
-    let request = match PermitRequest::new(key, limit).with_policy(name) {
-        Ok(r) => r,
-        Err(e) => return refused(&e.into()),
-    };
+    acquired(&state, body).await.unwrap_or_else(answer)
+}
+
+async fn acquired(state: &HttpState, body: Body) -> Result<Response, Refusal> {
+    let body = json_body(body)?;
+    let request = permit_request(state, &body)?;
     let decided = tokio::time::timeout(state.timeout, state.permits.acquire(&request)).await;
     let decision = match decided {
-        Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "no decision in time"),
-        Ok(Err(e)) => return refused(&e),
+        Err(_) => {
+            let late = "no decision in time".to_owned();
+            return Err((StatusCode::SERVICE_UNAVAILABLE, late));
+        }
+        Ok(Err(e)) => return Err(refusal(&e)),
         Ok(Ok(d)) => d,
     };
-    let answer = JsonAcquired {
+    let acquired = JsonAcquired {
         acquired: decision.is_allowed(),
         permit: decision.permit().map(PermitId::get),
         in_flight: decision.in_flight(),
@@ -181,26 +201,24 @@ pub(crate) async fn acquire(State(state): State<HttpState>, body: Body) -> Respo
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    json(status, serde_json::to_string(&answer).unwrap_or_default())
+    let body = serde_json::to_string(&acquired).unwrap_or_default();
+    Ok(json(status, body))
 }
 
 async fn give_back(state: HttpState, body: Body, renew: bool) -> Response {
-    let body = match body {
-        Ok(Json(body)) => body,
-        Err(rejection) => return error(rejection.status(), &rejection.body_text()),
-    };
-    let (name, limit, key) = match parts(&state, &body) {
-        Ok(parts) => parts,
-        Err((status, message)) => return error(status, &message),
-    };
+    given_back(&state, body, renew).await.unwrap_or_else(answer)
+}
+
+async fn given_back(state: &HttpState, body: Body, renew: bool) -> Result<Response, Refusal> {
+    let body = json_body(body)?;
+    let request = permit_request(state, &body)?;
     let permit = match body.permit.map(PermitId::new) {
         Some(Ok(permit)) => permit,
-        Some(Err(e)) => return refused(&e.into()),
-        None => return error(StatusCode::BAD_REQUEST, "missing field `permit`"),
-    };
-    let request = match PermitRequest::new(key, limit).with_policy(name) {
-        Ok(r) => r,
-        Err(e) => return refused(&e.into()),
+        Some(Err(e)) => return Err(refusal(&e.into())),
+        None => {
+            let missing = "missing field `permit`".to_owned();
+            return Err((StatusCode::BAD_REQUEST, missing));
+        }
     };
     let call = async {
         if renew {
@@ -210,12 +228,15 @@ async fn give_back(state: HttpState, body: Body, renew: bool) -> Response {
         }
     };
     match tokio::time::timeout(state.timeout, call).await {
-        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "no answer in time"),
-        Ok(Err(e)) => refused(&e),
-        Ok(Ok(held)) => json(
-            StatusCode::OK,
-            serde_json::to_string(&JsonHeld { held }).unwrap_or_default(),
-        ),
+        Err(_) => Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no answer in time".to_owned(),
+        )),
+        Ok(Err(e)) => Err(refusal(&e)),
+        Ok(Ok(held)) => {
+            let body = serde_json::to_string(&JsonHeld { held }).unwrap_or_default();
+            Ok(json(StatusCode::OK, body))
+        }
     }
 }
 

@@ -1,9 +1,9 @@
 //! Hot reload: the configuration path is read again every interval (and at once on SIGHUP) by
-//! the binaries' one file poller ([`distlimit_serve::poll_files`]), and a changed set of files
-//! replaces the running configuration when it is valid.
+//! the one file poller ([`distlimit_serve::poll_files`]), and a changed set of files replaces
+//! the running configuration when it is valid.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -29,49 +29,64 @@ pub(crate) fn watch(
     loaded: Vec<Source>,
     hangup: watch::Receiver<u64>,
 ) -> Watcher {
-    // What was read last: the sources, or the message of the error reading them.
-    let seen: Mutex<Result<Vec<Source>, String>> = Mutex::new(Ok(loaded));
-    distlimit_serve::poll_files("configuration", interval, Some(hangup), move || {
-        let read = read_sources(&path);
-        let mut seen = seen
-            .lock()
-            .map_err(|_| "reload state poisoned".to_owned())?;
-        let unchanged = match (&read, &*seen) {
-            (Ok(now), Ok(before)) => now == before,
-            (Err(now), Err(before)) => now.to_string() == *before,
-            _ => false,
+    let files = ConfigFiles {
+        checker,
+        path,
+        loaded: Mutex::new(Some(loaded)),
+    };
+    distlimit_serve::poll_files(
+        &tokio::runtime::Handle::current(),
+        "configuration",
+        files,
+        interval,
+        Some(hangup),
+    )
+}
+
+/// The configuration path as the poller sees it.
+struct ConfigFiles {
+    checker: Arc<Checker>,
+    path: PathBuf,
+    /// What the running configuration was read from, until the poller takes it.
+    loaded: Mutex<Option<Vec<Source>>>,
+}
+
+impl distlimit_serve::Reloadable for ConfigFiles {
+    /// The sources, or the message of the error reading them: an error read again is no change,
+    /// so each distinct one counts once in the metrics.
+    type Contents = Result<Vec<Source>, String>;
+    type Error = String;
+
+    fn read(&self) -> Result<Self::Contents, String> {
+        Ok(read_sources(&self.path).map_err(|error| error.to_string()))
+    }
+
+    fn apply(&self, read: &Self::Contents) -> Result<bool, String> {
+        let metrics = self.checker.request_metrics();
+        let config = match read {
+            Ok(sources) => Config::from_sources(sources).map_err(|error| error.to_string()),
+            Err(error) => Err(error.clone()),
         };
-        if unchanged {
-            return Ok(false);
-        }
-        let parsed = match read {
-            Ok(sources) => {
-                let config = Config::from_sources(&sources);
-                *seen = Ok(sources);
-                config
-            }
-            Err(error) => {
-                *seen = Err(error.to_string());
-                Err(error)
-            }
-        };
-        drop(seen);
-        let metrics = checker.request_metrics();
-        match parsed {
+        match config {
             Ok(config) => {
                 tracing::info!(
-                    path = %path.display(),
+                    path = %self.path.display(),
                     domains = config.domains().count(),
                     "configuration read"
                 );
-                checker.set_config(config);
+                self.checker.set_config(config);
                 metrics.on_config_load(LoadResult::success);
                 Ok(true)
             }
             Err(error) => {
                 metrics.on_config_load(LoadResult::error);
-                Err(error.to_string())
+                Err(error)
             }
         }
-    })
+    }
+
+    fn running(&self) -> Option<Self::Contents> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        loaded.take().map(Ok)
+    }
 }
