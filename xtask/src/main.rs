@@ -11,7 +11,8 @@
 //!   [`run_all`](step::run_all) runs a list fail-fast, times each step and prints a summary.
 //! - [`tasks`]: what `test`, `test-cluster`, `loom` and `bench` run, including the lists of loom
 //!   packages and bench targets, and the test name filter of `test-cluster`.
-//! - [`rls`]: `bench-rls`, distlimit-server against limitador-server with the shared runner.
+//! - [`rls`]: `bench-rls`, distlimit-server against limitador-server and a bare tonic floor,
+//!   with the project's runner (`xtask/rls-bench/`).
 //! - [`redis`]: finding (or installing) `redis-server` and `openssl`, then starting the Redis
 //!   setups with the harness of `distlimit_test::server` (its `Stack` passes their addresses
 //!   to the tests as `DISTLIMIT_REDIS_*` variables), and `redis-up`.
@@ -51,10 +52,12 @@ Commands:
                     (LOOM_MAX_PREEMPTIONS defaults to 3; set it to override)
   bench [args...]   criterion benches; args go to criterion, e.g. `bench --save-baseline main`
   bench-rls [LIM_BIN]
-                    distlimit-server against Kuadrant's limitador-server over gRPC: builds the
-                    `dist` profile, runs ../shared/peers/rls-bench/run.sh (RLS_BENCH overrides)
-                    with DL_BIN set to that build and LIM_BIN to the argument (else $LIM_BIN,
-                    else the runner's bin/); PHASES defaults to `verify memory`, ROUNDS to 3
+                    distlimit-server against Kuadrant's limitador-server over gRPC, and a bare
+                    tonic server answering OK (the floor): builds both with the `dist` profile,
+                    runs xtask/rls-bench/run.sh on the configs and helpers of the shared runner
+                    ../shared/peers/rls-bench/run.sh (RLS_BENCH names another) with DL_BIN,
+                    FLOOR_BIN and LIM_BIN (the argument, else $LIM_BIN, else the shared
+                    runner's bin/); PHASES defaults to `verify memory`, ROUNDS to 3
   test-cluster [args...]
                     start only the Redis Cluster and run the workspace tests whose names contain
                     `cluster` against it (`test` runs this too); args go to cargo test, those
