@@ -1,11 +1,17 @@
 //! Requests per second, and server CPU time per request, of the demo service with its
 //! rate-limit layers (memory store) against the same routes without them, under the same
-//! loopback load: a hyper HTTP/1.1 client on 64 keep-alive connections, every request naming
+//! loopback load: an HTTP/1.1 client written by hand (cheaper per request than any server here,
+//! so it keeps the pinned server busy) on 64 keep-alive connections, every request naming
 //! one of 1 000 000 users (`X-User-ID`) drawn in a pseudo-random order, so nearly every
 //! request's user is new to the store.
 //!
-//! Five servers, each a separate process (this executable, re-run with `BENCH_ROLE=server`)
-//! pinned to one core, so the client's own work is not counted in theirs:
+//! Six servers, each a separate process pinned to one core, so the client's own work is not
+//! counted in theirs:
+//!
+//! * `demo`: the `distlimit-demo` binary itself, as users run it, on the default per-user
+//!   policy with the per-address tier raised out of the way (the outside harness's setup);
+//!
+//! and five built by this executable, re-run with `BENCH_ROLE=server`:
 //!
 //! * `axum`: a bare `axum::serve` app answering `GET /api/data` with the demo's body, none of
 //!   the demo's serving stack (what an outside harness compares the demo with);
@@ -18,15 +24,15 @@
 //!   sending those bytes costs without deciding anything.
 //!
 //! Each server's CPU time is read from `/proc/<pid>/task/*/schedstat` around every round.
-//! Rounds run in back-to-back sets of five, rotating which goes first, so that machine noise
+//! Rounds run in back-to-back sets of six, rotating which goes first, so that machine noise
 //! hits all alike; the medians of the sets' ratios are the result (`deny` also against
 //! `bare429`).
 //!
-//! The one client thread does not keep a server busy (its core idles), so requests per second
-//! are the client's pace and their ratios read near 1 whatever the server does. What a load
-//! generator that saturates the pinned server reads is its capacity, the inverse of its CPU time
-//! per request: the `capacity` ratios (base CPU per request / side CPU per request) are the
-//! result, against `axum` (what users compare with) and against `bare`.
+//! A client that leaves the server idle between requests reads its own pace, and ratios near 1
+//! whatever the server does (hyper's client on one thread did). What a load generator that
+//! saturates the pinned server reads is its capacity, the inverse of its CPU time per request:
+//! the `capacity` ratios (base CPU per request / side CPU per request) are the result, against
+//! `axum` (what users compare with) and against `bare`.
 //!
 //! `cargo bench -p distlimit-demo --bench http` (servers on CPU 0); the client on the other
 //! core: `taskset -c 1 cargo bench -p distlimit-demo --bench http`.
@@ -37,6 +43,8 @@
 //! pinned), `BENCH_SERVER_THREADS` (1) and `BENCH_CLIENT_THREADS` (1) worker threads.
 //! `BENCH_SIDE` (`axum`, `bare`, `allow`, `deny` or `bare429`) instead runs one server alone for
 //! `BENCH_REQUESTS × BENCH_ROUNDS` requests, and prints its PID first (for `perf record -p`).
+//! `BENCH_TARGET=<addr>` runs the client alone, one round against a server started elsewhere
+//! (`BENCH_SEED` picks where the users' walk starts).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -538,6 +546,15 @@ fn main() {
     let rounds = knob("BENCH_ROUNDS", 11);
     if std::env::var("BENCH_ROLE").as_deref() == Ok("server") {
         server_role(load.users);
+        return;
+    }
+    if let Ok(target) = std::env::var("BENCH_TARGET") {
+        // Only the client, against a server started elsewhere (the demo binary under
+        // callgrind, say), expecting 200s: one round of `BENCH_REQUESTS`.
+        let addr: SocketAddr = target.parse().expect("BENCH_TARGET is an address");
+        let seed = knob("BENCH_SEED", 1);
+        let (n, elapsed) = runtime(1).block_on(round(addr, &load, StatusCode::OK, seed));
+        println!("{n} requests in {elapsed:.2?}");
         return;
     }
     if let Ok(side) = std::env::var("BENCH_SIDE") {

@@ -815,3 +815,48 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'stat
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// After a response, a keep-alive connection whose next head never completes is closed by
+    /// the connection's idle timer at the header read timeout (no hyper timer), however long
+    /// the idle timeout; before, a complete request on it is served.
+    #[tokio::test]
+    async fn a_head_not_completed_within_the_header_read_timeout_is_cut() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config = ServeConfig {
+            header_read_timeout: Duration::from_millis(400),
+            idle_timeout: Duration::from_secs(60),
+            ..ServeConfig::default()
+        };
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        tokio::spawn(serve(listener, app, config, std::future::pending()));
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        for _ in 0..3 {
+            stream
+                .write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
+                .await
+                .unwrap();
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+            assert!(buf[..n].ends_with(b"ok"));
+        }
+        let answered = std::time::Instant::now();
+        stream.write_all(b"GET / HTTP/1.1\r\nho").await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .expect("closed within 5 s")
+            .unwrap();
+        let waited = answered.elapsed();
+        assert_eq!(n, 0, "closed, no answer: {:?}", &buf[..n]);
+        // Between 1 and 1.25 periods after the last response (plus a loaded machine's slack).
+        assert!(waited >= Duration::from_millis(390), "{waited:?}");
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+    }
+}
