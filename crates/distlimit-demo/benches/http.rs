@@ -1,11 +1,17 @@
 //! Requests per second, and server CPU time per request, of the demo service with its
 //! rate-limit layers (memory store) against the same routes without them, under the same
-//! loopback load: a hyper HTTP/1.1 client on 64 keep-alive connections, every request naming
+//! loopback load: an HTTP/1.1 client written by hand (cheaper per request than any server here,
+//! so it keeps the pinned server busy) on 64 keep-alive connections, every request naming
 //! one of 1 000 000 users (`X-User-ID`) drawn in a pseudo-random order, so nearly every
 //! request's user is new to the store.
 //!
-//! Five servers, each a separate process (this executable, re-run with `BENCH_ROLE=server`)
-//! pinned to one core, so the client's own work is not counted in theirs:
+//! Six servers, each a separate process pinned to one core, so the client's own work is not
+//! counted in theirs:
+//!
+//! * `demo`: the `distlimit-demo` binary itself, as users run it, on the default per-user
+//!   policy with the per-address tier raised out of the way (the outside harness's setup);
+//!
+//! and five built by this executable, re-run with `BENCH_ROLE=server`:
 //!
 //! * `axum`: a bare `axum::serve` app answering `GET /api/data` with the demo's body, none of
 //!   the demo's serving stack (what an outside harness compares the demo with);
@@ -18,15 +24,15 @@
 //!   sending those bytes costs without deciding anything.
 //!
 //! Each server's CPU time is read from `/proc/<pid>/task/*/schedstat` around every round.
-//! Rounds run in back-to-back sets of five, rotating which goes first, so that machine noise
+//! Rounds run in back-to-back sets of six, rotating which goes first, so that machine noise
 //! hits all alike; the medians of the sets' ratios are the result (`deny` also against
 //! `bare429`).
 //!
-//! The one client thread does not keep a server busy (its core idles), so requests per second
-//! are the client's pace and their ratios read near 1 whatever the server does. What a load
-//! generator that saturates the pinned server reads is its capacity, the inverse of its CPU time
-//! per request: the `capacity` ratios (base CPU per request / side CPU per request) are the
-//! result, against `axum` (what users compare with) and against `bare`.
+//! A client that leaves the server idle between requests reads its own pace, and ratios near 1
+//! whatever the server does (hyper's client on one thread did). What a load generator that
+//! saturates the pinned server reads is its capacity, the inverse of its CPU time per request:
+//! the `capacity` ratios (base CPU per request / side CPU per request) are the result, against
+//! `axum` (what users compare with) and against `bare`.
 //!
 //! `cargo bench -p distlimit-demo --bench http` (servers on CPU 0); the client on the other
 //! core: `taskset -c 1 cargo bench -p distlimit-demo --bench http`.
@@ -37,6 +43,8 @@
 //! pinned), `BENCH_SERVER_THREADS` (1) and `BENCH_CLIENT_THREADS` (1) worker threads.
 //! `BENCH_SIDE` (`axum`, `bare`, `allow`, `deny` or `bare429`) instead runs one server alone for
 //! `BENCH_REQUESTS × BENCH_ROUNDS` requests, and prints its PID first (for `perf record -p`).
+//! `BENCH_TARGET=<addr>` runs the client alone, one round against a server started elsewhere
+//! (`BENCH_SEED` picks where the users' walk starts).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -46,7 +54,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -56,10 +64,10 @@ use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_policy::PolicySet;
 use distlimit_tower::{PeerAddr, TrustedProxies};
-use http::{HeaderMap, HeaderValue, Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
 use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
@@ -86,13 +94,27 @@ name = "api-ip"
 tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000000000, per = "1s" }]
 "#;
 
+/// The real binary's policies as the outside harness of issue 22 ran them: the default
+/// per-user policy ([`distlimit_demo::DEFAULT_POLICIES`]), the per-address tier raised out of
+/// the way (every request of the run comes from 127.0.0.1).
+const DEMO_POLICIES: &str = r#"
+[[policy]]
+name = "api"
+tiers = [{ name = "burst", algorithm = "token_bucket", limit = 60, per = "1m", burst = 100 }]
+
+[[policy]]
+name = "api-ip"
+tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000000000, per = "1s" }]
+"#;
+
 /// The servers compared, in the order of the table's columns.
-const SIDES: [Side; 5] = [
+const SIDES: [Side; 6] = [
     Side::Axum,
     Side::Bare,
     Side::Allow,
     Side::Deny,
     Side::Bare429,
+    Side::Demo,
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +126,8 @@ enum Side {
     Deny,
     /// The control of `Deny`: no limiter, the same 429 bytes.
     Bare429,
+    /// The `distlimit-demo` binary itself (`--policy` [`DEMO_POLICIES`]), as users run it.
+    Demo,
 }
 
 impl Side {
@@ -114,6 +138,7 @@ impl Side {
             Self::Allow => "allow",
             Self::Deny => "deny",
             Self::Bare429 => "bare429",
+            Self::Demo => "demo",
         }
     }
 
@@ -122,13 +147,15 @@ impl Side {
             .into_iter()
             .find(|side| side.name() == name)
             .unwrap_or_else(|| {
-                panic!("a side is `axum`, `bare`, `allow`, `deny` or `bare429`, not {name:?}")
+                panic!(
+                    "a side is `axum`, `bare`, `allow`, `deny`, `bare429` or `demo`, not {name:?}"
+                )
             })
     }
 
     fn status(self) -> StatusCode {
         match self {
-            Self::Axum | Self::Bare | Self::Allow => StatusCode::OK,
+            Self::Axum | Self::Bare | Self::Allow | Self::Demo => StatusCode::OK,
             Self::Deny | Self::Bare429 => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -191,6 +218,7 @@ async fn start(side: Side, users: u64) -> SocketAddr {
     let metrics = Metrics::new();
     let limits = match side {
         Side::Axum => return serve_axum().await,
+        Side::Demo => unreachable!("the demo side is the binary, spawned by `Server::spawn`"),
         Side::Bare => None,
         Side::Bare429 => return serve_control(denial().await).await,
         Side::Allow | Side::Deny => {
@@ -302,27 +330,25 @@ async fn round(addr: SocketAddr, load: &Load, status: StatusCode, seed: u64) -> 
             // Connections start their walks spread over the users.
             let mut users = Users::new(load.users, seed + c * (load.users / load.connections));
             tokio::spawn(async move {
-                let stream = TcpStream::connect(addr).await.unwrap();
+                // Written and parsed by hand, not with hyper's client: a client cheaper per
+                // request than the server keeps the pinned server busy, so what is read is the
+                // server's capacity, as an outside load generator (h2load, wrk) reads it.
+                let mut stream = TcpStream::connect(addr).await.unwrap();
                 stream.set_nodelay(true).unwrap();
-                let (mut sender, conn) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                        .await
-                        .unwrap();
-                tokio::spawn(conn);
+                let mut request = Vec::with_capacity(128);
+                let mut buf = vec![0u8; 4096];
                 while issued.fetch_add(1, Ordering::Relaxed) < requests && Instant::now() < deadline
                 {
-                    let id = HeaderValue::try_from(user(users.next())).unwrap();
-                    let request = Request::get("/api/data")
-                        .header("host", "bench")
-                        .header("x-user-id", id)
-                        .body(Empty::<Bytes>::new())
-                        .unwrap();
-                    let response = sender.send_request(request).await.unwrap();
-                    let got = response.status();
-                    let body = response.into_body().collect().await.unwrap().to_bytes();
+                    request.clear();
+                    request
+                        .extend_from_slice(b"GET /api/data HTTP/1.1\r\nhost: bench\r\nx-user-id: ");
+                    request.extend_from_slice(user(users.next()).as_bytes());
+                    request.extend_from_slice(b"\r\n\r\n");
+                    stream.write_all(&request).await.unwrap();
+                    let (got, body) = read_response(&mut stream, &mut buf).await;
                     assert_eq!(got, status);
                     if status == StatusCode::OK {
-                        assert_eq!(&body[..], DATA_BODY.as_bytes());
+                        assert_eq!(body, DATA_BODY.as_bytes());
                     }
                     done.fetch_add(1, Ordering::Relaxed);
                 }
@@ -333,6 +359,37 @@ async fn round(addr: SocketAddr, load: &Load, status: StatusCode, seed: u64) -> 
         task.await.unwrap();
     }
     (done.load(Ordering::Relaxed), start.elapsed())
+}
+
+/// Reads one HTTP/1.1 response (a `content-length` body) from `stream` into `buf`: its status
+/// and body.
+async fn read_response<'b>(stream: &mut TcpStream, buf: &'b mut Vec<u8>) -> (StatusCode, &'b [u8]) {
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(len * 2, 0);
+        }
+        let n = stream.read(&mut buf[len..]).await.unwrap();
+        assert!(n > 0, "the server closed the connection");
+        len += n;
+        let Some(end) = buf[..len].windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = std::str::from_utf8(&buf[..end]).unwrap();
+        let length: usize = head
+            .split("\r\n")
+            .find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        if len >= end + 4 + length {
+            assert_eq!(len, end + 4 + length, "one response at a time");
+            let status = StatusCode::from_bytes(&buf[9..12]).unwrap();
+            return (status, &buf[end + 4..len]);
+        }
+    }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -346,13 +403,20 @@ struct Server {
     child: Child,
     addr: SocketAddr,
     /// Keeps the pipe open; the server reads nothing else from it.
-    _stdout: BufReader<ChildStdout>,
+    _stdout: Option<BufReader<ChildStdout>>,
+    /// The demo binary's log (its address line read), kept open.
+    _stderr: Option<BufReader<ChildStderr>>,
+    /// The demo binary's policy file, removed on drop.
+    policy: Option<std::path::PathBuf>,
 }
 
 impl Server {
     fn spawn(side: Side, users: u64) -> Self {
-        let exe = std::env::current_exe().unwrap();
         let cpus = std::env::var("BENCH_SERVER_CPUS").unwrap_or_else(|_| "0".into());
+        if side == Side::Demo {
+            return Self::spawn_demo(&cpus);
+        }
+        let exe = std::env::current_exe().unwrap();
         let mut command = if cpus.is_empty() {
             Command::new(exe)
         } else {
@@ -380,7 +444,52 @@ impl Server {
             side,
             child,
             addr,
-            _stdout: stdout,
+            _stdout: Some(stdout),
+            _stderr: None,
+            policy: None,
+        }
+    }
+
+    /// The `distlimit-demo` binary (built by `cargo bench` with this bench), run as users run
+    /// it: its own `main`, runtime, logging and serving stack, on [`DEMO_POLICIES`].
+    fn spawn_demo(cpus: &str) -> Self {
+        let exe = env!("CARGO_BIN_EXE_distlimit-demo");
+        let policy =
+            std::env::temp_dir().join(format!("distlimit-bench-{}.toml", std::process::id()));
+        std::fs::write(&policy, DEMO_POLICIES).unwrap();
+        let mut command = if cpus.is_empty() {
+            Command::new(exe)
+        } else {
+            let mut taskset = Command::new("taskset");
+            taskset.arg("-c").arg(cpus).arg(exe);
+            taskset
+        };
+        let mut child = command
+            .args(["--listen", "127.0.0.1:0", "--policy"])
+            .arg(&policy)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn distlimit-demo");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let addr = loop {
+            let mut line = String::new();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "distlimit-demo ended"
+            );
+            if let Some((_, addr)) = line.trim().split_once("listening on http://") {
+                break addr.parse().unwrap();
+            }
+        };
+        Self {
+            side: Side::Demo,
+            child,
+            addr,
+            _stdout: None,
+            _stderr: Some(stderr),
+            policy: Some(policy),
         }
     }
 
@@ -404,9 +513,16 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // Closing stdin ends the server; it is our own child, waited for by PID.
+        // Closing stdin ends the bench's own servers; the demo binary is killed. Either is our
+        // own child, waited for by PID.
+        if self.side == Side::Demo {
+            let _ = self.child.kill();
+        }
         drop(self.child.stdin.take());
         let _ = self.child.wait();
+        if let Some(policy) = &self.policy {
+            let _ = std::fs::remove_file(policy);
+        }
     }
 }
 
@@ -430,6 +546,15 @@ fn main() {
     let rounds = knob("BENCH_ROUNDS", 11);
     if std::env::var("BENCH_ROLE").as_deref() == Ok("server") {
         server_role(load.users);
+        return;
+    }
+    if let Ok(target) = std::env::var("BENCH_TARGET") {
+        // Only the client, against a server started elsewhere (the demo binary under
+        // callgrind, say), expecting 200s: one round of `BENCH_REQUESTS`.
+        let addr: SocketAddr = target.parse().expect("BENCH_TARGET is an address");
+        let seed = knob("BENCH_SEED", 1);
+        let (n, elapsed) = runtime(1).block_on(round(addr, &load, StatusCode::OK, seed));
+        println!("{n} requests in {elapsed:.2?}");
         return;
     }
     if let Ok(side) = std::env::var("BENCH_SIDE") {
@@ -456,32 +581,35 @@ fn main() {
             std::env::var("BENCH_SERVER_CPUS").unwrap_or_else(|_| "0".into())
         );
         println!(
-            "round  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  capacity allow/axum  deny/axum",
+            "round  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  capacity allow/axum  deny/axum",
             "axum req/s, µs/req",
             "bare req/s, µs/req",
             "allow req/s, µs/req",
             "deny req/s, µs/req",
-            "bare429 req/s, µs/req"
+            "bare429 req/s, µs/req",
+            "demo req/s, µs/req"
         );
         // Per side: requests per second and µs of server CPU per request, one per round.
-        let mut rates: [Vec<f64>; 5] = Default::default();
-        let mut cpus: [Vec<f64>; 5] = Default::default();
+        let mut rates: [Vec<f64>; 6] = Default::default();
+        let mut cpus: [Vec<f64>; 6] = Default::default();
         // (name, side, baseline): throughput and CPU ratios, one per set of rounds.
         let pairs = [
+            ("demo/axum", Side::Demo, Side::Axum),
             ("allow/axum", Side::Allow, Side::Axum),
             ("deny/axum", Side::Deny, Side::Axum),
+            ("demo/allow", Side::Demo, Side::Allow),
             ("bare/axum", Side::Bare, Side::Axum),
             ("allow/bare", Side::Allow, Side::Bare),
             ("deny/bare", Side::Deny, Side::Bare),
             ("deny/bare429", Side::Deny, Side::Bare429),
             ("bare429/bare", Side::Bare429, Side::Bare),
         ];
-        let mut rate_ratios: [Vec<f64>; 7] = Default::default();
-        let mut cpu_ratios: [Vec<f64>; 7] = Default::default();
+        let mut rate_ratios: [Vec<f64>; 9] = Default::default();
+        let mut cpu_ratios: [Vec<f64>; 9] = Default::default();
         let index = |side: Side| SIDES.iter().position(|s| *s == side).unwrap();
         for r in 0..rounds {
-            let mut rate = [0.0; 5];
-            let mut cpu = [0.0; 5];
+            let mut rate = [0.0; 6];
+            let mut cpu = [0.0; 6];
             for k in 0..SIDES.len() {
                 // Rotated, so each side goes first, second, third and last alike.
                 let i = (k + usize::try_from(r).unwrap()) % SIDES.len();
