@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::observe::{BreakerState, Observer, Outcome};
+use distlimit_core::observe::{BreakerState, Observer, Outcome, PolicyObserver};
 use distlimit_core::{Decision, Error};
 use prometheus_client::encoding::text;
 use prometheus_client::metrics::counter::Counter;
@@ -261,12 +261,14 @@ impl Observer for Metrics {
     fn on_decision(&self, policy: &str, outcome: Outcome, decision: &Decision, latency: Duration) {
         let inner = &*self.inner;
         inner.policies.with(policy, &inner.policy, |metrics| {
-            metrics.count(&inner.policy, outcome, decision.source());
-            metrics.duration.observe(latency.as_secs_f64());
-            if is_near_limit(decision) {
-                metrics.near_limit.inc();
-            }
+            metrics.on_decision(outcome, decision, latency);
         });
+    }
+
+    /// The policy's series, looked up (and its label created) once.
+    fn policy_observer(&self, policy: &str) -> Option<Arc<dyn PolicyObserver>> {
+        let inner = &*self.inner;
+        Some(inner.policies.get(policy, &inner.policy))
     }
 
     fn on_store_error(&self, store: &'static str, _policy: &str, error: &Error) {
