@@ -99,6 +99,15 @@ pub trait Observer: Send + Sync {
         let _ = (policy, outcome, decision, latency);
     }
 
+    /// A handle that receives the decisions of `policy` ([`PolicyObserver::on_decision`]) as
+    /// [`on_decision`](Self::on_decision) with that name would: callers that report many
+    /// decisions of one policy resolve it once and keep it (the limiter keeps one per policy of
+    /// its set), so no decision looks the name up. `None` (the default): report by name.
+    fn policy_observer(&self, policy: &str) -> Option<Arc<dyn PolicyObserver>> {
+        let _ = policy;
+        None
+    }
+
     /// The store named `store` failed while deciding for `policy`. Reported even when a fallback
     /// then answered, so errors absorbed by a circuit breaker stay visible.
     fn on_store_error(&self, store: &'static str, policy: &str, error: &Error) {
@@ -123,6 +132,13 @@ pub trait Observer: Send + Sync {
     }
 }
 
+/// The decisions of one policy, resolved once by [`Observer::policy_observer`].
+pub trait PolicyObserver: Send + Sync {
+    /// A request was decided under the policy this handle was resolved for: as
+    /// [`Observer::on_decision`] with its name.
+    fn on_decision(&self, outcome: Outcome, decision: &Decision, latency: Duration);
+}
+
 /// An [`Observer`] that ignores everything: the default.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoopObserver;
@@ -132,6 +148,10 @@ impl Observer for NoopObserver {}
 impl<O: Observer + ?Sized> Observer for Arc<O> {
     fn on_decision(&self, policy: &str, outcome: Outcome, decision: &Decision, latency: Duration) {
         (**self).on_decision(policy, outcome, decision, latency);
+    }
+
+    fn policy_observer(&self, policy: &str) -> Option<Arc<dyn PolicyObserver>> {
+        (**self).policy_observer(policy)
     }
 
     fn on_store_error(&self, store: &'static str, policy: &str, error: &Error) {

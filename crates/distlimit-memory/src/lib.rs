@@ -294,26 +294,43 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             return Ok(());
         }
 
+        // Looked up once: each entry's place is found in the first pass and reused by the
+        // second, the shard locks held, nothing inserted or removed in between.
+        let mut places: SmallVec<[shard::At; INLINE]> = SmallVec::new();
         for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
-            *d = guards[guard_of(shard)]
-                .1
-                .evaluate(hash, id, r.limit(), now, r.cost());
+            let table = &guards[guard_of(shard)].1;
+            let at = table.find(hash, id, r.limit());
+            *d = table.evaluate_at(at, r.limit(), now, r.cost());
+            places.push(at);
         }
         if !decisions.iter().all(Decision::is_allowed) {
             // Nothing is charged: a request that alone would pass reports its state as it is.
-            for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
+            for (((d, r), &(_, _, shard)), &at) in decisions
+                .iter_mut()
+                .zip(requests)
+                .zip(&located)
+                .zip(&places)
+            {
                 if d.is_allowed() {
-                    *d = guards[guard_of(shard)]
-                        .1
-                        .evaluate(hash, id, r.limit(), now, 0);
+                    *d = guards[guard_of(shard)].1.evaluate_at(at, r.limit(), now, 0);
                 }
             }
-        } else {
-            for (r, &(id, hash, shard)) in requests.iter().zip(&located) {
-                if r.cost() == 0 {
+            return Ok(());
+        }
+        // Known keys first: a fresh key's insert may move the other entries of its table.
+        for fresh in [false, true] {
+            for ((r, &(id, hash, shard)), &at) in requests.iter().zip(&located).zip(&places) {
+                if r.cost() == 0 || at.is_fresh() != fresh {
                     continue;
                 }
-                self.charge(&mut guards[guard_of(shard)].1, id, hash, r, now);
+                let table = &mut guards[guard_of(shard)].1;
+                let (max, hasher) = (self.max_keys_per_shard, &self.hasher);
+                let (_, evicted) =
+                    table.decide_at(at, hash, id, r.limit(), now, r.cost(), max, hasher);
+                if evicted {
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                    self.observer.on_evict(STORE_NAME, 1);
+                }
             }
         }
         Ok(())

@@ -240,6 +240,24 @@ trait Slot {
     fn expires_at(&self) -> u64;
     /// The keyed hash of its id, for rehashing.
     fn hash<S: BuildHasher>(&self, hasher: &S) -> u64;
+    /// Charges this entry as `how` says: `Limit::decide_from` or `Limit::force_from` on its
+    /// state, under the quota it was written under.
+    fn charge(
+        &mut self,
+        how: Charge,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &mut Stamps,
+    ) -> Decision;
+    /// What `limit` would answer for `entry` (`None`: a fresh key), changing nothing.
+    fn evaluate(
+        entry: Option<&Self>,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &Stamps,
+    ) -> Decision;
 }
 
 impl<const W: usize, A> Slot for Compact<W, A> {
@@ -268,6 +286,40 @@ impl<const W: usize, A> Slot for Compact<W, A> {
     fn hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
         packed_hash(&self.id, hasher)
     }
+
+    #[inline(always)]
+    fn charge(
+        &mut self,
+        how: Charge,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &mut Stamps,
+    ) -> Decision {
+        match how {
+            Charge::Decide => self.decide(limit, now, cost, stamps),
+            Charge::Force => self.force(limit, now, cost, stamps),
+        }
+    }
+
+    #[inline]
+    fn evaluate(
+        entry: Option<&Self>,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &Stamps,
+    ) -> Decision {
+        let quota = limit.quota();
+        let mut state = match entry {
+            None => Gcra::default(),
+            Some(entry) => match stamps.get(entry.word >> STAMP_SHIFT) {
+                Some(from) if from != quota => entry.state().carried(from, quota, now),
+                _ => entry.state(),
+            },
+        };
+        state.decide(quota, now, cost)
+    }
 }
 
 impl Slot for Wide {
@@ -291,6 +343,71 @@ impl Slot for Wide {
     fn hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
         self.key.id().hash(hasher)
     }
+
+    #[inline]
+    fn charge(
+        &mut self,
+        how: Charge,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &mut Stamps,
+    ) -> Decision {
+        let stamp = self.expires >> STAMP_SHIFT;
+        let before = stamps.get(stamp).copied();
+        let mut written = before;
+        match how {
+            Charge::Decide => {
+                let decision = limit.decide_from(&mut self.state, &mut written, now, cost);
+                if written != before || (decision.is_allowed() && cost > 0) {
+                    // `State::expires_at` (property-tested equal in core), without a division:
+                    // the reset of an admission, or of the carried state when denied.
+                    let stamp = if written == before {
+                        stamp
+                    } else {
+                        stamps.of(limit.quota())
+                    };
+                    self.expires = stamped(now.saturating_add(decision.reset_after_us()), stamp);
+                }
+                decision
+            }
+            Charge::Force => {
+                let decision = limit
+                    .force_from(&mut self.state, &mut written, now, cost)
+                    .unwrap_or_else(|_| limit.evaluate(Some(&self.state), now, 0));
+                self.expires = stamped(
+                    self.state.expires_at(limit.quota()),
+                    stamps.of(limit.quota()),
+                );
+                decision
+            }
+        }
+    }
+
+    #[inline]
+    fn evaluate(
+        entry: Option<&Self>,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &Stamps,
+    ) -> Decision {
+        match entry {
+            None => limit.evaluate(None, now, cost),
+            Some(e) => {
+                let from = stamps.get(e.expires >> STAMP_SHIFT);
+                limit.evaluate_from(Some(&e.state), from, now, cost)
+            }
+        }
+    }
+}
+
+/// How a request charges a key: a decision (only within the limit) or a report (whatever is
+/// left, as debt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Charge {
+    Decide,
+    Force,
 }
 
 /// One swiss table of entries, and where its next sample for an eviction starts.
@@ -320,6 +437,14 @@ impl<T: Slot> Part<T> {
     fn get_mut(&mut self, hash: u64, id: Id<'_>) -> Option<&mut T> {
         let probe = T::probe(id)?;
         self.map.find_mut(hash, |e| e.is(&probe))
+    }
+
+    /// The index of `id`'s entry, if the table holds one: valid until the next insert or
+    /// removal.
+    #[inline(always)]
+    fn find(&self, hash: u64, id: Id<'_>) -> Option<usize> {
+        let probe = T::probe(id)?;
+        self.map.find_bucket_index(hash, |e| e.is(&probe))
     }
 
     fn remove(&mut self, hash: u64, id: Id<'_>) {
@@ -393,64 +518,54 @@ impl<T: Slot> Part<T> {
     }
 }
 
-impl<const W: usize, A> Part<Compact<W, A>> {
-    /// Decides a GCRA request on `id`'s entry, if the table holds one.
+impl<const W: usize, A> Compact<W, A> {
+    /// Decides a GCRA request on this entry.
     #[inline(always)]
-    fn decide(
-        &mut self,
-        hash: u64,
-        id: Id<'_>,
-        limit: &Limit,
-        now: u64,
-        cost: u64,
-        stamps: &mut Stamps,
-    ) -> Option<Decision> {
-        let entry = self.get_mut(hash, id)?;
+    fn decide(&mut self, limit: &Limit, now: u64, cost: u64, stamps: &mut Stamps) -> Decision {
         let quota = limit.quota();
-        let stamp = entry.word >> STAMP_SHIFT;
+        let stamp = self.word >> STAMP_SHIFT;
         match stamps.get(stamp) {
             Some(from) if from != quota => {
                 // Written under another quota: carried over, kept even when denied, but not by
                 // a peek or a cost above the capacity (`Limit::decide_from`).
-                let mut state = entry.state().carried(from, quota, now);
+                let mut state = self.state().carried(from, quota, now);
                 let decision = state.decide(quota, now, cost);
                 if cost > 0 && cost <= quota.burst() {
-                    entry.word = stamped(state.tat_us, stamps.of(quota));
+                    self.word = stamped(state.tat_us, stamps.of(quota));
                 }
-                Some(decision)
+                decision
             }
             _ => {
-                let mut state = entry.state();
+                let mut state = self.state();
                 let decision = state.decide(quota, now, cost);
                 if decision.is_allowed() && cost > 0 {
                     let stamp = if stamp == 0 { stamps.of(quota) } else { stamp };
-                    entry.word = stamped(state.tat_us, stamp);
+                    self.word = stamped(state.tat_us, stamp);
                 }
-                Some(decision)
+                decision
             }
         }
     }
 
-    fn evaluate(
-        &self,
-        hash: u64,
-        id: Id<'_>,
-        limit: &Limit,
-        now: u64,
-        cost: u64,
-        stamps: &Stamps,
-    ) -> Decision {
+    /// Charges `cost` to this GCRA entry whatever is left ([`Gcra::force`]): carried over first
+    /// when written under another quota, as `Limit::force_from`.
+    fn force(&mut self, limit: &Limit, now: u64, cost: u64, stamps: &mut Stamps) -> Decision {
         let quota = limit.quota();
-        let mut state = match self.get(hash, id) {
-            None => Gcra::default(),
-            Some(entry) => match stamps.get(entry.word >> STAMP_SHIFT) {
-                Some(from) if from != quota => entry.state().carried(from, quota, now),
-                _ => entry.state(),
-            },
+        let stamp = self.word >> STAMP_SHIFT;
+        let (mut state, stamp) = match stamps.get(stamp) {
+            Some(from) if from != quota => {
+                (self.state().carried(from, quota, now), stamps.of(quota))
+            }
+            _ if stamp == 0 => (self.state(), stamps.of(quota)),
+            _ => (self.state(), stamp),
         };
-        state.decide(quota, now, cost)
+        state.force(quota, now, cost);
+        self.word = stamped(state.tat_us, stamp);
+        state.decide(quota, now, 0)
     }
+}
 
+impl<const W: usize, A> Part<Compact<W, A>> {
     /// Gives `units` back to `id`'s GCRA entry, if the table holds one: under the quota it was
     /// written under, which stays its quota, as `Limit::give_back_from`.
     fn give_back(
@@ -471,32 +586,6 @@ impl<const W: usize, A> Part<Compact<W, A>> {
         let written = stamps.get(stamp).unwrap_or(quota);
         state.give_back(written, now, units.min(written.burst()));
         entry.word = stamped(state.tat_us, stamp);
-    }
-
-    /// Charges `cost` to `id`'s GCRA entry whatever is left ([`Gcra::force`]), if the table
-    /// holds one: carried over first when written under another quota, as `Limit::force_from`.
-    fn force(
-        &mut self,
-        hash: u64,
-        id: Id<'_>,
-        limit: &Limit,
-        now: u64,
-        cost: u64,
-        stamps: &mut Stamps,
-    ) -> Option<Decision> {
-        let entry = self.get_mut(hash, id)?;
-        let quota = limit.quota();
-        let stamp = entry.word >> STAMP_SHIFT;
-        let (mut state, stamp) = match stamps.get(stamp) {
-            Some(from) if from != quota => {
-                (entry.state().carried(from, quota, now), stamps.of(quota))
-            }
-            _ if stamp == 0 => (entry.state(), stamps.of(quota)),
-            _ => (entry.state(), stamp),
-        };
-        state.force(quota, now, cost);
-        entry.word = stamped(state.tat_us, stamp);
-        Some(state.decide(quota, now, 0))
     }
 
     fn insert_gcra<S: BuildHasher>(
@@ -561,6 +650,66 @@ impl Home {
     }
 }
 
+/// Runs `$body` with `$part` bound to the table of `$home` in `$table` (borrowed as `&` or
+/// `&mut`): the one dispatch from a [`Home`] to its table.
+macro_rules! in_part {
+    (&$table:ident, $home:expr, |$part:ident| $body:expr) => {
+        match $home {
+            Home::Word => {
+                let $part = &$table.word;
+                $body
+            }
+            Home::Short => {
+                let $part = &$table.short;
+                $body
+            }
+            Home::Long => {
+                let $part = &$table.long;
+                $body
+            }
+            Home::Wide => {
+                let $part = &$table.wide;
+                $body
+            }
+        }
+    };
+    (&mut $table:ident, $home:expr, |$part:ident| $body:expr) => {
+        match $home {
+            Home::Word => {
+                let $part = &mut $table.word;
+                $body
+            }
+            Home::Short => {
+                let $part = &mut $table.short;
+                $body
+            }
+            Home::Long => {
+                let $part = &mut $table.long;
+                $body
+            }
+            Home::Wide => {
+                let $part = &mut $table.wide;
+                $body
+            }
+        }
+    };
+}
+
+/// Where a request's state is in a [`Table`] ([`Table::find`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct At {
+    home: Home,
+    /// The entry's index in its table; `None`: a fresh key there.
+    entry: Option<usize>,
+}
+
+impl At {
+    /// Whether the table holds no state for the request: deciding it inserts one.
+    pub(crate) fn is_fresh(&self) -> bool {
+        self.entry.is_none()
+    }
+}
+
 /// The tables behind one shard lock, one per [`Home`]; an id lives in at most one of them.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
@@ -589,19 +738,66 @@ impl Table {
         now: u64,
         cost: u64,
     ) -> Decision {
-        match Home::of(id, limit) {
-            Home::Word => self.word.evaluate(hash, id, limit, now, cost, &self.stamps),
-            Home::Short => self
-                .short
-                .evaluate(hash, id, limit, now, cost, &self.stamps),
-            Home::Long => self.long.evaluate(hash, id, limit, now, cost, &self.stamps),
-            Home::Wide => match self.wide.get(hash, id) {
-                None => limit.evaluate(None, now, cost),
-                Some(e) => {
-                    let from = self.stamps.get(e.expires >> STAMP_SHIFT);
-                    limit.evaluate_from(Some(&e.state), from, now, cost)
-                }
-            },
+        let stamps = &self.stamps;
+        in_part!(&self, Home::of(id, limit), |part| {
+            Slot::evaluate(part.get(hash, id), limit, now, cost, stamps)
+        })
+    }
+
+    /// Where `id`'s state under `limit` is: its table, and its entry's index there if it has
+    /// one. Valid under this lock until the next insert or removal: what a batch decides in
+    /// two passes ([`evaluate_at`](Self::evaluate_at), then [`decide_at`](Self::decide_at))
+    /// looks up once.
+    #[inline]
+    pub(crate) fn find(&self, hash: u64, id: Id<'_>, limit: &Limit) -> At {
+        let home = Home::of(id, limit);
+        let entry = in_part!(&self, home, |part| part.find(hash, id));
+        At { home, entry }
+    }
+
+    /// [`evaluate`](Self::evaluate) of the state [`find`](Self::find) found.
+    #[inline]
+    pub(crate) fn evaluate_at(&self, at: At, limit: &Limit, now: u64, cost: u64) -> Decision {
+        let stamps = &self.stamps;
+        in_part!(&self, at.home, |part| {
+            let entry = at.entry.and_then(|i| part.map.get_bucket(i));
+            Slot::evaluate(entry, limit, now, cost, stamps)
+        })
+    }
+
+    /// [`decide`](Self::decide) of the state [`find`](Self::find) found (nothing inserted or
+    /// removed in between).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(crate) fn decide_at<S: BuildHasher>(
+        &mut self,
+        at: At,
+        hash: u64,
+        id: Id<'_>,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        max_len: usize,
+        hasher: &S,
+    ) -> (Decision, bool) {
+        let stamps = &mut self.stamps;
+        let known = in_part!(&mut self, at.home, |part| {
+            let entry = at.entry.and_then(|i| part.map.get_bucket_mut(i));
+            entry.map(|e| e.charge(Charge::Decide, limit, now, cost, stamps))
+        });
+        match known {
+            Some(decision) => (decision, false),
+            None => self.charge_fresh(
+                Charge::Decide,
+                hash,
+                id,
+                at.home,
+                limit,
+                now,
+                cost,
+                max_len,
+                hasher,
+            ),
         }
     }
 
@@ -618,39 +814,34 @@ impl Table {
         max_len: usize,
         hasher: &S,
     ) -> (Decision, bool) {
+        self.charge(Charge::Decide, hash, id, limit, now, cost, max_len, hasher)
+    }
+
+    /// Charges one request as `how` says, on the id's entry in its table or else on a fresh
+    /// state (the one dispatch of decisions and reports); true with it if a live key was
+    /// evicted to make room.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn charge<S: BuildHasher>(
+        &mut self,
+        how: Charge,
+        hash: u64,
+        id: Id<'_>,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        max_len: usize,
+        hasher: &S,
+    ) -> (Decision, bool) {
         let home = Home::of(id, limit);
-        let known = match home {
-            Home::Word => self
-                .word
-                .decide(hash, id, limit, now, cost, &mut self.stamps),
-            Home::Short => self
-                .short
-                .decide(hash, id, limit, now, cost, &mut self.stamps),
-            Home::Long => self
-                .long
-                .decide(hash, id, limit, now, cost, &mut self.stamps),
-            Home::Wide => self.wide.get_mut(hash, id).map(|entry| {
-                let stamps = &mut self.stamps;
-                let stamp = entry.expires >> STAMP_SHIFT;
-                let before = stamps.get(stamp).copied();
-                let mut written = before;
-                let decision = limit.decide_from(&mut entry.state, &mut written, now, cost);
-                if written != before || (decision.is_allowed() && cost > 0) {
-                    // `State::expires_at` (property-tested equal in core), without a division:
-                    // the reset of an admission, or of the carried state when denied.
-                    let stamp = if written == before {
-                        stamp
-                    } else {
-                        stamps.of(limit.quota())
-                    };
-                    entry.expires = stamped(now.saturating_add(decision.reset_after_us()), stamp);
-                }
-                decision
-            }),
-        };
+        let stamps = &mut self.stamps;
+        let known = in_part!(&mut self, home, |part| {
+            let entry = part.get_mut(hash, id);
+            entry.map(|e| e.charge(how, limit, now, cost, stamps))
+        });
         match known {
             Some(decision) => (decision, false),
-            None => self.decide_fresh(hash, id, home, limit, now, cost, max_len, hasher),
+            None => self.charge_fresh(how, hash, id, home, limit, now, cost, max_len, hasher),
         }
     }
 
@@ -732,52 +923,18 @@ impl Table {
             self.give_back(hash, id, limit, now, cost);
             return (self.evaluate(hash, id, limit, now, 0), false);
         }
-        let home = Home::of(id, limit);
-        let known = match home {
-            Home::Word => self
-                .word
-                .force(hash, id, limit, now, cost, &mut self.stamps),
-            Home::Short => self
-                .short
-                .force(hash, id, limit, now, cost, &mut self.stamps),
-            Home::Long => self
-                .long
-                .force(hash, id, limit, now, cost, &mut self.stamps),
-            Home::Wide => self.wide.get_mut(hash, id).map(|entry| {
-                let stamps = &mut self.stamps;
-                let mut written = stamps.get(entry.expires >> STAMP_SHIFT).copied();
-                let decision = limit
-                    .force_from(&mut entry.state, &mut written, now, cost)
-                    .unwrap_or_else(|_| limit.evaluate(Some(&entry.state), now, 0));
-                entry.expires = stamped(
-                    entry.state.expires_at(limit.quota()),
-                    stamps.of(limit.quota()),
-                );
-                decision
-            }),
-        };
-        if let Some(decision) = known {
-            return (decision, false);
-        }
-        let mut state = State::fresh(limit.algorithm());
-        match limit.force(&mut state, now, cost) {
-            Ok(decision) => {
-                let expires = state.expires_at(limit.quota());
-                let evicted =
-                    self.insert_fresh(hash, id, home, limit, state, expires, now, max_len, hasher);
-                (decision, evicted)
-            }
-            Err(_) => (limit.evaluate(None, now, 0), false),
-        }
+        self.charge(Charge::Force, hash, id, limit, now, cost, max_len, hasher)
     }
 
-    /// [`decide`](Self::decide) for an id not in its table: a fresh key, or one whose state
+    /// [`charge`](Self::charge) for an id not in its table: a fresh key, or one whose state
     /// belongs to another algorithm (then in another table), which counts as fresh and is
-    /// replaced when this request is admitted. Out of line, so the known-key path inlines.
+    /// replaced when this request is stored (a decision that charged, or a report). Out of
+    /// line, so the known-key path inlines.
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
-    fn decide_fresh<S: BuildHasher>(
+    fn charge_fresh<S: BuildHasher>(
         &mut self,
+        how: Charge,
         hash: u64,
         id: Id<'_>,
         home: Home,
@@ -788,11 +945,19 @@ impl Table {
         hasher: &S,
     ) -> (Decision, bool) {
         let mut state = State::fresh(limit.algorithm());
-        let decision = limit.decide(&mut state, now, cost);
-        if !decision.is_allowed() || cost == 0 {
-            return (decision, false);
-        }
-        let expires = now.saturating_add(decision.reset_after_us());
+        let (decision, expires) = match how {
+            Charge::Decide => {
+                let decision = limit.decide(&mut state, now, cost);
+                if !decision.is_allowed() || cost == 0 {
+                    return (decision, false);
+                }
+                (decision, now.saturating_add(decision.reset_after_us()))
+            }
+            Charge::Force => match limit.force(&mut state, now, cost) {
+                Ok(decision) => (decision, state.expires_at(limit.quota())),
+                Err(_) => return (limit.evaluate(None, now, 0), false),
+            },
+        };
         let evicted =
             self.insert_fresh(hash, id, home, limit, state, expires, now, max_len, hasher);
         (decision, evicted)

@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlimit_core::observe::{BreakerState, Observer, Outcome};
+use distlimit_core::observe::{BreakerState, Observer, Outcome, PolicyObserver};
 use distlimit_core::{Decision, Error};
 use prometheus_client::encoding::text;
 use prometheus_client::metrics::counter::Counter;
@@ -261,12 +261,14 @@ impl Observer for Metrics {
     fn on_decision(&self, policy: &str, outcome: Outcome, decision: &Decision, latency: Duration) {
         let inner = &*self.inner;
         inner.policies.with(policy, &inner.policy, |metrics| {
-            metrics.count(&inner.policy, outcome, decision.source());
-            metrics.duration.observe(latency.as_secs_f64());
-            if is_near_limit(decision) {
-                metrics.near_limit.inc();
-            }
+            metrics.on_decision(outcome, decision, latency);
         });
+    }
+
+    /// The policy's series, looked up (and its label created) once.
+    fn policy_observer(&self, policy: &str) -> Option<Arc<dyn PolicyObserver>> {
+        let inner = &*self.inner;
+        Some(inner.policies.get(policy, &inner.policy))
     }
 
     fn on_store_error(&self, store: &'static str, _policy: &str, error: &Error) {
@@ -334,6 +336,8 @@ impl distlimit_redis::RedisObserver for Metrics {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -349,6 +353,34 @@ mod tests {
             u64::MAX,
             reset
         )));
+    }
+
+    #[test]
+    fn a_policy_handle_counts_like_decisions_by_name() {
+        let metrics = Metrics::builder().max_policies(1).build();
+        let allowed = Decision::allowed(10, 9, Duration::from_secs(1));
+        let latency = Duration::from_micros(3);
+        let api = metrics.policy_observer("api").unwrap();
+        api.on_decision(Outcome::Allowed, &allowed, latency);
+        metrics.on_decision("api", Outcome::Allowed, &allowed, latency);
+        // Past the cap, the handle is the overflow label's.
+        let other = metrics.policy_observer("login").unwrap();
+        other.on_decision(Outcome::Denied, &allowed, latency);
+        let text = metrics.encode();
+        let line = |series: &str| {
+            text.lines()
+                .find(|l| l.starts_with(series))
+                .map(str::to_owned)
+        };
+        let decisions =
+            r#"distlimit_decisions_total{policy="api",outcome="allowed",source="primary"}"#;
+        assert_eq!(line(decisions), Some(format!("{decisions} 2")));
+        let count = r#"distlimit_decision_duration_seconds_count{policy="api"}"#;
+        assert_eq!(line(count), Some(format!("{count} 2")));
+        let overflow =
+            r#"distlimit_decisions_total{policy="other",outcome="denied",source="primary"}"#;
+        assert_eq!(line(overflow), Some(format!("{overflow} 1")));
+        assert_eq!(metrics.policy_labels(), 1);
     }
 
     #[test]

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
-use distlimit_core::{Outcome, Source};
+use std::time::Duration;
+
+use distlimit_core::{Decision, Outcome, PolicyObserver, Source};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -37,10 +39,13 @@ pub(crate) struct PolicyFamilies {
     pub(crate) near_limit: Family<PolicyLabels, Counter>,
 }
 
-/// The handles of one policy label value.
+/// The handles of one policy label value: what [`Metrics`](crate::Metrics) hands out as the
+/// policy's [`PolicyObserver`].
 #[derive(Debug)]
 pub(crate) struct PolicyMetrics {
     label: Arc<str>,
+    /// The family its decision counters are created in, on first use.
+    family: Family<DecisionLabels, Counter>,
     /// `[outcome][source]`, created on first use so that only combinations that happened are
     /// exported.
     decisions: [[OnceLock<Counter>; SOURCES]; OUTCOMES],
@@ -57,12 +62,13 @@ impl PolicyMetrics {
             duration: families.duration.get_or_create_owned(&labels),
             near_limit: families.near_limit.get_or_create_owned(&labels),
             decisions: Default::default(),
+            family: families.decisions.clone(),
             label,
         }
     }
 
     /// Counts one decision.
-    pub(crate) fn count(&self, families: &PolicyFamilies, outcome: Outcome, source: Source) {
+    fn count(&self, outcome: Outcome, source: Source) {
         let labels = || DecisionLabels {
             policy: self.label.clone(),
             outcome: outcome.as_str(),
@@ -70,10 +76,20 @@ impl PolicyMetrics {
         };
         match (outcome_index(outcome), source_index(source)) {
             (Some(o), Some(s)) => self.decisions[o][s]
-                .get_or_init(|| families.decisions.get_or_create_owned(&labels()))
+                .get_or_init(|| self.family.get_or_create_owned(&labels()))
                 .inc(),
-            _ => families.decisions.get_or_create(&labels()).inc(),
+            _ => self.family.get_or_create(&labels()).inc(),
         };
+    }
+}
+
+impl PolicyObserver for PolicyMetrics {
+    fn on_decision(&self, outcome: Outcome, decision: &Decision, latency: Duration) {
+        self.count(outcome, decision.source());
+        self.duration.observe(latency.as_secs_f64());
+        if crate::is_near_limit(decision) {
+            self.near_limit.inc();
+        }
     }
 }
 
@@ -104,7 +120,7 @@ type Map = HashMap<Arc<str>, Arc<PolicyMetrics>, foldhash::fast::RandomState>;
 pub(crate) struct PolicyCache {
     map: ArcSwap<Map>,
     insert: Mutex<()>,
-    overflow: OnceLock<PolicyMetrics>,
+    overflow: OnceLock<Arc<PolicyMetrics>>,
     max: usize,
 }
 
@@ -116,6 +132,16 @@ impl PolicyCache {
             overflow: OnceLock::new(),
             max,
         }
+    }
+
+    /// The handles of `policy`, created (or, past the cap, the overflow label's) the first
+    /// time.
+    pub(crate) fn get(&self, policy: &str, families: &PolicyFamilies) -> Arc<PolicyMetrics> {
+        if let Some(metrics) = self.map.load().get(policy) {
+            return metrics.clone();
+        }
+        self.insert(policy, families)
+            .unwrap_or_else(|| self.overflow(families))
     }
 
     /// Runs `f` on the handles of `policy`, creating them (or falling back to the overflow
@@ -131,10 +157,17 @@ impl PolicyCache {
         }
         match self.insert(policy, families) {
             Some(metrics) => f(&metrics),
-            None => f(self
-                .overflow
-                .get_or_init(|| PolicyMetrics::new(Arc::from(crate::OVERFLOW_POLICY), families))),
+            None => f(&self.overflow(families)),
         }
+    }
+
+    /// The handles every policy past the cap shares.
+    fn overflow(&self, families: &PolicyFamilies) -> Arc<PolicyMetrics> {
+        let overflow = self.overflow.get_or_init(|| {
+            let label = Arc::from(crate::OVERFLOW_POLICY);
+            Arc::new(PolicyMetrics::new(label, families))
+        });
+        overflow.clone()
     }
 
     /// The number of policies with their own label value.

@@ -119,56 +119,70 @@ impl<'a> Item<'a> {
 
 /// The answer to one [`Item`].
 #[derive(Clone, Debug)]
-pub struct Answer {
-    outcome: Outcome,
-    decision: Decision,
-    verdict: Option<Verdict>,
+pub struct Answer(AnswerKind);
+
+#[derive(Clone, Debug)]
+enum AnswerKind {
+    /// A policy item's: its verdict holds the outcome and the decision.
+    Verdict(Verdict),
+    /// A request or deny item's.
+    Store {
+        outcome: Outcome,
+        decision: Decision,
+    },
 }
 
 impl Answer {
     /// Allowed, denied, or denied in shadow mode (let through).
     pub fn outcome(&self) -> Outcome {
-        self.outcome
+        match &self.0 {
+            AnswerKind::Verdict(verdict) => verdict.outcome(),
+            AnswerKind::Store { outcome, .. } => *outcome,
+        }
     }
 
     /// Whether this item lets the request through: `false` only for [`Outcome::Denied`].
     pub fn is_allowed(&self) -> bool {
-        self.outcome != Outcome::Denied
+        self.outcome() != Outcome::Denied
     }
 
     /// The decision: a policy item's most restrictive tier, a request item's store decision
     /// (what it alone would be answered), or, for a [`deny`](Item::deny) item, a denial with
     /// `retry_after` = [`NEVER`].
     pub fn decision(&self) -> &Decision {
-        &self.decision
+        match &self.0 {
+            AnswerKind::Verdict(verdict) => verdict.decision(),
+            AnswerKind::Store { decision, .. } => decision,
+        }
     }
 
     /// A policy item's verdict (its tiers, list, override); `None` for the other items.
     pub fn verdict(&self) -> Option<&Verdict> {
-        self.verdict.as_ref()
+        match &self.0 {
+            AnswerKind::Verdict(verdict) => Some(verdict),
+            AnswerKind::Store { .. } => None,
+        }
     }
 
     /// The verdict of a policy item, owned.
     #[inline]
     pub fn into_verdict(self) -> Option<Verdict> {
-        self.verdict
+        match self.0 {
+            AnswerKind::Verdict(verdict) => Some(verdict),
+            AnswerKind::Store { .. } => None,
+        }
     }
 
     fn of_store(decision: Decision, shadow: bool) -> Self {
-        Self {
+        Self(AnswerKind::Store {
             outcome: outcome(decision.is_allowed(), shadow),
             decision,
-            verdict: None,
-        }
+        })
     }
 
     #[inline]
     fn of_verdict(verdict: Verdict) -> Self {
-        Self {
-            outcome: verdict.outcome(),
-            decision: *verdict.decision(),
-            verdict: Some(verdict),
-        }
+        Self(AnswerKind::Verdict(verdict))
     }
 }
 
@@ -203,50 +217,62 @@ enum ResolvedKind<'s, 'a> {
         cost: u64,
         settle: RequestKind,
     },
-    Request(Request<'a>),
+    /// Borrowed from its item: a resolved item stays small.
+    Request(&'a Request<'a>),
     Deny,
 }
 
 impl<'s, 'a> Resolved<'s, 'a> {
     /// Looks `item`'s policy up in `set` and validates its requests (nothing fails later).
     #[inline]
-    pub(crate) fn new(set: &'s PolicySet, item: &Item<'a>) -> Result<Self, CheckError> {
-        let kind = match item.kind {
-            ItemKind::Policy {
+    pub(crate) fn new(set: &'s PolicySet, item: &'a Item<'a>) -> Result<Self, CheckError> {
+        let kind = match &item.kind {
+            &ItemKind::Policy {
                 policy,
                 key,
                 cost,
                 settle,
-            } => {
-                let Some(found) = set.get(policy) else {
-                    return Err(CheckError::UnknownPolicy(policy.to_owned()));
-                };
-                let key = Key::new(key).map_err(Error::from)?;
-                let rule = found.rule(key.as_bytes());
-                let listed = match rule {
-                    Some(Rule::Allow) => Some(Listed::Allow),
-                    Some(Rule::Deny) => Some(Listed::Deny),
-                    Some(Rule::Override(_)) | None => None,
-                };
-                let applied = found.applied(rule);
-                let shadow = item.shadow || applied.shadow;
-                return Ok(Self {
-                    kind: ResolvedKind::Policy {
-                        applied,
-                        listed,
-                        key,
-                        cost,
-                        settle,
-                    },
-                    shadow,
-                });
-            }
+            } => return Self::of_policy(set, policy, key, cost, settle, item.shadow),
             ItemKind::Request(request) => ResolvedKind::Request(request),
             ItemKind::Deny => ResolvedKind::Deny,
         };
         Ok(Self {
             kind,
             shadow: item.shadow,
+        })
+    }
+
+    /// A policy item ([`Item::policy`] of `kind`, in shadow mode when `shadow`), resolved
+    /// without building the item.
+    #[inline]
+    pub(crate) fn of_policy(
+        set: &'s PolicySet,
+        policy: &str,
+        key: &'a [u8],
+        cost: u64,
+        settle: RequestKind,
+        shadow: bool,
+    ) -> Result<Self, CheckError> {
+        let Some(found) = set.get(policy) else {
+            return Err(CheckError::UnknownPolicy(policy.to_owned()));
+        };
+        let key = Key::new(key).map_err(Error::from)?;
+        let rule = found.rule(key.as_bytes());
+        let listed = match rule {
+            Some(Rule::Allow) => Some(Listed::Allow),
+            Some(Rule::Deny) => Some(Listed::Deny),
+            Some(Rule::Override(_)) | None => None,
+        };
+        let applied = found.applied(rule);
+        Ok(Self {
+            kind: ResolvedKind::Policy {
+                applied,
+                listed,
+                key,
+                cost,
+                settle,
+            },
+            shadow: shadow || applied.shadow,
         })
     }
 
@@ -331,7 +357,7 @@ impl<'s, 'a> Resolved<'s, 'a> {
                 settle,
             } => (&applied.tiers[..], Some(*key), *cost, *settle, None),
             ResolvedKind::Request(request) => {
-                (&[][..], None, 0, RequestKind::Decide, Some(*request))
+                (&[][..], None, 0, RequestKind::Decide, Some(**request))
             }
             _ => (&[][..], None, 0, RequestKind::Decide, None),
         };
@@ -682,10 +708,11 @@ impl<S: Store + ?Sized> Engine<'_, S> {
     /// (read once for the items decided together).
     #[inline]
     fn report_at(&self, item: &Resolved<'_, '_>, answer: &Answer, latency: Option<Duration>) {
-        if let (Some(observer), Some(latency), Some(policy)) =
-            (self.observer, latency, item.policy())
+        if let (Some(observer), Some(latency), ResolvedKind::Policy { applied, .. }) =
+            (self.observer, latency, &item.kind)
         {
-            observer.on_decision(policy, answer.outcome(), answer.decision(), latency);
+            let (outcome, decision) = (answer.outcome(), answer.decision());
+            (applied.observed).report(observer, &applied.policy, outcome, decision, latency);
         }
     }
 

@@ -4,9 +4,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use distlimit_core::{Algorithm, Decision, Observer, Outcome, Store};
+use distlimit_core::{Algorithm, Decision, Observer, Outcome, RequestKind, Store};
 
-use smallvec::{SmallVec, smallvec};
+use smallvec::SmallVec;
 
 use crate::batch::{Answer, Engine, INLINE, Item, MISMATCH, Resolved, STORE_LABEL, never, outcome};
 use crate::error::Field;
@@ -97,7 +97,7 @@ impl<S: Store + ?Sized> Limiter<S> {
     ) -> Result<Verdict, CheckError> {
         let set = self.policies.load();
         let engine = self.engine();
-        let item = Resolved::new(&set, &Item::policy(policy, key, cost))?;
+        let item = Resolved::of_policy(&set, policy, key, cost, RequestKind::Decide, false)?;
         if let Some(result) = engine.decide_one_now(&item) {
             return result?.into_verdict().ok_or_else(|| MISMATCH.into());
         }
@@ -209,7 +209,7 @@ impl<S: Store + ?Sized> Limiter<S> {
         cost: u64,
     ) -> Option<Result<Verdict, CheckError>> {
         let set = self.policies.load();
-        let item = match Resolved::new(&set, &Item::policy(policy, key, cost)) {
+        let item = match Resolved::of_policy(&set, policy, key, cost, RequestKind::Decide, false) {
             Ok(item) => item,
             Err(e) => return Some(Err(e)),
         };
@@ -288,7 +288,8 @@ impl<S: Store + ?Sized> Limiter<S> {
             .iter()
             .map(|item| Resolved::new(&set, item))
             .collect::<Result<SmallVec<[_; INLINE]>, _>>()?;
-        let mut answers: SmallVec<[Option<Answer>; INLINE]> = smallvec![None; items.len()];
+        let mut answers: SmallVec<[Option<Answer>; INLINE]> = SmallVec::new();
+        answers.resize_with(items.len(), || None);
         let mut out = |i: usize, answer: Answer| {
             if let Some(slot) = answers.get_mut(i) {
                 *slot = Some(answer);
@@ -299,7 +300,8 @@ impl<S: Store + ?Sized> Limiter<S> {
             None => engine.decide(&resolved, &mut out).await?,
         }
         answers
-            .into_iter()
+            .iter_mut()
+            .map(Option::take)
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| MISMATCH.into())
     }
@@ -404,12 +406,14 @@ impl<S: Store + ?Sized> Limiter<S> {
         let set = self.policies.load();
         let mut resolved: SmallVec<[Resolved<'_, '_>; INLINE]> = SmallVec::new();
         for &(policy, key, cost) in checks {
-            match Resolved::new(&set, &Item::policy(policy, key, cost)) {
+            match Resolved::of_policy(&set, policy, key, cost, RequestKind::Decide, false) {
                 Ok(item) => resolved.push(item),
                 Err(e) => return Some(Err(e)),
             }
         }
-        let mut verdicts: SmallVec<[Option<Verdict>; INLINE]> = smallvec![None; checks.len()];
+        // Filled in place and taken out one by one: the buffer itself is never moved.
+        let mut verdicts: SmallVec<[Option<Verdict>; INLINE]> = SmallVec::new();
+        verdicts.resize_with(checks.len(), || None);
         let out = |i: usize, answer: Answer| {
             if let Some(slot) = verdicts.get_mut(i) {
                 *slot = answer.into_verdict();
@@ -420,7 +424,8 @@ impl<S: Store + ?Sized> Limiter<S> {
         }
         Some(
             verdicts
-                .into_iter()
+                .iter_mut()
+                .map(Option::take)
                 .collect::<Option<V>>()
                 .ok_or_else(|| MISMATCH.into()),
         )

@@ -2,12 +2,14 @@
 //! validated once, when built.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use distlimit_core::{
-    Algorithm, Key, KeyError, Limit, MAX_POLICY_LEN, Quota, QuotaError, StateName,
+    Algorithm, Decision, Key, KeyError, Limit, MAX_POLICY_LEN, Observer, Outcome, PolicyObserver,
+    Quota, QuotaError, StateName,
 };
 use ipnet::{IpNet, Ipv4Net};
 
@@ -244,6 +246,56 @@ pub(crate) struct Applied {
     pub(crate) shadow: bool,
     pub(crate) is_override: bool,
     pub(crate) tiers: Box<[Tier]>,
+    /// Where its decisions are reported, resolved on the first report.
+    pub(crate) observed: Observed,
+}
+
+/// The observer a policy's decisions were first reported to, with its handle for the policy
+/// ([`Observer::policy_observer`]), resolved once per policy set: later reports to the same
+/// observer go straight to the handle, without looking the name up. Not part of a policy's
+/// value (equal whatever it holds).
+#[derive(Default)]
+pub(crate) struct Observed(OnceLock<Resolved>);
+
+/// An observer, and its handle for one policy (`None`: reported by name).
+type Resolved = (Arc<dyn Observer>, Option<Arc<dyn PolicyObserver>>);
+
+impl Observed {
+    /// Reports a decision of `policy` to `observer`, through the handle resolved for it.
+    #[inline]
+    pub(crate) fn report(
+        &self,
+        observer: &Arc<dyn Observer>,
+        policy: &str,
+        outcome: Outcome,
+        decision: &Decision,
+        latency: Duration,
+    ) {
+        let (first, handle) = self
+            .0
+            .get_or_init(|| (observer.clone(), observer.policy_observer(policy)));
+        match handle {
+            Some(handle) if Arc::ptr_eq(first, observer) => {
+                handle.on_decision(outcome, decision, latency);
+            }
+            // Another observer (a set shared by limiters), or one without handles.
+            _ => observer.on_decision(policy, outcome, decision, latency),
+        }
+    }
+}
+
+impl PartialEq for Observed {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Observed {}
+
+impl fmt::Debug for Observed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Observed")
+    }
 }
 
 /// A named set of tiers a request is checked against all-or-nothing, with allow and deny lists,
@@ -486,6 +538,7 @@ impl Policy {
             shadow: self.shadow,
             is_override: false,
             tiers: self.tiers.clone().into(),
+            observed: Observed::default(),
         });
         for key in &self.allow {
             self.rules
@@ -523,6 +576,7 @@ impl Policy {
                 shadow: self.shadow,
                 is_override: true,
                 tiers: tiers.into(),
+                observed: Observed::default(),
             };
             self.override_applied.push(Arc::new(applied));
             self.rules

@@ -1,5 +1,6 @@
 //! [`RateLimitLayer`] and the [`RateLimit`] service it wraps around an HTTP or gRPC service.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -146,31 +147,7 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
         );
         // The request's cost, computed once for every limit without a cost of its own.
         let mut shared_cost = None;
-        let mut check_of = |limit: &LimitSpec| -> Result<Option<Check>, Rejection> {
-            let Some(policy) = limit.policy.select(&info) else {
-                return Ok(None);
-            };
-            let Some(key) = owned_key(&limit.key, &info, client_ip) else {
-                tracing::error!(
-                    "distlimit-tower: no peer address on the request; serve with ConnectInfo \
-                     (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
-                );
-                let detail = "The rate limiter cannot identify the client.";
-                return Err(Rejection::Misconfigured { detail });
-            };
-            let cost = match (&limit.settle, &limit.cost) {
-                (Some(settle), _) => Settle::estimate_of(settle, &info),
-                (None, Some(cost)) => cost(&info),
-                (None, None) => *shared_cost
-                    .get_or_insert_with(|| self.cost.as_deref().map_or(1, |cost| cost(&info))),
-            };
-            Ok(Some(Check {
-                policy,
-                key,
-                cost,
-                settle: limit.settle.clone(),
-            }))
-        };
+        let mut check_of = |limit| self.check_of(limit, &info, &mut shared_cost);
         let mut checks = match &self.limits[..] {
             // One limit (the common layer): no list.
             [limit] => match check_of(limit) {
@@ -202,35 +179,71 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
 }
 
 impl<S: Store + ?Sized + 'static> Config<S> {
+    /// The check of `limit` for a request (`None`: its selector names no policy), borrowing
+    /// the layer and the request; `shared_cost` is the layer's cost, computed once for every
+    /// limit without a cost of its own.
+    fn check_of<'r>(
+        &'r self,
+        limit: &'r LimitSpec,
+        info: &RequestInfo<'r>,
+        shared_cost: &mut Option<u64>,
+    ) -> Result<Option<Check<'r>>, Rejection> {
+        let Some(policy) = limit.policy.select_ref(info) else {
+            return Ok(None);
+        };
+        let Some(key) = key_of(&limit.key, info, info.client_ip()) else {
+            tracing::error!(
+                "distlimit-tower: no peer address on the request; serve with ConnectInfo \
+                 (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
+            );
+            let detail = "The rate limiter cannot identify the client.";
+            return Err(Rejection::Misconfigured { detail });
+        };
+        let cost = match (&limit.settle, &limit.cost) {
+            (Some(settle), _) => Settle::estimate_of(settle, info),
+            (None, Some(cost)) => cost(info),
+            (None, None) => *shared_cost
+                .get_or_insert_with(|| self.cost.as_deref().map_or(1, |cost| cost(info))),
+        };
+        Ok(Some(Check {
+            policy,
+            key,
+            cost,
+            settle: limit.settle.as_ref().map(Cow::Borrowed),
+        }))
+    }
+
     /// Starts the check of a request one limit applies to.
-    fn start_one(self: Arc<Self>, check: Check) -> Start {
+    fn start_one(self: &Arc<Self>, check: Check<'_>) -> Start {
         // A store that answers at once (`Store::decide_now`; the memory store does) decides
-        // here: no future to box, no clone of the inner service.
-        let (policy, key, cost) = (&check.policy, check.key.as_bytes(), check.cost);
+        // here, on the borrowed check: no future to box, no clone of the inner service.
+        let (policy, key, cost) = (&**check.policy, check.key.as_bytes(), check.cost);
         if let Some(result) = self.limiter.check_now(policy, key, cost) {
             let verdicts = result.as_ref().map(std::slice::from_ref);
             return Start::Decided(self.step(policy, verdicts, std::slice::from_ref(&check)));
         }
-        self.await_batch(smallvec![check])
+        self.await_batch(smallvec![check.into_owned()])
     }
 
     /// Starts the check of several limits: one all-or-nothing batch, decided here when the
     /// store answers at once ([`Limiter::check_all_now`]; the memory store does, with nothing
     /// allocated up to [`INLINE`] limits), else awaited once.
-    fn start_batch(self: Arc<Self>, checks: Checks) -> Start {
+    fn start_batch(self: &Arc<Self>, checks: Checks<'_>) -> Start {
         let decided = self.limiter.check_all_now::<Verdicts>(&batch_of(&checks));
         match decided {
             Some(result) => {
-                let policy = checks.first().map_or("", |c| &*c.policy);
+                let policy = checks.first().map_or("", |c| &**c.policy);
                 Start::Decided(self.step(policy, result.as_deref(), &checks))
             }
-            None => self.await_batch(checks),
+            None => self.await_batch(checks.into_iter().map(Check::into_owned).collect()),
         }
     }
 
-    /// Starts the check of a batch the store must be awaited for.
-    fn await_batch(self: Arc<Self>, checks: Checks) -> Start {
-        let mut check: CheckFuture = Box::pin(async move { self.check(&checks).await });
+    /// Starts the check of a batch the store must be awaited for (its checks own what they
+    /// borrowed from the request and the layer).
+    fn await_batch(self: &Arc<Self>, checks: Checks<'static>) -> Start {
+        let config = Arc::clone(self);
+        let mut check: CheckFuture = Box::pin(async move { config.check(&checks).await });
         // Polled once here (a future may be polled with any waker; the response future polls
         // it with the task's from then on): a batch the store answers at once (the memory
         // store's) is decided without a clone of the inner service.
@@ -248,40 +261,86 @@ pub(crate) fn owned_key(
     info: &RequestInfo<'_>,
     client_ip: Option<ClientIp>,
 ) -> Option<OwnedKey> {
+    key_of(key, info, client_ip).map(RequestKey::into_owned)
+}
+
+/// [`owned_key`], borrowing a header's value from the request.
+fn key_of<'r>(
+    key: &KeyExtractor,
+    info: &RequestInfo<'r>,
+    client_ip: Option<ClientIp>,
+) -> Option<RequestKey<'r>> {
     let found = match &key.0 {
         KeyKind::ClientIp => None,
         KeyKind::Header { name, max_len } => {
-            header_key(info, name, *max_len).map(|v| OwnedKey::Header(v.clone()))
+            header_key(info, name, *max_len).map(RequestKey::Header)
         }
-        KeyKind::Custom(f) => f(info).map(OwnedKey::Custom),
+        KeyKind::Custom(f) => f(info).map(|key| RequestKey::Owned(OwnedKey::Custom(key))),
     };
-    found.or_else(|| client_ip.map(|ip| OwnedKey::Ip(ip.key())))
+    found.or_else(|| client_ip.map(|ip| RequestKey::Owned(OwnedKey::Ip(ip.key()))))
+}
+
+/// A request's key while its check is decided: a header's value borrowed from the request, or
+/// an owned key.
+enum RequestKey<'r> {
+    Header(&'r HeaderValue),
+    Owned(OwnedKey),
+}
+
+impl RequestKey<'_> {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestKey::Header(value) => value.as_bytes(),
+            RequestKey::Owned(key) => key.as_bytes(),
+        }
+    }
+
+    /// The key owned (a header value's clone shares its bytes).
+    fn into_owned(self) -> OwnedKey {
+        match self {
+            RequestKey::Header(value) => OwnedKey::Header(value.clone()),
+            RequestKey::Owned(key) => key,
+        }
+    }
 }
 
 /// The most limits a request is checked against without allocating their list.
 const INLINE: usize = 4;
 
 /// The limits of one request.
-type Checks = SmallVec<[Check; INLINE]>;
+type Checks<'r> = SmallVec<[Check<'r>; INLINE]>;
 
 /// The verdicts of one request's limits.
 type Verdicts = SmallVec<[Verdict; INLINE]>;
 
 /// The batch [`Limiter::check_all`] takes, borrowing `checks`.
-fn batch_of(checks: &[Check]) -> SmallVec<[(&str, &[u8], u64); INLINE]> {
+fn batch_of<'c>(checks: &'c [Check<'_>]) -> SmallVec<[(&'c str, &'c [u8], u64); INLINE]> {
     let mut batch = SmallVec::new();
     for c in checks {
-        batch.push((&*c.policy, c.key.as_bytes(), c.cost));
+        batch.push((&**c.policy, c.key.as_bytes(), c.cost));
     }
     batch
 }
 
-/// One limit of one request: its policy, key and cost (the estimate of a settled limit).
-struct Check {
-    policy: Arc<str>,
-    key: OwnedKey,
+/// One limit of one request: its policy, key and cost (the estimate of a settled limit),
+/// borrowing the layer's configuration and the request's head while it is decided in `call`;
+/// owned ([`into_owned`](Self::into_owned)) only when the store must be awaited.
+struct Check<'r> {
+    policy: Cow<'r, Arc<str>>,
+    key: RequestKey<'r>,
     cost: u64,
-    settle: Option<Arc<Spec>>,
+    settle: Option<Cow<'r, Arc<Spec>>>,
+}
+
+impl Check<'_> {
+    fn into_owned(self) -> Check<'static> {
+        Check {
+            policy: Cow::Owned(self.policy.into_owned()),
+            key: RequestKey::Owned(self.key.into_owned()),
+            cost: self.cost,
+            settle: self.settle.map(|spec| Cow::Owned(spec.into_owned())),
+        }
+    }
 }
 
 /// A request's key, owned by its check: a header value (a cheap clone: the values hyper parses
@@ -808,9 +867,9 @@ impl<S: Store + ?Sized> Config<S> {
     }
 
     /// Decides a request's limits as one all-or-nothing batch.
-    async fn check(&self, checks: &[Check]) -> Step {
+    async fn check(&self, checks: &[Check<'_>]) -> Step {
         // Named in logs by its first policy (the layer's own, when it applies).
-        let policy = checks.first().map_or("", |c| &*c.policy);
+        let policy = checks.first().map_or("", |c| &**c.policy);
         let batch = batch_of(checks);
         let check = self.limiter.check_all(&batch);
         let Some(limit) = self.timeout else {
@@ -841,7 +900,7 @@ impl<S: Store + ?Sized> Config<S> {
         &self,
         policy: &str,
         result: Result<&[Verdict], &CheckError>,
-        checks: &[Check],
+        checks: &[Check<'_>],
     ) -> Step {
         match result {
             Ok(verdicts) if verdicts.iter().all(Verdict::is_allowed) => {
@@ -877,14 +936,14 @@ impl<S: Store + ?Sized> Config<S> {
     }
 
     /// The reservations of an admitted request's settled limits, if it has any.
-    fn settlement(&self, checks: &[Check]) -> Option<Box<Settlement>> {
+    fn settlement(&self, checks: &[Check<'_>]) -> Option<Box<Settlement>> {
         let reserved: SmallVec<[Reserved; 1]> = checks
             .iter()
             .filter_map(|c| {
                 // The spec first: a limit not settled copies nothing.
-                let spec = c.settle.clone()?;
+                let spec = Arc::clone(c.settle.as_deref()?);
                 Some(Reserved {
-                    policy: c.policy.clone(),
+                    policy: Arc::clone(&c.policy),
                     key: Bytes::copy_from_slice(c.key.as_bytes()),
                     estimate: c.cost,
                     spec,

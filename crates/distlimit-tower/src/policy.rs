@@ -1,5 +1,6 @@
 //! [`PolicySelector`]: which policy of the limiter a request is checked against.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -72,10 +73,15 @@ impl PolicySelector {
 
     /// The policy for a request (cloning an `Arc`: no allocation for fixed and routed policies).
     pub fn select(&self, req: &RequestInfo<'_>) -> Option<Arc<str>> {
+        self.select_ref(req).map(Cow::into_owned)
+    }
+
+    /// [`select`](Self::select), borrowing a fixed or routed policy's name.
+    pub(crate) fn select_ref(&self, req: &RequestInfo<'_>) -> Option<Cow<'_, Arc<str>>> {
         match &self.0 {
-            Kind::Fixed(p) => Some(p.clone()),
-            Kind::Routes(t) => t.lookup(req.method(), req.path()).cloned(),
-            Kind::Custom(f) => f(req),
+            Kind::Fixed(p) => Some(Cow::Borrowed(p)),
+            Kind::Routes(t) => t.lookup(req.method(), req.path()).map(Cow::Borrowed),
+            Kind::Custom(f) => f(req).map(Cow::Owned),
         }
     }
 }
