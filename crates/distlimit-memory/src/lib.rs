@@ -235,11 +235,18 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             RequestKind::Decide => table.decide(hash, id, limit, now_us, cost, max, hasher),
             kind => table.settle(hash, id, limit, kind, now_us, cost, max, hasher),
         };
+        self.count_eviction(evicted);
+        decision
+    }
+
+    /// Counts a live key evicted to make room for an insert (`evicted`), in the store's total
+    /// and to its observer.
+    #[inline]
+    fn count_eviction(&self, evicted: bool) {
         if evicted {
             self.evictions.fetch_add(1, Ordering::Relaxed);
             self.observer.on_evict(STORE_NAME, 1);
         }
-        decision
     }
 
     /// Decides a batch all-or-nothing, synchronously: see [`Store::decide_all`].
@@ -327,10 +334,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
                 let (max, hasher) = (self.max_keys_per_shard, &self.hasher);
                 let (_, evicted) =
                     table.decide_at(at, hash, id, r.limit(), now, r.cost(), max, hasher);
-                if evicted {
-                    self.evictions.fetch_add(1, Ordering::Relaxed);
-                    self.observer.on_evict(STORE_NAME, 1);
-                }
+                self.count_eviction(evicted);
             }
         }
         Ok(())
@@ -360,10 +364,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             &self.hasher,
         );
         drop(table);
-        if evicted {
-            self.evictions.fetch_add(1, Ordering::Relaxed);
-            self.observer.on_evict(STORE_NAME, 1);
-        }
+        self.count_eviction(evicted);
         Ok(grant)
     }
 
