@@ -826,6 +826,47 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// A layer that wraps nothing and counts how often it is applied.
+    #[derive(Clone)]
+    struct CountLayers(Arc<AtomicUsize>);
+
+    impl<S> tower_layer::Layer<S> for CountLayers {
+        type Service = S;
+
+        fn layer(&self, inner: S) -> S {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            inner
+        }
+    }
+
+    /// A route's layers are applied once for the router, not once per request: a `Router<()>`
+    /// that is not given its state rebuilds each handler's stack on every call (axum's boxed
+    /// handlers), an allocation per layer and request.
+    #[tokio::test]
+    async fn route_layers_are_applied_once_not_per_request() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let applied = Arc::new(AtomicUsize::new(0));
+        let app = Router::new().route(
+            "/",
+            axum::routing::get(|| async { "ok" }).route_layer(CountLayers(applied.clone())),
+        );
+        tokio::spawn(serve(listener, app, ServeConfig::default(), std::future::pending()));
+        let before = applied.load(Ordering::Relaxed);
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        for _ in 0..20 {
+            stream
+                .write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
+                .await
+                .unwrap();
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        }
+        let during = applied.load(Ordering::Relaxed) - before;
+        assert!(during <= 1, "applied {during} times for 20 requests");
+    }
+
     /// After a response, a keep-alive connection whose next head never completes is closed by
     /// the connection's idle timer at the header read timeout (no hyper timer), however long
     /// the idle timeout; before, a complete request on it is served.
