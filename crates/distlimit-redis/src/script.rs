@@ -139,9 +139,13 @@
 //!
 //! The Lua lives in `src/scripts/`, each piece written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, `refund.lua`, `lease.lua` and `permit.lua` (one function each), and the main in two
-//! parts, `entry.lua` (the call of one request alone, the common one) and `entry_groups.lua` (the
-//! general path). The script text is put together at compile time (`concat!(include_str!(…))`).
+//! `decide_<algorithm>`, `algorithms.lua` (their table), `refund.lua`, `lease.lua`, `pool.lua`,
+//! `permit.lua` and `settle.lua` (one function each), and the main in two parts, `entry.lua`
+//! (the call of one request alone, the common one) and `entry_groups.lua` (the general path).
+//! The script text is put together at compile time (`concat!(include_str!(…))`); the call of
+//! one request builds only its own algorithm's functions (each algorithm's file is included a
+//! second time inside `one_algorithm`), since Lua builds every closure of the chunk it runs
+//! through on each call.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -278,16 +282,33 @@ impl Expect {
     }
 }
 
-/// The entry script: the prelude, every algorithm, the main with the call of one request, the
-/// refund and lease functions, the general path.
+/// The entry script: the prelude; `one_algorithm(a)`, which builds one algorithm's functions
+/// (the call of one request builds only its own: Lua builds every closure of the chunk it runs
+/// through again on each call); the main with the call of one request; every algorithm at the
+/// top level for the general path, and its table; the refund, lease, pool, permit and settling
+/// functions; the general path. Each algorithm's file is included twice in the text, written
+/// once.
 const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/prelude.lua"),
+    "-- One algorithm's decision function, built alone: for the call of one request.\n",
+    "local function one_algorithm(a)\nif a == 1 then\n",
+    include_str!("scripts/token_bucket.lua"),
+    "return decide_token_bucket\nelseif a == 2 then\n",
+    include_str!("scripts/gcra.lua"),
+    "return decide_gcra\nelseif a == 3 then\n",
+    include_str!("scripts/fixed_window.lua"),
+    "return decide_fixed_window\nelseif a == 4 then\n",
+    include_str!("scripts/sliding_log.lua"),
+    "return decide_sliding_log\nelseif a == 5 then\n",
+    include_str!("scripts/sliding_window.lua"),
+    "return decide_sliding_window\nend\nend\n",
+    include_str!("scripts/entry.lua"),
     include_str!("scripts/token_bucket.lua"),
     include_str!("scripts/gcra.lua"),
     include_str!("scripts/fixed_window.lua"),
     include_str!("scripts/sliding_log.lua"),
     include_str!("scripts/sliding_window.lua"),
-    include_str!("scripts/entry.lua"),
+    include_str!("scripts/algorithms.lua"),
     include_str!("scripts/refund.lua"),
     include_str!("scripts/lease.lua"),
     include_str!("scripts/pool.lua"),
