@@ -851,7 +851,12 @@ mod tests {
             "/",
             axum::routing::get(|| async { "ok" }).route_layer(CountLayers(applied.clone())),
         );
-        tokio::spawn(serve(listener, app, ServeConfig::default(), std::future::pending()));
+        tokio::spawn(serve(
+            listener,
+            app,
+            ServeConfig::default(),
+            std::future::pending(),
+        ));
         let before = applied.load(Ordering::Relaxed);
         let mut stream = TcpStream::connect(addr).await.unwrap();
         let mut buf = vec![0u8; 1024];
