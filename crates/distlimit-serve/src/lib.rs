@@ -826,6 +826,20 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// Sends `n` requests for `/` on one keep-alive connection, each answered 200 `ok`.
+    async fn get_ok(stream: &mut TcpStream, n: usize) {
+        let mut buf = vec![0u8; 1024];
+        for _ in 0..n {
+            stream
+                .write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
+                .await
+                .unwrap();
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+            assert!(buf[..n].ends_with(b"ok"));
+        }
+    }
+
     /// A layer that wraps nothing and counts how often it is applied.
     #[derive(Clone)]
     struct CountLayers(Arc<AtomicUsize>);
@@ -859,15 +873,7 @@ mod tests {
         ));
         let before = applied.load(Ordering::Relaxed);
         let mut stream = TcpStream::connect(addr).await.unwrap();
-        let mut buf = vec![0u8; 1024];
-        for _ in 0..20 {
-            stream
-                .write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
-                .await
-                .unwrap();
-            let n = stream.read(&mut buf).await.unwrap();
-            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
-        }
+        get_ok(&mut stream, 20).await;
         let during = applied.load(Ordering::Relaxed) - before;
         assert!(during <= 1, "applied {during} times for 20 requests");
     }
@@ -887,16 +893,8 @@ mod tests {
         let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
         tokio::spawn(serve(listener, app, config, std::future::pending()));
         let mut stream = TcpStream::connect(addr).await.unwrap();
+        get_ok(&mut stream, 3).await;
         let mut buf = vec![0u8; 1024];
-        for _ in 0..3 {
-            stream
-                .write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
-                .await
-                .unwrap();
-            let n = stream.read(&mut buf).await.unwrap();
-            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
-            assert!(buf[..n].ends_with(b"ok"));
-        }
         let answered = std::time::Instant::now();
         stream.write_all(b"GET / HTTP/1.1\r\nho").await.unwrap();
         let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
