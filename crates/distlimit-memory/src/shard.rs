@@ -123,8 +123,8 @@ struct Stamps {
     quotas: Vec<Quota>,
     index: std::collections::HashMap<Quota, u64, foldhash::fast::RandomState>,
     /// The index [`of`](Self::of) last answered: nearly every insert of a shard is under the
-    /// quota of the one before (SipHash of a quota per insert cost a new key 1 200 instructions,
-    /// a sixth of the demo's million-user insert path).
+    /// quota of the one before (SipHash of the quota on every insert cost a new key about 600
+    /// instructions: callgrind, the demo with a million users).
     last: u64,
 }
 

@@ -40,7 +40,7 @@ local blob = ARGV[1]
 -- as the general path below decides it, without its tables, closures and pcall (about a third of
 -- the call's cost inside Redis), and with only its own algorithm's functions built
 -- (`one_algorithm`, before this part: every closure the chunk defines is built again on each
--- call, and the other four algorithms' cost a GCRA decision about 4 % of its instructions inside
+-- call, and the other four algorithms' cost a GCRA decision about 7 % more instructions inside
 -- Redis). An error of redis.call here fails the whole call, as a failed group of a call of one
 -- group does anyway.
 if #blob == 96 then
