@@ -179,7 +179,7 @@ async fn serve_inner(
 ) -> io::Result<()> {
     // Every handler turned into its route (layers applied) once, here: a `Router<()>` that was
     // not given its state builds each handler's service stack again for every request (axum's
-    // boxed handlers), five allocations per request behind one `route_layer`.
+    // boxed handlers), three allocations per request behind one `route_layer`.
     let router = router.with_state(());
     let mut acceptor = Acceptor::new(listener, &config);
     // HTTP/1.1 waits for a head whenever no request is in progress: a connection quiet for the
