@@ -89,9 +89,10 @@ pub struct StoreArgs {
     pub redis_durable_timeout_ms: u64,
 
     /// What decisions do while Redis cannot decide: `fallback` (this instance enforces its
-    /// share of each limit), `fail-open` (admit) or `fail-closed` (answer an error).
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = FailureModeArg::Fallback)]
-    pub failure_mode: FailureModeArg,
+    /// share of each limit; the default), `fail-open` (admit) or `fail-closed` (answer an
+    /// error). With `--redis-durable-replicas`, state it: the default is refused there.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub failure_mode: Option<FailureModeArg>,
 
     /// Spend this policy's limit from token leases (repeat for several): each instance
     /// withdraws units from Redis ahead of use and spends them in memory, so a hot key costs
@@ -281,6 +282,17 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
         .observer(Arc::new(metrics.clone()));
     if let Some((replicas, timeout)) = args.redis_durable() {
+        // The default fallback would answer every admission not made durable from memory.
+        if args.failure_mode.is_none() {
+            return Err(StoreError::Redis(Error::Config {
+                store: REDIS_STORE,
+                message: "--redis-durable-replicas needs a failure mode stated: \
+                          --failure-mode fail-closed for a hard quota, or --failure-mode \
+                          fallback to let each instance admit its share of a limit from memory \
+                          when the replicas do not acknowledge (not durable)"
+                    .to_owned(),
+            }));
+        }
         // The budget bounds the whole decision: a WAIT that may outlast it would never answer.
         if timeout >= args.redis_budget() {
             return Err(StoreError::Redis(Error::Config {
@@ -296,7 +308,7 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         );
         builder = builder.durable(replicas, timeout);
     }
-    let mode = FailureMode::from(args.failure_mode);
+    let mode = FailureMode::from(args.failure_mode.unwrap_or(FailureModeArg::Fallback));
     let redis = match &args.region.redis_home {
         None => RedisPrimary::connect(builder, mode).await?,
         Some(home) => {
@@ -666,7 +678,7 @@ mod tests {
     #[test]
     fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
         let args = |flags: &[&str]| {
-            let base = ["test", "--redis", "redis://127.0.0.1:1"];
+            let base = ["test", "--redis", "redis://127.0.0.1:1", "--failure-mode"];
             Flags::try_parse_from(base.iter().chain(flags))
                 .unwrap()
                 .store
@@ -676,7 +688,25 @@ mod tests {
             .build()
             .unwrap();
         let metrics = Metrics::new();
+        // The default failure mode is refused, an explicit `fallback` accepted.
+        for (mode, refused) in [("", true), ("fallback", false)] {
+            let flags = ["--redis-durable-replicas", "1", "--failure-mode", mode];
+            let n = if refused { 2 } else { 4 };
+            let args = Flags::try_parse_from(
+                ["test", "--redis", "redis://127.0.0.1:1"]
+                    .iter()
+                    .chain(&flags[..n]),
+            );
+            match rt.block_on(build(&args.unwrap().store, &metrics)) {
+                Err(StoreError::Redis(Error::Config { message, .. })) if refused => {
+                    assert!(message.contains("--failure-mode fail-closed"), "{message}");
+                }
+                Ok(_) if !refused => {}
+                other => panic!("{mode:?}: {:?}", other.err()),
+            }
+        }
         let refused = args(&[
+            "fail-closed",
             "--redis-durable-replicas",
             "1",
             "--redis-durable-timeout-ms",
@@ -691,6 +721,7 @@ mod tests {
         }
         // Below the budget but not below the reply timeout: the store refuses it.
         let refused = args(&[
+            "fail-closed",
             "--redis-durable-replicas",
             "1",
             "--redis-durable-timeout-ms",
