@@ -17,7 +17,7 @@ pub use algorithm::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, NEVER, Source};
-pub use error::{BoxError, Error, NotSent};
+pub use error::{BoxError, Error, NotDurable, NotSent};
 pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use lease::{Grant, LeaseStore, LeaseUnsupported};
 pub use observe::{BreakerState, NoopObserver, Observer, Outcome, PermitEvent, PolicyObserver};

@@ -375,7 +375,12 @@ fn a_redis_error_names_redis_once() {
 
 #[test]
 fn durable_decisions_without_a_stated_failure_mode_are_refused_at_start() {
-    let durable = ["--redis", "redis://127.0.0.1:1", "--redis-durable-replicas", "1"];
+    let durable = [
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--redis-durable-replicas",
+        "1",
+    ];
     let (status, log) = DemoProcess::run(&durable);
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(

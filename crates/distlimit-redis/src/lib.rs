@@ -16,7 +16,7 @@ pub use config::{
     DEFAULT_COALESCE_IN_FLIGHT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT,
     RedisStoreBuilder,
 };
-pub use durable::NotDurable;
+pub use distlimit_core::NotDurable;
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
 pub use observe::RedisObserver;
 pub use permits::PERMIT_SUFFIX;

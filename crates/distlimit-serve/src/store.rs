@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    BreakerState, Decision, Error, Grant, LeaseStore, NotSent, Observer, Outcome, PermitDecision,
-    PermitId, PermitRequest, PermitStore, Request, Store,
+    BreakerState, Decision, Error, Grant, LeaseStore, NotDurable, NotSent, Observer, Outcome,
+    PermitDecision, PermitId, PermitRequest, PermitStore, Request, Store,
 };
 use distlimit_hybrid::{FailureMode, Hybrid};
 use distlimit_lease::Leased;
@@ -306,6 +306,15 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         tracing::info!(
             "durable decisions: each admission waits for {replicas} replica(s), at most {timeout:?}"
         );
+        // Redis ends a WAIT at its next tick (every 100 ms at its default `hz` of 10).
+        if timeout + Duration::from_millis(100) >= args.redis_budget() {
+            tracing::warn!(
+                "durable decisions: a WAIT lasts up to {timeout:?} plus a Redis tick (100 ms at \
+                 hz 10), past --redis-budget-ms ({} ms): too few replicas then show as timeouts; \
+                 raise --redis-budget-ms or Redis's hz",
+                args.redis_budget_ms
+            );
+        }
         builder = builder.durable(replicas, timeout);
     }
     let mode = FailureMode::from(args.failure_mode.unwrap_or(FailureModeArg::Fallback));
@@ -341,6 +350,7 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
             .observer(Arc::new(LogTransitions {
                 metrics: metrics.clone(),
                 mode,
+                not_durable: std::sync::Mutex::new(None),
             }))
             .build()?,
     );
@@ -373,10 +383,13 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
 }
 
 /// The hybrid store's observer: the metrics, and one log line per breaker transition (the
-/// switch to the failure mode at WARN, the return to Redis at INFO), never one per request.
+/// switch to the failure mode at WARN, naming too few replicas when the last error was
+/// [`NotDurable`]; the return to Redis at INFO), never one per request.
 struct LogTransitions {
     metrics: Metrics,
     mode: FailureMode,
+    /// Whether the last store error was too few replicas, and how few.
+    not_durable: std::sync::Mutex<Option<NotDurable>>,
 }
 
 impl Observer for LogTransitions {
@@ -386,16 +399,28 @@ impl Observer for LogTransitions {
 
     fn on_store_error(&self, store: &'static str, policy: &str, error: &Error) {
         self.metrics.on_store_error(store, policy, error);
+        if let Ok(mut last) = self.not_durable.lock() {
+            *last = NotDurable::of(error).cloned();
+        }
     }
 
     fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
         self.metrics.on_breaker(store, from, to);
         match to {
-            BreakerState::Open if from == BreakerState::Closed => tracing::warn!(
-                "{store}: circuit breaker open, failure mode {:?} answers until {store} \
-                 answers again",
-                self.mode
-            ),
+            BreakerState::Open if from == BreakerState::Closed => {
+                match self.not_durable.lock().ok().and_then(|last| last.clone()) {
+                    Some(short) => tracing::warn!(
+                        "{store}: durability: {store} answers but its writes are {short}; \
+                         failure mode {:?} answers until they are acknowledged",
+                        self.mode
+                    ),
+                    None => tracing::warn!(
+                        "{store}: circuit breaker open, failure mode {:?} answers until \
+                         {store} answers again",
+                        self.mode
+                    ),
+                }
+            }
             BreakerState::Closed => {
                 tracing::info!("{store}: circuit breaker closed, {store} decides again")
             }
