@@ -2,7 +2,7 @@
 //! `RUST_LOG` (or envoyproxy/ratelimit's `LOG_LEVEL`), and repeated warnings and errors
 //! throttled per call site, so that a failure repeated on every request (a fail-closed store
 //! answering thousands of requests a second) writes a few lines and a count, not one per
-//! request.
+//! request. Refused configurations are never throttled.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,6 +23,11 @@ pub const THROTTLE_WINDOW: Duration = Duration::from_secs(10);
 
 /// The target of the lines counting suppressed events.
 const THROTTLE_TARGET: &str = "distlimit_serve::logging";
+
+/// The target of the file poller's events ([`poll_files`](crate::poll_files)): its ERROR
+/// events, the refused configurations, are never throttled. The poller logs each distinct
+/// refusal once already, and each is the only reason an operator fixing a file gets.
+const POLLER_TARGET: &str = "distlimit_policy::reload";
 
 /// Installs the global subscriber: text lines on stderr; the filter from `RUST_LOG`, else
 /// `LOG_LEVEL` (envoyproxy/ratelimit's: `debug`, `info`, `warn`, `error`, any case), else
@@ -105,7 +110,10 @@ impl<S: Subscriber> Layer<S> for Throttle {
     fn event_enabled(&self, event: &Event<'_>, _: Context<'_, S>) -> bool {
         let meta = event.metadata();
         // More verbose levels compare greater: INFO, DEBUG and TRACE pass.
-        if *meta.level() > Level::WARN || meta.target() == THROTTLE_TARGET {
+        if *meta.level() > Level::WARN
+            || meta.target() == THROTTLE_TARGET
+            || (*meta.level() == Level::ERROR && meta.target() == POLLER_TARGET)
+        {
             return true;
         }
         let (write, suppressed) = self.admit(meta.callsite(), Instant::now());
@@ -158,5 +166,70 @@ mod tests {
             throttle.admit(site(), start + Duration::from_secs(12)),
             (true, 0)
         );
+    }
+
+    /// Files refused for a new reason each time (one more byte each look).
+    struct Refused(std::sync::atomic::AtomicU64);
+
+    impl crate::Reloadable for Refused {
+        type Contents = u64;
+        type Error = String;
+        fn read(&self) -> Result<u64, String> {
+            Ok(self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+        }
+        fn apply(&self, n: &u64) -> Result<bool, String> {
+            Err(format!("reason number {n}"))
+        }
+    }
+
+    /// The log's text, in memory.
+    struct Lines(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn every_distinct_refused_configuration_is_logged_past_the_burst() {
+        let lines = std::sync::Arc::new(Mutex::new(Vec::<u8>::new()));
+        let subscriber = tracing_subscriber::registry()
+            .with(Throttle::new(THROTTLE_BURST, THROTTLE_WINDOW))
+            .with(tracing_subscriber::fmt::layer().with_writer({
+                let lines = lines.clone();
+                move || Lines(lines.clone())
+            }));
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let files = Refused(Default::default());
+            let watcher = crate::poll_files(
+                rt.handle(),
+                "configuration",
+                files,
+                Duration::from_millis(1),
+                None,
+            );
+            let mut rx = watcher.subscribe();
+            // Eight refusals within a second, each for its own reason.
+            for _ in 0..8 {
+                rx.changed().await.unwrap();
+            }
+            watcher.stop();
+        });
+        let text = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
+        for n in 0..8 {
+            let line = format!("configuration refused, the running one is kept: reason number {n}");
+            assert!(text.contains(&line), "{n}:\n{text}");
+        }
+        assert!(!text.contains("were not logged"), "{text}");
     }
 }
