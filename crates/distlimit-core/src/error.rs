@@ -158,7 +158,9 @@ pub struct NotSent(#[source] pub BoxError);
 /// open, fail closed). The units stay charged (an under-admission until they refill). The
 /// error is transient and not [`NotSent`]; find it with [`NotDurable::of`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("not durable: {acknowledged} of {replicas} replicas acknowledged the write within {timeout:?}")]
+#[error(
+    "not durable: {acknowledged} of {replicas} replicas acknowledged the write within {timeout:?}"
+)]
 #[non_exhaustive]
 pub struct NotDurable {
     /// The replicas required.
