@@ -798,20 +798,14 @@ fn answer_merged(
             continue;
         }
         // The units available before the batch: an admitted decision's remaining was charged.
-        let available = match admitted {
-            true => d.remaining().saturating_add(m.cost()),
-            false => d.remaining(),
-        };
-        let left = available.saturating_sub(before);
+        let available = d
+            .remaining()
+            .saturating_add(if admitted { m.cost() } else { 0 });
         let fits = d.is_allowed() || (*spent <= available && *spent < m.cost());
-        let remaining = if admitted {
-            left.saturating_sub(request.cost())
-        } else {
-            left
-        };
+        let left = available.saturating_sub(if admitted { *spent } else { before });
         let (reset, retry) = (d.reset_after_us(), d.retry_after_us());
         *decision =
-            Decision::from_micros(fits, d.limit(), remaining, reset, retry).with_source(d.source());
+            Decision::from_micros(fits, d.limit(), left, reset, retry).with_source(d.source());
     }
     Ok(())
 }
