@@ -172,10 +172,8 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
     }
 }
 
-/// Receives the Redis store's own events (the events every store shares are
-/// [`Observer`]'s). Every method defaults to doing nothing; `distlimit-metrics`'
-/// `Metrics` implements it. Called on the decision path: cheap, never
-/// blocking.
+/// Receives the Redis store's own events (those every store shares are [`Observer`]'s); every
+/// method does nothing by default. Called on the decision path: cheap, never blocking.
 pub trait RedisObserver: Send + Sync {
     /// The store named `store` sent one coalesced call carrying `decisions` decisions (several
     /// callers' requests decided in one round trip; 1 when a caller's call carried only its own).
@@ -190,23 +188,11 @@ pub trait RedisObserver: Send + Sync {
     }
 }
 
-impl<O: RedisObserver + ?Sized> RedisObserver for Arc<O> {
-    fn on_coalesced(&self, store: &'static str, decisions: usize) {
-        (**self).on_coalesced(store, decisions);
-    }
-
-    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
-        (**self).on_connections(store, in_use, waiting);
-    }
-}
-
 /// Ignores every Redis event.
 impl RedisObserver for NoopObserver {}
 
-/// Receives the lease client's events (the events every store shares are
-/// [`Observer`]'s). Every method defaults to doing nothing; `distlimit-metrics`'
-/// `Metrics` implements it. Called on the decision path: cheap, never
-/// blocking.
+/// Receives the lease client's events (those every store shares are [`Observer`]'s); every
+/// method does nothing by default. Called on the decision path: cheap, never blocking.
 pub trait LeaseObserver: Send + Sync {
     /// The lease client named `store` withdrew `units` units for `policy` in one store call (0
     /// when the store had none available).
@@ -228,20 +214,6 @@ pub trait LeaseObserver: Send + Sync {
 
 /// Ignores every lease event: the default.
 impl LeaseObserver for NoopObserver {}
-
-impl<O: LeaseObserver + ?Sized> LeaseObserver for Arc<O> {
-    fn on_lease_taken(&self, store: &'static str, policy: &str, units: u64) {
-        (**self).on_lease_taken(store, policy, units);
-    }
-
-    fn on_lease_returned(&self, store: &'static str, policy: &str, units: u64) {
-        (**self).on_lease_returned(store, policy, units);
-    }
-
-    fn on_lease_units(&self, store: &'static str, held: u64) {
-        (**self).on_lease_units(store, held);
-    }
-}
 
 #[cfg(test)]
 mod tests {
