@@ -122,9 +122,11 @@ impl Error {
 
     /// A stable lowercase name of the variant, for metric labels and logs: `invalid_key`,
     /// `invalid_quota`, `invalid_permit`, `invalid_request`, `timeout`, `unavailable`, `protocol`, `bad_state`,
-    /// `config`, `backend`.
+    /// `config`, `backend`; and `durability` for an [`Error::Unavailable`] whose source is
+    /// [`NotDurable`] (the store answered, its replicas did not acknowledge).
     pub fn kind(&self) -> &'static str {
         match self {
+            Error::Unavailable { source, .. } if source.is::<NotDurable>() => "durability",
             Error::InvalidKey(_) => "invalid_key",
             Error::InvalidQuota(_) => "invalid_quota",
             Error::InvalidPermit(_) => "invalid_permit",
@@ -145,6 +147,48 @@ impl Error {
 #[derive(Debug, thiserror::Error)]
 #[error("not sent: {0}")]
 pub struct NotSent(#[source] pub BoxError);
+
+/// The source of the [`Error::Unavailable`] a durable store (`distlimit_redis`'
+/// `RedisStoreBuilder::durable`) answers for a decision that admitted (units charged, or a
+/// lease granted) when fewer replicas than required acknowledged its write within the `WAIT`
+/// timeout: the store is up, its replicas are short ([`Error::kind`] `durability`).
+///
+/// The write is on the primary, and may or may not survive a failover: the caller was not
+/// admitted by the store, and a hybrid store's failure mode answers instead (fallback, fail
+/// open, fail closed). The units stay charged (an under-admission until they refill). The
+/// error is transient and not [`NotSent`]; find it with [`NotDurable::of`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "not durable: {acknowledged} of {replicas} replicas acknowledged the write within {timeout:?}"
+)]
+#[non_exhaustive]
+pub struct NotDurable {
+    /// The replicas required.
+    pub replicas: u32,
+    /// The replicas that acknowledged the write within the timeout (fewer than required).
+    pub acknowledged: u64,
+    /// How long `WAIT` waited.
+    pub timeout: Duration,
+}
+
+impl NotDurable {
+    /// `acknowledged` of `replicas` replicas acknowledged within `timeout`.
+    pub fn new(replicas: u32, acknowledged: u64, timeout: Duration) -> Self {
+        Self {
+            replicas,
+            acknowledged,
+            timeout,
+        }
+    }
+
+    /// The [`NotDurable`] behind `error`, if it is one.
+    pub fn of(error: &Error) -> Option<&NotDurable> {
+        match error {
+            Error::Unavailable { source, .. } => source.downcast_ref::<NotDurable>(),
+            _ => None,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -17,10 +17,13 @@ pub use algorithm::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, NEVER, Source};
-pub use error::{BoxError, Error, NotSent};
+pub use error::{BoxError, Error, NotDurable, NotSent};
 pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use lease::{Grant, LeaseStore, LeaseUnsupported};
-pub use observe::{BreakerState, NoopObserver, Observer, Outcome, PermitEvent, PolicyObserver};
+pub use observe::{
+    BreakerState, LeaseObserver, NoopObserver, Observer, Outcome, PermitEvent, PolicyObserver,
+    RedisObserver,
+};
 pub use permit::{
     MAX_IN_FLIGHT, MAX_PERMIT_ID, MAX_PERMIT_LEASE, MIN_PERMIT_LEASE, PermitDecision, PermitError,
     PermitId, PermitLimit, PermitRequest, PermitStore, Permits,

@@ -1,9 +1,10 @@
 //! [`Observer`]: what the limiter and the stores report as they work, for metrics and logs.
 //!
 //! The core crate defines the events every store and the limiter share (decisions, store errors,
-//! circuit breakers, evictions); a driver's own events are a trait of its crate
-//! (`distlimit_redis::RedisObserver`, `distlimit_lease::LeaseObserver`), so core does not grow
-//! with every driver. `distlimit-metrics` turns them into Prometheus series, and anything else
+//! circuit breakers, evictions), and the Redis store's and the lease client's own
+//! ([`RedisObserver`], [`LeaseObserver`], re-exported by `distlimit-redis` and
+//! `distlimit-lease`), so that `distlimit-metrics` depends on core alone. It turns them into
+//! Prometheus series, and anything else
 //! (a `tracing` bridge, a test recorder) can implement the traits too. Every method
 //! has an empty default, so an observer implements only what it needs, and new events can be
 //! added without breaking it. Observers are called on the decision path: they must be cheap and
@@ -170,6 +171,49 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
         (**self).on_permits(policy, event, count);
     }
 }
+
+/// Receives the Redis store's own events (those every store shares are [`Observer`]'s); every
+/// method does nothing by default. Called on the decision path: cheap, never blocking.
+pub trait RedisObserver: Send + Sync {
+    /// The store named `store` sent one coalesced call carrying `decisions` decisions (several
+    /// callers' requests decided in one round trip; 1 when a caller's call carried only its own).
+    fn on_coalesced(&self, store: &'static str, decisions: usize) {
+        let _ = (store, decisions);
+    }
+
+    /// The store named `store` has `in_use` calls in flight on its connections (at most its pool
+    /// size or call limit) and `waiting` callers queued for one.
+    fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
+        let _ = (store, in_use, waiting);
+    }
+}
+
+/// Ignores every Redis event.
+impl RedisObserver for NoopObserver {}
+
+/// Receives the lease client's events (those every store shares are [`Observer`]'s); every
+/// method does nothing by default. Called on the decision path: cheap, never blocking.
+pub trait LeaseObserver: Send + Sync {
+    /// The lease client named `store` withdrew `units` units for `policy` in one store call (0
+    /// when the store had none available).
+    fn on_lease_taken(&self, store: &'static str, policy: &str, units: u64) {
+        let _ = (store, policy, units);
+    }
+
+    /// The lease client named `store` gave back `units` unspent units of ended leases for
+    /// `policy`.
+    fn on_lease_returned(&self, store: &'static str, policy: &str, units: u64) {
+        let _ = (store, policy, units);
+    }
+
+    /// The lease client named `store` holds `held` units in leases now, all keys together.
+    fn on_lease_units(&self, store: &'static str, held: u64) {
+        let _ = (store, held);
+    }
+}
+
+/// Ignores every lease event: the default.
+impl LeaseObserver for NoopObserver {}
 
 #[cfg(test)]
 mod tests {

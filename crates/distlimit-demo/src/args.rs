@@ -98,7 +98,7 @@ mod tests {
         );
         assert_eq!(
             args.store.failure_mode,
-            distlimit_serve::store::FailureModeArg::FailClosed
+            Some(distlimit_serve::store::FailureModeArg::FailClosed)
         );
         assert!(Args::try_parse_from(["distlimit-demo", "--redis-budget-ms", "0"]).is_err());
     }

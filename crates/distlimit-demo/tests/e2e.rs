@@ -374,6 +374,24 @@ fn a_redis_error_names_redis_once() {
 }
 
 #[test]
+fn durable_decisions_without_a_stated_failure_mode_are_refused_at_start() {
+    let durable = [
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--redis-durable-replicas",
+        "1",
+    ];
+    let (status, log) = DemoProcess::run(&durable);
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("--redis-durable-replicas needs a failure mode stated")
+            && log.contains("--failure-mode fail-closed")
+            && log.contains("--failure-mode fallback"),
+        "{log}"
+    );
+}
+
+#[test]
 fn an_address_in_use_is_named() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();

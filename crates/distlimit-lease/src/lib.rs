@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 
 mod account;
-mod observe;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -19,7 +18,7 @@ use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
 
 use crate::account::{Account, Local};
-pub use crate::observe::LeaseObserver;
+pub use distlimit_core::LeaseObserver;
 
 /// How long a lease lasts by default: 100 ms.
 pub const DEFAULT_HORIZON: Duration = Duration::from_millis(100);

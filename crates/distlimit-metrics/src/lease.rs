@@ -40,7 +40,6 @@ impl LeaseFamilies {
         );
     }
 
-    #[cfg_attr(not(feature = "lease"), allow(dead_code))]
     pub(crate) fn taken(&self, store: &'static str, units: u64) {
         if units > 0 {
             let labels = StoreLabels { store };
@@ -49,14 +48,12 @@ impl LeaseFamilies {
         }
     }
 
-    #[cfg_attr(not(feature = "lease"), allow(dead_code))]
     pub(crate) fn returned(&self, store: &'static str, units: u64) {
         self.returned
             .get_or_create(&StoreLabels { store })
             .inc_by(units);
     }
 
-    #[cfg_attr(not(feature = "lease"), allow(dead_code))]
     pub(crate) fn held(&self, store: &'static str, units: u64) {
         self.held
             .get_or_create(&StoreLabels { store })

@@ -305,9 +305,8 @@ impl Observer for Metrics {
     }
 }
 
-/// The lease client's events: `distlimit_lease_*` (feature `lease`).
-#[cfg(feature = "lease")]
-impl distlimit_lease::LeaseObserver for Metrics {
+/// The lease client's events: `distlimit_lease_*`.
+impl distlimit_core::LeaseObserver for Metrics {
     fn on_lease_taken(&self, store: &'static str, _policy: &str, units: u64) {
         self.inner.lease.taken(store, units);
     }
@@ -322,9 +321,8 @@ impl distlimit_lease::LeaseObserver for Metrics {
 }
 
 /// The Redis store's calls: `distlimit_store_call_decisions`, `distlimit_store_calls_in_flight`,
-/// `distlimit_store_callers_waiting` (feature `redis`).
-#[cfg(feature = "redis")]
-impl distlimit_redis::RedisObserver for Metrics {
+/// `distlimit_store_callers_waiting`.
+impl distlimit_core::RedisObserver for Metrics {
     fn on_coalesced(&self, store: &'static str, decisions: usize) {
         self.inner.calls.on_coalesced(store, decisions);
     }

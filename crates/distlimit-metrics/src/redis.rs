@@ -16,8 +16,7 @@ fn call_histogram() -> Histogram {
     Histogram::new(CALL_BUCKETS)
 }
 
-/// The families fed by `distlimit_redis::RedisObserver` (feature `redis`; registered either
-/// way, so the exposition is the same with or without it).
+/// The families fed by `distlimit_core::RedisObserver` (the Redis store's calls).
 #[derive(Debug)]
 pub(crate) struct CallFamilies {
     decisions: Family<StoreLabels, Histogram, fn() -> Histogram>,
@@ -52,7 +51,6 @@ impl CallFamilies {
         );
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn on_coalesced(&self, store: &'static str, decisions: usize) {
         #[allow(clippy::cast_precision_loss)] // at most a few hundred: exact in an f64
         self.decisions
@@ -60,7 +58,6 @@ impl CallFamilies {
             .observe(decisions as f64);
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn on_connections(&self, store: &'static str, in_flight: usize, waiting: usize) {
         let labels = StoreLabels { store };
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -69,9 +66,9 @@ impl CallFamilies {
     }
 }
 
-#[cfg(all(test, feature = "redis"))]
+#[cfg(test)]
 mod tests {
-    use distlimit_redis::RedisObserver;
+    use distlimit_core::RedisObserver;
 
     use crate::Metrics;
 

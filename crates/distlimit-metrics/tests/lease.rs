@@ -3,7 +3,7 @@
 
 mod support;
 
-use distlimit_lease::LeaseObserver;
+use distlimit_core::LeaseObserver;
 use distlimit_metrics::Metrics;
 use support::openmetrics::parse;
 

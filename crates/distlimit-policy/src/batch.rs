@@ -668,7 +668,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let (merged, slots) = distlimit_core::merge_batch(&requests);
         let answered = self.store.decide_all(&merged).await?;
         let mut decisions = vec![never(); slots.len()];
-        answer_merged(&answered, &slots, &mut decisions)?;
+        answer_merged(&requests, &merged, &answered, &slots, &mut decisions)?;
         Ok(decisions)
     }
 
@@ -687,7 +687,9 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         if let Err(e) = self.store.decide_all_now(&merged, &mut answered)? {
             return Some(Err(e));
         }
-        Some(answer_merged(&answered, &slots, decisions))
+        Some(answer_merged(
+            requests, &merged, &answered, &slots, decisions,
+        ))
     }
 
     /// Reports a policy item's answer to the observer, as a check timed until now.
@@ -765,17 +767,45 @@ fn twice(requests: &[Request<'_>]) -> bool {
 }
 
 /// Fills `decisions`, one per request of a merged batch, from the decisions of the merged
-/// requests (`slots` says which answers which).
+/// requests (`slots` says which answers which). Duplicates are answered one after another, as
+/// envoyproxy/ratelimit answers a descriptor repeated in one request: each after the hits of
+/// those before it. Admitted, each gets what was left after its own hit (19, then 18, of 20);
+/// denied (nothing charged), those that fit are admitted as their peek after the earlier ones,
+/// the rest denied with the merged request's wait. Settling requests get the merged answer.
 fn answer_merged(
+    requests: &[Request<'_>],
+    merged: &[Request<'_>],
     answered: &[Decision],
     slots: &[usize],
     decisions: &mut [Decision],
 ) -> Result<(), Error> {
-    if decisions.len() != slots.len() {
+    if decisions.len() != slots.len() || requests.len() != slots.len() {
         return Err(MISMATCH);
     }
-    for (decision, &slot) in decisions.iter_mut().zip(slots) {
-        *decision = *answered.get(slot).ok_or(MISMATCH)?;
+    let admitted = answered.iter().all(Decision::is_allowed);
+    // The units of each merged request given to its duplicates answered so far.
+    let mut spent = vec![0_u64; merged.len()];
+    for ((decision, &slot), request) in decisions.iter_mut().zip(slots).zip(requests) {
+        let (Some(&d), Some(m), Some(spent)) =
+            (answered.get(slot), merged.get(slot), spent.get_mut(slot))
+        else {
+            return Err(MISMATCH);
+        };
+        let before = *spent;
+        *spent = spent.saturating_add(request.cost());
+        if m.kind() != RequestKind::Decide || (before == 0 && *spent == m.cost()) {
+            *decision = d; // settling, or alone on its state and key
+            continue;
+        }
+        // The units available before the batch: an admitted decision's remaining was charged.
+        let available = d
+            .remaining()
+            .saturating_add(if admitted { m.cost() } else { 0 });
+        let fits = d.is_allowed() || (*spent <= available && *spent < m.cost());
+        let left = available.saturating_sub(if admitted { *spent } else { before });
+        let (reset, retry) = (d.reset_after_us(), d.retry_after_us());
+        *decision =
+            Decision::from_micros(fits, d.limit(), left, reset, retry).with_source(d.source());
     }
     Ok(())
 }

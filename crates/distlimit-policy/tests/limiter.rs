@@ -826,6 +826,9 @@ async fn check_all_now_decides_several_policies_at_once_as_check_all_would() {
     let twice = now(&[("per_ip", ip, 1), ("per_ip", ip, 2)]).unwrap();
     assert!(twice.iter().all(Verdict::is_allowed));
     assert_eq!(remaining(&l), 6);
+    // Each answered after its own hit, as one after the other: 9 - 1, then 9 - 1 - 2.
+    let left = |v: &[Verdict]| -> Vec<u64> { v.iter().map(|v| v.decision().remaining()).collect() };
+    assert_eq!(left(&twice), [8, 6]);
     // A policy in shadow mode asking the store beside others is left to `check_all`: `None`,
     // nothing charged.
     assert!(now(&[("per_ip", ip, 1), ("trial", ip, 1)]).is_none());
@@ -845,4 +848,23 @@ async fn check_all_now_decides_several_policies_at_once_as_check_all_would() {
     let v = awaited.check_all(&both).await.unwrap();
     assert!(v.iter().all(Verdict::is_allowed));
     assert_eq!(v[0].decision().remaining(), 9);
+    // Awaited too: 9 left, then 4 asked twice: 5, then 1; then 1 left and 1 + 2 asked: the
+    // first fits (answered as its peek, 1), the second does not, and nothing is charged.
+    let v = awaited
+        .check_all(&[("per_ip", ip, 4), ("per_ip", ip, 4)])
+        .await
+        .unwrap();
+    assert_eq!(left(&v), [5, 1]);
+    let v = awaited
+        .check_all(&[("per_ip", ip, 1), ("per_ip", ip, 2)])
+        .await
+        .unwrap();
+    assert!(v[0].is_allowed() && !v[1].is_allowed());
+    assert_eq!(left(&v), [1, 0]);
+    assert_eq!(
+        awaited.check_all(&[("per_ip", ip, 1)]).await.unwrap()[0]
+            .decision()
+            .remaining(),
+        0
+    );
 }

@@ -6,7 +6,6 @@ mod connection;
 mod durable;
 mod layout;
 mod lease;
-mod observe;
 mod permits;
 pub mod region;
 mod script;
@@ -16,9 +15,9 @@ pub use config::{
     DEFAULT_COALESCE_IN_FLIGHT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT,
     RedisStoreBuilder,
 };
-pub use durable::NotDurable;
+pub use distlimit_core::NotDurable;
+pub use distlimit_core::RedisObserver;
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
-pub use observe::RedisObserver;
 pub use permits::PERMIT_SUFFIX;
 pub use region::{HomeUnreachable, RegionBuilder, RegionStats, RegionStore};
 pub use store::{Mode, RedisStore};

@@ -9,6 +9,9 @@
 //!   replica, and the stores spend the key again. Without the option the promoted replica has
 //!   not seen the first admissions and admits the whole limit again; with it, never more than
 //!   the limit in all.
+//! * `with_two_replicas_*`: a Sentinel set with a second replica; the primary killed and never
+//!   restarted: the other replica, pointed at the promoted one, acknowledges again, so the
+//!   stores admit again by themselves, never past the limit.
 //! * `without_enough_replicas_*`: the typed error (multiplexed, pool, a lease exchange), what a
 //!   hybrid's failure modes make of it, one `WAIT` per call; the configurations refused.
 //! * `in_a_cluster_*`: a private Cluster: one `WAIT` per call on the script's node, and a
@@ -263,6 +266,105 @@ async fn a_failover_to_a_lagging_replica_over_admits_without_durable_decisions()
         "{} + {} admitted, limit {LIMIT}: no over-admission without durable decisions",
         run.before,
         run.after
+    );
+}
+
+/// A Sentinel set with two replicas and `durable(1, …)`: the primary is killed and never
+/// restarted. The sentinels promote one replica and point the other at it, which answers
+/// `WAIT 1` again: the stores admit again by themselves, and never more than the limit in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_replicas_a_failover_admits_again_by_itself_and_never_over_admits() {
+    let _alone = SERVERS.lock().await;
+    let Some(bin) = server_bin_or_skip() else {
+        return;
+    };
+    let mut set = blocking(|| Sentinel::start(&bin)).unwrap_or_else(|e| panic!("{e}"));
+    let primary_port = set.primary().port().to_string();
+    let second = blocking(|| {
+        RedisServer::spawn(&bin, "second replica", |_, _| {
+            Ok(["--replicaof", "127.0.0.1", &primary_port]
+                .map(std::ffi::OsString::from)
+                .to_vec())
+        })
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}, second replica {}", set.describe(), second.addr());
+    poll(SETTLE_BOUND, "two replicas are not online", || {
+        let info = set.primary().info("replication")?;
+        match info.matches("state=online").count() {
+            2 => Ok(()),
+            n => Err(format!("{n} online: {info}")),
+        }
+    })
+    .await;
+    // Every sentinel knows both replicas (from the primary's `INFO`, every 10 s), so the one
+    // not promoted is pointed at the new primary.
+    poll(
+        PROMOTION_BOUND,
+        "the sentinels do not list two replicas",
+        || {
+            for sentinel in set.sentinels() {
+                let replicas: Vec<redis::Value> =
+                    sentinel.query(redis::cmd("SENTINEL").arg("replicas").arg(SERVICE))?;
+                if replicas.len() != 2 {
+                    return Err(format!("{}: {} replicas", sentinel.addr(), replicas.len()));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+
+    let sentinels: Vec<String> = set.sentinels().iter().map(RedisServer::url).collect();
+    let prefix = support::unique_prefix("two-replicas");
+    let mut stores = Vec::new();
+    for _ in 0..STORES {
+        let builder = RedisStore::sentinel(sentinels.clone(), SERVICE)
+            .prefix(&prefix)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .durable(1, WAIT_TIMEOUT);
+        stores.push(support::connect(builder, "Sentinel set").await);
+    }
+    let (before, errors) = spend(&stores, "quota", BEFORE).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(before, BEFORE, "every decision before the kill is admitted");
+    set.primary_mut().kill();
+    let killed = Instant::now();
+
+    // One decision at a time until one is admitted again, with nothing restarted.
+    let (mut during, mut failed) = (0, 0);
+    for i in 0.. {
+        match stores[i % STORES].check("quota", daily(LIMIT)).await {
+            Ok(d) if d.is_allowed() => {
+                during += 1;
+                break;
+            }
+            Ok(d) => panic!("denied with {} of {LIMIT} spent: {d:?}", before + during),
+            Err(_) => failed += 1,
+        }
+        let bound = PROMOTION_BOUND + SETTLE_BOUND;
+        assert!(
+            killed.elapsed() < bound,
+            "nothing admitted {bound:?} after the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "admitting again {:.1?} after the kill ({failed} decisions failed meanwhile)",
+        killed.elapsed()
+    );
+    let (after, errors) = spend(&stores, "quota", AFTER).await;
+    let total = before + during + after;
+    eprintln!(
+        "{total} admitted in all (limit {LIMIT}); {} errors after",
+        errors.len()
+    );
+    assert!(total <= LIMIT as usize, "{total} admitted, limit {LIMIT}");
+    // A failed decision charges one unit at most: the rest of the limit is admitted.
+    assert!(
+        total + failed + errors.len() >= LIMIT as usize,
+        "{total} admitted, {failed} + {} failed, limit {LIMIT}",
+        errors.len()
     );
 }
 

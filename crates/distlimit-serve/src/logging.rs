@@ -2,7 +2,7 @@
 //! `RUST_LOG` (or envoyproxy/ratelimit's `LOG_LEVEL`), and repeated warnings and errors
 //! throttled per call site, so that a failure repeated on every request (a fail-closed store
 //! answering thousands of requests a second) writes a few lines and a count, not one per
-//! request.
+//! request. Refused configurations are never throttled.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,6 +23,11 @@ pub const THROTTLE_WINDOW: Duration = Duration::from_secs(10);
 
 /// The target of the lines counting suppressed events.
 const THROTTLE_TARGET: &str = "distlimit_serve::logging";
+
+/// The target of the file poller's events ([`poll_files`](crate::poll_files)): its ERROR
+/// events, the refused configurations, are never throttled. The poller logs each distinct
+/// refusal once already, and each is the only reason an operator fixing a file gets.
+const POLLER_TARGET: &str = "distlimit_policy::reload";
 
 /// Installs the global subscriber: text lines on stderr; the filter from `RUST_LOG`, else
 /// `LOG_LEVEL` (envoyproxy/ratelimit's: `debug`, `info`, `warn`, `error`, any case), else
@@ -105,7 +110,10 @@ impl<S: Subscriber> Layer<S> for Throttle {
     fn event_enabled(&self, event: &Event<'_>, _: Context<'_, S>) -> bool {
         let meta = event.metadata();
         // More verbose levels compare greater: INFO, DEBUG and TRACE pass.
-        if *meta.level() > Level::WARN || meta.target() == THROTTLE_TARGET {
+        if *meta.level() > Level::WARN
+            || meta.target() == THROTTLE_TARGET
+            || (*meta.level() == Level::ERROR && meta.target() == POLLER_TARGET)
+        {
             return true;
         }
         let (write, suppressed) = self.admit(meta.callsite(), Instant::now());

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    BreakerState, Decision, Error, Grant, LeaseStore, NotSent, Observer, Outcome, PermitDecision,
-    PermitId, PermitRequest, PermitStore, Request, Store,
+    BreakerState, Decision, Error, Grant, LeaseStore, NotDurable, NotSent, Observer, Outcome,
+    PermitDecision, PermitId, PermitRequest, PermitStore, Request, Store,
 };
 use distlimit_hybrid::{FailureMode, Hybrid};
 use distlimit_lease::Leased;
@@ -89,9 +89,10 @@ pub struct StoreArgs {
     pub redis_durable_timeout_ms: u64,
 
     /// What decisions do while Redis cannot decide: `fallback` (this instance enforces its
-    /// share of each limit), `fail-open` (admit) or `fail-closed` (answer an error).
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = FailureModeArg::Fallback)]
-    pub failure_mode: FailureModeArg,
+    /// share of each limit; the default), `fail-open` (admit) or `fail-closed` (answer an
+    /// error). With `--redis-durable-replicas`, state it: the default is refused there.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub failure_mode: Option<FailureModeArg>,
 
     /// Spend this policy's limit from token leases (repeat for several): each instance
     /// withdraws units from Redis ahead of use and spends them in memory, so a hot key costs
@@ -281,6 +282,17 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
         .observer(Arc::new(metrics.clone()));
     if let Some((replicas, timeout)) = args.redis_durable() {
+        // The default fallback would answer every admission not made durable from memory.
+        if args.failure_mode.is_none() {
+            return Err(StoreError::Redis(Error::Config {
+                store: REDIS_STORE,
+                message: "--redis-durable-replicas needs a failure mode stated: \
+                          --failure-mode fail-closed for a hard quota, or --failure-mode \
+                          fallback to let each instance admit its share of a limit from memory \
+                          when the replicas do not acknowledge (not durable)"
+                    .to_owned(),
+            }));
+        }
         // The budget bounds the whole decision: a WAIT that may outlast it would never answer.
         if timeout >= args.redis_budget() {
             return Err(StoreError::Redis(Error::Config {
@@ -294,9 +306,18 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         tracing::info!(
             "durable decisions: each admission waits for {replicas} replica(s), at most {timeout:?}"
         );
+        // Redis ends a WAIT at its next tick (every 100 ms at its default `hz` of 10).
+        if timeout + Duration::from_millis(100) >= args.redis_budget() {
+            tracing::warn!(
+                "durable decisions: a WAIT lasts up to {timeout:?} plus a Redis tick (100 ms at \
+                 hz 10), past --redis-budget-ms ({} ms): too few replicas then show as timeouts; \
+                 raise --redis-budget-ms or Redis's hz",
+                args.redis_budget_ms
+            );
+        }
         builder = builder.durable(replicas, timeout);
     }
-    let mode = FailureMode::from(args.failure_mode);
+    let mode = FailureMode::from(args.failure_mode.unwrap_or(FailureModeArg::Fallback));
     let redis = match &args.region.redis_home {
         None => RedisPrimary::connect(builder, mode).await?,
         Some(home) => {
@@ -329,6 +350,7 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
             .observer(Arc::new(LogTransitions {
                 metrics: metrics.clone(),
                 mode,
+                not_durable: std::sync::Mutex::new(None),
             }))
             .build()?,
     );
@@ -361,10 +383,13 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
 }
 
 /// The hybrid store's observer: the metrics, and one log line per breaker transition (the
-/// switch to the failure mode at WARN, the return to Redis at INFO), never one per request.
+/// switch to the failure mode at WARN, naming too few replicas when the last error was
+/// [`NotDurable`]; the return to Redis at INFO), never one per request.
 struct LogTransitions {
     metrics: Metrics,
     mode: FailureMode,
+    /// Whether the last store error was too few replicas, and how few.
+    not_durable: std::sync::Mutex<Option<NotDurable>>,
 }
 
 impl Observer for LogTransitions {
@@ -374,16 +399,28 @@ impl Observer for LogTransitions {
 
     fn on_store_error(&self, store: &'static str, policy: &str, error: &Error) {
         self.metrics.on_store_error(store, policy, error);
+        if let Ok(mut last) = self.not_durable.lock() {
+            *last = NotDurable::of(error).cloned();
+        }
     }
 
     fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
         self.metrics.on_breaker(store, from, to);
         match to {
-            BreakerState::Open if from == BreakerState::Closed => tracing::warn!(
-                "{store}: circuit breaker open, failure mode {:?} answers until {store} \
-                 answers again",
-                self.mode
-            ),
+            BreakerState::Open if from == BreakerState::Closed => {
+                let mode = self.mode;
+                let why = match self.not_durable.lock().ok().and_then(|last| last.clone()) {
+                    Some(short) => format!(
+                        "durability: {store} answers but its writes are {short}; failure mode \
+                         {mode:?} answers until they are acknowledged"
+                    ),
+                    None => format!(
+                        "circuit breaker open, failure mode {mode:?} answers until {store} \
+                         answers again"
+                    ),
+                };
+                tracing::warn!("{store}: {why}");
+            }
             BreakerState::Closed => {
                 tracing::info!("{store}: circuit breaker closed, {store} decides again")
             }
@@ -666,7 +703,7 @@ mod tests {
     #[test]
     fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
         let args = |flags: &[&str]| {
-            let base = ["test", "--redis", "redis://127.0.0.1:1"];
+            let base = ["test", "--redis", "redis://127.0.0.1:1", "--failure-mode"];
             Flags::try_parse_from(base.iter().chain(flags))
                 .unwrap()
                 .store
@@ -677,6 +714,7 @@ mod tests {
             .unwrap();
         let metrics = Metrics::new();
         let refused = args(&[
+            "fail-closed",
             "--redis-durable-replicas",
             "1",
             "--redis-durable-timeout-ms",
@@ -691,6 +729,7 @@ mod tests {
         }
         // Below the budget but not below the reply timeout: the store refuses it.
         let refused = args(&[
+            "fail-closed",
             "--redis-durable-replicas",
             "1",
             "--redis-durable-timeout-ms",

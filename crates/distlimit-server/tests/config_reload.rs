@@ -4,7 +4,10 @@
 
 mod support;
 
+use std::time::Duration;
+
 use distlimit_server::Reload;
+use support::binary::Binary;
 use support::*;
 
 #[cfg(unix)]
@@ -76,4 +79,21 @@ async fn a_deeply_nested_file_is_refused_without_holding_back_the_next_edit() {
     );
     assert_eq!(configured_limit(&server).await, Some(30));
     server.stop().await;
+}
+
+/// Each distinct refusal is logged with its reason, past the log throttle's burst (5 lines per
+/// call site per 10 s): an operator fixing a file sees why each try was refused.
+#[test]
+fn every_distinct_refusal_is_logged_past_the_log_throttle() {
+    let dir = config_dir(&limit_of(10));
+    let mut server = Binary::with_config(dir.path(), &[]);
+    for i in 0..8 {
+        let bad = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ unit: fortnight{i}, requests_per_unit: 1 }}\n"
+        );
+        std::fs::write(dir.path().join("config.yaml"), bad).unwrap();
+        let line = server.wait_for_line(&format!("fortnight{i}"), Duration::from_secs(5));
+        assert!(line.contains("ERROR") && line.contains("refused"), "{line}");
+    }
+    assert_eq!(server.count("were not logged"), 0, "{}", server.log());
 }

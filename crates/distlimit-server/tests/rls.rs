@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use support::*;
 use tonic::Code;
@@ -507,18 +508,68 @@ descriptors:
     .await;
     assert_eq!(answer.overall_code, OK);
     assert_eq!(answer.statuses[0].limit_remaining, 999);
-    // The same descriptor twice in one request spends twice.
-    let twice = call(
-        &mut client,
-        request(
-            "d",
-            vec![descriptor(&[("user", "t")]), descriptor(&[("user", "t")])],
-        ),
-    )
-    .await;
-    assert_eq!(twice.overall_code, OK);
-    assert_eq!(twice.statuses[0].limit_remaining, 998);
-    assert_eq!(twice.statuses[1].limit_remaining, 998);
+    server.stop().await;
+}
+
+/// A descriptor repeated in one request is answered hit by hit, as envoyproxy/ratelimit
+/// answers it (one `INCRBY` each, in order): each status what was left after its own hit, and
+/// when the hits do not all fit, the first ones `OK` and the rest `OVER_LIMIT`. Unlike
+/// envoyproxy/ratelimit a denied request charges nothing (all or nothing).
+#[tokio::test]
+async fn a_repeated_descriptor_answers_each_hit_after_the_ones_before_it() {
+    let dir = config_dir(
+        "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 20 }
+",
+    );
+    let server = Running::with_config(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    align(3_600, Duration::from_secs(5)).await;
+    let user = descriptor(&[("user", "t")]);
+    let twice = request("d", vec![user.clone(), user.clone()]);
+    let answer = call(&mut client, twice.clone()).await;
+    assert_eq!(answer.overall_code, OK);
+    let remaining = |a: &RateLimitResponse| -> Vec<(i32, u32)> {
+        a.statuses
+            .iter()
+            .map(|s| (s.code, s.limit_remaining))
+            .collect()
+    };
+    assert_eq!(remaining(&answer), [(OK, 19), (OK, 18)]);
+    // Down to 1 left: the first hit fits, the second does not, and nothing is charged.
+    let mut seventeen = request("d", vec![user.clone()]);
+    seventeen.hits_addend = 17;
+    assert_eq!(remaining(&call(&mut client, seventeen).await), [(OK, 1)]);
+    let answer = call(&mut client, twice.clone()).await;
+    assert_eq!(answer.overall_code, OVER_LIMIT);
+    assert_eq!(remaining(&answer), [(OK, 1), (OVER_LIMIT, 0)]);
+    // The JSON API decides the same batch the same way.
+    let addr = server.http;
+    let body = r#"{"domain":"d","descriptors":[[{"key":"user","value":"t"}],[{"key":"user","value":"t"}]]}"#;
+    let (status, text) =
+        tokio::task::spawn_blocking(move || binary::http(addr, "POST", "/v1/check", body))
+            .await
+            .unwrap();
+    assert_eq!(status, 429, "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let statuses: Vec<_> = (0..2)
+        .map(|i| {
+            (
+                json["statuses"][i]["code"].clone(),
+                json["statuses"][i]["limit_remaining"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [("OK".into(), 1.into()), ("OVER_LIMIT".into(), 0.into())],
+        "{text}"
+    );
+    let once = call(&mut client, request("d", vec![user])).await;
+    assert_eq!(remaining(&once), [(OK, 0)]);
     server.stop().await;
 }
 
