@@ -26,8 +26,11 @@
 //! or not) since the last refill, per second, times three times the measured refill lag (the
 //! pool's moving average from claim to deposit; at least 20 ms, at most the horizon), at most
 //! the capacity, less the units left; home grants what it has. When home has none, no refill
-//! is claimed before home's own `retry_after`. A key new to a region has an empty pool: it is
-//! denied there until its first refills arrive (about two round trips to home).
+//! is claimed before home's own `retry_after`. A request its pool cannot pay whose step claimed
+//! the refill (the first request of a key new to the region, say) waits for that refill (at most
+//! the claim timeout) and spends again: it is served at home's latency, never past the limit
+//! (every unit it spends came from home). Requests that find the refill under way are denied
+//! until it lands.
 //!
 //! # Unused units go home
 //!
@@ -59,6 +62,15 @@
 //! ([`Store::decide_all`]) is all or nothing: its regional requests are spent from their pools
 //! one after the other, the others decided at home as one batch, and the pools' units put back
 //! when any request is denied.
+//!
+//! # Settling
+//!
+//! A report ([`Store::settle_all`]) is paid first by the units the pool holds (withdrawn from
+//! home already), the rest reported home, where what exceeds the key's units is debt: the
+//! key's next refill finds home empty, so the key is denied in every region until the debt has
+//! refilled, as on one Redis (units other regions' pools hold stay spendable there until their
+//! horizon). A refill the report's step claims starts only after the report reached home. A
+//! give-back goes home (never above a full state there).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -67,7 +79,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlimit_core::{Decision, Error, Grant, Key, LeaseStore, Limit, Request, Store};
+use distlimit_core::{
+    Decision, Error, Grant, Key, LeaseStore, Limit, Request, Settle, Store, StoreExt,
+    validate_settles,
+};
 
 use crate::RedisStore;
 use crate::layout::KeyBuf;
@@ -304,12 +319,32 @@ struct Target {
     limit: Limit,
 }
 
+impl Target {
+    fn pool(&self) -> Pool<'_> {
+        Pool {
+            policy: &self.policy,
+            key: &self.key,
+            limit: &self.limit,
+        }
+    }
+}
+
 /// The pool of one (policy, key) under its limit, as a step names it.
 #[derive(Clone, Copy)]
 struct Pool<'a> {
     policy: &'a str,
     key: &'a [u8],
     limit: &'a Limit,
+}
+
+impl<'a> Pool<'a> {
+    fn of(request: &'a Request<'_>) -> Self {
+        Pool {
+            policy: request.policy(),
+            key: request.key().as_bytes(),
+            limit: request.limit(),
+        }
+    }
 }
 
 impl RegionStore<()> {
@@ -388,37 +423,39 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         want: u64,
         min: u64,
     ) -> Result<Step, Error> {
-        let pool = Pool {
-            policy: request.policy(),
-            key: request.key().as_bytes(),
-            limit: request.limit(),
-        };
-        self.step_and_refill(pool, [SPEND, back, want, min]).await
+        self.step_and_refill(Pool::of(request), [SPEND, back, want, min])
+            .await
     }
 
     /// A step on the pool, then the refill it claimed, if any, in a task of its own.
     async fn step_and_refill(&self, pool: Pool<'_>, action: [u64; 4]) -> Result<Step, Error> {
         let step = self.step(pool, action).await?;
+        self.start_refill(pool, &step);
+        Ok(step)
+    }
+
+    /// Starts the refill `step` claimed, if any, in a task of its own.
+    fn start_refill(&self, pool: Pool<'_>, step: &Step) {
         if step.back > 0 || step.want > 0 {
             let target = Target {
                 policy: pool.policy.into(),
                 key: pool.key.into(),
                 limit: *pool.limit,
             };
-            let this = self.clone();
-            tokio::spawn(async move { this.refill(target, step.back, step.want).await });
+            let (this, back, want) = (self.clone(), step.back, step.want);
+            tokio::spawn(async move { this.refill(target.pool(), back, want).await });
         }
-        Ok(step)
     }
 
-    /// The claimed refill: one home exchange, then its answer deposited in the pool.
-    async fn refill(&self, target: Target, back: u64, want: u64) {
+    /// The claimed refill: one home exchange (at most the claim timeout), then its answer
+    /// deposited in the pool.
+    async fn refill(&self, target: Pool<'_>, back: u64, want: u64) {
         let s = &*self.shared;
         let c = &s.counters;
-        let Ok(key) = Key::new(&target.key) else {
+        let Ok(key) = Key::new(target.key) else {
             return;
         };
-        let Ok(request) = Request::new(key, target.limit).with_policy(&target.policy) else {
+        let Ok(request) = Request::new(key, *target.limit).with_policy(target.policy) else {
             return;
         };
         bump(&c.refills, 1);
@@ -445,20 +482,10 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
                 [DEPOSIT, 0, s.backoff_us, 0]
             }
         };
-        match self
-            .step(
-                Pool {
-                    policy: &target.policy,
-                    key: &target.key,
-                    limit: &target.limit,
-                },
-                deposit,
-            )
-            .await
-        {
+        match self.step(target, deposit).await {
             // A pool holding units is one the sweep must look at once they are due.
             Ok(step) if step.units > 0 => {
-                s.seen.note(&target.policy, &target.key, target.limit);
+                s.seen.note(target.policy, target.key, *target.limit);
             }
             Ok(_) => {}
             // The units granted are withdrawn at home and not in the pool: lost. The claim
@@ -558,8 +585,26 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
             let granted = step.units.min(1);
             return Ok(self.decision(request.limit(), 1, &Step { granted, ..step }));
         }
-        let step = self.spend(request, 0, cost, cost).await?;
+        let (pool, spend) = (Pool::of(request), [SPEND, 0, cost, cost]);
+        let step = self.step(pool, spend).await?;
+        if step.granted >= cost || step.want == 0 {
+            self.start_refill(pool, &step);
+            return Ok(self.decision(request.limit(), cost, &step));
+        }
+        // The pool cannot pay and this step claimed its refill (a key new to the region):
+        // wait for it, then spend again.
+        self.refill(pool, step.back, step.want).await;
+        let step = self.step_and_refill(pool, spend).await?;
         Ok(self.decision(request.limit(), cost, &step))
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_settles(settles)?;
+        let mut decisions = Vec::with_capacity(settles.len());
+        for settle in settles {
+            decisions.push(self.settle(settle).await?);
+        }
+        Ok(decisions)
     }
 
     /// All or nothing, one request after the other: each regional request (see the module
@@ -639,6 +684,31 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
 }
 
 impl<H: LeaseStore + 'static> RegionStore<H> {
+    /// One settle (see the module documentation, "Settling"). If home fails, the units the
+    /// pool paid go back into it: the report charged nothing.
+    async fn settle(&self, settle: &Settle<'_>) -> Result<Decision, Error> {
+        let (request, home) = (settle.request(), &self.shared.home);
+        let cost = request.cost();
+        if !settle.is_report() || cost == 0 {
+            return home.settle(*settle).await;
+        }
+        let pool = Pool::of(request);
+        let want = cost.min(request.limit().capacity());
+        let step = self.step(pool, [SPEND, 0, want, 1]).await?;
+        let answer = match cost - step.granted {
+            0 => {
+                let granted = step.units.min(1);
+                Ok(self.decision(request.limit(), 1, &Step { granted, ..step }))
+            }
+            rest => home.settle(Settle::Report(request.with_cost(rest))).await,
+        };
+        if answer.is_err() && step.granted > 0 {
+            let _ = self.step(pool, [SPEND, step.granted, 0, 0]).await;
+        }
+        self.start_refill(pool, &step);
+        answer
+    }
+
     /// Puts the units a denied or failed batch spent from pools back into them. A give-back
     /// that fails leaves them spent: an under-admission, never more than the limit.
     async fn unspend(&self, spent: &[&Request<'_>]) {
