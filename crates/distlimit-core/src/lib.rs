@@ -28,5 +28,6 @@ pub use permit::{
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
 pub use state_name::{StateName, StateRef};
 pub use store::{
-    MAX_BATCH, Request, Settle, Store, StoreExt, merge_batch, validate_batch, validate_settles,
+    MAX_BATCH, Request, Settle, SettleKind, Store, StoreExt, merge_batch, validate_batch,
+    validate_settles,
 };

@@ -120,6 +120,27 @@ pub enum Settle<'a> {
     GiveBack(Request<'a>),
 }
 
+/// Which of the two a [`Settle`] is, without its request: for APIs that build the requests
+/// later (the policy limiter's items, a server's descriptors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SettleKind {
+    /// A [`Settle::Report`].
+    Report,
+    /// A [`Settle::GiveBack`].
+    GiveBack,
+}
+
+impl SettleKind {
+    /// The settle of this kind of `request`.
+    #[inline]
+    pub fn of(self, request: Request<'_>) -> Settle<'_> {
+        match self {
+            SettleKind::Report => Settle::Report(request),
+            SettleKind::GiveBack => Settle::GiveBack(request),
+        }
+    }
+}
+
 impl<'a> Settle<'a> {
     /// The request settled: its state, key, limit, and the units as its cost.
     #[inline]
