@@ -69,8 +69,11 @@
 //! home already), the rest reported home, where what exceeds the key's units is debt: the
 //! key's next refill finds home empty, so the key is denied in every region until the debt has
 //! refilled, as on one Redis (units other regions' pools hold stay spendable there until their
-//! horizon). A refill the report's step claims starts only after the report reached home. A
-//! give-back goes home (never above a full state there).
+//! horizon). A refill the report's step claims is made (and awaited) only after the report
+//! reached home, so the pool learns when home has units again. A
+//! give-back returns its units to the region's pool, spendable there at once and due home after
+//! the horizon (where a full state takes no more): units reserved and given back in a region are
+//! its own again even while home has none.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -684,28 +687,37 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
 }
 
 impl<H: LeaseStore + 'static> RegionStore<H> {
-    /// One settle (see the module documentation, "Settling"). If home fails, the units the
+    /// One settle (see the module documentation, "Settling"), answered by the pool's peek
+    /// after it, or home's answer to the part of a report it got. If home fails, the units the
     /// pool paid go back into it: the report charged nothing.
     async fn settle(&self, settle: &Settle<'_>) -> Result<Decision, Error> {
-        let (request, home) = (settle.request(), &self.shared.home);
-        let cost = request.cost();
-        if !settle.is_report() || cost == 0 {
-            return home.settle(*settle).await;
-        }
+        let (request, cost) = (settle.request(), settle.request().cost());
         let pool = Pool::of(request);
-        let want = cost.min(request.limit().capacity());
-        let step = self.step(pool, [SPEND, 0, want, 1]).await?;
+        let action = match settle.is_report() {
+            true => [SPEND, 0, cost.min(request.limit().capacity()), 1],
+            false => [SPEND, cost, 0, 0],
+        };
+        let step = self.step(pool, action).await?;
+        if step.units > 0 {
+            self.shared.seen.note(pool.policy, pool.key, *pool.limit);
+        }
         let answer = match cost - step.granted {
-            0 => {
+            rest if settle.is_report() && rest > 0 => {
+                let report = Settle::Report(request.with_cost(rest));
+                self.shared.home.settle(report).await
+            }
+            _ => {
                 let granted = step.units.min(1);
                 Ok(self.decision(request.limit(), 1, &Step { granted, ..step }))
             }
-            rest => home.settle(Settle::Report(request.with_cost(rest))).await,
         };
         if answer.is_err() && step.granted > 0 {
             let _ = self.step(pool, [SPEND, step.granted, 0, 0]).await;
         }
-        self.start_refill(pool, &step);
+        // Awaited: a report's refill tells the pool what home has left (debt: none until then).
+        if step.back > 0 || step.want > 0 {
+            self.refill(pool, step.back, step.want).await;
+        }
         answer
     }
 
