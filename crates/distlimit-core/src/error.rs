@@ -73,7 +73,7 @@ pub enum Error {
         message: String,
     },
     /// The store does not implement this operation (a store or wrapper without
-    /// [`Store::settle_all`], say): it changed nothing. Not transient.
+    /// [`Store::settle_all`](crate::Store::settle_all), say): it changed nothing. Not transient.
     #[error("the store does not support {0}")]
     Unsupported(&'static str),
     /// Any other backend failure, with its own transient/permanent classification.
