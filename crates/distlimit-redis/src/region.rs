@@ -420,17 +420,19 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         Ok(step)
     }
 
-    /// Starts the refill `step` claimed, if any, in a task of its own.
-    fn start_refill(&self, pool: Pool<'_>, step: &Step) {
+    /// Starts the refill `step` claimed, if any, in a task of its own (which a caller that
+    /// awaits it and gives up does not cancel).
+    fn start_refill(&self, pool: Pool<'_>, step: &Step) -> Option<tokio::task::JoinHandle<()>> {
         if step.back > 0 || step.want > 0 {
             // Owned: the refill outlives its request.
             let (policy, key): PolicyKey = (pool.policy.into(), pool.key.into());
             let (this, limit, back, want) = (self.clone(), *pool.limit, step.back, step.want);
-            tokio::spawn(async move {
+            return Some(tokio::spawn(async move {
                 let (policy, key, limit) = (&policy, &key, &limit);
                 this.refill(Pool { policy, key, limit }, back, want).await
-            });
+            }));
         }
+        None
     }
 
     /// The claimed refill: one home exchange (at most the claim timeout), then its answer
@@ -573,13 +575,13 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
         }
         let (pool, spend) = (Pool::of(request), [SPEND, 0, cost, cost]);
         let step = self.step(pool, spend).await?;
-        if step.granted >= cost || step.want == 0 {
-            self.start_refill(pool, &step);
+        let refill = self.start_refill(pool, &step);
+        let Some(refill) = refill.filter(|_| step.granted < cost && step.want > 0) else {
             return Ok(self.decision(request.limit(), cost, &step));
-        }
+        };
         // The pool cannot pay and this step claimed its refill (a key new to the region):
         // wait for it, then spend again.
-        self.refill(pool, step.back, step.want).await;
+        let _ = refill.await;
         let step = self.step_and_refill(pool, spend).await?;
         Ok(self.decision(request.limit(), cost, &step))
     }
@@ -698,8 +700,8 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             let _ = self.step(pool, [SPEND, step.granted, 0, 0]).await;
         }
         // Awaited: a report's refill tells the pool what home has left (debt: none until then).
-        if step.back > 0 || step.want > 0 {
-            self.refill(pool, step.back, step.want).await;
+        if let Some(refill) = self.start_refill(pool, &step) {
+            let _ = refill.await;
         }
         answer
     }
