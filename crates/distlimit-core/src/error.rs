@@ -72,6 +72,10 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+    /// The store does not implement this operation (a store or wrapper without
+    /// [`Store::settle_all`](crate::Store::settle_all), say): it changed nothing. Not transient.
+    #[error("the store does not support {0}")]
+    Unsupported(&'static str),
     /// Any other backend failure, with its own transient/permanent classification.
     #[error("{store}: {source}")]
     Backend {
@@ -97,7 +101,8 @@ impl Error {
             | Error::InvalidRequest(_)
             | Error::Protocol { .. }
             | Error::BadState { .. }
-            | Error::Config { .. } => false,
+            | Error::Config { .. }
+            | Error::Unsupported(_) => false,
         }
     }
 
@@ -122,8 +127,8 @@ impl Error {
 
     /// A stable lowercase name of the variant, for metric labels and logs: `invalid_key`,
     /// `invalid_quota`, `invalid_permit`, `invalid_request`, `timeout`, `unavailable`, `protocol`, `bad_state`,
-    /// `config`, `backend`; and `durability` for an [`Error::Unavailable`] whose source is
-    /// [`NotDurable`] (the store answered, its replicas did not acknowledge).
+    /// `config`, `unsupported`, `backend`; and `durability` for an [`Error::Unavailable`] whose
+    /// source is [`NotDurable`] (the store answered, its replicas did not acknowledge).
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Unavailable { source, .. } if source.is::<NotDurable>() => "durability",
@@ -136,6 +141,7 @@ impl Error {
             Error::Protocol { .. } => "protocol",
             Error::BadState { .. } => "bad_state",
             Error::Config { .. } => "config",
+            Error::Unsupported(_) => "unsupported",
             Error::Backend { .. } => "backend",
         }
     }

@@ -31,5 +31,6 @@ pub use permit::{
 pub use quota::{MAX_LIMIT, MAX_PERIOD_US, MAX_SCALED, Quota, QuotaError, WINDOW_STEPS};
 pub use state_name::{StateName, StateRef};
 pub use store::{
-    MAX_BATCH, Request, RequestKind, Store, StoreExt, merge_batch, validate_batch, validate_settle,
+    MAX_BATCH, Request, Settle, SettleKind, Store, StoreExt, merge_batch, validate_batch,
+    validate_settles,
 };

@@ -93,32 +93,76 @@ pub struct Request<'a> {
     key: Key<'a>,
     limit: Limit,
     cost: u64,
-    kind: RequestKind,
 }
 
-/// What a [`Request`] does with its cost: decide it (the default), or *settle* usage known only
-/// after the response, applied whatever is left (see [`Store`], "Settling").
+/// Usage settled after the response, applied whatever is left ([`Store::settle_all`]; see
+/// [`Store`], "Settling"): the request's cost is the units reported or given back.
 ///
-/// Reserve, then settle: reserve an estimate with a normal request ([`RequestKind::Decide`]);
-/// once the actual cost is known, give back `reserved − actual` ([`RequestKind::GiveBack`]) or
-/// report `actual − reserved` ([`RequestKind::Report`]). A request already served without a
-/// reservation reports its whole cost.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum RequestKind {
-    /// Charged if admitted, denied (and not charged) otherwise.
-    #[default]
-    Decide,
+/// Reserve, then settle: reserve an estimate with a normal request; once the actual cost is
+/// known, give back `reserved − actual` or report `actual − reserved`. A request already served
+/// without a reservation reports its whole cost.
+///
+/// ```
+/// use distlimit_core::{Key, Limit, Quota, Request, Settle};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limit = Limit::token_bucket(Quota::per_minute(10_000)?);
+/// let report = Settle::Report(Request::new(Key::new("user:42")?, limit).with_cost(1_200));
+/// assert!(report.is_report());
+/// assert_eq!(report.request().cost(), 1_200);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Settle<'a> {
     /// A forced charge: always applied, past the limit as debt ([`Limit::force`]).
-    Report,
+    Report(Request<'a>),
     /// Unspent units given back ([`Limit::give_back`]): never above the capacity.
+    GiveBack(Request<'a>),
+}
+
+/// Which of the two a [`Settle`] is, without its request: for APIs that build the requests
+/// later (the policy limiter's items, a server's descriptors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SettleKind {
+    /// A [`Settle::Report`].
+    Report,
+    /// A [`Settle::GiveBack`].
     GiveBack,
 }
 
-impl RequestKind {
-    /// Whether the request settles (a report or a give-back) rather than decides.
+impl SettleKind {
+    /// The settle of this kind of `request`.
     #[inline]
-    pub fn is_settle(self) -> bool {
-        !matches!(self, RequestKind::Decide)
+    pub fn of(self, request: Request<'_>) -> Settle<'_> {
+        match self {
+            SettleKind::Report => Settle::Report(request),
+            SettleKind::GiveBack => Settle::GiveBack(request),
+        }
+    }
+}
+
+impl<'a> Settle<'a> {
+    /// The request settled: its state, key, limit, and the units as its cost.
+    #[inline]
+    pub fn request(&self) -> &Request<'a> {
+        match self {
+            Settle::Report(r) | Settle::GiveBack(r) => r,
+        }
+    }
+
+    /// Whether this is a report (else a give-back).
+    #[inline]
+    pub fn is_report(&self) -> bool {
+        matches!(self, Settle::Report(_))
+    }
+
+    /// The same settle of another request.
+    #[inline]
+    pub fn with_request(self, request: Request<'a>) -> Self {
+        match self {
+            Settle::Report(_) => Settle::Report(request),
+            Settle::GiveBack(_) => Settle::GiveBack(request),
+        }
     }
 }
 
@@ -131,7 +175,6 @@ impl<'a> Request<'a> {
             key,
             limit,
             cost: 1,
-            kind: RequestKind::Decide,
         }
     }
 
@@ -143,47 +186,6 @@ impl<'a> Request<'a> {
         }
     }
 
-    /// A report of cost 1 (set the cost with [`with_cost`](Self::with_cost)): usage already
-    /// served, charged even past the limit, as debt ([`RequestKind::Report`]).
-    ///
-    /// ```
-    /// use distlimit_core::{Key, Limit, Quota, Request, RequestKind};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let limit = Limit::token_bucket(Quota::per_minute(10_000)?);
-    /// let report = Request::report(Key::new("user:42")?, limit).with_cost(1_200);
-    /// assert_eq!(report.kind(), RequestKind::Report);
-    /// assert_eq!(report.cost(), 1_200);
-    /// # Ok(()) }
-    /// ```
-    pub fn report(key: Key<'a>, limit: Limit) -> Self {
-        Self {
-            kind: RequestKind::Report,
-            ..Self::new(key, limit)
-        }
-    }
-
-    /// A give-back of 1 unit (set the units with [`with_cost`](Self::with_cost)): units reserved
-    /// and not used ([`RequestKind::GiveBack`]).
-    pub fn give_back(key: Key<'a>, limit: Limit) -> Self {
-        Self {
-            kind: RequestKind::GiveBack,
-            ..Self::new(key, limit)
-        }
-    }
-
-    /// The same request of another kind.
-    #[inline]
-    pub fn with_kind(self, kind: RequestKind) -> Self {
-        Self { kind, ..self }
-    }
-
-    /// What the request does with its cost.
-    #[inline]
-    pub fn kind(&self) -> RequestKind {
-        self.kind
-    }
-
     /// The same request with another cost (a weighted request).
     #[inline]
     pub fn with_cost(self, cost: u64) -> Self {
@@ -192,7 +194,7 @@ impl<'a> Request<'a> {
 
     state_accessors!(Limit);
 
-    /// The units charged if admitted (reported, or given back, for a settling request).
+    /// The units charged if admitted (reported, or given back, when settled).
     #[inline]
     pub fn cost(&self) -> u64 {
         self.cost
@@ -200,29 +202,38 @@ impl<'a> Request<'a> {
 }
 
 /// Checks that a batch for [`Store::decide_all`] is valid: 1 to [`MAX_BATCH`] requests, no
-/// (policy, key) pair twice, and either only decisions or only settling requests (reports and
-/// give-backs), each of those on the token bucket or GCRA with a cost of at most
-/// [`MAX_REPORT`]. Drivers call it first so every store rejects the same batches; a single
-/// request goes through [`validate_settle`].
+/// (policy, key) pair twice. Drivers call it first so every store rejects the same batches.
 pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
-    if requests.is_empty() {
-        return Err(Error::InvalidRequest("empty batch"));
-    }
-    if requests.len() > MAX_BATCH {
-        return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
-    }
-    let settles = requests[0].kind.is_settle();
-    for r in requests {
-        if r.kind.is_settle() != settles {
+    validate_pairs(requests.iter())
+}
+
+/// Checks that a batch for [`Store::settle_all`] is valid: as [`validate_batch`], each settle on
+/// the token bucket or GCRA with at most [`MAX_REPORT`] units.
+pub fn validate_settles(settles: &[Settle<'_>]) -> Result<(), Error> {
+    for s in settles {
+        s.request().limit.check_debt()?;
+        if s.request().cost > MAX_REPORT {
             return Err(Error::InvalidRequest(
-                "a batch mixes decisions with reports or give-backs",
+                "a report or give-back above MAX_REPORT units",
             ));
         }
-        validate_settle(r)?;
     }
-    for (i, a) in requests.iter().enumerate() {
-        if requests[..i]
-            .iter()
+    validate_pairs(settles.iter().map(Settle::request))
+}
+
+/// 1 to [`MAX_BATCH`] requests, no (policy, key) pair twice.
+fn validate_pairs<'r, 'a: 'r>(
+    requests: impl ExactSizeIterator<Item = &'r Request<'a>> + Clone,
+) -> Result<(), Error> {
+    match requests.len() {
+        0 => return Err(Error::InvalidRequest("empty batch")),
+        n if n > MAX_BATCH => return Err(Error::InvalidRequest("batch larger than MAX_BATCH")),
+        _ => {}
+    }
+    for (i, a) in requests.clone().enumerate() {
+        if requests
+            .clone()
+            .take(i)
             .any(|b| b.key == a.key && b.policy() == a.policy())
         {
             return Err(Error::InvalidRequest(
@@ -233,24 +244,8 @@ pub fn validate_batch(requests: &[Request<'_>]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks one settling request (a report or a give-back): the token bucket or GCRA, and a cost of
-/// at most [`MAX_REPORT`]. A decision always passes.
-#[inline]
-pub fn validate_settle(request: &Request<'_>) -> Result<(), Error> {
-    if request.kind.is_settle() {
-        request.limit.check_debt()?;
-        if request.cost > MAX_REPORT {
-            return Err(Error::InvalidRequest(
-                "a report or give-back above MAX_REPORT units",
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// `requests` with each (policy, key) pair once, as [`validate_batch`] wants a batch: requests on
-/// one pair (and of one [`RequestKind`]) become one, costing the sum of their costs, with the
-/// first one's limit. Also returns,
+/// one pair become one, costing the sum of their costs, with the first one's limit. Also returns,
 /// for each request, the index of the merged request whose decision answers it.
 ///
 /// ```
@@ -274,9 +269,10 @@ pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize
     let mut merged: Vec<Request<'a>> = Vec::with_capacity(requests.len());
     let mut answered_by = Vec::with_capacity(requests.len());
     for request in requests {
-        let same = merged.iter_mut().enumerate().find(|(_, m)| {
-            m.policy() == request.policy() && m.key == request.key && m.kind == request.kind
-        });
+        let same = merged
+            .iter_mut()
+            .enumerate()
+            .find(|(_, m)| m.policy() == request.policy() && m.key == request.key);
         match same {
             Some((slot, m)) => {
                 m.cost = m.cost.saturating_add(request.cost);
@@ -313,16 +309,18 @@ pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize
 ///
 /// # Settling
 ///
-/// A request of kind [`RequestKind::Report`] or [`RequestKind::GiveBack`] (on the token bucket
-/// or GCRA; the window algorithms answer [`Error::InvalidRequest`]) *settles* usage known only
-/// after the response. A store MUST:
+/// [`settle_all`](Store::settle_all) applies a batch of [`Settle`]s (on the token bucket or GCRA;
+/// the window algorithms answer [`Error::InvalidRequest`]): usage known only after the response.
+/// A store that settles MUST:
 /// * apply it always, atomically, exactly as [`Limit::force_from`] (a report: the cost charged
 ///   whatever is left, past the limit as debt) or [`Limit::give_back_from`] (a give-back: the
 ///   units returned, never above a full state) would on the request's state;
 /// * answer what a peek (cost 0) answers right after it: allowed while a unit is available,
 ///   else denied with the exact `retry_after` until one is (the debt paid and a unit refilled);
-/// * in [`decide_all`](Store::decide_all), apply every request of a batch of settling requests
-///   (a batch holding both kinds is an [`Error::InvalidRequest`], by [`validate_batch`]).
+/// * apply every settle of a batch (after [`validate_settles`]), each answered in order.
+///
+/// A store that cannot settle (the default method) answers [`Error::Unsupported`], never a
+/// decision: a wrapper forwards `settle_all` explicitly, or it refuses to settle.
 ///
 /// Reserve, then settle: a normal request reserves an estimate; the settle gives back
 /// `reserved − actual` or reports `actual − reserved`. What a key is charged is then exactly
@@ -432,6 +430,14 @@ pub trait Store: Send + Sync {
         let _ = (requests, decisions);
         None
     }
+
+    /// Settles a batch (see "Settling"): every report and give-back applied, each answered by
+    /// the peek after it. The default answers [`Error::Unsupported`]: a store that settles, and
+    /// every wrapper, implements it.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        let _ = settles;
+        Err(Error::Unsupported("settling"))
+    }
 }
 
 #[async_trait]
@@ -455,6 +461,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     ) -> Option<Result<(), Error>> {
         (**self).decide_all_now(requests, decisions)
     }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        (**self).settle_all(settles).await
+    }
 }
 
 #[async_trait]
@@ -477,6 +487,10 @@ impl<S: Store + ?Sized> Store for Box<S> {
         decisions: &mut [Decision],
     ) -> Option<Result<(), Error>> {
         (**self).decide_all_now(requests, decisions)
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        (**self).settle_all(settles).await
     }
 }
 
@@ -521,6 +535,19 @@ pub trait StoreExt: Store {
         K: AsRef<[u8]> + Sync + ?Sized,
     {
         self.check_cost(key, limit, 0)
+    }
+
+    /// Settles one report or give-back: [`Store::settle_all`] of one.
+    fn settle<'a>(
+        &'a self,
+        settle: Settle<'a>,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a {
+        async move {
+            let mut decisions = self.settle_all(std::slice::from_ref(&settle)).await?;
+            decisions
+                .pop()
+                .ok_or(Error::InvalidRequest("the store answered no decision"))
+        }
     }
 }
 

@@ -15,7 +15,7 @@
 
 use distlimit_core::{
     Algorithm, DebtUnsupported, Key, Limit, MAX_DEFICIT, MAX_REPORT, MAX_TAT, Quota, Request,
-    State, validate_batch,
+    Settle, State, validate_settles,
 };
 use proptest::prelude::*;
 
@@ -241,12 +241,14 @@ fn windows_refuse_debt() {
         );
         assert_eq!(state, before);
         let key = Key::new("k").unwrap();
-        assert!(validate_batch(&[Request::report(key, limit)]).is_err());
-        assert!(validate_batch(&[Request::give_back(key, limit)]).is_err());
+        let request = Request::new(key, limit);
+        assert!(validate_settles(&[Settle::Report(request)]).is_err());
+        assert!(validate_settles(&[Settle::GiveBack(request)]).is_err());
     }
     let limit = Limit::gcra(quota);
     let (a, b) = (Key::new("a").unwrap(), Key::new("b").unwrap());
-    assert!(validate_batch(&[Request::new(a, limit), Request::report(b, limit)]).is_err());
-    assert!(validate_batch(&[Request::give_back(a, limit), Request::report(b, limit)]).is_ok());
-    assert!(validate_batch(&[Request::report(a, limit).with_cost(MAX_REPORT + 1)]).is_err());
+    let (a, b) = (Request::new(a, limit), Request::new(b, limit));
+    assert!(validate_settles(&[Settle::GiveBack(a), Settle::Report(b)]).is_ok());
+    assert!(validate_settles(&[Settle::GiveBack(a), Settle::Report(a)]).is_err());
+    assert!(validate_settles(&[Settle::Report(a.with_cost(MAX_REPORT + 1))]).is_err());
 }

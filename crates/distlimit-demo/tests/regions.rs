@@ -13,7 +13,12 @@
 //!   second for 9 s, all links to home cut from 1.5 s to 6.5 s, `--failure-mode fail-closed`:
 //!   no 5xx reaches a client (while a process deciding at home through the same link answers
 //!   5xx during the cut), admitted ≤ the limit's bound, and every region admits again once
-//!   home is back.
+//!   home is back;
+//! * `a_far_region_serves_new_users_and_keeps_reported_debt`: one process in region 1 with the
+//!   default policies: three new users' first `GET /api/data` is 200 (a new key waits for its
+//!   pool's first refill instead of being denied), and a user whose answer used 15 000 tokens of
+//!   the 10 000 a minute is denied next with a `Retry-After` of about 30 s (5 000 tokens of
+//!   debt), as without regions.
 
 #![allow(
     clippy::unwrap_used,
@@ -321,4 +326,43 @@ async fn home_cut_off_reaches_no_client_as_an_error() {
             "region {region} admitted nothing once home was back"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_region_serves_new_users_and_keeps_reported_debt() {
+    let regions = Regions::start().await;
+    let (local, link) = (regions.servers[1].url(), regions.links[1].redis_url());
+    let demo = DemoProcess::start(&[
+        "--redis",
+        &local,
+        "--redis-home",
+        &link,
+        "--redis-budget-ms",
+        "5000",
+        "--redis-timeout-ms",
+        "1000",
+    ]);
+    let http = Http::new();
+    for i in 0..3 {
+        let user = unique(&format!("new-user-{i}"));
+        let first = http.get(demo.addr, "/api/data", Some(&user)).await;
+        assert_eq!(first.status, StatusCode::OK, "{user}: {}", first.body);
+    }
+    let user = unique("big-spender");
+    let generate = "/api/generate?tokens=15000";
+    let used = http.get(demo.addr, generate, Some(&user)).await;
+    assert_eq!(used.status, StatusCode::OK, "{}", used.body);
+    // The settle is sent when the body ends (the reply was read whole): give it time to land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let next = http.get(demo.addr, generate, Some(&user)).await;
+    assert_eq!(next.status, StatusCode::TOO_MANY_REQUESTS, "{}", next.body);
+    let retry: u64 = next.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (25..=31).contains(&retry),
+        "retry after {retry} s, not about 30"
+    );
 }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use distlimit_core::{Decision, Error, Key, Limit, Quota, Request, Store, StoreExt};
+use distlimit_core::{Decision, Error, Key, Limit, Quota, Request, Settle, Store, StoreExt};
 use distlimit_hybrid::{Hybrid, OpenRule};
 use distlimit_memory::MemoryStore;
 use distlimit_redis::RedisStore;
@@ -218,6 +218,11 @@ impl Store for Budgeted<'_> {
     fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
     }
+
+    // Not measured here: forwarded as it is.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        self.0.settle_all(settles).await
+    }
 }
 
 /// A store that must be awaited: forwards `decide` and `decide_all`, never answers at once.
@@ -242,6 +247,11 @@ impl Store for Awaited {
     // Batches are always awaited (`decide_all`): `None` is always a correct answer.
     fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
+    }
+
+    // Not measured here: forwarded as it is.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        self.0.settle_all(settles).await
     }
 }
 

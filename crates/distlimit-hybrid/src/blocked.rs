@@ -96,12 +96,9 @@ impl BlockedCache {
     }
 
     /// The cached denial of `request` at `now_us`, if the same limit and cost is still blocked.
-    /// Never for a report or a give-back: those must reach a store, which applies them.
+    /// (Reports and give-backs never come here: `settle_all` sends them to a store.)
     pub(crate) fn lookup(&self, request: &Request<'_>, now_us: u64) -> Option<Decision> {
-        if request.cost() == 0
-            || request.kind().is_settle()
-            || self.entries.load(Ordering::Relaxed) == 0
-        {
+        if request.cost() == 0 || self.entries.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let (policy, key) = (request.policy(), request.key().as_bytes());
@@ -133,11 +130,7 @@ impl BlockedCache {
     /// Remembers `decision`, the primary's answer to `request` sent at `sent_us`, if it is a
     /// denial worth remembering.
     pub(crate) fn remember(&self, request: &Request<'_>, decision: &Decision, sent_us: u64) {
-        if decision.is_allowed()
-            || decision.is_never()
-            || request.cost() == 0
-            || request.kind().is_settle()
-        {
+        if decision.is_allowed() || decision.is_never() || request.cost() == 0 {
             return;
         }
         let until_us = sent_us.saturating_add(decision.retry_after_us());

@@ -23,8 +23,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use distlimit_core::{
-    BreakerState, Clock, Decision, Error, Observer, Request, Source, StateRef, Store, SystemClock,
-    validate_batch,
+    BreakerState, Clock, Decision, Error, Observer, Request, Settle, Source, StateRef, Store,
+    SystemClock, validate_batch, validate_settles,
 };
 
 use crate::blocked::BlockedCache;
@@ -207,7 +207,6 @@ impl<P, F, C> Hybrid<P, F, C> {
         let limit = self.share.scale(request.limit());
         Ok(Request::new(request.key(), limit)
             .with_cost(request.cost())
-            .with_kind(request.kind())
             .with_policy(request.policy())?)
     }
 }
@@ -278,19 +277,22 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         }
     }
 
-    async fn degraded_all(
+    /// A batch (of requests, or of settles) answered by each policy's failure mode.
+    async fn degraded_all<'k, T: Item<'k>>(
         &self,
-        requests: &[Request<'_>],
+        items: &[T],
         error: Option<Error>,
     ) -> Result<Vec<Decision>, Error> {
-        let mut to_fallback = Vec::with_capacity(requests.len());
-        for request in requests {
-            match self.failure_mode_of(request.state()) {
+        let mut to_fallback = Vec::with_capacity(items.len());
+        for item in items {
+            match self.failure_mode_of(item.request().state()) {
                 FailureMode::FailClosed => {
                     bump(&self.counters.failed_closed);
                     return Err(error.unwrap_or_else(|| self.open_error()));
                 }
-                FailureMode::Fallback => to_fallback.push(self.share_of(request)?),
+                FailureMode::Fallback => {
+                    to_fallback.push(item.with_request(self.share_of(item.request())?));
+                }
                 FailureMode::FailOpen => {}
             }
         }
@@ -298,16 +300,16 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             Vec::new()
         } else {
             bump(&self.counters.fallback);
-            self.fallback.decide_all(&to_fallback).await?
+            T::apply(&self.fallback, &to_fallback).await?
         }
         .into_iter();
-        if to_fallback.len() < requests.len() {
+        if to_fallback.len() < items.len() {
             bump(&self.counters.failed_open);
         }
-        requests
+        items
             .iter()
-            .map(|request| match self.failure_mode_of(request.state()) {
-                FailureMode::FailOpen => Ok(Self::fail_open(request)),
+            .map(|item| match self.failure_mode_of(item.request().state()) {
+                FailureMode::FailOpen => Ok(Self::fail_open(item.request())),
                 _ => decided
                     .next()
                     .map(|d| d.with_source(Source::Fallback))
@@ -328,7 +330,7 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         probe.done = true;
         if is_request_error(error) {
             self.report(self.breaker.inconclusive(probe.route));
-            if error.is_invalid_input() {
+            if error.is_invalid_input() || matches!(error, Error::Unsupported(_)) {
                 Next::Return
             } else {
                 Next::Degrade
@@ -338,6 +340,44 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             self.report(self.breaker.failed(probe.route, now));
             Next::Degrade
         }
+    }
+}
+
+/// What a batch holds: requests to decide, or settles; either goes to a store alike.
+trait Item<'k>: Copy + Send + Sync + 'k {
+    /// Whether the items are settles.
+    const SETTLES: bool;
+    /// The request decided, or settled.
+    fn request(&self) -> &Request<'k>;
+    /// The same item of another request.
+    fn with_request(self, request: Request<'k>) -> Self;
+    /// `store.decide_all`, or `store.settle_all`.
+    fn apply<'a, S: Store>(store: &'a S, items: &'a [Self]) -> BoxFuture<'a, Vec<Decision>>;
+}
+
+impl<'k> Item<'k> for Request<'k> {
+    const SETTLES: bool = false;
+    fn request(&self) -> &Request<'k> {
+        self
+    }
+    fn with_request(self, request: Request<'k>) -> Self {
+        request
+    }
+    fn apply<'a, S: Store>(store: &'a S, items: &'a [Self]) -> BoxFuture<'a, Vec<Decision>> {
+        store.decide_all(items)
+    }
+}
+
+impl<'k> Item<'k> for Settle<'k> {
+    const SETTLES: bool = true;
+    fn request(&self) -> &Request<'k> {
+        Settle::request(self)
+    }
+    fn with_request(self, request: Request<'k>) -> Self {
+        Settle::with_request(self, request)
+    }
+    fn apply<'a, S: Store>(store: &'a S, items: &'a [Self]) -> BoxFuture<'a, Vec<Decision>> {
+        store.settle_all(items)
     }
 }
 
@@ -354,7 +394,7 @@ enum Next {
 /// key, quota or batch) or a bad state stored at the request's key ([`Error::BadState`]). The
 /// store answered, so it does not count toward opening the breaker.
 fn is_request_error(error: &Error) -> bool {
-    error.is_invalid_input() || matches!(error, Error::BadState { .. })
+    error.is_invalid_input() || matches!(error, Error::BadState { .. } | Error::Unsupported(_))
 }
 
 /// Settles a probe that never got an outcome (the caller dropped the future): the next caller
@@ -418,26 +458,29 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         }
     }
 
-    /// A batch the breaker sent to the primary.
-    async fn decide_all_primary(
+    /// A batch the breaker sent to the primary (the blocked-key cache remembers denied
+    /// requests, never settles).
+    async fn decide_all_primary<'k, T: Item<'k>>(
         &self,
-        requests: &[Request<'_>],
+        requests: &[T],
         route: Route,
         now: u64,
     ) -> Result<Vec<Decision>, Error> {
         let mut probe = ProbeGuard::new(self, route);
-        match self.call(self.primary.decide_all(requests)).await {
+        match self.call(T::apply(&self.primary, requests)).await {
             Ok(decisions) => {
                 probe.succeeded(self);
-                if let Some(cache) = &self.blocked {
+                if let Some(cache) = &self.blocked
+                    && !T::SETTLES
+                {
                     for (request, decision) in requests.iter().zip(&decisions) {
-                        cache.remember(request, decision, now);
+                        cache.remember(request.request(), decision, now);
                     }
                 }
                 Ok(decisions)
             }
             Err(error) => {
-                let policy = requests.first().map_or("", Request::policy);
+                let policy = requests.first().map_or("", |r| r.request().policy());
                 match self.primary_failed(&mut probe, policy, &error) {
                     Next::Degrade => self.degraded_all(requests, Some(error)).await,
                     Next::Return => Err(error),
@@ -600,6 +643,29 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
     // Batches are always awaited (`decide_all`): `None` is always a correct answer.
     fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
+    }
+
+    /// Settles as `decide_all` decides: on the primary while the breaker lets it (never from
+    /// the blocked-key cache), else, or when the primary fails, by each policy's failure mode
+    /// (the fallback settles this instance's share).
+    fn settle_all<'s, 'r, 'k, 'f>(
+        &'s self,
+        settles: &'r [Settle<'k>],
+    ) -> BoxFuture<'f, Vec<Decision>>
+    where
+        's: 'f,
+        'r: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        if let Err(e) = validate_settles(settles) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let route = self.route();
+        if route == Route::Fallback {
+            return Box::pin(self.degraded_all(settles, None));
+        }
+        Box::pin(self.decide_all_primary(settles, route, 0))
     }
 }
 

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlimit_core::{Decision, Error, ManualClock, Request, Source, Store};
+use distlimit_core::{Decision, Error, ManualClock, Request, Settle, Source, Store};
 use distlimit_hybrid::{Hybrid, OpenRule};
 use distlimit_memory::MemoryStore;
 use distlimit_test::{Fault, FaultKind, FaultyStore};
@@ -70,6 +70,11 @@ impl<F: Store> Store for Open<F> {
     // Batches are always awaited (`decide_all`): `None` is always a correct answer.
     fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        let decisions = self.0.settle_all(settles).await?;
+        Ok(decisions.into_iter().map(from_fallback).collect())
     }
 }
 

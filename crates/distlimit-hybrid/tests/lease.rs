@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Decision, Error, Grant, Key, LeaseStore, Limit, ManualClock, Quota, Request, Source, Store,
+    Decision, Error, Grant, Key, LeaseStore, Limit, ManualClock, Quota, Request, Settle, Source,
+    Store,
 };
 use distlimit_hybrid::{FailureMode, Hybrid, OpenRule};
 use distlimit_memory::MemoryStore;
@@ -52,6 +53,11 @@ impl Store for Switch {
     // Batches are always awaited (`decide_all`): `None` is always a correct answer.
     fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        self.check()?;
+        self.store.settle_all(settles).await
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    BreakerState, Clock, Decision, Error, Limit, Observer, Quota, Request, Store, StoreExt,
+    BreakerState, Clock, Decision, Error, Limit, Observer, Quota, Request, Settle, Store, StoreExt,
 };
 use distlimit_hybrid::{
     DEFAULT_BUDGET, DEFAULT_COOL_OFF, DEFAULT_FIRST_COOL_OFF, DEFAULT_OPEN_RULE, Hybrid, OpenRule,
@@ -109,6 +109,10 @@ impl Store for Sim {
     // Batches are always awaited (`decide_all`): `None` is always a correct answer.
     fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
+    }
+
+    async fn settle_all(&self, _: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        Err(Error::Unsupported("settling (not simulated)"))
     }
 }
 

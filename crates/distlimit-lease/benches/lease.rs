@@ -7,7 +7,7 @@
 //! decisions per second and Redis calls per decision, counted by Redis itself (`INFO
 //! commandstats`: `EVALSHA` + `EVAL` calls) and, for the wrapper, by its own stats.
 //!
-//! Group `settle`: the cost of settling (a report, a give-back: `RequestKind`) next to a plain
+//! Group `settle`: the cost of settling (a report, a give-back: `Store::settle_all`) next to a plain
 //! decision, on the memory store and on Redis, with 1 and 256 requests in flight (256 tasks,
 //! 256 keys; the time is per request).
 //!
@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use distlimit_core::{Key, Limit, Quota, Request, RequestKind, Store};
+use distlimit_core::{Decision, Error, Key, Limit, Quota, Request, Settle, Store, StoreExt};
 use distlimit_lease::Leased;
 use distlimit_memory::MemoryStore;
 use distlimit_redis::RedisStore;
@@ -138,19 +138,9 @@ fn bench(c: &mut Criterion) {
     ];
     let keys: Arc<Vec<String>> = Arc::new((0..256).map(|i| format!("settle-{i}")).collect());
     for (name, store) in &stores {
-        for kind in [
-            RequestKind::Decide,
-            RequestKind::Report,
-            RequestKind::GiveBack,
-        ] {
-            let op = match kind {
-                RequestKind::Decide => "decide",
-                RequestKind::Report => "report",
-                RequestKind::GiveBack => "give_back",
-            };
+        for op in ["decide", "report", "give_back"] {
             group.bench_function(format!("{name}/{op}/1"), |b| {
-                let request = request.with_kind(kind);
-                b.iter(|| rt.block_on(store.decide(&request)).unwrap())
+                b.iter(|| rt.block_on(apply(&**store, op, request)).unwrap())
             });
             group.bench_function(format!("{name}/{op}/256"), |b| {
                 b.iter_custom(|iters| {
@@ -162,8 +152,8 @@ fn bench(c: &mut Criterion) {
                                 let (store, keys) = (store.clone(), keys.clone());
                                 tasks.spawn(async move {
                                     let key = Key::new(&keys[i]).unwrap();
-                                    let r = Request::new(key, limit).with_kind(kind);
-                                    store.decide(&r).await.unwrap();
+                                    let r = Request::new(key, limit);
+                                    apply(&*store, op, r).await.unwrap();
                                 });
                             }
                             while tasks.join_next().await.is_some() {}
@@ -205,3 +195,12 @@ fn bench(c: &mut Criterion) {
 
 criterion_group!(benches, bench);
 criterion_main!(benches);
+
+/// Decides `request` (`op` "decide"), or settles it: a report, else a give-back.
+async fn apply(store: &dyn Store, op: &str, request: Request<'_>) -> Result<Decision, Error> {
+    match op {
+        "decide" => store.decide(&request).await,
+        "report" => store.settle(Settle::Report(request)).await,
+        _ => store.settle(Settle::GiveBack(request)).await,
+    }
+}

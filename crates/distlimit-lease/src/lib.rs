@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, Key, LeaseStore, NoopObserver, Request, RequestKind, StateRef, Store,
+    Clock, Decision, Error, Key, LeaseStore, NoopObserver, Request, Settle, StateRef, Store,
     SystemClock,
 };
 use hashbrown::HashTable;
@@ -297,8 +297,7 @@ impl<S: LeaseStore> Leased<S> {
     /// capacity, and the token bucket or GCRA. Peeks and everything else go to the store.
     fn leases(&self, request: &Request<'_>) -> bool {
         let limit = request.limit();
-        request.kind() == RequestKind::Decide
-            && request.cost() > 0
+        request.cost() > 0
             && request.cost() <= limit.capacity()
             && limit.check_lease().is_ok()
             && self.policies.lease(request.state())
@@ -418,7 +417,11 @@ impl<S: LeaseStore> Leased<S> {
         let (limit, cost) = (request.limit(), request.cost());
         let drained = slot.account.lock().drain(limit, self.clock.now_us(), cost);
         self.counters.held.fetch_sub(drained, Ordering::Relaxed);
-        let result = self.inner.decide(&request.with_cost(cost - drained)).await;
+        let rest = Settle::Report(request.with_cost(cost - drained));
+        let result = self.inner.settle_all(&[rest]).await.and_then(|mut d| {
+            d.pop()
+                .ok_or(Error::InvalidRequest("the store answered no decision"))
+        });
         if result.is_err() && drained > 0 {
             slot.account.lock().unspend(limit, drained);
             self.counters.held.fetch_add(drained, Ordering::Relaxed);
@@ -426,9 +429,10 @@ impl<S: LeaseStore> Leased<S> {
         result
     }
 
-    /// Whether `request` is a report this wrapper settles against a lease first.
-    fn reports_on_lease(&self, request: &Request<'_>) -> bool {
-        request.kind() == RequestKind::Report
+    /// Whether `settle` is a report this wrapper settles against a lease first.
+    fn reports_on_lease(&self, settle: &Settle<'_>) -> bool {
+        let request = settle.request();
+        settle.is_report()
             && request.cost() <= distlimit_core::MAX_REPORT
             && request.limit().check_lease().is_ok()
             && self.policies.lease(request.state())
@@ -531,11 +535,6 @@ pub fn spawn_sweeper<S: LeaseStore + 'static>(
 #[warn(clippy::missing_trait_methods)]
 impl<S: LeaseStore> Store for Leased<S> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        if self.reports_on_lease(request)
-            && let Some(slot) = self.slot(request)
-        {
-            return self.report(&slot, request).await;
-        }
         if !self.leases(request) {
             return self.inner.decide(request).await;
         }
@@ -626,9 +625,6 @@ impl<S: LeaseStore> Store for Leased<S> {
     /// A decision the lease can make alone (spent from it, or denied while the store has
     /// nothing); else the inner store's own `decide_now` for requests that do not lease.
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
-        if self.reports_on_lease(request) {
-            return None;
-        }
         if !self.leases(request) {
             return self.inner.decide_now(request);
         }
@@ -641,5 +637,17 @@ impl<S: LeaseStore> Store for Leased<S> {
     // Batches are always awaited (`decide_all`): `None` is always a correct answer.
     fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
+    }
+
+    /// A single report on a leased policy is paid by this instance's lease first (see
+    /// `report`); everything else goes to the store.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        if let [one] = settles
+            && self.reports_on_lease(one)
+            && let Some(slot) = self.slot(one.request())
+        {
+            return Ok(vec![self.report(&slot, one.request()).await?]);
+        }
+        self.inner.settle_all(settles).await
     }
 }

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use distlimit_core::{Clock, Key, Limit, ManualClock, Quota, Request, State, Store};
+use distlimit_core::{
+    Clock, Key, Limit, ManualClock, Quota, Request, Settle, State, Store, StoreExt,
+};
 use distlimit_lease::Leased;
 use distlimit_memory::MemoryStore;
 use proptest::prelude::*;
@@ -54,14 +56,14 @@ proptest! {
                         }
                     }
                     Op::Report(cost) => {
-                        leased.decide(&Request::report(key, limit).with_cost(cost)).await.unwrap();
+                        leased.settle(Settle::Report(Request::new(key, limit).with_cost(cost))).await.unwrap();
                         limit.force(&mut model, now, cost).unwrap();
                     }
                     Op::GiveBack(units) => {
                         // Only units reserved by an admitted decision go back (the contract).
                         let units = units.min(admitted_units);
                         admitted_units -= units;
-                        leased.decide(&Request::give_back(key, limit).with_cost(units)).await.unwrap();
+                        leased.settle(Settle::GiveBack(Request::new(key, limit).with_cost(units))).await.unwrap();
                         limit.give_back(&mut model, now, units).unwrap();
                     }
                 }

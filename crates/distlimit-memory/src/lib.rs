@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, Grant, LeaseStore, NoopObserver, Observer, Request, RequestKind, Store,
-    validate_batch, validate_settle,
+    Clock, Decision, Error, Grant, LeaseStore, NoopObserver, Observer, Request, Settle, Store,
+    validate_batch, validate_settles,
 };
 
 pub use clock::FastClock;
@@ -196,47 +196,39 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
 
     /// Decides one request at an explicit time (µs since the epoch) instead of the store's
     /// clock, for callers that already read the time for a batch of work.
-    ///
-    /// A report or a give-back ([`RequestKind`]) is applied
-    /// whatever is left and answered by the peek after it; one the limit cannot carry (a window
-    /// algorithm, a cost above [`MAX_REPORT`](distlimit_core::MAX_REPORT)) changes nothing and
-    /// is answered by a peek ([`Store::decide`] answers its error).
     #[inline]
     pub fn decide_at(&self, request: &Request<'_>, now_us: u64) -> Decision {
         let (id, hash, shard) = self.locate(request);
-        let shard = &self.shards[shard].0;
-        if request.kind().is_settle() {
-            if validate_settle(request).is_err() {
-                return shard.read().evaluate(hash, id, request.limit(), now_us, 0);
-            }
-            return self.charge(&mut shard.write(), id, hash, request, now_us);
-        }
-        if request.cost() == 0 {
-            return shard.read().evaluate(hash, id, request.limit(), now_us, 0);
-        }
-        self.charge(&mut shard.write(), id, hash, request, now_us)
-    }
-
-    /// Decides and charges `request` in its shard's table, which the caller has locked (a
-    /// report or give-back, checked by the caller, is settled), and counts an eviction the
-    /// insert needed.
-    #[inline]
-    fn charge(
-        &self,
-        table: &mut Table,
-        id: Id<'_>,
-        hash: u64,
-        request: &Request<'_>,
-        now_us: u64,
-    ) -> Decision {
         let (limit, cost) = (request.limit(), request.cost());
+        let shard = &self.shards[shard].0;
+        if cost == 0 {
+            return shard.read().evaluate(hash, id, limit, now_us, 0);
+        }
         let (max, hasher) = (self.max_keys_per_shard, &self.hasher);
-        let (decision, evicted) = match request.kind() {
-            RequestKind::Decide => table.decide(hash, id, limit, now_us, cost, max, hasher),
-            kind => table.settle(hash, id, limit, kind, now_us, cost, max, hasher),
-        };
+        let (decision, evicted) = shard
+            .write()
+            .decide(hash, id, limit, now_us, cost, max, hasher);
         self.count_eviction(evicted);
         decision
+    }
+
+    /// Settles a batch synchronously: see [`Store::settle_all`]. Each settle is applied under
+    /// its shard's lock, one after the other.
+    pub fn settle_all_sync(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_settles(settles)?;
+        let now = self.clock.now_us();
+        let (max, hasher) = (self.max_keys_per_shard, &self.hasher);
+        let settle = |s: &Settle<'_>| {
+            let r = s.request();
+            let (id, hash, shard) = self.locate(r);
+            let mut table = self.shards[shard].0.write();
+            let (limit, cost) = (r.limit(), r.cost());
+            let (decision, evicted) =
+                table.settle(hash, id, limit, s.is_report(), now, cost, max, hasher);
+            self.count_eviction(evicted);
+            decision
+        };
+        Ok(settles.iter().map(settle).collect())
     }
 
     /// Counts a live key evicted to make room for an insert (`evicted`), in the store's total
@@ -292,14 +284,6 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             guards.push((s, self.shards[s].0.write()));
         }
         let guard_of = |shard: usize| shard_ids.binary_search(&shard).unwrap_or(0);
-
-        if requests[0].kind().is_settle() {
-            // A batch of reports and give-backs (`validate_batch`): every one applied.
-            for ((d, r), &(id, hash, shard)) in decisions.iter_mut().zip(requests).zip(&located) {
-                *d = self.charge(&mut guards[guard_of(shard)].1, id, hash, r, now);
-            }
-            return Ok(());
-        }
 
         // Looked up once: each entry's place is found in the first pass and reused by the
         // second, the shard locks held, nothing inserted or removed in between.
@@ -434,7 +418,6 @@ impl<C, S> fmt::Debug for MemoryStore<C, S> {
 #[async_trait]
 impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        validate_settle(request)?;
         Ok(self.decide_sync(request))
     }
 
@@ -445,9 +428,6 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
     /// Always `Some`: the memory store never waits.
     #[inline(always)]
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
-        if let Err(e) = validate_settle(request) {
-            return Some(Err(e));
-        }
         Some(Ok(self.decide_sync(request)))
     }
 
@@ -458,6 +438,10 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Store for MemoryStore<C, S> {
         decisions: &mut [Decision],
     ) -> Option<Result<(), Error>> {
         Some(self.decide_all_into(requests, decisions))
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        self.settle_all_sync(settles)
     }
 }
 

@@ -11,7 +11,7 @@
 use std::hash::{BuildHasher, Hasher};
 
 use distlimit_core::algorithm::Gcra;
-use distlimit_core::{Algorithm, Decision, Grant, Limit, Quota, RequestKind, State};
+use distlimit_core::{Algorithm, Decision, Grant, Limit, Quota, State};
 use hashbrown::HashTable;
 
 /// Entries sampled per table when the shard is at its key cap; the victim is the one that
@@ -920,7 +920,7 @@ impl Table {
         }
     }
 
-    /// Settles one request (a report or a give-back, on the token bucket or GCRA, checked by the
+    /// Settles one request (a report, else a give-back, on the token bucket or GCRA, checked by the
     /// caller): `Limit::force_from` or `Limit::give_back_from`, answering the peek after it. True
     /// with it if a live key was evicted to make room.
     #[allow(clippy::too_many_arguments)]
@@ -929,13 +929,13 @@ impl Table {
         hash: u64,
         id: Id<'_>,
         limit: &Limit,
-        kind: RequestKind,
+        report: bool,
         now: u64,
         cost: u64,
         max_len: usize,
         hasher: &S,
     ) -> (Decision, bool) {
-        if kind != RequestKind::Report {
+        if !report {
             self.give_back(hash, id, limit, now, cost);
             return (self.evaluate(hash, id, limit, now, 0), false);
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlimit_core::{
-    Decision, Error, Key, MAX_BATCH, NEVER, Observer, Outcome, Request, RequestKind, Store,
+    Decision, Error, Key, MAX_BATCH, NEVER, Observer, Outcome, Request, Settle, SettleKind, Store,
 };
 use smallvec::{SmallVec, smallvec};
 
@@ -43,7 +43,7 @@ enum ItemKind<'a> {
         policy: &'a str,
         key: &'a [u8],
         cost: u64,
-        settle: RequestKind,
+        settle: Option<SettleKind>,
     },
     Request(Request<'a>),
     Deny,
@@ -58,19 +58,19 @@ impl<'a> Item<'a> {
                 policy,
                 key,
                 cost,
-                settle: RequestKind::Decide,
+                settle: None,
             },
             shadow: false,
         }
     }
 
-    /// A policy item of another [`RequestKind`]: a report (`cost` charged on every tier even
-    /// past the limit, as debt) or a give-back (`cost` units returned), for usage known only
-    /// after the response (see [`Limiter::settle`](crate::Limiter::settle)). A batch holds
-    /// either decisions or settling items, never both ([`Error::InvalidRequest`]). No effect on
-    /// other items.
+    /// The same policy item settling instead: a report (`cost` charged on every tier even past
+    /// the limit, as debt) or a give-back (`cost` units returned), for usage known only after
+    /// the response (see [`Limiter::settle`](crate::Limiter::settle)), through
+    /// [`Store::settle_all`]. A batch holds either decisions or settling items, never both
+    /// ([`Error::InvalidRequest`]). No effect on other items.
     #[must_use]
-    pub fn with_kind(self, kind: RequestKind) -> Self {
+    pub fn settling(self, kind: SettleKind) -> Self {
         match self.kind {
             ItemKind::Policy {
                 policy, key, cost, ..
@@ -79,7 +79,7 @@ impl<'a> Item<'a> {
                     policy,
                     key,
                     cost,
-                    settle: kind,
+                    settle: Some(kind),
                 },
                 ..self
             },
@@ -215,7 +215,7 @@ enum ResolvedKind<'s, 'a> {
         /// Validated once, here: the tiers' requests take it as it is.
         key: Key<'a>,
         cost: u64,
-        settle: RequestKind,
+        settle: Option<SettleKind>,
     },
     /// Borrowed from its item: a resolved item stays small.
     Request(&'a Request<'a>),
@@ -242,15 +242,15 @@ impl<'s, 'a> Resolved<'s, 'a> {
         })
     }
 
-    /// A policy item ([`Item::policy`] of `kind`, in shadow mode when `shadow`), resolved
-    /// without building the item.
+    /// A policy item ([`Item::policy`], settling when `settle` says so, in shadow mode when
+    /// `shadow`), resolved without building the item.
     #[inline]
     pub(crate) fn of_policy(
         set: &'s PolicySet,
         policy: &str,
         key: &'a [u8],
         cost: u64,
-        settle: RequestKind,
+        settle: Option<SettleKind>,
         shadow: bool,
     ) -> Result<Self, CheckError> {
         let Some(found) = set.get(policy) else {
@@ -345,37 +345,32 @@ impl<'s, 'a> Resolved<'s, 'a> {
         }
     }
 
-    /// The store requests, each charging nothing when `peek` (reports and give-backs are
-    /// applied whatever the batch answers: never peeked).
+    /// How a settling policy item settles (`None`: it is decided).
+    fn settles(&self) -> Option<SettleKind> {
+        match self.kind {
+            ResolvedKind::Policy { settle, .. } => settle,
+            _ => None,
+        }
+    }
+
+    /// The store requests, each charging nothing when `peek`.
     fn requests(&self, peek: bool) -> impl Iterator<Item = Request<'_>> + '_ {
-        let (tiers, key, cost, settle, own) = match &self.kind {
+        let (tiers, key, cost, own) = match &self.kind {
             ResolvedKind::Policy {
                 listed: None,
                 applied,
                 key,
                 cost,
-                settle,
-            } => (&applied.tiers[..], Some(*key), *cost, *settle, None),
-            ResolvedKind::Request(request) => {
-                (&[][..], None, 0, RequestKind::Decide, Some(**request))
-            }
-            _ => (&[][..], None, 0, RequestKind::Decide, None),
+                ..
+            } => (&applied.tiers[..], Some(*key), *cost, None),
+            ResolvedKind::Request(request) => (&[][..], None, 0, Some(**request)),
+            _ => (&[][..], None, 0, None),
         };
         let requests = key
             .into_iter()
-            .flat_map(move |key| {
-                tiers
-                    .iter()
-                    .map(move |tier| tier_request(tier, key, cost).with_kind(settle))
-            })
+            .flat_map(move |key| tiers.iter().map(move |tier| tier_request(tier, key, cost)))
             .chain(own);
-        requests.map(move |r| {
-            if peek && !r.kind().is_settle() {
-                r.with_cost(0)
-            } else {
-                r
-            }
-        })
+        requests.map(move |r| if peek { r.with_cost(0) } else { r })
     }
 
     /// The answer from the decisions of [`requests`](Self::requests), in order (owned when the
@@ -442,6 +437,9 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         items: &[Resolved<'_, '_>],
         mut out: impl FnMut(usize, Answer),
     ) -> Option<Result<(), CheckError>> {
+        if items.iter().any(|item| item.settles().is_some()) {
+            return None;
+        }
         if let [item] = items {
             return Some(self.decide_one_now(item)?.map(|answer| out(0, answer)));
         }
@@ -511,13 +509,13 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     applied,
                     key,
                     cost,
-                    settle,
+                    settle: None,
                     ..
                 },
                 1,
             ) => {
                 let tier = applied.tiers.first()?;
-                let request = tier_request(tier, *key, *cost).with_kind(*settle);
+                let request = tier_request(tier, *key, *cost);
                 match self.store.decide_now(&request)? {
                     Ok(d) => item.answer(Cow::Borrowed(&[d])),
                     Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),
@@ -540,6 +538,9 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         items: &[Resolved<'_, '_>],
         mut out: impl FnMut(usize, Answer),
     ) -> Result<(), CheckError> {
+        if items.iter().any(|item| item.settles().is_some()) {
+            return self.settle(items, out).await;
+        }
         let mut denied = items.iter().any(Resolved::denies);
         let enforced = |item: &&Resolved<'_, '_>| !item.shadow;
         let count: usize = items.iter().filter(enforced).map(Resolved::len).sum();
@@ -653,6 +654,68 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             out(i, answer);
         }
         Ok(())
+    }
+
+    /// Settles `items` (policy items that all settle; else an [`Error::InvalidRequest`]):
+    /// every one applied (allow- and deny-listed keys charge nothing), each answered by the
+    /// peeks after it.
+    async fn settle(
+        &self,
+        items: &[Resolved<'_, '_>],
+        mut out: impl FnMut(usize, Answer),
+    ) -> Result<(), CheckError> {
+        let mut settles = Vec::new();
+        for item in items {
+            let Some(kind) = item.settles() else {
+                let mixed =
+                    Error::InvalidRequest("a batch mixes decisions with reports or give-backs");
+                return Err(self.failed(items, mixed));
+            };
+            settles.extend(item.requests(false).map(|r| kind.of(r)));
+        }
+        let decisions = self
+            .settle_all(&settles)
+            .await
+            .map_err(|e| self.failed(items, e))?;
+        let mut rest = &decisions[..];
+        for (i, item) in items.iter().enumerate() {
+            let (own, next) = rest.split_at(item.len().min(rest.len()));
+            rest = next;
+            let answer = item.answer(Cow::Borrowed(own));
+            self.report(item, &answer);
+            out(i, answer);
+        }
+        Ok(())
+    }
+
+    /// `settle_all` in batches of [`MAX_BATCH`], settles of one kind on the same state and key
+    /// merged into one costing the sum; one decision per settle, in order.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        let mut merged: Vec<Settle<'_>> = Vec::with_capacity(settles.len());
+        let mut slots = Vec::with_capacity(settles.len());
+        for s in settles {
+            let (r, same) = (s.request(), |m: &Settle<'_>| m.is_report() == s.is_report());
+            let at = merged.iter().position(|m| {
+                same(m) && m.request().key() == r.key() && m.request().policy() == r.policy()
+            });
+            slots.push(at.unwrap_or(merged.len()));
+            match at.and_then(|at| merged.get_mut(at)) {
+                Some(m) => {
+                    let cost = m.request().cost().saturating_add(r.cost());
+                    *m = m.with_request(m.request().with_cost(cost));
+                }
+                None => merged.push(*s),
+            }
+        }
+        let mut answered = Vec::with_capacity(merged.len());
+        for chunk in merged.chunks(MAX_BATCH) {
+            answered.extend(self.store.settle_all(chunk).await?);
+        }
+        // Each settle is answered with its merged settle's decision.
+        slots
+            .iter()
+            .map(|&slot| answered.get(slot).copied().ok_or(MISMATCH))
+            .collect()
     }
 
     /// One `decide_all`, with requests on the same state and key merged into one costing the
@@ -771,7 +834,7 @@ fn twice(requests: &[Request<'_>]) -> bool {
 /// envoyproxy/ratelimit answers a descriptor repeated in one request: each after the hits of
 /// those before it. Admitted, each gets what was left after its own hit (19, then 18, of 20);
 /// denied (nothing charged), those that fit are admitted as their peek after the earlier ones,
-/// the rest denied with the merged request's wait. Settling requests get the merged answer.
+/// the rest denied with the merged request's wait.
 fn answer_merged(
     requests: &[Request<'_>],
     merged: &[Request<'_>],
@@ -793,8 +856,8 @@ fn answer_merged(
         };
         let before = *spent;
         *spent = spent.saturating_add(request.cost());
-        if m.kind() != RequestKind::Decide || (before == 0 && *spent == m.cost()) {
-            *decision = d; // settling, or alone on its state and key
+        if before == 0 && *spent == m.cost() {
+            *decision = d; // alone on its state and key
             continue;
         }
         // The units available before the batch: an admitted decision's remaining was charged.

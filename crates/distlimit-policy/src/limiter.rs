@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use distlimit_core::{Algorithm, Decision, Observer, Outcome, RequestKind, Store};
+use distlimit_core::{Algorithm, Decision, Observer, Outcome, SettleKind, Store};
 
 use smallvec::SmallVec;
 
@@ -97,7 +97,7 @@ impl<S: Store + ?Sized> Limiter<S> {
     ) -> Result<Verdict, CheckError> {
         let set = self.policies.load();
         let engine = self.engine();
-        let item = Resolved::of_policy(&set, policy, key, cost, RequestKind::Decide, false)?;
+        let item = Resolved::of_policy(&set, policy, key, cost, None, false)?;
         if let Some(result) = engine.decide_one_now(&item) {
             return result?.into_verdict().ok_or_else(|| MISMATCH.into());
         }
@@ -113,21 +113,21 @@ impl<S: Store + ?Sized> Limiter<S> {
         verdict.ok_or_else(|| MISMATCH.into())
     }
 
-    /// Settles usage known only after the response on every tier of `policy` for `key`: a
-    /// [`RequestKind::Report`](distlimit_core::RequestKind::Report) charges `cost` even past
-    /// the limit (the excess is debt that later checks wait out), a
-    /// [`RequestKind::GiveBack`](distlimit_core::RequestKind::GiveBack) returns `cost` units
-    /// reserved and not used. Reserve, then settle: [`check_cost`](Self::check_cost) an
+    /// Settles usage known only after the response on every tier of `policy` for `key`, through
+    /// [`Store::settle_all`]: a [`SettleKind::Report`] charges `cost` even past the limit (the
+    /// excess is debt that later checks wait out), a [`SettleKind::GiveBack`] returns `cost`
+    /// units reserved and not used. Reserve, then settle: [`check_cost`](Self::check_cost) an
     /// estimate, then report `actual − estimate` or give back `estimate − actual`.
     ///
     /// The verdict is what a peek answers after it (denied while the key is in debt, with the
     /// exact `retry_after`). Allow- and deny-listed keys charge nothing. The policy's tiers must
-    /// be token buckets or GCRA ([`CheckError::Store`] with an `InvalidRequest` otherwise).
+    /// be token buckets or GCRA ([`CheckError::Store`] with an `InvalidRequest` otherwise); a
+    /// store that cannot settle answers [`CheckError::Store`] with an `Unsupported`.
     ///
     /// ```
     /// use std::sync::Arc;
     ///
-    /// use distlimit_core::RequestKind;
+    /// use distlimit_core::SettleKind;
     /// use distlimit_memory::MemoryStore;
     /// use distlimit_policy::{Limiter, PolicySet};
     ///
@@ -143,7 +143,7 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), policies);
     /// // Reserve 10, use 250: the 240 above the estimate are charged, 150 of them as debt.
     /// assert!(limiter.check_cost("tokens", b"alice", 10).await?.is_allowed());
-    /// let after = limiter.settle("tokens", b"alice", RequestKind::Report, 240).await?;
+    /// let after = limiter.settle("tokens", b"alice", SettleKind::Report, 240).await?;
     /// assert!(!after.is_allowed());
     /// assert!(after.decision().retry_after().as_secs() >= 90);
     /// # Ok(()) }
@@ -152,10 +152,10 @@ impl<S: Store + ?Sized> Limiter<S> {
         &self,
         policy: &str,
         key: &[u8],
-        kind: distlimit_core::RequestKind,
+        kind: SettleKind,
         cost: u64,
     ) -> Result<Verdict, CheckError> {
-        let item = Item::policy(policy, key, cost).with_kind(kind);
+        let item = Item::policy(policy, key, cost).settling(kind);
         let answers = self.decide_batch(std::slice::from_ref(&item)).await?;
         answers
             .into_iter()
@@ -209,7 +209,7 @@ impl<S: Store + ?Sized> Limiter<S> {
         cost: u64,
     ) -> Option<Result<Verdict, CheckError>> {
         let set = self.policies.load();
-        let item = match Resolved::of_policy(&set, policy, key, cost, RequestKind::Decide, false) {
+        let item = match Resolved::of_policy(&set, policy, key, cost, None, false) {
             Ok(item) => item,
             Err(e) => return Some(Err(e)),
         };
@@ -406,7 +406,7 @@ impl<S: Store + ?Sized> Limiter<S> {
         let set = self.policies.load();
         let mut resolved: SmallVec<[Resolved<'_, '_>; INLINE]> = SmallVec::new();
         for &(policy, key, cost) in checks {
-            match Resolved::of_policy(&set, policy, key, cost, RequestKind::Decide, false) {
+            match Resolved::of_policy(&set, policy, key, cost, None, false) {
                 Ok(item) => resolved.push(item),
                 Err(e) => return Some(Err(e)),
             }

@@ -26,8 +26,11 @@
 //! or not) since the last refill, per second, times three times the measured refill lag (the
 //! pool's moving average from claim to deposit; at least 20 ms, at most the horizon), at most
 //! the capacity, less the units left; home grants what it has. When home has none, no refill
-//! is claimed before home's own `retry_after`. A key new to a region has an empty pool: it is
-//! denied there until its first refills arrive (about two round trips to home).
+//! is claimed before home's own `retry_after`. A request its pool cannot pay whose step claimed
+//! the refill (the first request of a key new to the region, say) waits for that refill (at most
+//! the claim timeout) and spends again: it is served at home's latency, never past the limit
+//! (every unit it spends came from home). Requests that find the refill under way are denied
+//! until it lands.
 //!
 //! # Unused units go home
 //!
@@ -59,6 +62,18 @@
 //! ([`Store::decide_all`]) is all or nothing: its regional requests are spent from their pools
 //! one after the other, the others decided at home as one batch, and the pools' units put back
 //! when any request is denied.
+//!
+//! # Settling
+//!
+//! A report ([`Store::settle_all`]) is paid first by the units the pool holds (withdrawn from
+//! home already), the rest reported home, where what exceeds the key's units is debt: the
+//! key's next refill finds home empty, so the key is denied in every region until the debt has
+//! refilled, as on one Redis (units other regions' pools hold stay spendable there until their
+//! horizon). A refill the report's step claims is made (and awaited) only after the report
+//! reached home, so the pool learns when home has units again. A
+//! give-back returns its units to the region's pool, spendable there at once and due home after
+//! the horizon (where a full state takes no more): units reserved and given back in a region are
+//! its own again even while home has none.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -67,7 +82,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlimit_core::{Decision, Error, Grant, Key, LeaseStore, Limit, Request, Store};
+use distlimit_core::{
+    Decision, Error, Grant, Key, LeaseStore, Limit, Request, Settle, Store, StoreExt,
+    validate_settles,
+};
 
 use crate::RedisStore;
 use crate::layout::KeyBuf;
@@ -297,19 +315,22 @@ const PENDING_REFILL_RETRY_US: u64 = 1_000;
 const SPEND: u64 = 1;
 const DEPOSIT: u64 = 2;
 
-/// The owned (policy, key, limit) of a refill, which outlives its request.
-struct Target {
-    policy: Box<str>,
-    key: Box<[u8]>,
-    limit: Limit,
-}
-
 /// The pool of one (policy, key) under its limit, as a step names it.
 #[derive(Clone, Copy)]
 struct Pool<'a> {
     policy: &'a str,
     key: &'a [u8],
     limit: &'a Limit,
+}
+
+impl<'a> Pool<'a> {
+    fn of(request: &'a Request<'_>) -> Self {
+        Pool {
+            policy: request.policy(),
+            key: request.key().as_bytes(),
+            limit: request.limit(),
+        }
+    }
 }
 
 impl RegionStore<()> {
@@ -388,37 +409,41 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         want: u64,
         min: u64,
     ) -> Result<Step, Error> {
-        let pool = Pool {
-            policy: request.policy(),
-            key: request.key().as_bytes(),
-            limit: request.limit(),
-        };
-        self.step_and_refill(pool, [SPEND, back, want, min]).await
+        self.step_and_refill(Pool::of(request), [SPEND, back, want, min])
+            .await
     }
 
     /// A step on the pool, then the refill it claimed, if any, in a task of its own.
     async fn step_and_refill(&self, pool: Pool<'_>, action: [u64; 4]) -> Result<Step, Error> {
         let step = self.step(pool, action).await?;
-        if step.back > 0 || step.want > 0 {
-            let target = Target {
-                policy: pool.policy.into(),
-                key: pool.key.into(),
-                limit: *pool.limit,
-            };
-            let this = self.clone();
-            tokio::spawn(async move { this.refill(target, step.back, step.want).await });
-        }
+        self.start_refill(pool, &step);
         Ok(step)
     }
 
-    /// The claimed refill: one home exchange, then its answer deposited in the pool.
-    async fn refill(&self, target: Target, back: u64, want: u64) {
+    /// Starts the refill `step` claimed, if any, in a task of its own (which a caller that
+    /// awaits it and gives up does not cancel).
+    fn start_refill(&self, pool: Pool<'_>, step: &Step) -> Option<tokio::task::JoinHandle<()>> {
+        if step.back > 0 || step.want > 0 {
+            // Owned: the refill outlives its request.
+            let (policy, key): PolicyKey = (pool.policy.into(), pool.key.into());
+            let (this, limit, back, want) = (self.clone(), *pool.limit, step.back, step.want);
+            return Some(tokio::spawn(async move {
+                let (policy, key, limit) = (&policy, &key, &limit);
+                this.refill(Pool { policy, key, limit }, back, want).await
+            }));
+        }
+        None
+    }
+
+    /// The claimed refill: one home exchange (at most the claim timeout), then its answer
+    /// deposited in the pool.
+    async fn refill(&self, target: Pool<'_>, back: u64, want: u64) {
         let s = &*self.shared;
         let c = &s.counters;
-        let Ok(key) = Key::new(&target.key) else {
+        let Ok(key) = Key::new(target.key) else {
             return;
         };
-        let Ok(request) = Request::new(key, target.limit).with_policy(&target.policy) else {
+        let Ok(request) = Request::new(key, *target.limit).with_policy(target.policy) else {
             return;
         };
         bump(&c.refills, 1);
@@ -445,20 +470,10 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
                 [DEPOSIT, 0, s.backoff_us, 0]
             }
         };
-        match self
-            .step(
-                Pool {
-                    policy: &target.policy,
-                    key: &target.key,
-                    limit: &target.limit,
-                },
-                deposit,
-            )
-            .await
-        {
+        match self.step(target, deposit).await {
             // A pool holding units is one the sweep must look at once they are due.
             Ok(step) if step.units > 0 => {
-                s.seen.note(&target.policy, &target.key, target.limit);
+                s.seen.note(target.policy, target.key, *target.limit);
             }
             Ok(_) => {}
             // The units granted are withdrawn at home and not in the pool: lost. The claim
@@ -558,8 +573,26 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
             let granted = step.units.min(1);
             return Ok(self.decision(request.limit(), 1, &Step { granted, ..step }));
         }
-        let step = self.spend(request, 0, cost, cost).await?;
+        let (pool, spend) = (Pool::of(request), [SPEND, 0, cost, cost]);
+        let step = self.step(pool, spend).await?;
+        let refill = self.start_refill(pool, &step);
+        let Some(refill) = refill.filter(|_| step.granted < cost && step.want > 0) else {
+            return Ok(self.decision(request.limit(), cost, &step));
+        };
+        // The pool cannot pay and this step claimed its refill (a key new to the region):
+        // wait for it, then spend again.
+        let _ = refill.await;
+        let step = self.step_and_refill(pool, spend).await?;
         Ok(self.decision(request.limit(), cost, &step))
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_settles(settles)?;
+        let mut decisions = Vec::with_capacity(settles.len());
+        for settle in settles {
+            decisions.push(self.settle(settle).await?);
+        }
+        Ok(decisions)
     }
 
     /// All or nothing, one request after the other: each regional request (see the module
@@ -639,6 +672,40 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
 }
 
 impl<H: LeaseStore + 'static> RegionStore<H> {
+    /// One settle (see the module documentation, "Settling"), answered by the pool's peek
+    /// after it, or home's answer to the part of a report it got. If home fails, the units the
+    /// pool paid go back into it: the report charged nothing.
+    async fn settle(&self, settle: &Settle<'_>) -> Result<Decision, Error> {
+        let (request, cost) = (settle.request(), settle.request().cost());
+        let pool = Pool::of(request);
+        let action = match settle.is_report() {
+            true => [SPEND, 0, cost.min(request.limit().capacity()), 1],
+            false => [SPEND, cost, 0, 0],
+        };
+        let step = self.step(pool, action).await?;
+        if step.units > 0 {
+            self.shared.seen.note(pool.policy, pool.key, *pool.limit);
+        }
+        let answer = match cost - step.granted {
+            rest if settle.is_report() && rest > 0 => {
+                let report = Settle::Report(request.with_cost(rest));
+                self.shared.home.settle(report).await
+            }
+            _ => {
+                let granted = step.units.min(1);
+                Ok(self.decision(request.limit(), 1, &Step { granted, ..step }))
+            }
+        };
+        if answer.is_err() && step.granted > 0 {
+            let _ = self.step(pool, [SPEND, step.granted, 0, 0]).await;
+        }
+        // Awaited: a report's refill tells the pool what home has left (debt: none until then).
+        if let Some(refill) = self.start_refill(pool, &step) {
+            let _ = refill.await;
+        }
+        answer
+    }
+
     /// Puts the units a denied or failed batch spent from pools back into them. A give-back
     /// that fails leaves them spent: an under-admission, never more than the limit.
     async fn unspend(&self, spent: &[&Request<'_>]) {

@@ -152,7 +152,6 @@ use std::time::Duration;
 
 use distlimit_core::{
     Algorithm, Decision, Error, Limit, MAX_BATCH, MAX_REPORT, NEVER, PermitId, PermitLimit,
-    RequestKind,
 };
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
@@ -631,16 +630,16 @@ impl Group {
         Ok(group)
     }
 
-    /// Reports and give-backs (`kinds[j]` says which `requests[j]` is), every one applied in
-    /// order, each answered by the peek after it (see `settle.lua`). The token bucket and GCRA
-    /// only, costs of at most [`MAX_REPORT`]; an empty batch, one above [`MAX_BATCH`], a Redis
-    /// key twice or a decision among them is an [`Error::InvalidRequest`].
+    /// Reports and give-backs (`reports[j]`: whether `requests[j]` is a report), every one
+    /// applied in order, each answered by the peek after it (see `settle.lua`). The token bucket
+    /// and GCRA only, costs of at most [`MAX_REPORT`]; an empty batch, one above [`MAX_BATCH`]
+    /// or a Redis key twice is an [`Error::InvalidRequest`].
     pub(crate) fn settle(
         requests: &[ScriptRequest<'_>],
-        kinds: &[RequestKind],
+        reports: &[bool],
         time: TimeSource,
     ) -> Result<Self, Error> {
-        if requests.is_empty() || requests.len() != kinds.len() {
+        if requests.is_empty() || requests.len() != reports.len() {
             return Err(Error::InvalidRequest("empty batch"));
         }
         if requests.len() > MAX_BATCH {
@@ -648,20 +647,13 @@ impl Group {
         }
         let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
         let mut group = Group::with_capacity(time, GroupOp::Settle, bytes, requests.len())?;
-        for (i, (r, kind)) in requests.iter().zip(kinds).enumerate() {
+        for (i, (r, &report)) in requests.iter().zip(reports).enumerate() {
             if requests[..i].iter().any(|o| o.redis_key == r.redis_key) {
                 return Err(Error::InvalidRequest("the same key twice in one batch"));
             }
             r.limit.check_debt()?;
-            let code = match kind {
-                RequestKind::Report => 1,
-                RequestKind::GiveBack => 2,
-                RequestKind::Decide => {
-                    return Err(Error::InvalidRequest(
-                        "a batch mixes decisions with reports or give-backs",
-                    ));
-                }
-            };
+            // The op code `settle.lua` reads: 1 a report, 2 a give-back.
+            let code = if report { 1 } else { 2 };
             if r.cost > MAX_REPORT {
                 return Err(Error::InvalidRequest(
                     "a report or give-back above MAX_REPORT units",
@@ -1120,18 +1112,19 @@ where
     Ok(only(Call::one(&group).run(conn, None).await?)?.pool)
 }
 
-/// Settles a batch of reports and give-backs (`kinds[j]` for `requests[j]`), as the store does:
-/// one call of one group, every request applied, each answered by the peek after it.
+/// Settles a batch of reports and give-backs (`reports[j]`: whether `requests[j]` is a report),
+/// as the store does: one call of one group, every request applied, each answered by the peek
+/// after it.
 pub async fn settle<C>(
     conn: &mut C,
     requests: &[ScriptRequest<'_>],
-    kinds: &[RequestKind],
+    reports: &[bool],
     time: TimeSource,
 ) -> Result<Vec<Decision>, Error>
 where
     C: ConnectionLike + Send,
 {
-    let group = Group::settle(requests, kinds, time)?;
+    let group = Group::settle(requests, reports, time)?;
     Ok(only(Call::one(&group).run(conn, None).await?)?.decisions)
 }
 

@@ -4,7 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlimit_core::{Clock, Decision, Error, Key, Request, RequestKind, Store, validate_batch};
+use distlimit_core::{
+    Clock, Decision, Error, Key, Request, Settle, Store, validate_batch, validate_settles,
+};
 
 use crate::coalesce::Coalescer;
 use crate::config::{DEFAULT_COALESCE_IN_FLIGHT, RedisStoreBuilder, Topology};
@@ -241,44 +243,14 @@ impl Store for RedisStore {
             request.key().as_bytes(),
             &mut key,
         );
-        let group = if request.kind().is_settle() {
-            let one = ScriptRequest::new(key.as_bytes(), *request.limit(), request.cost());
-            Group::settle(&[one], &[request.kind()], self.time())?
-        } else {
-            Group::single(key.as_bytes(), request.limit(), request.cost(), self.time())?
-        };
+        let group = Group::single(key.as_bytes(), request.limit(), request.cost(), self.time())?;
         self.send(group).await?.decision()
     }
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(requests)?;
-        // Every Redis key of the batch in one buffer.
-        let mut buf = Vec::with_capacity(
-            requests
-                .iter()
-                .map(|r| self.inner.layout.prefix().len() + r.key().len() + r.policy().len() + 8)
-                .sum(),
-        );
-        let mut ends = Vec::with_capacity(requests.len());
-        for r in requests {
-            self.inner
-                .layout
-                .write(r.policy().as_bytes(), r.key().as_bytes(), &mut buf);
-            ends.push(buf.len());
-        }
-        let mut start = 0;
-        let script_requests: Vec<ScriptRequest<'_>> = ends
-            .iter()
-            .zip(requests)
-            .map(|(&end, r)| {
-                let key = &buf[start..end];
-                start = end;
-                ScriptRequest::new(key, *r.limit(), r.cost())
-            })
-            .collect();
-        if requests[0].kind().is_settle() {
-            return self.settle(&script_requests, requests).await;
-        }
+        let (buf, ends) = self.redis_keys(requests.iter());
+        let script_requests = Self::script_requests(&buf, &ends, requests.iter());
         if self.inner.mode == Mode::Cluster {
             let slot = hash_slot(script_requests[0].redis_key);
             if script_requests
@@ -291,47 +263,35 @@ impl Store for RedisStore {
         let group = Group::batch(&script_requests, self.time(), GroupOp::Commit)?;
         Ok(self.send(group).await?.decisions)
     }
-}
 
-impl RedisStore {
-    /// Which calls may be coalesced with a call on `redis_key`: those on its hash slot in a
-    /// Cluster (a script's keys must share one), any on one server.
-    fn coalescing_slot(&self, redis_key: &[u8]) -> u16 {
-        if self.inner.mode == Mode::Cluster {
-            hash_slot(redis_key)
-        } else {
-            0
-        }
-    }
-
-    /// A batch of reports and give-backs: one call, or in a Cluster one per hash slot (in the
-    /// order the slots first appear; nothing to undo, every request is applied). A call that
-    /// fails fails the batch; calls before it stay applied.
-    async fn settle(
-        &self,
-        script_requests: &[ScriptRequest<'_>],
-        requests: &[Request<'_>],
-    ) -> Result<Vec<Decision>, Error> {
-        let kinds: Vec<RequestKind> = requests.iter().map(Request::kind).collect();
+    /// One call, or in a Cluster one per hash slot (in the order the slots first appear;
+    /// nothing to undo, every settle is applied). A call that fails fails the batch; calls
+    /// before it stay applied.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_settles(settles)?;
+        let requests = settles.iter().map(Settle::request);
+        let (buf, ends) = self.redis_keys(requests.clone());
+        let script_requests = Self::script_requests(&buf, &ends, requests);
+        let reports: Vec<bool> = settles.iter().map(Settle::is_report).collect();
         let slot_of = |r: &ScriptRequest<'_>| self.coalescing_slot(r.redis_key);
         let mut slots: Vec<u16> = Vec::new();
-        for r in script_requests {
+        for r in &script_requests {
             if !slots.contains(&slot_of(r)) {
                 slots.push(slot_of(r));
             }
         }
-        let mut out = vec![None; requests.len()];
+        let mut out = vec![None; settles.len()];
         for slot in slots {
-            let (mut group, mut group_kinds, mut at) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut group, mut group_reports, mut at) = (Vec::new(), Vec::new(), Vec::new());
             for (i, r) in script_requests.iter().enumerate() {
                 if slot_of(r) == slot {
                     group.push(*r);
-                    group_kinds.push(kinds[i]);
+                    group_reports.push(reports[i]);
                     at.push(i);
                 }
             }
             let answer = self
-                .send(Group::settle(&group, &group_kinds, self.time())?)
+                .send(Group::settle(&group, &group_reports, self.time())?)
                 .await?;
             if answer.decisions.len() != at.len() {
                 return Err(crate::script::protocol(
@@ -345,6 +305,54 @@ impl RedisStore {
         out.into_iter()
             .map(|d| d.ok_or_else(|| crate::script::protocol("a settle left a request".to_owned())))
             .collect()
+    }
+}
+
+impl RedisStore {
+    /// Every Redis key of `requests` in one buffer, and where each ends.
+    fn redis_keys<'r, 'a: 'r>(
+        &self,
+        requests: impl Iterator<Item = &'r Request<'a>> + Clone,
+    ) -> (Vec<u8>, Vec<usize>) {
+        let len = requests
+            .clone()
+            .map(|r| self.inner.layout.prefix().len() + r.key().len() + r.policy().len() + 8);
+        let mut buf = Vec::with_capacity(len.sum());
+        let mut ends = Vec::new();
+        for r in requests {
+            self.inner
+                .layout
+                .write(r.policy().as_bytes(), r.key().as_bytes(), &mut buf);
+            ends.push(buf.len());
+        }
+        (buf, ends)
+    }
+
+    /// The script requests of `requests`, their Redis keys in `buf` ending at `ends`.
+    fn script_requests<'b, 'r, 'a: 'r>(
+        buf: &'b [u8],
+        ends: &[usize],
+        requests: impl Iterator<Item = &'r Request<'a>>,
+    ) -> Vec<ScriptRequest<'b>> {
+        let mut start = 0;
+        ends.iter()
+            .zip(requests)
+            .map(|(&end, r)| {
+                let key = &buf[start..end];
+                start = end;
+                ScriptRequest::new(key, *r.limit(), r.cost())
+            })
+            .collect()
+    }
+
+    /// Which calls may be coalesced with a call on `redis_key`: those on its hash slot in a
+    /// Cluster (a script's keys must share one), any on one server.
+    fn coalescing_slot(&self, redis_key: &[u8]) -> u16 {
+        if self.inner.mode == Mode::Cluster {
+            hash_slot(redis_key)
+        } else {
+            0
+        }
     }
 
     /// A Cluster batch whose keys live in several slots (a global tier next to a key's tiers):

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distlimit_core::algorithm::{FixedWindow, Gcra, SlidingLog, SlidingWindow, TokenBucket};
-use distlimit_core::{Algorithm, Decision, Error, Limit, Quota, RequestKind, State};
+use distlimit_core::{Algorithm, Decision, Error, Limit, Quota, State};
 use distlimit_redis::test_hook::{
     self as script, CLIENT_TTL_SLACK, ScriptRequest, TimeSource, decide, decide_all,
 };
@@ -1209,8 +1209,8 @@ async fn run_settle_case(
         let time = TimeSource::Client(now);
         let limit = limit_of(algorithm, settle_quotas()[q]);
         let settling = |s: Settle| match s {
-            Settle::Report(c) => Some((c.min(distlimit_core::MAX_REPORT), RequestKind::Report)),
-            Settle::GiveBack(u) => Some((u, RequestKind::GiveBack)),
+            Settle::Report(c) => Some((c.min(distlimit_core::MAX_REPORT), true)),
+            Settle::GiveBack(u) => Some((u, false)),
             Settle::Decide(_) => None,
         };
         match settling(step) {
@@ -1221,7 +1221,7 @@ async fn run_settle_case(
                     ScriptRequest::new(&keys[k], limit, cost),
                     ScriptRequest::new(&keys[other], limit, 1),
                 ];
-                let got = script::settle(conn, &requests, &[kind, RequestKind::Report], time)
+                let got = script::settle(conn, &requests, &[kind, true], time)
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 let want_k = settle_model(&limit, &mut states[k], &mut written[k], now, step);
@@ -1314,7 +1314,7 @@ fn settling_refuses_the_windows() {
             Algorithm::SlidingWindow,
         ] {
             let limit = limit_of(algorithm, Quota::per_second(5).unwrap());
-            for kind in [RequestKind::Report, RequestKind::GiveBack] {
+            for kind in [true, false] {
                 let err = script::settle(
                     &mut conn,
                     &[ScriptRequest::new(&key, limit, 3)],

@@ -20,7 +20,14 @@
 //! * `a_denied_batch_charges_no_pool`: batches over two keys, one of which has a single unit:
 //!   one batch passes, and the denied ones leave the other key's units in its pool;
 //! * `coalesced_pool_steps_admit_exactly_the_limit`: 64 tasks of one instance on one key, their
-//!   steps coalesced into shared calls: exactly the capped limit admitted.
+//!   steps coalesced into shared calls: exactly the capped limit admitted;
+//! * `a_new_key_is_served_at_once`: the first request of each of ten new keys in a far region
+//!   is admitted (it waits for its pool's first refill), and a key's limit still holds;
+//! * `settling_holds_across_regions`: a report past the limit in one far region is debt that
+//!   denies the key in both far regions for the debt's refill time; a give-back returns units
+//!   a region can spend at once, while home has none;
+//! * `conformance_settling_in_the_home_region`: the conformance suite's settling check where
+//!   it applies to a region store: it settles, or answers the typed error (it settles).
 
 #![allow(
     clippy::unwrap_used,
@@ -33,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distlimit_core::{Key, Limit, Quota, Request, Store};
+use distlimit_core::{Key, Limit, Quota, Request, Settle, Store, StoreExt};
 use distlimit_redis::{HomeUnreachable, RedisStore, RegionBuilder, RegionStore};
 use distlimit_test::Proxy;
 use distlimit_test::server::RedisServer;
@@ -489,4 +496,107 @@ async fn coalesced_pool_steps_admit_exactly_the_limit() {
     println!("coalesced: admitted {admitted} of 500 in 6 400 decisions, {calls} calls");
     assert_eq!(admitted, 500, "every unit spent once, none parked");
     assert!(calls < 6_400, "no step was coalesced: {calls} calls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_key_is_served_at_once() {
+    let regions = Regions::start().await;
+    let pre = prefix("new-key");
+    let far =
+        RegionBuilder::default().build(regions.home(1, &pre).await, regions.local(1, &pre).await);
+    let limit = Limit::token_bucket(Quota::per_day(3).unwrap());
+    for user in 0..10 {
+        let name = format!("user-{user}");
+        let request = Request::new(Key::new(&name).unwrap(), limit);
+        let first = far.decide(&request).await.unwrap();
+        assert!(first.is_allowed(), "{name}'s first request: {first:?}");
+        let mut admitted = 1;
+        for _ in 0..6 {
+            admitted += u64::from(far.decide(&request).await.unwrap().is_allowed());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(admitted <= 3, "{name}: {admitted} admitted of 3");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settling_holds_across_regions() {
+    let regions = Regions::start().await;
+    let pre = prefix("settle");
+    let one =
+        RegionBuilder::default().build(regions.home(1, &pre).await, regions.local(1, &pre).await);
+    let two =
+        RegionBuilder::default().build(regions.home(2, &pre).await, regions.local(2, &pre).await);
+    // 10 per minute: a unit every 6 s. Reserve 1, then report 15 more: 6 units of debt.
+    let limit = Limit::token_bucket(Quota::per_minute(10).unwrap());
+    let request = Request::new(Key::new("debtor").unwrap(), limit);
+    assert!(one.decide(&request).await.unwrap().is_allowed());
+    let after = one
+        .settle(Settle::Report(request.with_cost(15)))
+        .await
+        .unwrap();
+    assert!(after.is_denied(), "{after:?}");
+    for (name, region) in [("the reporting region", &one), ("another region", &two)] {
+        let next = region.decide(&request).await.unwrap();
+        let retry = next.retry_after();
+        assert!(next.is_denied(), "{name}: {next:?}");
+        // 6 units of debt and one to spend: 7 × 6 s, less the time the test took.
+        assert!(
+            retry > Duration::from_secs(35) && retry <= Duration::from_secs(42),
+            "{name}: retry after {retry:?}"
+        );
+    }
+    // A give-back returns units to the region, spendable there while home has none.
+    let capped = Limit::token_bucket(Quota::per_day(10).unwrap());
+    let spender = Request::new(Key::new("spender").unwrap(), capped);
+    assert!(
+        one.decide(&spender.with_cost(10))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(two.decide(&spender).await.unwrap().is_denied());
+    let back = one
+        .settle(Settle::GiveBack(spender.with_cost(4)))
+        .await
+        .unwrap();
+    assert!(back.is_allowed(), "{back:?}");
+    assert!(
+        one.decide(&spender.with_cost(4))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(one.decide(&spender).await.unwrap().is_denied());
+}
+
+#[test]
+fn conformance_settling_in_the_home_region() {
+    // The suite's clock does not drive a region's pools (they read Redis' time): the settling
+    // check's model walk does not apply. What does: a store that does not settle answers the
+    // typed error; the region store settles, so its report of 7 on a fresh key of 5 is debt.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let regions = Regions::start().await;
+        let pre = prefix("conformance");
+        let store = RegionBuilder::default()
+            .build(regions.home(0, &pre).await, regions.local(0, &pre).await);
+        let limit = Limit::gcra(Quota::per_second(5).unwrap());
+        let request = Request::new(Key::new("probe").unwrap(), limit);
+        let report = store.settle(Settle::Report(request.with_cost(7))).await;
+        let report = report.unwrap();
+        assert!(report.is_denied(), "{report:?}");
+        let windows = Limit::fixed_window(Quota::per_second(5).unwrap());
+        let refused = store
+            .settle(Settle::Report(Request::new(request.key(), windows)))
+            .await;
+        assert!(
+            matches!(refused, Err(distlimit_core::Error::InvalidRequest(_))),
+            "{refused:?}"
+        );
+    });
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlimit_core::{
     BreakerState, Decision, Error, Grant, LeaseStore, NotDurable, NotSent, Observer, Outcome,
-    PermitDecision, PermitId, PermitRequest, PermitStore, Request, Store,
+    PermitDecision, PermitId, PermitRequest, PermitStore, Request, Settle, Store,
 };
 use distlimit_hybrid::{FailureMode, Hybrid};
 use distlimit_lease::Leased;
@@ -643,6 +643,13 @@ impl Store for RedisPrimary {
         match self.shared.store.get()? {
             Connected::Redis(store) => store.decide_now(request),
             Connected::Region(store) => store.decide_now(request),
+        }
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        match self.store()? {
+            Connected::Redis(store) => store.settle_all(settles).await,
+            Connected::Region(store) => store.settle_all(settles).await,
         }
     }
 }

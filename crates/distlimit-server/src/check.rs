@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use distlimit_core::observe::{Observer, Outcome};
 use distlimit_core::{
-    Decision, Error, Key, Limit, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, RequestKind,
+    Decision, Error, Key, Limit, MAX_KEY_LEN, MAX_POLICY_LEN, Quota, Request, SettleKind,
     StateName, Store,
 };
 use distlimit_metrics::Metrics;
@@ -41,8 +41,9 @@ pub struct Descriptor<'a> {
     /// Units this descriptor spends; `None`: the request's. Zero checks without spending.
     pub hits: Option<u64>,
     /// Whether the descriptor reports usage after the response (charged even past the limit)
-    /// or gives units back, instead of being decided (see [`Checker::check`], "Reports").
-    pub kind: RequestKind,
+    /// or gives units back, instead of being decided (`None`; see [`Checker::check`],
+    /// "Reports").
+    pub settle: Option<SettleKind>,
 }
 
 /// The descriptor entry key that marks a descriptor as a report (usage after the response):
@@ -313,7 +314,7 @@ impl Checker {
     ///
     /// # Reports
     ///
-    /// A request whose descriptors are reports ([`RequestKind::Report`]: Envoy's
+    /// A request whose descriptors are reports ([`SettleKind::Report`]: Envoy's
     /// `apply_on_stream_done` request marked with [`REPORT_ENTRY`], or `POST /v1/report`) or
     /// give-backs (`is_negative_hits`) charges each descriptor's hits even past the limit (the
     /// excess is debt later checks wait out) or returns them; every one is applied, and each
@@ -334,11 +335,8 @@ impl Checker {
         let config = &*running.config;
         let default_hits = request.hits.max(1);
         let domain = request.domain;
-        let kind = request
-            .descriptors
-            .first()
-            .map_or(RequestKind::Decide, |d| d.kind);
-        if request.descriptors.iter().any(|d| d.kind != kind) {
+        let settle = request.descriptors.first().and_then(|d| d.settle);
+        if request.descriptors.iter().any(|d| d.settle != settle) {
             return Err(CheckError::InvalidArgument(
                 "a request mixes decided descriptors with reports or give-backs".into(),
             ));
@@ -392,15 +390,15 @@ impl Checker {
         let mut item_of: Vec<Option<usize>> = Vec::with_capacity(plans.len());
         for (i, plan) in plans.iter().enumerate() {
             let (item, is_quota) = match plan {
-                Plan::Policy { policy, key, cost } if kind.is_settle() => (
-                    (*cost > 0).then(|| Item::policy(policy, key, *cost).with_kind(kind)),
+                Plan::Policy { policy, key, cost } if let Some(kind) = settle => (
+                    (*cost > 0).then(|| Item::policy(policy, key, *cost).settling(kind)),
                     false,
                 ),
                 Plan::Policy { policy, key, cost } => (
                     Some(Item::policy(policy, key, *cost).shadow(*cost == 0)),
                     false,
                 ),
-                Plan::Rule(_) if kind.is_settle() => {
+                Plan::Rule(_) if settle.is_some() => {
                     return Err(CheckError::InvalidArgument(format!(
                         "descriptor {i}: a report or give-back needs a TOML policy of the token \
                          bucket or GCRA; YAML rules and limit overrides count fixed windows, \

@@ -34,7 +34,7 @@ use crate::check::{
 };
 use crate::config::Unit;
 use crate::metrics::{Protocol, RequestResult};
-use distlimit_core::RequestKind;
+use distlimit_core::SettleKind;
 
 /// The gRPC service: Envoy's `RateLimitService` answered by a [`Checker`].
 #[derive(Clone, Debug)]
@@ -356,10 +356,10 @@ pub fn to_check(request: &RateLimitRequest) -> Result<CheckRequest<'_>, Status> 
 
 fn to_descriptor(i: usize, d: &RateLimitDescriptor) -> Result<Descriptor<'_>, Status> {
     let report = d.entries.iter().any(|e| e.key == REPORT_ENTRY);
-    let kind = match (d.is_negative_hits, report) {
-        (false, false) => RequestKind::Decide,
-        (false, true) => RequestKind::Report,
-        (true, false) => RequestKind::GiveBack,
+    let settle = match (d.is_negative_hits, report) {
+        (false, false) => None,
+        (false, true) => Some(SettleKind::Report),
+        (true, false) => Some(SettleKind::GiveBack),
         (true, true) => {
             return Err(Status::invalid_argument(format!(
                 "descriptor {i}: a report ({REPORT_ENTRY}) with is_negative_hits"
@@ -387,7 +387,7 @@ fn to_descriptor(i: usize, d: &RateLimitDescriptor) -> Result<Descriptor<'_>, St
             .collect(),
         limit,
         hits: d.hits_addend.map(|h| h.value),
-        kind,
+        settle,
     })
 }
 

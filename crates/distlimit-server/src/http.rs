@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use crate::answer::HeaderNames;
-use distlimit_core::RequestKind;
+use distlimit_core::SettleKind;
 
 use crate::check::{CheckError, CheckRequest, CheckResponse, Checker, Descriptor};
 use crate::config::Unit;
@@ -141,7 +141,7 @@ async fn check(
     State(state): State<HttpState>,
     body: Result<axum::Json<JsonCheck>, JsonRejection>,
 ) -> Response {
-    decide(state, body, RequestKind::Decide).await
+    decide(state, body, None).await
 }
 
 /// `POST /v1/report`: the body of `/v1/check`, each descriptor's `hits` charged even past the
@@ -151,13 +151,13 @@ async fn report(
     State(state): State<HttpState>,
     body: Result<axum::Json<JsonCheck>, JsonRejection>,
 ) -> Response {
-    decide(state, body, RequestKind::Report).await
+    decide(state, body, Some(SettleKind::Report)).await
 }
 
 async fn decide(
     state: HttpState,
     body: Result<axum::Json<JsonCheck>, JsonRejection>,
-    kind: RequestKind,
+    settle: Option<SettleKind>,
 ) -> Response {
     let started = Instant::now();
     let body = match body {
@@ -183,7 +183,7 @@ async fn decide(
                     .iter()
                     .map(|e| (e.key.as_str(), e.value.as_str()))
                     .collect(),
-                kind,
+                settle,
                 ..Descriptor::default()
             })
             .collect(),
@@ -205,7 +205,7 @@ async fn decide(
         Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
         Ok(Ok(answer)) => answer,
     };
-    let status = if answer.over_limit && kind == RequestKind::Decide {
+    let status = if answer.over_limit && settle.is_none() {
         StatusCode::TOO_MANY_REQUESTS
     } else {
         StatusCode::OK

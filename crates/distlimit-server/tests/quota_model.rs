@@ -63,7 +63,7 @@ proptest! {
                         entries: vec![(keys[i].as_str(), "v")],
                         limit: None,
                         hits: None,
-                        kind: distlimit_core::RequestKind::Decide,
+                        settle: None,
                     })
                     .collect(),
                 hits: 1,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlimit_core::{
     Algorithm, Clock, Decision, Error, KeyError, Limit, MAX_BATCH, MAX_KEY_LEN, ManualClock, NEVER,
-    Quota, Request, RequestKind, State, Store, StoreExt,
+    Quota, Request, Settle, State, Store, StoreExt,
 };
 use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
@@ -1178,17 +1178,33 @@ pub async fn check_policies_are_independent<S: Store + ?Sized>(store: &S, clock:
     );
 }
 
-/// Reports and give-backs (see [`Store`], "Settling"), for the token bucket and GCRA: a
-/// deterministic walk of decisions, reports (past the limit, as debt) and give-backs on two keys,
-/// through `decide` and two-key `decide_all` batches, where every answer must equal
-/// [`Limit::force_from`], [`Limit::give_back_from`] (then a peek) or [`Limit::decide_from`] on
-/// local states; a key in debt is denied until exactly `now + retry_after`. The window
-/// algorithms, a batch mixing decisions with reports, and a cost above
-/// [`MAX_REPORT`](distlimit_core::MAX_REPORT) are [`Error::InvalidRequest`]s that change nothing.
+/// Reports and give-backs through [`Store::settle_all`] (see [`Store`], "Settling"), for the token
+/// bucket and GCRA: a deterministic walk of decisions, reports (past the limit, as debt) and
+/// give-backs on two keys, one settle at a time and in two-key batches, where every answer must
+/// equal [`Limit::force_from`], [`Limit::give_back_from`] (then a peek) or [`Limit::decide_from`]
+/// on local states; a key in debt is denied until exactly `now + retry_after`. The window
+/// algorithms and a cost above [`MAX_REPORT`](distlimit_core::MAX_REPORT) are
+/// [`Error::InvalidRequest`]s that change nothing. A store that does not settle must answer
+/// [`Error::Unsupported`] and change nothing (then the rest is skipped), never a decision.
 pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
+    fn key_of(name: &[u8]) -> distlimit_core::Key<'_> {
+        distlimit_core::Key::new(name).unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
+    }
     const CHECK: &str = "settling_follows_model";
     let keys = Keys::new(CHECK);
     let ctx = format!("check `{CHECK}`");
+    let probe = keys.key("probe");
+    let limit = Limit::gcra(quota(5, SECOND, 5));
+    let report = Settle::Report(Request::new(key_of(&probe), limit).with_cost(7));
+    if let Err(Error::Unsupported(_)) = store.settle_all(&[report]).await {
+        let peek = decide(store, &probe, limit, 0, &ctx).await;
+        assert_eq!(
+            peek.remaining(),
+            5,
+            "{ctx}: an unsupported settle changed something"
+        );
+        return;
+    }
     let quotas = [
         quota(10, SECOND, 10),
         quota(7, SECOND, 9),
@@ -1202,10 +1218,7 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
     }
     for (i, limit) in limits.into_iter().enumerate() {
         let names = [keys.key(format!("{i}a")), keys.key(format!("{i}b"))];
-        let key = |j: usize| match distlimit_core::Key::new(&names[j]) {
-            Ok(key) => key,
-            Err(e) => panic!("distlimit-test bug: {e}"),
-        };
+        let key = |j: usize| key_of(&names[j]);
         let mut states = [
             State::fresh(limit.algorithm()),
             State::fresh(limit.algorithm()),
@@ -1221,57 +1234,56 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
             let now = clock.now_us();
             let j = step % 2;
             let cost = rng.below(3 * limit.capacity() + 2);
-            let kind = match rng.below(3) {
-                0 => RequestKind::Decide,
-                1 => RequestKind::Report,
-                _ => RequestKind::GiveBack,
-            };
-            let expect = |state: &mut State, written: &mut Option<Quota>, kind, cost| match kind {
-                RequestKind::Decide => limit.decide_from(state, written, now, cost),
-                RequestKind::Report => match limit.force_from(state, written, now, cost) {
-                    Ok(d) => d,
-                    Err(e) => panic!("distlimit-test bug: {e}"),
-                },
-                RequestKind::GiveBack => {
-                    if let Err(e) = limit.give_back_from(state, written, now, cost) {
-                        panic!("distlimit-test bug: {e}");
-                    }
-                    limit.evaluate_from(Some(state), written.as_ref(), now, 0)
+            let request = Request::new(key(j), limit).with_cost(cost);
+            // A report or give-back applied to the model: the decision after it.
+            let settle = |state: &mut State, written: &mut Option<Quota>, s: &Settle<'_>| {
+                let cost = s.request().cost();
+                if s.is_report() {
+                    return limit
+                        .force_from(state, written, now, cost)
+                        .unwrap_or_else(|e| panic!("distlimit-test bug: {e}"));
                 }
+                if let Err(e) = limit.give_back_from(state, written, now, cost) {
+                    panic!("distlimit-test bug: {e}");
+                }
+                limit.evaluate_from(Some(state), written.as_ref(), now, 0)
             };
-            let request = Request::new(key(j), limit).with_cost(cost).with_kind(kind);
-            if kind.is_settle() && step % 3 == 2 {
-                // A batch: this request and a report of 1 on the other key, both applied.
-                let other = Request::report(key(1 - j), limit);
-                let got = decide_all(store, &[request, other], &ctx).await;
-                let want = [
-                    expect(&mut states[j], &mut written[j], kind, cost),
-                    expect(
-                        &mut states[1 - j],
-                        &mut written[1 - j],
-                        RequestKind::Report,
-                        1,
-                    ),
+            let settled = match rng.below(3) {
+                0 => {
+                    let got = store.decide(&request).await;
+                    let want = limit.decide_from(&mut states[j], &mut written[j], now, cost);
+                    assert!(
+                        matches!(&got, Ok(d) if *d == want),
+                        "{ctx}: {}, step {step} at {now} µs: a request of {cost}: the store \
+                         answered {got:?}, the model {want:?}",
+                        describe(&limit)
+                    );
+                    continue;
+                }
+                1 => Settle::Report(request),
+                _ => Settle::GiveBack(request),
+            };
+            let (got, want) = if step % 3 == 2 {
+                // A batch: this settle and a report of 1 on the other key, both applied.
+                let other = Settle::Report(Request::new(key(1 - j), limit));
+                let got = store.settle_all(&[settled, other]).await;
+                let want = vec![
+                    settle(&mut states[j], &mut written[j], &settled),
+                    settle(&mut states[1 - j], &mut written[1 - j], &other),
                 ];
-                assert_eq!(
-                    got,
-                    want,
-                    "{ctx}: {}, step {step} at {now} µs: a batch of a {kind:?} of {cost} and a \
-                     report of 1: the store's answers (left) differ from the model (right): \
-                     every report and give-back is applied, answered by the peek after it",
-                    describe(&limit)
-                );
+                (got, want)
             } else {
-                let got = store.decide(&request).await;
-                let want = expect(&mut states[j], &mut written[j], kind, cost);
-                assert!(
-                    matches!(&got, Ok(d) if *d == want),
-                    "{ctx}: {}, step {step} at {now} µs: a {kind:?} of {cost}: the store \
-                     answered {got:?}, the model {want:?} (a report charges past the limit as \
-                     debt, a give-back never above capacity; both answer the peek after them)",
-                    describe(&limit)
-                );
-            }
+                let got = store.settle_all(&[settled]).await;
+                (got, vec![settle(&mut states[j], &mut written[j], &settled)])
+            };
+            assert!(
+                matches!(&got, Ok(d) if *d == want),
+                "{ctx}: {}, step {step} at {now} µs: settling {settled:?} (with a report of 1 \
+                 on the other key when two are expected): the store answered {got:?}, the model \
+                 {want:?} (a report charges past the limit as debt, a give-back never above \
+                 capacity; both answer the peek after them)",
+                describe(&limit)
+            );
             let peek = decide(store, &names[j], limit, 0, &ctx).await;
             if peek.is_denied() && peek.retry_after() != NEVER {
                 let r = peek.retry_after_us();
@@ -1286,24 +1298,22 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
 
     // What cannot be settled is refused, changing nothing.
     let key = keys.key("refused");
-    let Ok(k) = distlimit_core::Key::new(&key) else {
-        panic!("distlimit-test bug: key too long")
-    };
+    let k = key_of(&key);
     for algorithm in [
         Algorithm::FixedWindow,
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,
     ] {
         let limit = Limit::new(algorithm, quota(5, SECOND, 5));
-        for request in [
-            Request::report(k, limit).with_cost(9),
-            Request::give_back(k, limit).with_cost(1),
+        let request = Request::new(k, limit);
+        for settle in [
+            Settle::Report(request.with_cost(9)),
+            Settle::GiveBack(request),
         ] {
-            let got = store.decide(&request).await;
+            let got = store.settle_all(&[settle]).await;
             assert!(
                 matches!(got, Err(Error::InvalidRequest(_))),
-                "{ctx}: a {:?} on {algorithm} must be an InvalidRequest, got {got:?}",
-                request.kind()
+                "{ctx}: {settle:?} on {algorithm} must be an InvalidRequest, got {got:?}"
             );
         }
         let peek = decide(store, &key, limit, 0, &ctx).await;
@@ -1315,18 +1325,16 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
     }
     let limit = Limit::gcra(quota(5, SECOND, 5));
     let other = keys.key("other");
-    let Ok(o) = distlimit_core::Key::new(&other) else {
-        panic!("distlimit-test bug: key too long")
-    };
-    let refused: [&[Request<'_>]; 2] = [
+    let (a, b) = (Request::new(k, limit), Request::new(key_of(&other), limit));
+    let refused: [&[Settle<'_>]; 2] = [
+        &[Settle::Report(a), Settle::GiveBack(a.with_cost(2))],
         &[
-            Request::new(k, limit),
-            Request::report(o, limit).with_cost(2),
+            Settle::GiveBack(b),
+            Settle::Report(a.with_cost(distlimit_core::MAX_REPORT + 1)),
         ],
-        &[Request::report(k, limit).with_cost(distlimit_core::MAX_REPORT + 1)],
     ];
     for batch in refused {
-        let got = store.decide_all(batch).await;
+        let got = store.settle_all(batch).await;
         assert!(
             matches!(got, Err(Error::InvalidRequest(_))),
             "{ctx}: {batch:?} must be an InvalidRequest, got {got:?}"

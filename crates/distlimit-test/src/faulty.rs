@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlimit_core::{Decision, Error, Request, Store};
+use distlimit_core::{Decision, Error, Request, Settle, Store};
 use parking_lot::Mutex;
 
 /// An error a [`Fault`] makes the store return, one per [`Error`] variant a backend can fail with.
@@ -321,6 +321,10 @@ impl<S: Store> Store for FaultyStore<S> {
     // Batches are always awaited (`decide_all`): `None` is always a correct answer.
     fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
         None
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        self.run(|| self.inner.settle_all(settles)).await
     }
 }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Algorithm, Clock, Decision, Error, KeyError, MAX_KEY_LEN, ManualClock, Request, RequestKind,
-    State, Store, validate_batch,
+    Algorithm, Clock, Decision, Error, KeyError, MAX_KEY_LEN, ManualClock, Request, Settle, State,
+    Store, validate_batch, validate_settles,
 };
 use distlimit_test::new_clock;
 use parking_lot::Mutex;
@@ -55,6 +55,8 @@ enum Bug {
     SettlesAsDecisions,
     /// A report charges at most what is left: no debt.
     NoDebt,
+    /// Does not settle: answers `Error::Unsupported` (the default `Store::settle_all`).
+    CannotSettle,
 }
 
 /// Key bytes, the policy name, and the algorithm when states are kept per algorithm.
@@ -121,29 +123,6 @@ impl BuggyStore {
     /// The decisions, and the states to store afterwards.
     fn plan(&self, requests: &[Request<'_>], now: u64) -> (Vec<Decision>, Vec<(MapKey, State)>) {
         let states = self.states.lock();
-        if self.bug != Bug::SettlesAsDecisions && requests.iter().any(|r| r.kind().is_settle()) {
-            let mut decisions = Vec::new();
-            let mut writes = Vec::new();
-            for r in requests {
-                let limit = r.limit();
-                let mut state = self
-                    .read(&states, r, now)
-                    .unwrap_or_else(|| State::fresh(limit.algorithm()));
-                if r.kind() == RequestKind::Report {
-                    let left = limit.evaluate(Some(&state), now, 0).remaining();
-                    let cost = match self.bug {
-                        Bug::NoDebt => r.cost().min(left),
-                        _ => r.cost(),
-                    };
-                    let _ = limit.force(&mut state, now, cost);
-                } else {
-                    let _ = limit.give_back(&mut state, now, r.cost());
-                }
-                decisions.push(limit.evaluate(Some(&state), now, 0));
-                writes.push((self.map_key(r), state));
-            }
-            return (decisions, writes);
-        }
         let decisions: Vec<Decision> = requests
             .iter()
             .map(|r| {
@@ -223,6 +202,37 @@ impl Store for BuggyStore {
                 _ => d,
             })
             .collect())
+    }
+
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        let requests: Vec<Request<'_>> = settles.iter().map(|s| *s.request()).collect();
+        match self.bug {
+            Bug::SettlesAsDecisions => return self.decide_all(&requests).await,
+            Bug::CannotSettle => return Err(Error::Unsupported("settling")),
+            _ => validate_settles(settles)?,
+        }
+        let now = self.now();
+        let mut states = self.states.lock();
+        let mut decisions = Vec::new();
+        for (s, r) in settles.iter().zip(&requests) {
+            let limit = r.limit();
+            let mut state = self
+                .read(&states, r, now)
+                .unwrap_or_else(|| State::fresh(limit.algorithm()));
+            if s.is_report() {
+                let left = limit.evaluate(Some(&state), now, 0).remaining();
+                let cost = match self.bug {
+                    Bug::NoDebt => r.cost().min(left),
+                    _ => r.cost(),
+                };
+                let _ = limit.force(&mut state, now, cost);
+            } else {
+                let _ = limit.give_back(&mut state, now, r.cost());
+            }
+            decisions.push(limit.evaluate(Some(&state), now, 0));
+            states.insert(self.map_key(r), state);
+        }
+        Ok(decisions)
     }
 }
 
@@ -399,5 +409,8 @@ async fn harmless_bugs_pass_other_checks() {
     let (store, clock) = buggy(Bug::MonotonicClock);
     distlimit_test::check_matches_reference_model(&store, &clock).await;
     let (store, clock) = buggy(Bug::StatePerAlgorithm);
+    distlimit_test::check_settling_follows_model(&store, &clock).await;
+    // A store that does not settle passes by answering the typed error, changing nothing.
+    let (store, clock) = buggy(Bug::CannotSettle);
     distlimit_test::check_settling_follows_model(&store, &clock).await;
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use distlimit_core::{RequestKind, Store};
+use distlimit_core::{SettleKind, Store};
 use distlimit_policy::{Item, Limiter};
 use http::HeaderName;
 use http::response::Parts;
@@ -169,11 +169,11 @@ impl Settle {
 
 /// Sends settles to the limiter, store type erased.
 pub(crate) trait Sink: Send + Sync + 'static {
-    fn send(self: Arc<Self>, settles: Vec<(Arc<str>, Bytes, RequestKind, u64)>);
+    fn send(self: Arc<Self>, settles: Vec<(Arc<str>, Bytes, SettleKind, u64)>);
 }
 
 impl<S: Store + ?Sized + 'static> Sink for Limiter<S> {
-    fn send(self: Arc<Self>, settles: Vec<(Arc<str>, Bytes, RequestKind, u64)>) {
+    fn send(self: Arc<Self>, settles: Vec<(Arc<str>, Bytes, SettleKind, u64)>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::error!("distlimit-tower: no Tokio runtime to settle on; the usage is lost");
             return;
@@ -181,7 +181,7 @@ impl<S: Store + ?Sized + 'static> Sink for Limiter<S> {
         runtime.spawn(async move {
             let items: Vec<Item<'_>> = settles
                 .iter()
-                .map(|(policy, key, kind, cost)| Item::policy(policy, key, *cost).with_kind(*kind))
+                .map(|(policy, key, kind, cost)| Item::policy(policy, key, *cost).settling(*kind))
                 .collect();
             if let Err(error) = self.decide_batch(&items).await {
                 let policy = settles.first().map_or("", |s| &*s.0);
@@ -251,9 +251,9 @@ impl Settlement {
                 None => r.estimate,
             };
             let (kind, cost) = if actual < r.estimate {
-                (RequestKind::GiveBack, r.estimate - actual)
+                (SettleKind::GiveBack, r.estimate - actual)
             } else {
-                (RequestKind::Report, actual - r.estimate)
+                (SettleKind::Report, actual - r.estimate)
             };
             if cost > 0 {
                 settles.push((r.policy.clone(), r.key.clone(), kind, cost));

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Clock, Decision, Error, ManualClock, Quota, Request, RequestKind, State, Store, validate_batch,
+    Clock, Decision, Error, ManualClock, Quota, Request, Settle, State, Store, validate_batch,
+    validate_settles,
 };
 use parking_lot::Mutex;
 
@@ -52,9 +53,6 @@ impl Store for ReferenceStore {
         let (state, written) = states
             .entry(id(request))
             .or_insert_with(|| (State::fresh(request.limit().algorithm()), None));
-        if request.kind().is_settle() {
-            return Ok(settle(request, state, written, now));
-        }
         Ok(request
             .limit()
             .decide_from(state, written, now, request.cost()))
@@ -64,19 +62,6 @@ impl Store for ReferenceStore {
         validate_batch(requests)?;
         let mut states = self.backend.0.lock();
         let now = self.clock.now_us();
-        if requests[0].kind().is_settle() {
-            // Reports and give-backs (`validate_batch`: all of them): every one applied,
-            // answered by the peek after it.
-            return Ok(requests
-                .iter()
-                .map(|r| {
-                    let (state, written) = states
-                        .entry(id(r))
-                        .or_insert_with(|| (State::fresh(r.limit().algorithm()), None));
-                    settle(r, state, written, now)
-                })
-                .collect());
-        }
         let evaluate = |r: &Request<'_>, cost: u64| match states.get(&id(r)) {
             Some((state, written)) => {
                 r.limit()
@@ -100,13 +85,30 @@ impl Store for ReferenceStore {
         }
         Ok(decisions)
     }
+
+    /// Every report and give-back applied, answered by the peek after it.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        validate_settles(settles)?;
+        let mut states = self.backend.0.lock();
+        let now = self.clock.now_us();
+        Ok(settles
+            .iter()
+            .map(|s| {
+                let r = s.request();
+                let (state, written) = states
+                    .entry(id(r))
+                    .or_insert_with(|| (State::fresh(r.limit().algorithm()), None));
+                settle(s, state, written, now)
+            })
+            .collect())
+    }
 }
 
 /// A report (`Limit::force_from`) or a give-back (`Limit::give_back_from`), checked by
-/// `validate_batch`, answered by the peek after it.
-fn settle(r: &Request<'_>, state: &mut State, written: &mut Option<Quota>, now: u64) -> Decision {
-    let limit = r.limit();
-    if r.kind() == RequestKind::Report
+/// `validate_settles`, answered by the peek after it.
+fn settle(s: &Settle<'_>, state: &mut State, written: &mut Option<Quota>, now: u64) -> Decision {
+    let (r, limit) = (s.request(), s.request().limit());
+    if s.is_report()
         && let Ok(decision) = limit.force_from(state, written, now, r.cost())
     {
         return decision;
