@@ -54,13 +54,20 @@ pub const MAX_TIME_ELAPSED_SECS: i64 = 3600;
 
 /// How long an assignment may take to reach its proxy: each assignment is paid for this long
 /// past its TTL, and the one it replaces this long past its replacement.
-pub const DELIVERY_SLACK: Duration = Duration::from_secs(1);
+pub const DELIVERY_SLACK: Duration = Duration::from_millis(250);
 
 /// A bucket reporting no request this many reports in a row is abandoned (`AbandonAction`).
 pub const ABANDON_AFTER_IDLE_REPORTS: u32 = 5;
 
 /// A share is sized at this multiple of the demand its proxy reports.
 const HEADROOM: f64 = 1.25;
+
+/// A token bucket holds this many seconds of its rate (at least one token).
+const BURST_SECS: f64 = 0.5;
+
+/// The part of a rule's rate the shares add up to: the rest keeps the budget from running dry
+/// of the units each new token bucket starts with (`max_tokens`) and of rounding.
+const ASSIGNED_PART: f64 = 0.95;
 
 /// The quota service's flags.
 #[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
@@ -452,7 +459,10 @@ impl Stream<'_> {
                 }
             };
             if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
-                let mut state = self.buckets.remove(&name).ok_or_else(|| Status::internal("bucket"))?;
+                let mut state = self
+                    .buckets
+                    .remove(&name)
+                    .ok_or_else(|| Status::internal("bucket"))?;
                 metrics.buckets.dec();
                 close_lease(self.shared, &mut state, now + DELIVERY_SLACK).await;
                 self.shared.leave(&state);
@@ -698,7 +708,8 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
         let quota = Quota::from_parts(per_unit, unit_secs * 1_000_000, burst)
             .or_else(|_| Quota::from_parts(per_unit, unit_secs * 1_000_000, 1))
             .ok()?;
-        let budget: Arc<str> = format!("{}\u{0}{}", state.as_str(), String::from_utf8_lossy(&key)).into();
+        let budget: Arc<str> =
+            format!("{}\u{0}{}", state.as_str(), String::from_utf8_lossy(&key)).into();
         Some(Target::Limited(Limited {
             budget,
             label: label.into(),
@@ -770,10 +781,7 @@ async fn close_lease(shared: &Shared, state: &mut BucketState, end: Instant) {
     let keep = lease.needed(end);
     if lease.held > keep
         && let Some(request) = lease.request()
-        && let Err(error) = shared
-            .leases
-            .exchange(&request, lease.held - keep, 0)
-            .await
+        && let Err(error) = shared.leases.exchange(&request, lease.held - keep, 0).await
     {
         tracing::warn!(%error, "rlqs: giving back units failed");
     }
@@ -815,7 +823,11 @@ async fn assign(
     };
     count("allowed", usage.num_requests_allowed);
     count("denied", usage.num_requests_denied);
-    if state.lease.as_ref().is_some_and(|l| l.budget != target.budget) {
+    if state
+        .lease
+        .as_ref()
+        .is_some_and(|l| l.budget != target.budget)
+    {
         close_lease(shared, state, now + DELIVERY_SLACK).await;
     }
     if state.budget.as_ref() != Some(&target.budget) {
@@ -845,7 +857,12 @@ async fn assign(
         - lease.max_tokens.max(lease.prev_max_tokens);
     lease.known_lost = lease.known_lost.max(lost);
 
-    let share = shared.share(&target.budget, state.member, demand, target.rate());
+    let share = shared.share(
+        &target.budget,
+        state.member,
+        demand,
+        target.rate() * ASSIGNED_PART,
+    );
     let unit = target.unit_secs;
     let mut per_fill = (share * unit as f64).floor().min(f64::from(u32::MAX)) as u32;
     let in_force = now < lease.t0 + ttl;
@@ -868,7 +885,7 @@ async fn assign(
     let cover = (ttl + DELIVERY_SLACK).as_secs_f64();
     let plan = |per_fill: u32| {
         let rate = f64::from(per_fill) / unit as f64;
-        let max_tokens = (rate.ceil() as u32).max(1);
+        let max_tokens = ((rate * BURST_SECS).ceil() as u32).max(1);
         let sent = Sent::Bucket {
             max_tokens,
             tokens_per_fill: per_fill,

@@ -171,10 +171,8 @@ impl Proxy {
             let state = state.clone();
             let reports = reports.clone();
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval_at(
-                    tokio::time::Instant::now() + INTERVAL,
-                    INTERVAL,
-                );
+                let mut tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + INTERVAL, INTERVAL);
                 loop {
                     tick.tick().await;
                     let now = Instant::now();
@@ -251,7 +249,11 @@ impl Proxy {
     fn rate(&self, entries: &[(String, String)]) -> Option<f64> {
         let state = self.state.lock().unwrap();
         match &state.buckets.get(entries)?.local {
-            Local::Tokens(t) if state.buckets[entries].expires.is_some_and(|at| at > Instant::now()) => {
+            Local::Tokens(t)
+                if state.buckets[entries]
+                    .expires
+                    .is_some_and(|at| at > Instant::now()) =>
+            {
                 Some(t.rate)
             }
             _ => None,
@@ -384,7 +386,7 @@ fn most_in_window(times: &mut [Instant], window: Duration) -> usize {
 /// The bound of the README for `n` proxies: over any window of `secs`, at most the rule's rate
 /// times the window plus one burst: the store budget's capacity (4 s of the rate), every
 /// proxy's `max_tokens`, and every proxy's rate over one TTL (2 s), one report interval (1 s)
-/// and twice the delivery slack (2 × 1 s).
+/// and twice the delivery slack (2 × 250 ms).
 fn bound(proxies: &[Arc<Proxy>], secs: f64) -> f64 {
     let (mut rates, mut tokens) = (0.0, 0.0);
     for proxy in proxies {
@@ -392,7 +394,7 @@ fn bound(proxies: &[Arc<Proxy>], secs: f64) -> f64 {
         rates += state.max_rate;
         tokens += state.max_tokens;
     }
-    RATE * secs + (RATE * 4.0).ceil() + tokens + rates * 5.0
+    RATE * secs + (RATE * 4.0).ceil() + tokens + rates * 3.5
 }
 
 /// Runs `demands` (one proxy each, on the servers in turn) for `run`, and checks the bounds
@@ -430,7 +432,10 @@ async fn skewed_demand(servers: &[&Running], demands: &[f64]) {
          last {window:?}: {late} (limit {:.0})",
         RATE * window.as_secs_f64()
     );
-    assert!(most <= limit, "{most} admitted in {window:?}, over {limit:.0}");
+    assert!(
+        most <= limit,
+        "{most} admitted in {window:?}, over {limit:.0}"
+    );
     assert!(
         late as f64 >= 0.9 * RATE * window.as_secs_f64(),
         "{late} admitted in the last {window:?}: below 90 % of the limit"
@@ -458,7 +463,14 @@ async fn two_instances_on_one_redis_share_one_limit() {
     };
     let url = redis.url();
     let dir = config_dir(&quota_config(PER_MINUTE));
-    let flags = [FLAGS[0], FLAGS[1], "--redis", url.as_str(), "--redis-budget-ms", "1000"];
+    let flags = [
+        FLAGS[0],
+        FLAGS[1],
+        "--redis",
+        url.as_str(),
+        "--redis-budget-ms",
+        "1000",
+    ];
     let a = Running::with_config(dir.path(), &flags).await;
     let b = Running::with_config(dir.path(), &flags).await;
     skewed_demand(&[&a, &b], &DEMANDS).await;
@@ -485,15 +497,21 @@ async fn a_proxy_that_joins_a_saturated_limit_is_served_within_one_report() {
     let until = Instant::now() + Duration::from_secs(9);
     let mut hot = Vec::new();
     for _ in 0..3 {
-        let proxy =
-            Arc::new(Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await);
+        let proxy = Arc::new(
+            Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await,
+        );
         hot.push(tokio::spawn(drive(proxy, tenant("shared"), 30.0, until)));
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
     let late = Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await;
     // Its first request is denied (no assignment yet) and reported at once; the answer to that
     // report, or to the next one, serves it.
-    let took = served_within(&late, &tenant("shared"), INTERVAL * 2 + Duration::from_millis(500)).await;
+    let took = served_within(
+        &late,
+        &tenant("shared"),
+        INTERVAL * 2 + Duration::from_millis(500),
+    )
+    .await;
     eprintln!("served after {took:?}");
     assert!(late.rate(&tenant("shared")).is_some_and(|r| r > 0.0));
     for task in hot {
@@ -530,8 +548,14 @@ async fn a_stopped_server_expires_the_assignments() {
     let open = Proxy::connect(&server, Blanket::Allow, Expired::Unset).await;
     for proxy in [&closed, &open] {
         proxy.request(&tenant("a"));
-        served_within(proxy, &tenant("a"), Duration::from_secs(3)).await;
-        assert!(proxy.rate(&tenant("a")).is_some());
+        let started = Instant::now();
+        while proxy.rate(&tenant("a")).is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "no token bucket"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     let stopped = Instant::now();
     server.stop().await;
@@ -540,7 +564,10 @@ async fn a_stopped_server_expires_the_assignments() {
     assert!(stopped.elapsed() < Duration::from_secs(2));
     for _ in 0..20 {
         assert!(!closed.request(&tenant("a")), "fallback: deny all");
-        assert!(open.request(&tenant("a")), "no fallback: no_assignment allows all");
+        assert!(
+            open.request(&tenant("a")),
+            "no fallback: no_assignment allows all"
+        );
     }
     assert!(closed.state.lock().unwrap().ended.is_some());
 }
@@ -549,28 +576,42 @@ async fn a_stopped_server_expires_the_assignments() {
 async fn a_reload_halving_the_limit_halves_the_assigned_rates() {
     let dir = config_dir(&quota_config(PER_MINUTE));
     let mut server = Running::with_config(dir.path(), &FLAGS).await;
-    let until = Instant::now() + Duration::from_secs(10);
+    let until = Instant::now() + Duration::from_secs(16);
     let mut proxies = Vec::new();
     let mut drivers = Vec::new();
     for _ in 0..4 {
-        let proxy =
-            Arc::new(Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await);
+        let proxy = Arc::new(
+            Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await,
+        );
         drivers.push(tokio::spawn(drive(proxy.clone(), tenant("r"), 20.0, until)));
         proxies.push(proxy);
     }
     let assigned = |proxies: &[Arc<Proxy>]| -> f64 {
         proxies.iter().filter_map(|p| p.rate(&tenant("r"))).sum()
     };
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Four proxies joining one after another settle within a few report intervals.
+    let started = Instant::now();
+    while assigned(&proxies) < 0.8 * RATE || proxies.iter().any(|p| p.rate(&tenant("r")).is_none())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}",
+            assigned(&proxies)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let before = assigned(&proxies);
-    eprintln!("assigned before: {before}");
-    assert!(before > 0.8 * RATE && before <= RATE + 1e-9, "{before}");
+    eprintln!("assigned before: {before} after {:?}", started.elapsed());
+    assert!(before <= RATE + 1e-9, "{before}");
     std::fs::write(dir.path().join("config.yaml"), quota_config(PER_MINUTE / 2)).unwrap();
     server.next_reload().await;
     tokio::time::sleep(INTERVAL * 2 + Duration::from_millis(300)).await;
     let after = assigned(&proxies);
     eprintln!("assigned after: {after}");
-    assert!(after > 0.8 * RATE / 2.0 && after <= RATE / 2.0 + 1e-9, "{after}");
+    assert!(
+        (0.5 * RATE / 2.0..=RATE / 2.0 + 1e-9).contains(&after),
+        "{after}"
+    );
     for task in drivers {
         task.await.unwrap();
     }
@@ -624,24 +665,46 @@ fn usage(entries: &[(&str, &str)], allowed: u64, elapsed: i64) -> BucketQuotaUsa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_reports_end_the_stream_with_a_clear_status() {
     let dir = config_dir(&quota_config(PER_MINUTE));
-    let server = Running::with_config(
-        dir.path(),
-        &[FLAGS[0], FLAGS[1], "--rlqs-max-buckets", "3"],
-    )
-    .await;
+    let server =
+        Running::with_config(dir.path(), &[FLAGS[0], FLAGS[1], "--rlqs-max-buckets", "3"]).await;
     let report = |domain: &str, usages| RateLimitQuotaUsageReports {
         domain: domain.to_owned(),
         bucket_quota_usages: usages,
     };
     let long = "v".repeat(2000);
     let cases = [
-        (report("", vec![usage(&[("tenant", "a")], 1, 0)]), tonic::Code::InvalidArgument, "no domain"),
-        (report("quota", vec![usage(&[], 1, 0)]), tonic::Code::InvalidArgument, "no entries"),
-        (report("quota", vec![usage(&[("tenant", &long)], 1, 0)]), tonic::Code::InvalidArgument, "bytes long"),
-        (report("quota", vec![usage(&[("tenant", "a")], 1, -5)]), tonic::Code::InvalidArgument, "time_elapsed"),
-        (report("quota", vec![usage(&[("tenant", "a")], 1 << 50, 1)]), tonic::Code::InvalidArgument, "requests in one report"),
         (
-            report("quota", (0..4).map(|i| usage(&[("tenant", &i.to_string())], 1, 0)).collect()),
+            report("", vec![usage(&[("tenant", "a")], 1, 0)]),
+            tonic::Code::InvalidArgument,
+            "no domain",
+        ),
+        (
+            report("quota", vec![usage(&[], 1, 0)]),
+            tonic::Code::InvalidArgument,
+            "no entries",
+        ),
+        (
+            report("quota", vec![usage(&[("tenant", &long)], 1, 0)]),
+            tonic::Code::InvalidArgument,
+            "bytes long",
+        ),
+        (
+            report("quota", vec![usage(&[("tenant", "a")], 1, -5)]),
+            tonic::Code::InvalidArgument,
+            "time_elapsed",
+        ),
+        (
+            report("quota", vec![usage(&[("tenant", "a")], 1 << 50, 1)]),
+            tonic::Code::InvalidArgument,
+            "requests in one report",
+        ),
+        (
+            report(
+                "quota",
+                (0..4)
+                    .map(|i| usage(&[("tenant", &i.to_string())], 1, 0))
+                    .collect(),
+            ),
             tonic::Code::ResourceExhausted,
             "--rlqs-max-buckets",
         ),
@@ -656,8 +719,14 @@ async fn bad_reports_end_the_stream_with_a_clear_status() {
     proxy.request(&tenant("a"));
     served_within(&proxy, &tenant("a"), Duration::from_secs(2)).await;
     let metrics = reqwest_metrics(&server).await;
-    assert!(metrics.contains("distlimit_server_rlqs_streams 1"), "{metrics}");
-    assert!(metrics.contains("distlimit_server_rlqs_assigned_rate{rule=\"quota/tenant\"}"), "{metrics}");
+    assert!(
+        metrics.contains("distlimit_server_rlqs_streams 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("distlimit_server_rlqs_assigned_rate{rule=\"quota/tenant\"}"),
+        "{metrics}"
+    );
     server.stop().await;
 }
 
