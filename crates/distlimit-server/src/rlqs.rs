@@ -175,10 +175,18 @@ struct Shared {
     leases: Arc<dyn LeaseStore>,
     args: QuotaArgs,
     /// This instance's members of each budget, to size their shares.
-    budgets: Mutex<HashMap<Arc<str>, HashMap<u64, Member>>>,
+    budgets: Mutex<HashMap<Arc<str>, Budget>>,
     open: AtomicU64,
     next_member: AtomicU64,
     stop: watch::Receiver<bool>,
+}
+
+/// This instance's members of one budget, and their shares.
+#[derive(Debug, Default)]
+struct Budget {
+    members: HashMap<u64, Member>,
+    /// When the shares were sized, and of what rate (`None`: a member came or went since).
+    sized: Option<(Instant, f64)>,
 }
 
 /// One bucket of one stream in a budget.
@@ -186,7 +194,12 @@ struct Shared {
 struct Member {
     /// Requests per second reported (`None` before two reports).
     demand: Option<f64>,
+    /// Its share, in units per second.
+    share: f64,
 }
+
+/// Shares are sized again at most this often (and at once when a member comes or goes).
+const RESIZE: Duration = Duration::from_millis(100);
 
 impl QuotaService {
     /// The service deciding buckets by `checker`'s running configuration, withdrawing from
@@ -612,9 +625,10 @@ impl Shared {
     fn leave(&self, state: &BucketState) {
         if let Some(budget) = &state.budget {
             let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(members) = budgets.get_mut(budget) {
-                members.remove(&state.member);
-                if members.is_empty() {
+            if let Some(shares) = budgets.get_mut(budget) {
+                shares.members.remove(&state.member);
+                shares.sized = None;
+                if shares.members.is_empty() {
                     budgets.remove(budget);
                 }
             }
@@ -635,40 +649,59 @@ impl Shared {
     }
 
     /// `member`'s share of `total` units per second among this instance's members of
-    /// `budget`: max-min fair on the demands (each sized at [`HEADROOM`] times its demand, at
-    /// least a quarter of an equal share; an equal share before its demand is known), where
-    /// what a member is expected to use (its demand) is what the ones after it cannot have.
+    /// `budget` (see [`size_shares`]), its `demand` folded in (sized again every [`RESIZE`]).
     fn share(&self, budget: &Arc<str>, member: u64, demand: Option<f64>, total: f64) -> f64 {
+        let now = Instant::now();
         let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-        let members = budgets.entry(budget.clone()).or_default();
-        let entry = members.entry(member).or_default();
+        let shares = budgets.entry(budget.clone()).or_default();
+        let entry = match shares.members.entry(member) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => {
+                shares.sized = None;
+                entry.insert(Member::default())
+            }
+        };
         if let Some(demand) = demand {
             entry.demand = Some(match entry.demand {
                 Some(old) => 0.5 * old + 0.5 * demand,
                 None => demand,
             });
         }
-        let n = members.len() as f64;
-        let equal = total / n;
-        let floor = equal / 4.0;
-        let mut wants: Vec<(f64, f64, u64)> = members
-            .iter()
-            .map(|(&id, m)| match m.demand {
-                Some(d) => ((d * HEADROOM).max(floor), d, id),
-                None => (equal, equal, id),
-            })
-            .collect();
-        wants.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut remaining = total;
-        let len = wants.len();
-        for (i, (want, used, id)) in wants.into_iter().enumerate() {
-            let share = want.min(remaining / (len - i) as f64).max(0.0);
-            if id == member {
-                return share;
-            }
-            remaining -= share.min(used);
+        let fresh = shares
+            .sized
+            .is_some_and(|(at, of)| of == total && now.saturating_duration_since(at) < RESIZE);
+        if !fresh {
+            size_shares(&mut shares.members, total);
+            shares.sized = Some((now, total));
         }
-        floor
+        shares.members.get(&member).map_or(0.0, |m| m.share)
+    }
+}
+
+/// Sizes the shares of `total` units per second among `members`: max-min fair on the demands
+/// (each sized at [`HEADROOM`] times its demand, at least a quarter of an equal share; an
+/// equal share before its demand is known), where what a member is expected to use (its
+/// demand) is what the ones after it cannot have.
+fn size_shares(members: &mut HashMap<u64, Member>, total: f64) {
+    let n = members.len().max(1) as f64;
+    let equal = total / n;
+    let floor = equal / 4.0;
+    let mut wants: Vec<(f64, f64, u64)> = members
+        .iter()
+        .map(|(&id, m)| match m.demand {
+            Some(d) => ((d * HEADROOM).max(floor), d, id),
+            None => (equal, equal, id),
+        })
+        .collect();
+    wants.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut remaining = total;
+    let len = wants.len();
+    for (i, (want, used, id)) in wants.into_iter().enumerate() {
+        let share = want.min(remaining / (len - i) as f64).max(0.0);
+        if let Some(member) = members.get_mut(&id) {
+            member.share = share;
+        }
+        remaining -= share.min(used);
     }
 }
 
@@ -701,7 +734,9 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
     entries.sort_unstable();
     let limited = |label: String, tier: &str, key: Vec<u8>, per_unit: u64, unit_secs: u64| {
         let digest = hex(&Sha256::digest(format!("{}:{domain}{tier}", domain.len())));
-        let state = StateName::of_tier("rlqs", &format!("{unit_secs}s/{digest}")).ok()?;
+        // The rate is in the name: a reload that changes the limit starts a new budget (full).
+        let state =
+            StateName::of_tier("rlqs", &format!("{unit_secs}s/{per_unit}/{digest}")).ok()?;
         let rate = per_unit as f64 / unit_secs as f64;
         // The store's burst: what the assignments of one TTL and slack ask for at once.
         let burst = need(rate * 4.0).max(1);
