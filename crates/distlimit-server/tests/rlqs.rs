@@ -569,7 +569,14 @@ async fn a_stopped_server_expires_the_assignments() {
             "no fallback: no_assignment allows all"
         );
     }
-    assert!(closed.state.lock().unwrap().ended.is_some());
+    let started = Instant::now();
+    while closed.state.lock().unwrap().ended.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the stream did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -615,6 +622,36 @@ async fn a_reload_halving_the_limit_halves_the_assigned_rates() {
     for task in drivers {
         task.await.unwrap();
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_bucket_is_abandoned_and_comes_back_at_its_next_request() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    let proxy = Proxy::connect(&server, Blanket::Deny, Expired::Unset).await;
+    proxy.request(&tenant("idle"));
+    served_within(&proxy, &tenant("idle"), Duration::from_secs(2)).await;
+    // Five reports without a request: the proxy is told to forget the bucket.
+    let started = Instant::now();
+    while proxy
+        .state
+        .lock()
+        .unwrap()
+        .buckets
+        .contains_key(&tenant("idle"))
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "not abandoned");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    // The next request creates it again, reported at once, and is served.
+    assert!(!proxy.request(&tenant("idle")));
+    served_within(&proxy, &tenant("idle"), Duration::from_secs(2)).await;
     server.stop().await;
 }
 
