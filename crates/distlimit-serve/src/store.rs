@@ -246,6 +246,9 @@ pub struct BuiltStore {
     /// The concurrency permits (requests in flight) on the same backend: the memory store, or
     /// the hybrid store of Redis and memory (never leased).
     pub permits: Arc<dyn PermitStore>,
+    /// Token leases on the same backend (the memory store, or the hybrid store; never
+    /// `--lease`'s wrapper): units withdrawn ahead of use and given back unspent.
+    pub leases: Arc<dyn LeaseStore>,
     /// Where Redis stands (`None` on the memory store).
     pub redis: Option<RedisStatus>,
 }
@@ -273,7 +276,8 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         let memory = Arc::new(MemoryStore::new());
         return Ok(BuiltStore {
             store: memory.clone(),
-            permits: memory,
+            permits: memory.clone(),
+            leases: memory,
             redis: None,
         });
     };
@@ -361,10 +365,12 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
     };
     let status = Some(RedisStatus { connected, breaker });
     let permits: Arc<dyn PermitStore> = hybrid.clone();
+    let leases: Arc<dyn LeaseStore> = hybrid.clone();
     if args.lease.is_empty() {
         return Ok(BuiltStore {
             store: hybrid,
             permits,
+            leases,
             redis: status,
         });
     }
@@ -378,6 +384,7 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
     Ok(BuiltStore {
         store,
         permits,
+        leases,
         redis: status,
     })
 }

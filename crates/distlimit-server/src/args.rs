@@ -83,6 +83,10 @@ pub struct Args {
     #[command(flatten)]
     pub serve: ServeArgs,
 
+    /// Envoy's rate limit quota service (`--rlqs-*`).
+    #[command(flatten)]
+    pub quota: crate::rlqs::QuotaArgs,
+
     /// A gRPC connection with no request in progress, and none started or ended, for this long
     /// is closed, in milliseconds. The default, 65 minutes, is above the 1 hour after which
     /// Envoy closes its own idle upstream connections, so that Envoy closes first: a close from

@@ -980,7 +980,7 @@ fn push_decimal(out: &mut String, mut n: usize) {
 
 /// The store key of a descriptor: its values, each prefixed by its length (so no two lists of
 /// values share a key), or a digest of that past [`MAX_KEY_LEN`].
-fn state_key(entries: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn state_key(entries: &[(&str, &str)]) -> Vec<u8> {
     let mut key = String::with_capacity(entries.iter().map(|(_, v)| v.len() + 6).sum::<usize>());
     for (_, value) in entries {
         push_len_prefixed(&mut key, value);
@@ -997,7 +997,7 @@ fn state_key(entries: &[(&str, &str)]) -> Vec<u8> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().fold(String::with_capacity(64), |mut s, b| {
         let _ = write!(s, "{b:02x}");
         s

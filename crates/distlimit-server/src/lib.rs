@@ -10,6 +10,7 @@ mod metrics;
 mod net;
 mod permits;
 mod reload;
+pub mod rlqs;
 
 use std::future::Future;
 use std::io;
@@ -34,6 +35,7 @@ pub use crate::metrics::{
 };
 pub use crate::permits::{JsonAcquired, JsonHeld, JsonPermit};
 pub use crate::reload::{Reload, Watcher};
+pub use crate::rlqs::{QuotaArgs, QuotaService};
 /// Completes at Ctrl-C or SIGTERM; installed when called, so an early signal is not lost.
 pub use distlimit_serve::shutdown_signal;
 /// The store flags (shared with the demo), `--failure-mode`'s values and where Redis stands.
@@ -80,6 +82,7 @@ pub struct Server {
     tls: Option<(Tls, TlsWatcher)>,
     redis: Option<RedisStatus>,
     permits: permits::Shared,
+    leases: rlqs::Leases,
     args: Args,
 }
 
@@ -164,6 +167,7 @@ impl Server {
             tls,
             redis: built.redis,
             permits: permits::Shared(built.permits),
+            leases: rlqs::Leases(built.leases),
             args: args.clone(),
         })
     }
@@ -193,7 +197,7 @@ impl Server {
         self.tls.as_ref().map(|(tls, _)| tls)
     }
 
-    /// Serves gRPC (Envoy's RLS v3 and `grpc.health.v1`) on `grpc` and HTTP on `http` until
+    /// Serves gRPC (Envoy's RLS v3, its rate limit quota service and `grpc.health.v1`) on `grpc` and HTTP on `http` until
     /// `shutdown` completes; then both stop accepting, `/ready` and the health service report
     /// not serving, and the requests in flight get `--shutdown-timeout-ms` to finish.
     ///
@@ -212,6 +216,7 @@ impl Server {
         health
             .set_serving::<RateLimitServiceServer<RateLimitGrpc>>()
             .await;
+        health.set_serving::<QuotaServer>().await;
         let (stop_tx, stop_rx) = watch::channel(false);
         {
             let ready = ready.clone();
@@ -223,6 +228,7 @@ impl Server {
                 health
                     .set_not_serving::<RateLimitServiceServer<RateLimitGrpc>>()
                     .await;
+                health.set_not_serving::<QuotaServer>().await;
                 // The overall service too: a probe of `""` must see the shutdown as well.
                 health
                     .set_service_status("", ServingStatus::NotServing)
@@ -270,10 +276,17 @@ impl Server {
             serve_config.header_read_timeout,
         );
         let rls = rls.into_server();
+        let quota = QuotaService::new(
+            self.checker.clone(),
+            self.leases.0.clone(),
+            &args.quota,
+            stop_rx.clone(),
+        );
         // `ShouldRateLimit` on its exact path, beside the services' `/<service>/{*method}`
         // routes: the router then extracts no path parameter per request.
         let routes = tonic::service::Routes::new(health_service)
             .add_service(rls.clone())
+            .add_service(quota.into_server())
             .into_axum_router()
             .route_service(grpc::SHOULD_RATE_LIMIT, rls);
         let grpc_server = tonic::transport::Server::builder()
@@ -320,6 +333,8 @@ impl Server {
         }
     }
 }
+
+type QuotaServer = envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer<QuotaService>;
 
 /// Aborts its task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -130,6 +130,8 @@ pub struct RequestMetrics {
     durations: [OnceLock<Histogram>; 2],
     redis_up: Family<StoreLabels, Gauge>,
     config_loads: Family<LoadLabels, Counter>,
+    /// The series of the rate limit quota service.
+    pub(crate) quota: crate::rlqs::QuotaMetrics,
 }
 
 impl std::fmt::Debug for RequestMetrics {
@@ -174,6 +176,7 @@ impl RequestMetrics {
              (a changed configuration refused, the running one kept)",
             config_loads.clone(),
         );
+        let quota = crate::rlqs::QuotaMetrics::register(server);
         Self {
             registry,
             requests,
@@ -182,6 +185,7 @@ impl RequestMetrics {
             durations: Default::default(),
             redis_up,
             config_loads,
+            quota,
         }
     }
 

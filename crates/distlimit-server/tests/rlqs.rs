@@ -1,0 +1,807 @@
+//! Envoy's rate limit quota service over loopback, driven by proxies that behave as Envoy's
+//! `rate_limit_quota` filter does: the first report of a new bucket at once, then every report
+//! interval; the assigned token bucket enforced locally (full at start, filled continuously at
+//! `tokens_per_fill / fill_interval`, carried over when an assignment repeats it); the
+//! no-assignment and expired-assignment behaviours; `AbandonAction` forgets the bucket.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use support::*;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Streaming;
+
+/// The proxies' report interval, and the server's `--rlqs-report-interval-ms`.
+const INTERVAL: Duration = Duration::from_secs(1);
+
+/// 600 a minute: 10 a second.
+const PER_MINUTE: u64 = 600;
+const RATE: f64 = PER_MINUTE as f64 / 60.0;
+
+fn quota_config(per_minute: u64) -> String {
+    format!(
+        "
+domain: quota
+descriptors:
+  - key: tenant
+    rate_limit: {{ unit: minute, requests_per_unit: {per_minute} }}
+  - key: open
+    rate_limit: {{ unlimited: true }}
+"
+    )
+}
+
+const FLAGS: [&str; 2] = ["--rlqs-report-interval-ms", "1000"];
+
+/// A blanket rule as the filter configuration names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Blanket {
+    Allow,
+    Deny,
+}
+
+/// `expired_assignment_behavior`.
+#[derive(Clone, Copy, Debug)]
+enum Expired {
+    /// `fallback_rate_limit` with a blanket rule.
+    Fallback(Blanket),
+    /// None configured: back to `no_assignment_behavior`.
+    Unset,
+}
+
+/// What a proxy's bucket applies.
+#[derive(Debug)]
+enum Local {
+    NoAssignment,
+    Blanket(Blanket),
+    Tokens(TokenBucket),
+}
+
+/// Envoy's token bucket: full at creation, filled continuously.
+#[derive(Debug)]
+struct TokenBucket {
+    config: (u32, u32, i64),
+    max: f64,
+    rate: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    fn consume(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.max);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+struct Bucket {
+    id: BucketId,
+    allowed: u64,
+    denied: u64,
+    last_report: Instant,
+    local: Local,
+    expires: Option<Instant>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    buckets: HashMap<Vec<(String, String)>, Bucket>,
+    /// The assignments received.
+    assignments: u64,
+    /// The largest rate and `max_tokens` ever assigned.
+    max_rate: f64,
+    max_tokens: f64,
+    /// The stream's end, if it ended.
+    ended: Option<tonic::Status>,
+}
+
+/// A proxy with a `rate_limit_quota` filter.
+struct Proxy {
+    state: Arc<Mutex<ProxyState>>,
+    reports: mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
+    no_assignment: Blanket,
+    expired: Expired,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn bucket_id(entries: &[(String, String)]) -> BucketId {
+    BucketId {
+        bucket: entries.iter().cloned().collect(),
+    }
+}
+
+fn report_of(bucket: &mut Bucket, now: Instant) -> BucketQuotaUsage {
+    let elapsed = now.saturating_duration_since(bucket.last_report);
+    bucket.last_report = now;
+    BucketQuotaUsage {
+        bucket_id: Some(bucket.id.clone()),
+        // Whole seconds, as Envoy sends it.
+        time_elapsed: Some(PbDuration {
+            seconds: elapsed.as_secs() as i64,
+            nanos: 0,
+        }),
+        num_requests_allowed: std::mem::take(&mut bucket.allowed),
+        num_requests_denied: std::mem::take(&mut bucket.denied),
+    }
+}
+
+impl Proxy {
+    async fn connect(server: &Running, no_assignment: Blanket, expired: Expired) -> Self {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+            .await
+            .unwrap();
+        let (reports, outbound) = mpsc::unbounded_channel();
+        let inbound: Streaming<RateLimitQuotaResponse> = client
+            .stream_rate_limit_quotas(UnboundedReceiverStream::new(outbound))
+            .await
+            .unwrap()
+            .into_inner();
+        let state = Arc::new(Mutex::new(ProxyState::default()));
+        let answers = tokio::spawn(receive(state.clone(), inbound, client));
+        let timer = {
+            let state = state.clone();
+            let reports = reports.clone();
+            tokio::spawn(async move {
+                let mut tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + INTERVAL, INTERVAL);
+                loop {
+                    tick.tick().await;
+                    let now = Instant::now();
+                    let usages: Vec<_> = {
+                        let mut state = state.lock().unwrap();
+                        state
+                            .buckets
+                            .values_mut()
+                            .map(|b| report_of(b, now))
+                            .collect()
+                    };
+                    if !usages.is_empty() {
+                        let _ = reports.send(RateLimitQuotaUsageReports {
+                            domain: "quota".into(),
+                            bucket_quota_usages: usages,
+                        });
+                    }
+                }
+            })
+        };
+        Self {
+            state,
+            reports,
+            no_assignment,
+            expired,
+            tasks: vec![answers, timer],
+        }
+    }
+
+    /// One request of `entries`: admitted or denied as the filter decides.
+    fn request(&self, entries: &[(String, String)]) -> bool {
+        let now = Instant::now();
+        let mut state = self.state.lock().unwrap();
+        let Some(bucket) = state.buckets.get_mut(entries) else {
+            // A new bucket: the no-assignment behaviour decides, and it is reported at once.
+            let allowed = self.no_assignment == Blanket::Allow;
+            let mut bucket = Bucket {
+                id: bucket_id(entries),
+                allowed: u64::from(allowed),
+                denied: u64::from(!allowed),
+                last_report: now,
+                local: Local::NoAssignment,
+                expires: None,
+            };
+            let usage = report_of(&mut bucket, now);
+            state.buckets.insert(entries.to_vec(), bucket);
+            let _ = self.reports.send(RateLimitQuotaUsageReports {
+                domain: "quota".into(),
+                bucket_quota_usages: vec![usage],
+            });
+            return allowed;
+        };
+        if bucket.expires.is_some_and(|at| at <= now) {
+            bucket.expires = None;
+            bucket.local = match self.expired {
+                Expired::Fallback(blanket) => Local::Blanket(blanket),
+                Expired::Unset => Local::NoAssignment,
+            };
+        }
+        let allowed = match &mut bucket.local {
+            Local::NoAssignment => self.no_assignment == Blanket::Allow,
+            Local::Blanket(blanket) => *blanket == Blanket::Allow,
+            Local::Tokens(tokens) => tokens.consume(now),
+        };
+        if allowed {
+            bucket.allowed += 1;
+        } else {
+            bucket.denied += 1;
+        }
+        allowed
+    }
+
+    /// The token bucket rate `entries` enforces now (`None` without one).
+    fn rate(&self, entries: &[(String, String)]) -> Option<f64> {
+        let state = self.state.lock().unwrap();
+        match &state.buckets.get(entries)?.local {
+            Local::Tokens(t)
+                if state.buckets[entries]
+                    .expires
+                    .is_some_and(|at| at > Instant::now()) =>
+            {
+                Some(t.rate)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Applies the server's answers as the filter does.
+async fn receive(
+    state: Arc<Mutex<ProxyState>>,
+    mut inbound: Streaming<RateLimitQuotaResponse>,
+    _client: RateLimitQuotaServiceClient<tonic::transport::Channel>,
+) {
+    loop {
+        let message = inbound.message().await;
+        let now = Instant::now();
+        let mut state = state.lock().unwrap();
+        let response = match message {
+            Ok(Some(response)) => response,
+            Ok(None) => {
+                state.ended = Some(tonic::Status::ok("closed"));
+                return;
+            }
+            Err(status) => {
+                state.ended = Some(status);
+                return;
+            }
+        };
+        for action in response.bucket_action {
+            let id = action.bucket_id.unwrap();
+            let mut key: Vec<(String, String)> = id.bucket.into_iter().collect();
+            key.sort();
+            match action.bucket_action.unwrap() {
+                Action::AbandonAction(_) => {
+                    state.buckets.remove(&key);
+                }
+                Action::QuotaAssignmentAction(assignment) => {
+                    state.assignments += 1;
+                    let ttl = assignment.assignment_time_to_live.unwrap_or_default();
+                    let strategy = assignment.rate_limit_strategy.unwrap().strategy.unwrap();
+                    let (mut max_rate, mut max_tokens) = (state.max_rate, state.max_tokens);
+                    let Some(bucket) = state.buckets.get_mut(&key) else {
+                        continue;
+                    };
+                    bucket.expires = Some(now + Duration::from_secs(ttl.seconds as u64));
+                    bucket.local = match strategy {
+                        Strategy::BlanketRule(rule) => {
+                            Local::Blanket(if rule == BlanketRule::AllowAll as i32 {
+                                Blanket::Allow
+                            } else {
+                                Blanket::Deny
+                            })
+                        }
+                        Strategy::TokenBucket(tb) => {
+                            let fill = tb.fill_interval.unwrap();
+                            let per_fill = tb.tokens_per_fill.map_or(1, |v| v.value);
+                            let config = (tb.max_tokens, per_fill, fill.seconds);
+                            assert!(fill.seconds >= 1, "fill_interval below 1 s: {fill:?}");
+                            match std::mem::replace(&mut bucket.local, Local::NoAssignment) {
+                                Local::Tokens(old) if old.config == config => Local::Tokens(old),
+                                _ => {
+                                    let rate = f64::from(per_fill) / fill.seconds as f64;
+                                    max_rate = max_rate.max(rate);
+                                    max_tokens = max_tokens.max(f64::from(tb.max_tokens));
+                                    Local::Tokens(TokenBucket {
+                                        config,
+                                        max: f64::from(tb.max_tokens),
+                                        rate,
+                                        tokens: f64::from(tb.max_tokens),
+                                        at: now,
+                                    })
+                                }
+                            }
+                        }
+                        Strategy::RequestsPerTimeUnit(_) => panic!("not sent"),
+                    };
+                    state.max_rate = max_rate;
+                    state.max_tokens = max_tokens;
+                }
+            }
+        }
+    }
+}
+
+fn tenant(value: &str) -> Vec<(String, String)> {
+    vec![("tenant".to_owned(), value.to_owned())]
+}
+
+/// Sends `rate` requests a second of `entries` through `proxy` until `until`; the instants of
+/// the admitted ones.
+async fn drive(
+    proxy: Arc<Proxy>,
+    entries: Vec<(String, String)>,
+    rate: f64,
+    until: Instant,
+) -> Vec<Instant> {
+    let mut admitted = Vec::new();
+    let mut due = 0.0;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut last = Instant::now();
+    while Instant::now() < until {
+        tick.tick().await;
+        let now = Instant::now();
+        due += rate * now.duration_since(last).as_secs_f64();
+        last = now;
+        while due >= 1.0 {
+            due -= 1.0;
+            if proxy.request(&entries) {
+                admitted.push(now);
+            }
+        }
+    }
+    admitted
+}
+
+/// The most admissions in any window of `window`.
+fn most_in_window(times: &mut [Instant], window: Duration) -> usize {
+    times.sort();
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..times.len() {
+        while times[end].duration_since(times[start]) >= window {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
+/// The bound of the README for `n` proxies: over any window of `secs`, at most the rule's rate
+/// times the window plus one burst: the store budget's capacity (4 s of the rate), every
+/// proxy's `max_tokens`, and every proxy's rate over one TTL (2 s), one report interval (1 s)
+/// and twice the delivery slack (2 × 250 ms).
+fn bound(proxies: &[Arc<Proxy>], secs: f64) -> f64 {
+    let (mut rates, mut tokens) = (0.0, 0.0);
+    for proxy in proxies {
+        let state = proxy.state.lock().unwrap();
+        rates += state.max_rate;
+        tokens += state.max_tokens;
+    }
+    RATE * secs + (RATE * 4.0).ceil() + tokens + rates * 3.5
+}
+
+/// Runs `demands` (one proxy each, on the servers in turn) for `run`, and checks the bounds
+/// over the last `window` (the first seconds are the proxies' ramp).
+async fn skewed_demand(servers: &[&Running], demands: &[f64]) {
+    let run = Duration::from_secs(25);
+    let window = Duration::from_secs(20);
+    let mut proxies = Vec::new();
+    for (i, _) in demands.iter().enumerate() {
+        let server = servers[i % servers.len()];
+        proxies.push(Arc::new(
+            Proxy::connect(server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await,
+        ));
+    }
+    let started = Instant::now();
+    let until = started + run;
+    let drivers: Vec<_> = proxies
+        .iter()
+        .zip(demands)
+        .map(|(proxy, &rate)| tokio::spawn(drive(proxy.clone(), tenant("shared"), rate, until)))
+        .collect();
+    let mut all = Vec::new();
+    for driver in drivers {
+        all.extend(driver.await.unwrap());
+    }
+    let total = all.len();
+    let most = most_in_window(&mut all, window) as f64;
+    let limit = bound(&proxies, window.as_secs_f64());
+    let late: usize = all
+        .iter()
+        .filter(|t| t.duration_since(started) >= run - window)
+        .count();
+    eprintln!(
+        "admitted {total} in {run:?}; most in {window:?}: {most}, bound {limit:.0}; \
+         last {window:?}: {late} (limit {:.0})",
+        RATE * window.as_secs_f64()
+    );
+    assert!(
+        most <= limit,
+        "{most} admitted in {window:?}, over {limit:.0}"
+    );
+    assert!(
+        late as f64 >= 0.9 * RATE * window.as_secs_f64(),
+        "{late} admitted in the last {window:?}: below 90 % of the limit"
+    );
+    for proxy in &proxies {
+        assert!(proxy.state.lock().unwrap().ended.is_none());
+    }
+}
+
+/// One hot proxy (30 a second) and nine light ones (0.5 a second) on 600 a minute.
+const DEMANDS: [f64; 10] = [30.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_proxies_with_skewed_demand_share_one_limit() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    skewed_demand(&[&server], &DEMANDS).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_share_one_limit() {
+    let Some(redis) = distlimit_test::server::RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let flags = [
+        FLAGS[0],
+        FLAGS[1],
+        "--redis",
+        url.as_str(),
+        "--redis-budget-ms",
+        "1000",
+    ];
+    let a = Running::with_config(dir.path(), &flags).await;
+    let b = Running::with_config(dir.path(), &flags).await;
+    skewed_demand(&[&a, &b], &DEMANDS).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Requests of `entries` until one is admitted, at most `limit`; how long that took.
+async fn served_within(proxy: &Proxy, entries: &[(String, String)], limit: Duration) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if proxy.request(entries) {
+            return started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not served within {limit:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_joins_a_saturated_limit_is_served_within_one_report() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    let until = Instant::now() + Duration::from_secs(9);
+    let mut hot = Vec::new();
+    for _ in 0..3 {
+        let proxy = Arc::new(
+            Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await,
+        );
+        hot.push(tokio::spawn(drive(proxy, tenant("shared"), 30.0, until)));
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let late = Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await;
+    // Its first request is denied (no assignment yet) and reported at once; the answer to that
+    // report, or to the next one, serves it.
+    let took = served_within(
+        &late,
+        &tenant("shared"),
+        INTERVAL * 2 + Duration::from_millis(500),
+    )
+    .await;
+    eprintln!("served after {took:?}");
+    assert!(late.rate(&tenant("shared")).is_some_and(|r| r > 0.0));
+    for task in hot {
+        task.await.unwrap();
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_and_unlimited_buckets_are_allowed_all() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    let proxy = Proxy::connect(&server, Blanket::Deny, Expired::Unset).await;
+    for entries in [tenant_open(), vec![("other".to_owned(), "x".to_owned())]] {
+        assert!(!proxy.request(&entries), "no assignment yet: denied");
+        served_within(&proxy, &entries, Duration::from_secs(2)).await;
+        for _ in 0..100 {
+            assert!(proxy.request(&entries));
+        }
+        assert_eq!(proxy.rate(&entries), None);
+    }
+    server.stop().await;
+}
+
+fn tenant_open() -> Vec<(String, String)> {
+    vec![("open".to_owned(), "x".to_owned())]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_expires_the_assignments() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    let closed = Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await;
+    let open = Proxy::connect(&server, Blanket::Allow, Expired::Unset).await;
+    for proxy in [&closed, &open] {
+        proxy.request(&tenant("a"));
+        let started = Instant::now();
+        while proxy.rate(&tenant("a")).is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "no token bucket"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let stopped = Instant::now();
+    server.stop().await;
+    // The assignments expired (TTL 0) before the stream ended: each proxy follows its expired
+    // behaviour at once, not after the 2 s TTL.
+    while closed.rate(&tenant("a")).is_some() || open.rate(&tenant("a")).is_some() {
+        assert!(stopped.elapsed() < Duration::from_secs(1), "not expired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for _ in 0..20 {
+        assert!(!closed.request(&tenant("a")), "fallback: deny all");
+        assert!(
+            open.request(&tenant("a")),
+            "no fallback: no_assignment allows all"
+        );
+    }
+    let started = Instant::now();
+    while closed.state.lock().unwrap().ended.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the stream did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_halving_the_limit_halves_the_assigned_rates() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let mut server = Running::with_config(dir.path(), &FLAGS).await;
+    let until = Instant::now() + Duration::from_secs(16);
+    let mut proxies = Vec::new();
+    let mut drivers = Vec::new();
+    for _ in 0..4 {
+        let proxy = Arc::new(
+            Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await,
+        );
+        drivers.push(tokio::spawn(drive(proxy.clone(), tenant("r"), 20.0, until)));
+        proxies.push(proxy);
+    }
+    let assigned = |proxies: &[Arc<Proxy>]| -> f64 {
+        proxies.iter().filter_map(|p| p.rate(&tenant("r"))).sum()
+    };
+    // Four proxies joining one after another settle within a few report intervals.
+    let started = Instant::now();
+    while assigned(&proxies) < 0.8 * RATE || proxies.iter().any(|p| p.rate(&tenant("r")).is_none())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}",
+            assigned(&proxies)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = assigned(&proxies);
+    eprintln!("assigned before: {before} after {:?}", started.elapsed());
+    assert!(before <= RATE + 1e-9, "{before}");
+    std::fs::write(dir.path().join("config.yaml"), quota_config(PER_MINUTE / 2)).unwrap();
+    server.next_reload().await;
+    tokio::time::sleep(INTERVAL * 2 + Duration::from_millis(300)).await;
+    let after = assigned(&proxies);
+    eprintln!("assigned after: {after}");
+    assert!(
+        (0.5 * RATE / 2.0..=RATE / 2.0 + 1e-9).contains(&after),
+        "{after}"
+    );
+    for task in drivers {
+        task.await.unwrap();
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_bucket_is_abandoned_and_comes_back_at_its_next_request() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    let proxy = Proxy::connect(&server, Blanket::Deny, Expired::Unset).await;
+    proxy.request(&tenant("idle"));
+    served_within(&proxy, &tenant("idle"), Duration::from_secs(2)).await;
+    // Five reports without a request: the proxy is told to forget the bucket.
+    let started = Instant::now();
+    while proxy
+        .state
+        .lock()
+        .unwrap()
+        .buckets
+        .contains_key(&tenant("idle"))
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "not abandoned");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    // The next request creates it again, reported at once, and is served.
+    assert!(!proxy.request(&tenant("idle")));
+    served_within(&proxy, &tenant("idle"), Duration::from_secs(2)).await;
+    server.stop().await;
+}
+
+/// Sends one report on a new stream; the stream's end.
+async fn answer_to(server: &Running, report: RateLimitQuotaUsageReports) -> tonic::Status {
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(report).unwrap();
+    let mut inbound = client
+        .stream_rate_limit_quotas(UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let status = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return tonic::Status::ok(""),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .expect("the stream ends");
+    drop(tx);
+    status
+}
+
+fn usage(entries: &[(&str, &str)], allowed: u64, elapsed: i64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: entries
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }),
+        time_elapsed: Some(PbDuration {
+            seconds: elapsed,
+            nanos: 0,
+        }),
+        num_requests_allowed: allowed,
+        num_requests_denied: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_reports_end_the_stream_with_a_clear_status() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server =
+        Running::with_config(dir.path(), &[FLAGS[0], FLAGS[1], "--rlqs-max-buckets", "3"]).await;
+    let report = |domain: &str, usages| RateLimitQuotaUsageReports {
+        domain: domain.to_owned(),
+        bucket_quota_usages: usages,
+    };
+    let long = "v".repeat(2000);
+    let cases = [
+        (
+            report("", vec![usage(&[("tenant", "a")], 1, 0)]),
+            tonic::Code::InvalidArgument,
+            "no domain",
+        ),
+        (
+            report("quota", vec![usage(&[], 1, 0)]),
+            tonic::Code::InvalidArgument,
+            "no entries",
+        ),
+        (
+            report("quota", vec![usage(&[("tenant", &long)], 1, 0)]),
+            tonic::Code::InvalidArgument,
+            "bytes long",
+        ),
+        (
+            report("quota", vec![usage(&[("tenant", "a")], 1, -5)]),
+            tonic::Code::InvalidArgument,
+            "time_elapsed",
+        ),
+        (
+            report("quota", vec![usage(&[("tenant", "a")], 1 << 50, 1)]),
+            tonic::Code::InvalidArgument,
+            "requests in one report",
+        ),
+        (
+            report(
+                "quota",
+                (0..4)
+                    .map(|i| usage(&[("tenant", &i.to_string())], 1, 0))
+                    .collect(),
+            ),
+            tonic::Code::ResourceExhausted,
+            "--rlqs-max-buckets",
+        ),
+    ];
+    for (report, code, says) in cases {
+        let status = answer_to(&server, report).await;
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().contains(says), "{status:?}");
+    }
+    // Nothing was withdrawn for them: a good stream is served the whole limit's share at once.
+    let proxy = Proxy::connect(&server, Blanket::Deny, Expired::Unset).await;
+    proxy.request(&tenant("a"));
+    served_within(&proxy, &tenant("a"), Duration::from_secs(2)).await;
+    let metrics = reqwest_metrics(&server).await;
+    assert!(
+        metrics.contains("distlimit_server_rlqs_streams 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("distlimit_server_rlqs_assigned_rate{rule=\"quota/tenant\"}"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_stream_is_ended() {
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::unbounded_channel::<RateLimitQuotaUsageReports>();
+    let mut inbound = client
+        .stream_rate_limit_quotas(UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    // Three report intervals and 2 s: 5 s.
+    let status = tokio::time::timeout(Duration::from_secs(8), inbound.message())
+        .await
+        .expect("ended in time")
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+    drop(tx);
+    server.stop().await;
+}
+
+/// `/metrics` of `server`.
+async fn reqwest_metrics(server: &Running) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(server.http).await.unwrap();
+    socket
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    socket.read_to_string(&mut body).await.unwrap();
+    body
+}
