@@ -298,6 +298,37 @@ mod tests {
     }
 
     #[test]
+    fn every_integration_test_file_is_in_a_test_target() {
+        // With `autotests = false`, a `tests/<file>.rs` compiles only as a module of
+        // `tests/main.rs` or as a `[[test]]` of its own: a file that is neither never runs.
+        let mut files = 0;
+        let mut missing = Vec::new();
+        let crates = std::fs::read_dir(project_root().join("crates"));
+        for krate in crates.into_iter().flatten().flatten().map(|e| e.path()) {
+            let Ok(tests) = std::fs::read_dir(krate.join("tests")) else {
+                continue;
+            };
+            let read = |path| std::fs::read_to_string(krate.join(path)).unwrap_or_default();
+            let (main, manifest) = (read("tests/main.rs"), read("Cargo.toml"));
+            for name in tests
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+            {
+                let Some(module) = name.strip_suffix(".rs").filter(|m| *m != "main") else {
+                    continue;
+                };
+                files += 1;
+                let declared = main.lines().any(|l| l == format!("mod {module};"));
+                if !declared && !manifest.contains(&format!("path = \"tests/{name}\"")) {
+                    missing.push(krate.join("tests").join(&name));
+                }
+            }
+        }
+        assert!(files > 0);
+        assert!(missing.is_empty(), "in no test target: {missing:?}");
+    }
+
+    #[test]
     fn bench_passes_arguments_to_criterion() {
         let extra = [
             "--".to_owned(),
