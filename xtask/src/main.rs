@@ -45,11 +45,11 @@ Commands:
                     doc (RUSTDOCFLAGS=-D warnings), build the tests, then start Redis
                     (standalone, Sentinel, 6-node Cluster on free loopback ports; redis-server
                     is installed with apt-get if missing and possible), test --workspace with
-                    DISTLIMIT_REDIS_* and DISTLIMIT_REQUIRE_REDIS=1 set, stop Redis, then
-                    `test-cluster`, then the loom models
+                    DISTLIMIT_REDIS_* and DISTLIMIT_REQUIRE_REDIS=1 set, skipping the tests
+                    named `cluster`, stop Redis, then `test-cluster`, then the loom models
   ci                same as `test` (the CI entry point)
-  loom              loom models only: release build, --cfg distlimit_loom, target dir target/loom
-                    (LOOM_MAX_PREEMPTIONS defaults to 3; set it to override)
+  loom              loom models only: one cargo test with profile loom (target/loom) and
+                    --cfg distlimit_loom (LOOM_MAX_PREEMPTIONS defaults to 3; set it to override)
   bench [args...]   criterion benches; args go to criterion, e.g. `bench --save-baseline main`
   bench-rls [LIM_BIN]
                     distlimit-server against Kuadrant's limitador-server over gRPC, and a bare
@@ -113,7 +113,7 @@ fn run(args: &[String]) -> Result<()> {
         }
         "loom" => {
             no_args(command, rest)?;
-            step::run_all(&tasks::loom_steps())
+            step::run_all(&[tasks::loom_step()])
         }
         "bench" => step::run_all(&tasks::bench_steps(rest)),
         "bench-rls" => rls::bench_rls(rest),

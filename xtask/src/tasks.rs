@@ -6,10 +6,11 @@
 //! tests), so a mistake fails fast and no server idles through a long compile. Only then does it
 //! start the Redis setups ([`redis::Stack`]), run the [`TEST_STEP`] with their addresses in its
 //! environment (the `ENV_*` constants of `distlimit_test::server`; `DISTLIMIT_REQUIRE_REDIS=1`
-//! turns a skipped Redis test into a failure), and stop them again, pass or fail. Then the
-//! [`TEST_CLUSTER_STEP`] runs exactly what `cargo xtask test-cluster` runs, with only the Cluster
-//! up, so that command cannot break unnoticed; then the loom models. A new check is one more
-//! [`Step`] in [`test_steps`].
+//! turns a skipped Redis test into a failure), and stop them again, pass or fail. The
+//! [`TEST_STEP`] skips the tests whose names contain [`CLUSTER_FILTER`]: the
+//! [`TEST_CLUSTER_STEP`] runs them, exactly as `cargo xtask test-cluster` does, with only the
+//! Cluster up, so that command cannot break unnoticed and no test runs twice. Then the loom
+//! models ([`LOOM_STEP`]). A new check is one more [`Step`] in [`test_steps`].
 
 use std::env;
 
@@ -32,12 +33,21 @@ pub(crate) const TEST_CLUSTER_STEP: &str = "test-cluster";
 
 /// The test name filter of `test-cluster`: every test whose name contains it needs the Cluster
 /// and nothing else (`DISTLIMIT_REQUIRE_REDIS=1` fails any that reaches for another setup).
+/// [`TEST_STEP`] skips these tests, so together the two steps run every test once. A test's name
+/// is its module path: every test of `distlimit-redis/tests/cluster_*.rs` matches. No doctest's
+/// name (file and item path) contains it; one that did would run in neither step.
 pub(crate) const CLUSTER_FILTER: &str = "cluster";
 
 /// Packages with loom models: tests under `src/tests/loom_*.rs`, compiled only with
 /// `--cfg distlimit_loom`, whose names contain `loom`.
 pub(crate) const LOOM_PACKAGES: &[&str] =
     &["distlimit-memory", "distlimit-hybrid", "distlimit-policy"];
+
+/// The step of [`test_steps`] and `cargo xtask loom` that runs the loom models.
+pub(crate) const LOOM_STEP: &str = "loom";
+
+/// The cargo profile of [`LOOM_STEP`] (root `Cargo.toml`).
+const LOOM_PROFILE: &str = "loom";
 
 /// Criterion bench targets as `(package, bench)`, run by `cargo xtask bench`.
 pub(crate) const BENCH_TARGETS: &[(&str, &str)] = &[
@@ -102,19 +112,22 @@ pub(crate) fn test_steps() -> Vec<Step> {
     if project_root().join("Cargo.lock").exists() {
         clippy = clippy.args(["--locked"]);
     }
-    let mut steps = vec![
+    vec![
         Step::cargo("fmt", &["fmt", "--all", "--", "--check"]),
         clippy.args(["--", "-D", "warnings"]),
         Step::cargo("doc", &["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", append_flags("RUSTDOCFLAGS", "-D warnings")),
         Step::cargo("build tests", &["test", "--workspace", "--no-run"]),
-        // Includes the doctests; runs with the Redis servers up (see `test`).
-        Step::cargo(TEST_STEP, &["test", "--workspace"]),
+        // Includes the doctests; runs with the Redis servers up (see `test`). The Cluster tests
+        // are left to the next step, so each test runs once.
+        Step::cargo(
+            TEST_STEP,
+            &["test", "--workspace", "--", "--skip", CLUSTER_FILTER],
+        ),
         // Exactly what `cargo xtask test-cluster` runs, with only the Cluster up.
         test_cluster_step(&[]),
-    ];
-    steps.extend(loom_steps());
-    steps
+        loom_step(),
+    ]
 }
 
 /// `cargo xtask test-cluster [args...]`: starts only the Cluster and runs the workspace's tests
@@ -146,31 +159,26 @@ pub(crate) fn redis_up() -> Result<()> {
     redis::redis_up()
 }
 
-/// The steps of `cargo xtask loom`: one release-mode run of the `loom` tests per package.
+/// The step of `cargo xtask loom`: the `loom` tests of every [`LOOM_PACKAGES`] package, in one
+/// cargo invocation with the `loom` profile.
 ///
-/// They build in their own target dir (`target/loom`) because `--cfg distlimit_loom` changes
-/// `RUSTFLAGS`, which would otherwise rebuild the normal target dir on every switch.
-pub(crate) fn loom_steps() -> Vec<Step> {
-    // Relative paths in CARGO_TARGET_DIR are resolved from the workspace root, where steps run.
-    let target_dir = match env::var("CARGO_TARGET_DIR") {
-        Ok(dir) if !dir.is_empty() => format!("{}/loom", dir.trim_end_matches('/')),
-        _ => "target/loom".to_owned(),
-    };
+/// `--cfg distlimit_loom` goes through `RUSTFLAGS`, so every crate of the build sees it; the
+/// profile gives the build its own directory (`target/loom`), so switching never rebuilds the
+/// normal one, and compiles only the workspace's crates and loom's scheduler with
+/// optimizations (the root `Cargo.toml` says why).
+pub(crate) fn loom_step() -> Step {
     let preemptions =
         env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| LOOM_MAX_PREEMPTIONS.to_owned());
-    LOOM_PACKAGES
-        .iter()
-        .map(|package| {
-            let args = ["test", "--release", "-p", package, "--lib", "loom"];
-            Step::cargo(format!("loom {package}"), &args)
-                .env(
-                    "RUSTFLAGS",
-                    append_flags("RUSTFLAGS", "--cfg distlimit_loom"),
-                )
-                .env("CARGO_TARGET_DIR", target_dir.clone())
-                .env("LOOM_MAX_PREEMPTIONS", preemptions.clone())
-        })
-        .collect()
+    let mut step = Step::cargo(LOOM_STEP, &["test", "--profile", LOOM_PROFILE]);
+    for package in LOOM_PACKAGES {
+        step = step.args(["-p", package]);
+    }
+    step.args(["--lib", "loom"])
+        .env(
+            "RUSTFLAGS",
+            append_flags("RUSTFLAGS", "--cfg distlimit_loom"),
+        )
+        .env("LOOM_MAX_PREEMPTIONS", preemptions)
 }
 
 /// The steps of `cargo xtask bench`: every bench target, with `extra` passed to criterion.
@@ -197,18 +205,17 @@ mod tests {
     fn test_runs_the_checks_in_order_and_ends_with_loom() {
         let names: Vec<String> = test_steps().into_iter().map(|s| s.name).collect();
         assert_eq!(
-            names[..6],
+            names,
             [
                 "fmt",
                 "clippy",
                 "doc",
                 "build tests",
                 TEST_STEP,
-                TEST_CLUSTER_STEP
+                TEST_CLUSTER_STEP,
+                LOOM_STEP
             ]
         );
-        assert_eq!(names.len(), 6 + LOOM_PACKAGES.len());
-        assert!(names[6..].iter().all(|name| name.starts_with("loom ")));
     }
 
     #[test]
@@ -222,8 +229,23 @@ mod tests {
         };
         let build = find("build tests").unwrap_or_default();
         let test = find(TEST_STEP).unwrap_or_default();
-        assert_eq!(build[..build.len() - 1], test[..]);
         assert_eq!(build.last().map(String::as_str), Some("--no-run"));
+        // Same cargo arguments (so nothing is built again); the rest goes to the test binaries.
+        let cargo_args = test.iter().position(|a| a == "--").map(|i| &test[..i]);
+        assert_eq!(cargo_args, Some(&build[..build.len() - 1]));
+    }
+
+    #[test]
+    fn test_skips_exactly_the_tests_test_cluster_runs() {
+        let steps = test_steps();
+        let args = |name: &str| {
+            let step = steps.iter().find(|s| s.name == name);
+            step.map(|s| s.args.clone()).unwrap_or_default()
+        };
+        let test = args(TEST_STEP);
+        assert_eq!(test[test.len() - 3..], ["--", "--skip", CLUSTER_FILTER]);
+        let cluster = args(TEST_CLUSTER_STEP);
+        assert_eq!(cluster[cluster.len() - 2..], ["--", CLUSTER_FILTER]);
     }
 
     #[test]
@@ -257,21 +279,53 @@ mod tests {
     }
 
     #[test]
-    fn loom_builds_with_its_cfg_in_its_own_target_dir() {
-        for step in loom_steps() {
-            let var = |key: &str| {
-                step.env
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_default()
-            };
-            assert!(var("RUSTFLAGS").ends_with("--cfg distlimit_loom"));
-            assert!(var("CARGO_TARGET_DIR").ends_with("loom"));
-            assert!(!var("LOOM_MAX_PREEMPTIONS").is_empty());
-            assert_eq!(step.args[..2], ["test", "--release"]);
-            assert_eq!(step.args.last().map(String::as_str), Some("loom"));
+    fn loom_builds_every_package_at_once_with_its_cfg_and_profile() {
+        let step = loom_step();
+        let var = |key: &str| {
+            step.env
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        assert!(var("RUSTFLAGS").ends_with("--cfg distlimit_loom"));
+        assert!(!var("LOOM_MAX_PREEMPTIONS").is_empty());
+        assert_eq!(step.args[..3], ["test", "--profile", LOOM_PROFILE]);
+        for package in LOOM_PACKAGES {
+            assert!(step.args.windows(2).any(|w| w == ["-p", *package]));
         }
+        assert_eq!(step.args[step.args.len() - 2..], ["--lib", "loom"]);
+    }
+
+    #[test]
+    fn every_integration_test_file_is_in_a_test_target() {
+        // With `autotests = false`, a `tests/<file>.rs` compiles only as a module of
+        // `tests/main.rs` or as a `[[test]]` of its own: a file that is neither never runs.
+        let mut files = 0;
+        let mut missing = Vec::new();
+        let crates = std::fs::read_dir(project_root().join("crates"));
+        for krate in crates.into_iter().flatten().flatten().map(|e| e.path()) {
+            let Ok(tests) = std::fs::read_dir(krate.join("tests")) else {
+                continue;
+            };
+            let read = |path| std::fs::read_to_string(krate.join(path)).unwrap_or_default();
+            let (main, manifest) = (read("tests/main.rs"), read("Cargo.toml"));
+            for name in tests
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+            {
+                let Some(module) = name.strip_suffix(".rs").filter(|m| *m != "main") else {
+                    continue;
+                };
+                files += 1;
+                let declared = main.lines().any(|l| l == format!("mod {module};"));
+                if !declared && !manifest.contains(&format!("path = \"tests/{name}\"")) {
+                    missing.push(krate.join("tests").join(&name));
+                }
+            }
+        }
+        assert!(files > 0);
+        assert!(missing.is_empty(), "in no test target: {missing:?}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! with `x-usage-tokens`), debt waited out, and three processes reporting on one Redis.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! instances sharing one `redis-server` enforcing one limit together.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,7 +2,7 @@
 //! half-sent requests, idle connections, and SIGTERM while they are open.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

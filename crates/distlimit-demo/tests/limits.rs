@@ -2,7 +2,7 @@
 //! request denied by one charges neither.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use http::StatusCode;
 use support::{DemoProcess, Http, unique};

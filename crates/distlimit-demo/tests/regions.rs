@@ -27,7 +27,7 @@
     clippy::print_stdout
 )]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

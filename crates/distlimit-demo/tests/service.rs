@@ -2,7 +2,7 @@
 //! `/metrics`, and the policy file.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -12,7 +12,7 @@
 //! For each rule: the decisions the fallback answered while the primary was healthy, and, in an
 //! outage, the time from its start to the opening and the decisions that waited the whole
 //! budget (the tasks' calls sent before the opening). Printed with
-//! `cargo test -p distlimit-hybrid --test opening_rule -- --nocapture`.
+//! `cargo test -p distlimit-hybrid --test integration opening_rule:: -- --nocapture`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;

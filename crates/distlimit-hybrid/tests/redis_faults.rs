@@ -5,7 +5,7 @@
 //!
 //! Assertions are on counts (no error reaches a caller, calls that reached Redis, timeouts per
 //! cool-off), never on wall-clock time; the decision latency p99 of each phase is printed
-//! (`cargo test -p distlimit-hybrid --test redis_faults -- --nocapture`).
+//! (`cargo test -p distlimit-hybrid --test integration redis_faults:: -- --nocapture`).
 //!
 //! Without a `redis-server` (`DISTLIMIT_REDIS_SERVER_BIN` or `PATH`) the tests skip with a note,
 //! unless `DISTLIMIT_REQUIRE_REDIS=1` (`cargo xtask test`), which makes them fail.

@@ -123,6 +123,15 @@ fn field(line: &str, name: &str) -> u64 {
         .unwrap()
 }
 
+/// `test`'s name for the harness's `--exact`: its path in the test binary (`instances::test`
+/// when this file is a module of `tests/main.rs`).
+fn harness_name(test: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_binary, module)) => format!("{module}::{test}"),
+        None => test.to_owned(),
+    }
+}
+
 /// Runs `instances` processes on one fresh key and checks the counts.
 fn race(test: &str, instances: u64, gcra: bool) {
     let Some(url) = distlimit_test::server::var("DISTLIMIT_REDIS_URL") else {
@@ -138,7 +147,8 @@ fn race(test: &str, instances: u64, gcra: bool) {
     let children: Vec<_> = (0..instances)
         .map(|_| {
             Command::new(std::env::current_exe().unwrap())
-                .args([test, "--exact", "--nocapture", "--test-threads=1"])
+                .arg(harness_name(test))
+                .args(["--exact", "--nocapture", "--test-threads=1"])
                 .env(CHILD, "1")
                 .env("DISTLIMIT_REDIS_URL", &url)
                 .env("DISTLIMIT_LEASE_PREFIX", &prefix)

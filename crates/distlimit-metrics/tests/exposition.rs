@@ -2,7 +2,7 @@
 //! `policy` label bounded.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The lease client's events show up as their series in strict OpenMetrics text.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use distlimit_core::LeaseObserver;
 use distlimit_metrics::Metrics;

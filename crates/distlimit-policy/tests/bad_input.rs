@@ -11,7 +11,7 @@ use std::error::Error;
 
 use distlimit_policy::{Field, Limiter, PolicySet, Reload, watch};
 
-mod support;
+use crate::support;
 use support::next;
 
 const GOOD: &str = r#"

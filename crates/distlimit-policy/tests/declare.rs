@@ -9,7 +9,7 @@ use std::time::Duration;
 use distlimit_memory::MemoryStore;
 use distlimit_policy::{Field, Limiter, PolicySet, Reload, watch};
 
-mod support;
+use crate::support;
 use support::next;
 
 fn config(names: &[&str]) -> String {

@@ -15,7 +15,7 @@ use std::error::Error;
 use distlimit_policy::{Field, FileWatcher, Limiter, PolicySet, Reload, watch};
 use tokio::sync::watch::Receiver;
 
-mod support;
+use crate::support;
 use support::next;
 
 fn config(limit: u64) -> String {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use distlimit_memory::MemoryStore;
 use distlimit_policy::{Limiter, PolicySet, Reload, watch};
 
-mod support;
+use crate::support;
 use support::next;
 
 fn config(name: &str) -> String {

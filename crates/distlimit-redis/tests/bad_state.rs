@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use distlimit_core::{Algorithm, Error, Key, Limit, Quota, Request, Store, StoreExt};
 use distlimit_redis::RedisStore;

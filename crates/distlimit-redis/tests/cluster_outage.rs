@@ -5,12 +5,13 @@
 //! Servers: a private Cluster (`distlimit_test::server::Cluster`), so the shared servers of
 //! `cargo xtask test` are never faulted. It needs only `redis-server`
 //! (`DISTLIMIT_REDIS_SERVER_BIN` or the `PATH`): without it the test skips with a note, or fails
-//! under `DISTLIMIT_REQUIRE_REDIS=1`. Its name contains `cluster`, so `cargo xtask test-cluster`
-//! runs it too. Numbers: `cargo test -p distlimit-redis --test cluster_outage -- --nocapture`.
+//! under `DISTLIMIT_REQUIRE_REDIS=1`. Its name contains `cluster`, so it runs in the
+//! `test-cluster` step of `cargo xtask test`. Numbers:
+//! `cargo test -p distlimit-redis --test integration cluster_outage:: -- --nocapture`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use support::blocking;
 

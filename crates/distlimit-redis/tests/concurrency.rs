@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -171,6 +171,15 @@ async fn worker_process_entry() {
     out.flush().unwrap();
 }
 
+/// `test`'s name for the harness's `--exact`: its path in the test binary (`concurrency::test`
+/// when this file is a module of `tests/main.rs`).
+fn harness_name(test: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_binary, module)) => format!("{module}::{test}"),
+        None => test.to_owned(),
+    }
+}
+
 #[test]
 fn several_processes_on_one_key_admit_exactly_the_limit() {
     let Some(url) = support::standalone_url() else {
@@ -182,7 +191,8 @@ fn several_processes_on_one_key_admit_exactly_the_limit() {
     let mut children = Vec::new();
     for _ in 0..PROCESSES {
         let child = Command::new(&exe)
-            .args(["worker_process_entry", "--exact", "--nocapture"])
+            .arg(harness_name("worker_process_entry"))
+            .args(["--exact", "--nocapture"])
             .env(ENV_WORKER, "1")
             .env(ENV_WORKER_URL, &url)
             .env(ENV_WORKER_PREFIX, &prefix)

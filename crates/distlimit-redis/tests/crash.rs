@@ -15,12 +15,13 @@
 //! They need only `redis-server` (`DISTLIMIT_REDIS_SERVER_BIN` or the `PATH`): without it they
 //! skip with a note, or fail under `DISTLIMIT_REQUIRE_REDIS=1` (`cargo xtask test`). The tests
 //! run one at a time ([`SERIAL`]): each setup is 5 or 6 servers on a shared machine. The Cluster
-//! test's name contains `cluster`, so `cargo xtask test-cluster` runs it too (it needs nothing
-//! that step lacks). Timings: `cargo test -p distlimit-redis --test crash -- --nocapture`.
+//! test's name contains `cluster`, so it runs in the `test-cluster` step of `cargo xtask test`
+//! (it needs nothing that step lacks). Timings:
+//! `cargo test -p distlimit-redis --test integration crash:: -- --nocapture`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use support::blocking;
 

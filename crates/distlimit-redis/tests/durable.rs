@@ -19,12 +19,12 @@
 //!
 //! Servers: private ones (`distlimit_test::server`), so the shared servers of `cargo xtask
 //! test` are never faulted; without `redis-server` the tests skip with a note, or fail under
-//! `DISTLIMIT_REQUIRE_REDIS=1`. Numbers: `cargo test -p distlimit-redis --test durable --
-//! --nocapture`.
+//! `DISTLIMIT_REQUIRE_REDIS=1`. Numbers:
+//! `cargo test -p distlimit-redis --test integration durable:: -- --nocapture`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use support::blocking;
 

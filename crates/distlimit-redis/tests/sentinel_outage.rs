@@ -6,11 +6,11 @@
 //! `cargo xtask test` are never faulted. It needs only `redis-server`
 //! (`DISTLIMIT_REDIS_SERVER_BIN` or the `PATH`): without it the test skips with a note, or fails
 //! under `DISTLIMIT_REQUIRE_REDIS=1` (`cargo xtask test`). Numbers:
-//! `cargo test -p distlimit-redis --test sentinel_outage -- --nocapture`.
+//! `cargo test -p distlimit-redis --test integration sentinel_outage:: -- --nocapture`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use support::blocking;
 

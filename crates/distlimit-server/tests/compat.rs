@@ -5,7 +5,7 @@
 //! Deliberate differences are listed in the crate README ("Compatibility").
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! a ConfigMap whose files point nowhere, and a file nested deep enough to stall the parser.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! entries and unit (not by labels). Each test runs the real binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

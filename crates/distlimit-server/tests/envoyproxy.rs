@@ -14,7 +14,7 @@
 //! from envoyproxy/ratelimit"); where a case meets one, the comment names it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

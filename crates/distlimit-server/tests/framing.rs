@@ -3,7 +3,7 @@
 //! (`RESOURCE_EXHAUSTED`), a compressed request (`UNIMPLEMENTED`: no encoding is enabled).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use bytes::{Buf, BufMut};
 use prost::Message;

@@ -1,7 +1,7 @@
 //! The JSON API, `/ready`, `/metrics` and graceful shutdown over loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use distlimit_test::server::RedisServer;
 
-mod support;
+use crate::support;
 
 use support::binary::{Binary, http};
 

@@ -2,7 +2,7 @@
 //! shadow mode, over gRPC and `/v1/check`, next to YAML domains, with hot reload and bad files.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -4,7 +4,7 @@
 //! unless `DISTLIMIT_REQUIRE_REDIS=1`, which turns the skip into a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

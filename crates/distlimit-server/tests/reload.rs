@@ -2,7 +2,7 @@
 //! files that keep the running configuration.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! past the limit as debt, on a TOML token bucket, over loopback; refused, typed, on a YAML rule.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -5,7 +5,7 @@
 //! no-assignment and expired-assignment behaviours; `AbandonAction` forgets the bucket.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

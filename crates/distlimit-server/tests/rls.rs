@@ -2,7 +2,7 @@
 //! configuration examples of envoyproxy/ratelimit's README.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

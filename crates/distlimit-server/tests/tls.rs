@@ -3,7 +3,7 @@
 //! their connection, certificates rotated without a restart, bad files refused by name.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! machine; without `distlimit_serve::CoalesceWrites` the binary writes about once per response.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

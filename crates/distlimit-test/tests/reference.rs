@@ -1,7 +1,7 @@
 //! The suite against the reference store, through every entry point: the macro (one test per
 //! check), `run_all`, trait objects, and `FaultyStore` passing through.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

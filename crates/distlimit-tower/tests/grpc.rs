@@ -1,7 +1,7 @@
 //! Real gRPC over loopback TCP: tonic's health service behind the layer, tonic's client.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -1,7 +1,7 @@
 //! Real HTTP over loopback TCP: an axum app behind the layer, a hyper client.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use distlimit_tower::{KeyExtractor, RateLimitHeaders, RateLimitLayer, RouteTable};
 use http::{HeaderName, Method, StatusCode};

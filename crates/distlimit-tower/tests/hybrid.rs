@@ -2,7 +2,7 @@
 //! fallback decisions are enforced like any other, fail-open passes, fail-closed is a 503.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use distlimit_hybrid::{FailureMode, Hybrid};
 use distlimit_test::{Fault, FaultKind, FaultyStore};

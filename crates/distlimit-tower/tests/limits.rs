@@ -2,7 +2,7 @@
 //! batch, over real HTTP on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use distlimit_core::Store;
 use distlimit_tower::{KeyExtractor, RateLimitHeaders, RateLimitLayer, RouteTable};

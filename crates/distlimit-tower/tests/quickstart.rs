@@ -3,7 +3,7 @@
 //! layer on routes only, so requests no route serves spend nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
 

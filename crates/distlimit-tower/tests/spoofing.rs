@@ -2,7 +2,7 @@
 //! back to the peer. Over loopback TCP (the peer is 127.0.0.1) and as properties.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
