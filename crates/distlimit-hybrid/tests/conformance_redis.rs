@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlimit_core::{Decision, Error, ManualClock, Request, Store};
+use distlimit_core::{Decision, Error, ManualClock, Request, Settle, Store};
 use distlimit_hybrid::Hybrid;
 use distlimit_memory::MemoryStore;
 use distlimit_redis::RedisStore;
@@ -37,6 +37,11 @@ impl Store for OnRedis {
 
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         self.store.decide_now(request)
+    }
+
+    // Forwarded, or the settling check would pass on the trait's `Unsupported` alone.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        self.store.settle_all(settles).await
     }
 }
 
