@@ -1,5 +1,7 @@
-//! The conformance suite on `Leased` over the memory store, every policy leasing: the checks a
-//! lease meets exactly run here, check by check; `NOT_APPLICABLE` names the others and why, and
+//! The conformance suite on `Leased`, every policy leasing, over the memory store (`memory`) and
+//! over a real Redis (`redis`, in client-time mode on the check's clock: `DISTLIMIT_REDIS_URL`,
+//! or a private `redis-server` outside `cargo xtask test`): the checks a lease meets exactly run
+//! here, check by check, on both; `NOT_APPLICABLE` names the others and why, and
 //! `every_check_is_run_or_explained` proves none is forgotten.
 //!
 //! A lease answers from units withdrawn earlier, so the checks that compare every decision with
@@ -20,13 +22,39 @@ use std::sync::Arc;
 use distlimit_core::ManualClock;
 use distlimit_lease::Leased;
 use distlimit_memory::MemoryStore;
+use distlimit_redis::RedisStore;
+use distlimit_test::server::{self, RedisServer};
 
-fn store(clock: ManualClock) -> Arc<Leased<MemoryStore<ManualClock>>> {
+fn memory(clock: ManualClock) -> Arc<Leased<MemoryStore<ManualClock>>> {
     Arc::new(
         Leased::matching(|_| true)
             .clock(clock.clone())
             .build(MemoryStore::with_clock(clock)),
     )
+}
+
+/// `Leased` over Redis, and the private server it runs on, if any (killed when it drops).
+type OnRedis = (Arc<Leased<RedisStore>>, Option<RedisServer>);
+
+async fn redis(clock: ManualClock) -> OnRedis {
+    let (url, own) = match std::env::var(server::ENV_URL) {
+        Ok(url) if !url.trim().is_empty() => (url.trim().to_owned(), None),
+        _ => {
+            assert!(!server::required(), "{} is not set", server::ENV_URL);
+            let own = RedisServer::start().expect("a redis-server binary");
+            (own.url(), Some(own))
+        }
+    };
+    let mut prefix = distlimit_test::unique_prefix("lease");
+    prefix.pop(); // the key layout adds its own separator
+    let store = RedisStore::builder(url)
+        .prefix(prefix)
+        .client_clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    let leased = Leased::matching(|_| true).clock(clock).build(store);
+    (Arc::new(leased), own)
 }
 
 /// The checks that compare every decision with the model's exactly (see the module docs).
@@ -52,14 +80,27 @@ const NOT_APPLICABLE: &[&str] = &[
 macro_rules! run {
     ($($name:ident => $check:ident,)*) => {
         const RUN: &[&str] = &[$(stringify!($name),)*];
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let clock = distlimit_test::new_clock();
-                let store = store(clock.clone());
-                distlimit_test::$check(&store, &clock).await;
-            }
-        )*
+        mod memory {
+            use super::memory;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let clock = distlimit_test::new_clock();
+                    let store = memory(clock.clone());
+                    distlimit_test::$check(&store, &clock).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let clock = distlimit_test::new_clock();
+                    let (store, _server) = super::redis(clock.clone()).await;
+                    distlimit_test::$check(&store, &clock).await;
+                }
+            )*
+        }
     };
 }
 
