@@ -47,9 +47,10 @@
 //! for [`RegionBuilder::retry_after_failure`]. Meanwhile the region spends what its pools hold,
 //! past their horizon too (they are not sent home while the last refill failed). When a pool
 //! cannot pay, the request is denied (the limit still holds), or admitted if the operator chose
-//! [`HomeUnreachable::Allow`] (fail open: the limit no longer holds for that key in that region
-//! until home answers again). The units a failed exchange was giving back may or may not be back
-//! home (the call's fate is unknown): they are counted as lost, an under-admission.
+//! [`HomeUnreachable::Allow`] (fail open, marked `Source::FailOpen`: the limit no longer holds
+//! for that key in that region until home answers again). The units a failed exchange was giving
+//! back may or may not be back home (the call's fate is unknown): they are counted as lost, an
+//! under-admission.
 //!
 //! The region's own Redis failing is the region's store failing: its error reaches the caller,
 //! as from a [`RedisStore`] (wrap the region store in a hybrid store for a failure mode).
@@ -83,7 +84,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Decision, Error, Grant, Key, LeaseStore, Limit, Request, Settle, Store, StoreExt,
+    Decision, Error, Grant, Key, LeaseStore, Limit, Request, Settle, Source, Store, StoreExt,
     validate_settles,
 };
 
@@ -110,7 +111,8 @@ pub enum HomeUnreachable {
     /// Denied: the limit holds (the default).
     #[default]
     Deny,
-    /// Admitted (fail open): the key is not limited in this region until home answers.
+    /// Admitted (fail open), marked [`Source::FailOpen`](distlimit_core::Source::FailOpen): the
+    /// key is not limited in this region until home answers.
     Allow,
 }
 
@@ -492,7 +494,9 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         }
         if step.failing && self.shared.home_unreachable == HomeUnreachable::Allow {
             bump(&self.shared.counters.failed_open, 1);
-            return Decision::from_micros(true, capacity, step.units, reset_us, 0);
+            // Unchecked: marked so, as the hybrid store's fail-open admissions are.
+            return Decision::from_micros(true, capacity, step.units, reset_us, 0)
+                .with_source(Source::FailOpen);
         }
         // Until home has units, or the missing units at the limit's rate (an estimate: other
         // regions may take them first).
