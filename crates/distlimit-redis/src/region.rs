@@ -111,7 +111,7 @@ pub enum HomeUnreachable {
     /// Denied: the limit holds (the default).
     #[default]
     Deny,
-    /// Admitted (fail open), marked [`Source::FailOpen`](distlimit_core::Source::FailOpen): the
+    /// Admitted (fail open), marked [`Source::FailOpen`]: the
     /// key is not limited in this region until home answers.
     Allow,
 }
