@@ -13,8 +13,7 @@
 //! A unit is spent at home (withdrawn) before any region can spend it, and a pool hands a unit
 //! to one decision only (atomically, inside the region's Redis). So the units all regions admit
 //! together never exceed what home granted, which never exceeds what the home store's limit
-//! admits. Units go back home only from the pool (atomically taken out of it first), so none is
-//! both spent and returned.
+//! admits. Units go home only from the pool (taken out of it first): none is spent and returned.
 //!
 //! # Refills, ahead of need, one per key per region
 //!
@@ -47,9 +46,9 @@
 //! for [`RegionBuilder::retry_after_failure`]. Meanwhile the region spends what its pools hold,
 //! past their horizon too (they are not sent home while the last refill failed). When a pool
 //! cannot pay, the request is denied (the limit still holds), or admitted if the operator chose
-//! [`HomeUnreachable::Allow`] (fail open: the limit no longer holds for that key in that region
-//! until home answers again). The units a failed exchange was giving back may or may not be back
-//! home (the call's fate is unknown): they are counted as lost, an under-admission.
+//! [`HomeUnreachable::Allow`] (fail open, marked `Source::FailOpen`: that key is not limited in
+//! that region until home answers). The units a failed exchange was giving back may or may not be
+//! back home (the call's fate is unknown): counted as lost, an under-admission.
 //!
 //! The region's own Redis failing is the region's store failing: its error reaches the caller,
 //! as from a [`RedisStore`] (wrap the region store in a hybrid store for a failure mode).
@@ -83,7 +82,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
-    Decision, Error, Grant, Key, LeaseStore, Limit, Request, Settle, Store, StoreExt,
+    Decision, Error, Grant, Key, LeaseStore, Limit, Request, Settle, Source, Store, StoreExt,
     validate_settles,
 };
 
@@ -110,7 +109,7 @@ pub enum HomeUnreachable {
     /// Denied: the limit holds (the default).
     #[default]
     Deny,
-    /// Admitted (fail open): the key is not limited in this region until home answers.
+    /// Admitted (fail open, marked [`Source::FailOpen`]) until home answers: the key is unlimited.
     Allow,
 }
 
@@ -492,7 +491,8 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         }
         if step.failing && self.shared.home_unreachable == HomeUnreachable::Allow {
             bump(&self.shared.counters.failed_open, 1);
-            return Decision::from_micros(true, capacity, step.units, reset_us, 0);
+            return Decision::from_micros(true, capacity, step.units, reset_us, 0)
+                .with_source(Source::FailOpen);
         }
         // Until home has units, or the missing units at the limit's rate (an estimate: other
         // regions may take them first).
@@ -505,9 +505,9 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
     }
 
     /// Gives back home the units of pools that are due (past their horizon), for the keys this
-    /// instance refilled since the last sweep (and those a sweep left holding units), which
-    /// may have gone quiet; answers the keys swept. Keys still in use are handled by their own requests too; a sweep only claims what
-    /// no refill is claiming.
+    /// instance refilled since the last sweep (and those a sweep left holding units), which may
+    /// have gone quiet; answers the keys swept. Keys in use are handled by their own requests
+    /// too; a sweep only claims what no refill is claiming.
     pub async fn sweep(&self) -> usize {
         let seen = self.shared.seen.take();
         let n = seen.len();

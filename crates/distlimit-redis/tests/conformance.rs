@@ -4,6 +4,8 @@
 //!
 //! * `standalone`, `pool`: the whole suite through `distlimit_test::conformance_tests!`, on
 //!   `DISTLIMIT_REDIS_URL` (or, outside `cargo xtask test`, a private `redis-server`).
+//! * `durable`: the whole suite on a durable store (`durable(1, …)`, every admission waits
+//!   for the `WAIT` of one replica), on a private primary with one replica.
 //! * `sentinel`: the whole suite, check by check (so that it can skip without a Sentinel set
 //!   outside `cargo xtask test`); `sentinel::runs_every_check` proves none is left out.
 //! * `cluster`: every check but three, the ones whose batches span several identities (several
@@ -30,6 +32,11 @@ distlimit_test::conformance_tests!(pool, |clock| async move {
 
 distlimit_test::conformance_tests!(standalone_hashed, |clock| async move {
     support::standalone_store(clock, "hashed", |b| b.hash_identities(true)).await
+});
+
+// Durable decisions, as `--redis-durable-replicas 1` builds them: a primary with one replica.
+distlimit_test::conformance_tests!(durable, |clock| async move {
+    support::durable_store(clock, "durable").await
 });
 
 /// One `#[tokio::test]` per named check, on a store from `$factory(clock, tag)` (`None`: skip),

@@ -21,6 +21,56 @@ distlimit_test::permit_conformance_tests!(uncoalesced, |clock| async move {
     support::standalone_store(clock, "permits-nc", |b| b.coalesce(false)).await
 });
 
+// Durable decisions (`durable(1, …)`): a primary with one replica.
+distlimit_test::permit_conformance_tests!(durable, |clock| async move {
+    support::durable_store(clock, "permits-durable").await
+});
+
+/// The permit suite on the Sentinel set and on the Cluster, check by check (each skips without
+/// its servers outside `cargo xtask test`).
+macro_rules! permit_checks {
+    ($($name:ident => $check:ident,)*) => {
+        mod sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let clock = distlimit_test::new_clock();
+                    let tag = concat!("permits-", stringify!($name));
+                    if let Some(store) = super::support::sentinel_store(clock.clone(), tag).await {
+                        distlimit_test::$check(&std::sync::Arc::new(store), &clock).await;
+                    }
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let clock = distlimit_test::new_clock();
+                    let tag = concat!("permits-", stringify!($name));
+                    if let Some(store) = super::support::cluster_store(clock.clone(), tag).await {
+                        distlimit_test::$check(&std::sync::Arc::new(store), &clock).await;
+                    }
+                }
+            )*
+        }
+        #[test]
+        fn every_permit_check_runs_on_sentinel_and_cluster() {
+            assert_eq!([$(stringify!($name)),*], distlimit_test::PERMIT_CHECKS);
+        }
+    };
+}
+
+permit_checks! {
+    fresh_key_admits_max => check_permit_fresh_key_admits_max,
+    release_frees_one_place => check_permit_release_frees_one_place,
+    expires_after_lease => check_permit_expires_after_lease,
+    renew_extends_lease => check_permit_renew_extends_lease,
+    keys_and_states_are_independent => check_permit_keys_and_states_are_independent,
+    concurrent_acquires_admit_exactly_max => check_permit_concurrent_acquires_admit_exactly_max,
+    matches_model => check_permit_matches_model,
+}
+
 fn server() -> RedisServer {
     RedisServer::start().expect("a redis-server binary for the permit tests")
 }

@@ -26,8 +26,14 @@
 //! * `settling_holds_across_regions`: a report past the limit in one far region is debt that
 //!   denies the key in both far regions for the debt's refill time; a give-back returns units
 //!   a region can spend at once, while home has none;
-//! * `conformance_settling_in_the_home_region`: the conformance suite's settling check where
-//!   it applies to a region store: it settles, or answers the typed error (it settles).
+//! * `conformance_on_redis_time_home_up`: the conformance suite's rules that hold on Redis'
+//!   time (the suite's `ManualClock` does not drive the pools, and a pool answers from leased
+//!   units, so the checks comparing each decision with the model's do not apply): never above
+//!   the limit, sequential or concurrent; costs above the capacity never; peeks and denied
+//!   batches charge nothing; typed errors for invalid keys and batches; reports are debt, and
+//!   the window algorithms refuse settling, typed;
+//! * `conformance_home_down_denies_or_fails_open_marked`: home killed: `Deny` denies (no
+//!   error), `Allow` admits marked `Source::FailOpen`.
 
 #![allow(
     clippy::unwrap_used,
@@ -40,7 +46,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distlimit_core::{Key, Limit, Quota, Request, Settle, Store, StoreExt};
+use distlimit_core::{Error, Key, Limit, Quota, Request, Settle, Source, Store, StoreExt};
 use distlimit_redis::{HomeUnreachable, RedisStore, RegionBuilder, RegionStore};
 use distlimit_test::Proxy;
 use distlimit_test::server::RedisServer;
@@ -570,33 +576,200 @@ async fn settling_holds_across_regions() {
     assert!(one.decide(&spender).await.unwrap().is_denied());
 }
 
-#[test]
-fn conformance_settling_in_the_home_region() {
-    // The suite's clock does not drive a region's pools (they read Redis' time): the settling
-    // check's model walk does not apply. What does: a store that does not settle answers the
-    // typed error; the region store settles, so its report of 7 on a fresh key of 5 is debt.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let regions = Regions::start().await;
-        let pre = prefix("conformance");
-        let store = RegionBuilder::default()
-            .build(regions.home(0, &pre).await, regions.local(0, &pre).await);
-        let limit = Limit::gcra(Quota::per_second(5).unwrap());
-        let request = Request::new(Key::new("probe").unwrap(), limit);
-        let report = store.settle(Settle::Report(request.with_cost(7))).await;
-        let report = report.unwrap();
-        assert!(report.is_denied(), "{report:?}");
-        let windows = Limit::fixed_window(Quota::per_second(5).unwrap());
-        let refused = store
-            .settle(Settle::Report(Request::new(request.key(), windows)))
-            .await;
-        assert!(
-            matches!(refused, Err(distlimit_core::Error::InvalidRequest(_))),
-            "{refused:?}"
+/// The standalone Redis (`DISTLIMIT_REDIS_URL`), or a private one outside `cargo xtask test`.
+fn standalone() -> (String, Option<RedisServer>) {
+    match std::env::var(distlimit_test::server::ENV_URL) {
+        Ok(url) if !url.trim().is_empty() => (url.trim().to_owned(), None),
+        _ => {
+            assert!(
+                !distlimit_test::server::required(),
+                "DISTLIMIT_REDIS_URL is not set"
+            );
+            let own = RedisServer::start().expect("a redis-server binary");
+            (own.url(), Some(own))
+        }
+    }
+}
+
+async fn connect(url: String, prefix: &str) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .connect_timeout(Duration::from_millis(500))
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A region store on the standalone Redis: with home up, in the home region (home and region on
+/// one server, under prefixes of their own); with home down, its home a private server killed
+/// once connected. Returns the servers to keep alive.
+async fn region(
+    home_up: bool,
+    answer: HomeUnreachable,
+) -> (RegionStore<RedisStore>, Vec<RedisServer>) {
+    let (url, own) = standalone();
+    let pre = prefix("conformance");
+    let mut servers: Vec<RedisServer> = own.into_iter().collect();
+    let home = if home_up {
+        connect(url.clone(), &format!("{pre}-home")).await
+    } else {
+        let mut home = RedisServer::start().expect("a redis-server binary");
+        let store = connect(home.url(), &pre).await;
+        tokio::task::block_in_place(|| home.kill());
+        servers.push(home);
+        store
+    };
+    let store = RegionBuilder::default()
+        .claim_timeout(Duration::from_millis(300))
+        .home_unreachable(answer)
+        .build(home, connect(url, &pre).await);
+    (store, servers)
+}
+
+/// A limit that does not refill during a test.
+fn hourly(n: u64) -> Limit {
+    Limit::token_bucket(Quota::per_hour(n).unwrap())
+}
+
+/// The conformance suite's rules a region store can be held to on Redis' time (the suite's
+/// `ManualClock` does not drive its pools, and a pool answers from units leased from home, so
+/// the checks comparing each decision with the model's do not apply, as for token leases):
+/// decisions never admit more than the limit, sequential or concurrent, at most the capacity per
+/// key (keys and policies independent); a cost above the capacity is never admitted; peeks
+/// charge nothing; a batch with a request that cannot pass charges nothing; invalid keys and
+/// batches are typed errors; a report past the limit is debt, and the window algorithms refuse
+/// settling, typed. Home up, in the home region.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_on_redis_time_home_up() {
+    let (store, _servers) = region(true, HomeUnreachable::Deny).await;
+    let store = Arc::new(store);
+    let k = |name: &'static str| Key::new(name).unwrap();
+
+    // Sequential and concurrent decisions: never above the capacity, and not nothing.
+    let mut admitted = 0;
+    for _ in 0..30 {
+        admitted += u64::from(
+            store
+                .decide(&Request::new(k("seq"), hourly(10)))
+                .await
+                .unwrap()
+                .is_allowed(),
         );
-    });
+    }
+    assert!((1..=10).contains(&admitted), "sequential: {admitted} of 10");
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .decide(&Request::new(Key::new("par").unwrap(), hourly(10)))
+                    .await
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += u64::from(task.await.unwrap().unwrap().is_allowed());
+    }
+    assert!(admitted <= 10, "concurrent: {admitted} of 10");
+    // Another key, another policy: untouched by the first.
+    let other = store
+        .decide(&Request::new(k("other"), hourly(10)))
+        .await
+        .unwrap();
+    assert!(other.is_allowed(), "{other:?}");
+    let policy = Request::new(k("seq"), hourly(10))
+        .with_policy("another")
+        .unwrap();
+    assert!(store.decide(&policy).await.unwrap().is_allowed());
+
+    // A cost above the capacity: never, and nothing charged.
+    let never = store
+        .decide(&Request::new(k("big"), hourly(5)).with_cost(6))
+        .await
+        .unwrap();
+    assert!(!never.is_allowed() && never.is_never(), "{never:?}");
+
+    // Peeks charge nothing: the same answer twice, and the key still admits.
+    let peek = Request::new(k("peeked"), hourly(3)).with_cost(0);
+    let first = store.decide(&peek).await.unwrap();
+    assert_eq!(store.decide(&peek).await.unwrap(), first);
+    assert!(
+        store
+            .decide(&Request::new(k("peeked"), hourly(3)))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+
+    // A batch with a request that cannot pass charges nothing: its other key still has all 2.
+    let batch = [
+        Request::new(k("batch-a"), hourly(2)),
+        Request::new(k("batch-b"), hourly(2)).with_cost(3),
+    ];
+    let denied = store.decide_all(&batch).await.unwrap();
+    assert!(denied.iter().any(|d| !d.is_allowed()), "{denied:?}");
+    let mut admitted = 0;
+    for _ in 0..4 {
+        admitted += u64::from(store.decide(&batch[0]).await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 2, "the denied batch charged its other key");
+
+    // Invalid batches and keys: typed errors.
+    let empty = store.decide_all(&[]).await;
+    assert!(matches!(empty, Err(Error::InvalidRequest(_))), "{empty:?}");
+    let duplicate = store.decide_all(&[batch[0], batch[0]]).await;
+    assert!(
+        matches!(duplicate, Err(Error::InvalidRequest(_))),
+        "{duplicate:?}"
+    );
+    let bad = store.check("", hourly(1)).await;
+    assert!(matches!(bad, Err(Error::InvalidKey(_))), "{bad:?}");
+
+    // Settling: a report of 7 on a fresh key of 5 is debt; the window algorithms refuse it.
+    let request = Request::new(k("probe"), Limit::gcra(Quota::per_second(5).unwrap()));
+    let report = store
+        .settle(Settle::Report(request.with_cost(7)))
+        .await
+        .unwrap();
+    assert!(report.is_denied(), "{report:?}");
+    let after = store.decide(&request).await.unwrap();
+    assert!(!after.is_allowed(), "a key in debt admitted: {after:?}");
+    let windows = Limit::fixed_window(Quota::per_second(5).unwrap());
+    let refused = store
+        .settle(Settle::Report(Request::new(request.key(), windows)))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidRequest(_))),
+        "{refused:?}"
+    );
+}
+
+/// Home down (killed): with `HomeUnreachable::Deny` a request its pool cannot pay is denied,
+/// never admitted, and never an error; with `Allow` it is admitted marked `Source::FailOpen`
+/// (unchecked, never passed off as the limit's answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_home_down_denies_or_fails_open_marked() {
+    for answer in [HomeUnreachable::Deny, HomeUnreachable::Allow] {
+        let (store, _servers) = region(false, answer).await;
+        let request = Request::new(Key::new("down").unwrap(), hourly(10));
+        let other = Request::new(Key::new("down-b").unwrap(), hourly(10));
+        let mut decisions = vec![store.decide(&request).await.unwrap()];
+        decisions.extend(store.decide_all(&[request, other]).await.unwrap());
+        for d in decisions {
+            match answer {
+                HomeUnreachable::Deny => assert!(!d.is_allowed(), "{answer:?}: {d:?}"),
+                _ => assert!(
+                    d.is_allowed() && d.source() == Source::FailOpen,
+                    "{answer:?}: {d:?}"
+                ),
+            }
+        }
+        // A report with home down: debt kept in the region, or a typed error; never an admission.
+        match store.settle(Settle::Report(request.with_cost(3))).await {
+            Ok(d) => assert!(!d.is_allowed() || d.source() == Source::FailOpen, "{d:?}"),
+            Err(e) => assert!(e.is_transient(), "{e:?}"),
+        }
+    }
 }

@@ -17,10 +17,11 @@
     clippy::panic
 )]
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlimit_core::{Decision, Error, ManualClock, Request, Store};
+use distlimit_core::{Decision, Error, ManualClock, Request, Settle, Store};
 use distlimit_redis::{RedisStore, RedisStoreBuilder};
 
 pub const ENV_URL: &str = "DISTLIMIT_REDIS_URL";
@@ -83,6 +84,11 @@ impl Store for Guarded {
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         self.store.decide_all(requests).await
+    }
+
+    // Forwarded, or the settling check would pass on the trait's `Unsupported` alone.
+    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+        self.store.settle_all(settles).await
     }
 }
 
@@ -154,6 +160,45 @@ pub async fn standalone_store(
         store: connect(configure(builder), "standalone Redis server").await,
         _server: server,
     }
+}
+
+/// A private primary with one replica online for `WAIT`, started once per test process (the
+/// harness's watchdog kills both when the process ends).
+fn replicated_primary() -> &'static RedisServer {
+    static PAIR: OnceLock<(RedisServer, RedisServer)> = OnceLock::new();
+    &PAIR
+        .get_or_init(|| {
+            let primary = RedisServer::start().expect("a redis-server binary");
+            let port = primary.port().to_string();
+            let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port])
+                .expect("a redis-server binary for the replica");
+            // `WAIT` counts a replica once the primary has it `online` (after its first ACK).
+            let start = Instant::now();
+            while !primary
+                .info("replication")
+                .is_ok_and(|info| info.contains("state=online"))
+            {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "the replica did not sync"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (primary, replica)
+        })
+        .0
+}
+
+/// A durable store (`durable(1, …)`: each admission waits for one replica's `WAIT`) on a
+/// private primary with one replica, judged by `clock`, under a prefix of its own.
+pub async fn durable_store(clock: ManualClock, tag: &str) -> RedisStore {
+    let url = blocking(replicated_primary).url();
+    let builder = RedisStore::builder(url)
+        .prefix(unique_prefix(tag))
+        .client_clock(clock)
+        .durable(1, Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(5));
+    connect(builder, "durable primary").await
 }
 
 /// A store on the Sentinel set's primary judged by `clock`, or `None` (a skip).
