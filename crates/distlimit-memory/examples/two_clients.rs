@@ -1,6 +1,6 @@
 //! Shows the limiter deciding: two clients against 5 requests per second with a burst of 3.
 //!
-//! `cargo run --release -p distlimit-memory --example quickstart`
+//! `cargo run --release -p distlimit-memory --example two_clients`
 
 #![allow(clippy::print_stdout)] // a demo prints
 
