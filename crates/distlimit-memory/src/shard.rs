@@ -374,7 +374,11 @@ impl Slot for Wide {
         let mut written = before;
         match how {
             Charge::Decide => {
-                let decision = limit.decide_from(&mut self.state, &mut written, now, cost);
+                let decision = if before.as_ref() == Some(limit.quota()) {
+                    limit.decide(&mut self.state, now, cost) // `decide_from`, nothing to carry
+                } else {
+                    limit.decide_from(&mut self.state, &mut written, now, cost)
+                };
                 if written != before || (decision.is_allowed() && cost > 0) {
                     // `State::expires_at` (property-tested equal in core), without a division:
                     // the reset of an admission, or of the carried state when denied.
@@ -443,12 +447,6 @@ impl<T> Default for Part<T> {
 }
 
 impl<T: Slot> Part<T> {
-    #[inline(always)]
-    fn get(&self, hash: u64, id: Id<'_>) -> Option<&T> {
-        let probe = T::probe(id)?;
-        self.map.find(hash, |e| e.is(&probe))
-    }
-
     #[inline(always)]
     fn get_mut(&mut self, hash: u64, id: Id<'_>) -> Option<&mut T> {
         let probe = T::probe(id)?;
@@ -754,10 +752,7 @@ impl Table {
         now: u64,
         cost: u64,
     ) -> Decision {
-        let stamps = &self.stamps;
-        in_part!(&self, Home::of(id, limit), |part| {
-            Slot::evaluate(part.get(hash, id), limit, now, cost, stamps)
-        })
+        self.evaluate_at(self.find(hash, id, limit), limit, now, cost)
     }
 
     /// Where `id`'s state under `limit` is: its table, and its entry's index there if it has
@@ -1256,7 +1251,7 @@ mod tests {
         let old_left = (0u32..100)
             .filter(|i| {
                 let key = i.to_be_bytes();
-                table.short.get(id(&key).hash(&h), id(&key)).is_some()
+                table.short.find(id(&key).hash(&h), id(&key)).is_some()
             })
             .count();
         assert!(old_left < 100, "the full table dropped nothing");

@@ -1,0 +1,143 @@
+//! Drives one contender of `benches/compare.rs` through one case for a fixed number of
+//! decisions, so a deterministic counter (callgrind, cachegrind) can count instructions per
+//! decision: only [`measure`] is meant to be counted (`--toggle-collect=*measure*`).
+//!
+//! `cargo run --release -p distlimit-memory --example profile -- <tb|gcra|governor> <u64|string24>
+//! <hot|10k|100k|1m|new> <decisions>`; see `docs/measurements/2026-12-03-memory-vs-governor.md`.
+
+// A measurement driver: bad arguments abort loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+
+use distlimit_core::{Key, Limit, Quota, Request};
+use distlimit_memory::MemoryStore;
+
+/// One decision of one unit for the key `bytes` / `i`.
+trait Check {
+    fn check(&self, i: u64, bytes: &[u8]) -> bool;
+}
+
+struct Ours(MemoryStore, Limit);
+
+impl Check for Ours {
+    #[inline]
+    fn check(&self, _: u64, bytes: &[u8]) -> bool {
+        let request = Request::new(Key::new(bytes).unwrap(), self.1);
+        self.0.decide_sync(&request).is_allowed()
+    }
+}
+
+struct GovU64(governor::DefaultKeyedRateLimiter<u64>);
+impl Check for GovU64 {
+    #[inline]
+    fn check(&self, i: u64, _: &[u8]) -> bool {
+        self.0.check_key(&i).is_ok()
+    }
+}
+
+/// Populating: the same loop, not counted.
+#[inline(never)]
+fn fill<C: Check>(c: &C, ids: &[u64], keys: &[Vec<u8>]) {
+    for (&i, key) in ids.iter().zip(keys) {
+        assert!(c.check(i, key));
+    }
+}
+
+/// The counted loop: `n` decisions cycling through `keys`.
+#[inline(never)]
+fn measure<C: Check>(c: &C, ids: &[u64], keys: &[Vec<u8>], n: usize) -> u64 {
+    let mut denied = 0;
+    for j in 0..n {
+        let i = j % ids.len();
+        denied += u64::from(!c.check(black_box(ids[i]), black_box(&keys[i])));
+    }
+    denied
+}
+
+#[inline(never)]
+fn fill_gov_str(c: &governor::DefaultKeyedRateLimiter<String>, keys: &[String]) {
+    for key in keys {
+        assert!(c.check_key(key).is_ok());
+    }
+}
+
+#[inline(never)]
+fn measure_gov_str(
+    c: &governor::DefaultKeyedRateLimiter<String>,
+    keys: &[String],
+    n: usize,
+) -> u64 {
+    let mut denied = 0;
+    for j in 0..n {
+        denied += u64::from(c.check_key(black_box(&keys[j % keys.len()])).is_err());
+    }
+    denied
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (who, ty, case, n) = (
+        &args[1],
+        &args[2],
+        &args[3],
+        args[4].parse::<usize>().unwrap(),
+    );
+    let count = match case.as_str() {
+        "hot" => 1,
+        "10k" => 10_000,
+        "100k" => 100_000,
+        "1m" => 1_000_000,
+        "new" => n,
+        other => panic!("case {other}"),
+    };
+    // The bench's shuffle is irrelevant to instruction counts; a multiplicative permutation
+    // keeps consecutive keys apart in memory-order terms anyway.
+    let ids: Vec<u64> = (0..count as u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % (count as u64 * 16))
+        .collect();
+    let strings: Vec<String> = ids.iter().map(|i| format!("user-{i:019}")).collect();
+    let keys: Vec<Vec<u8>> = match ty.as_str() {
+        "u64" => ids.iter().map(|i| i.to_le_bytes().to_vec()).collect(),
+        _ => strings.iter().map(|s| s.as_bytes().to_vec()).collect(),
+    };
+    // One unit an hour (burst 10^6, above any key's decisions here): a state visited once stays live for an hour, however slowly the
+    // program runs under valgrind (with the bench's one per second, 1 000 000 keys expire
+    // between two visits and every decision becomes an insert).
+    let quota = Quota::per_hour(1)
+        .and_then(|q| q.with_burst(1_000_000))
+        .unwrap();
+    let gquota = governor::Quota::per_hour(NonZeroU32::new(1).unwrap())
+        .allow_burst(NonZeroU32::new(1_000_000).unwrap());
+    let populate = case != "new";
+    let denied = match (who.as_str(), ty.as_str()) {
+        ("governor", "u64") => {
+            let c = GovU64(governor::RateLimiter::keyed(gquota));
+            if populate {
+                fill(&c, &ids, &keys);
+            }
+            measure(&c, &ids, &keys, n)
+        }
+        ("governor", _) => {
+            let c = governor::RateLimiter::keyed(gquota);
+            if populate {
+                fill_gov_str(&c, &strings);
+            }
+            measure_gov_str(&c, &strings, n)
+        }
+        (algo, _) => {
+            let limit = if algo == "gcra" {
+                Limit::gcra(quota)
+            } else {
+                Limit::token_bucket(quota)
+            };
+            let c = Ours(MemoryStore::builder().max_keys(1 << 24).build(), limit);
+            if populate {
+                fill(&c, &ids, &keys);
+            }
+            measure(&c, &ids, &keys, n)
+        }
+    };
+    assert_eq!(denied, 0);
+}
