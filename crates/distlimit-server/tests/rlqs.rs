@@ -491,7 +491,7 @@ async fn served_within(proxy: &Proxy, entries: &[(String, String)], limit: Durat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proxy_that_joins_a_saturated_limit_is_served_within_one_report() {
+async fn a_proxy_that_joins_a_saturated_limit_is_served_by_its_second_report() {
     let dir = config_dir(&quota_config(PER_MINUTE));
     let server = Running::with_config(dir.path(), &FLAGS).await;
     let until = Instant::now() + Duration::from_secs(9);
