@@ -276,40 +276,6 @@ impl<'s, 'a> Resolved<'s, 'a> {
         })
     }
 
-    /// The policy's tiers as this item applies them, for a policy item.
-    pub(crate) fn applied(&self) -> Option<&'s Arc<Applied>> {
-        match self.kind {
-            ResolvedKind::Policy { applied, .. } => Some(applied),
-            _ => None,
-        }
-    }
-
-    /// The same item on `applied`, which must be [`applied`](Self::applied)'s own (a clone of
-    /// it): the item then outlives the set it was looked up in.
-    pub(crate) fn on<'t>(self, applied: &'t Arc<Applied>) -> Resolved<'t, 'a> {
-        let kind = match self.kind {
-            ResolvedKind::Policy {
-                listed,
-                key,
-                cost,
-                settle,
-                ..
-            } => ResolvedKind::Policy {
-                applied,
-                listed,
-                key,
-                cost,
-                settle,
-            },
-            ResolvedKind::Request(request) => ResolvedKind::Request(request),
-            ResolvedKind::Deny => ResolvedKind::Deny,
-        };
-        Resolved {
-            kind,
-            shadow: self.shadow,
-        }
-    }
-
     /// The policy's name, for a policy item.
     fn policy(&self) -> Option<&str> {
         match &self.kind {
@@ -402,6 +368,63 @@ impl<'s, 'a> Resolved<'s, 'a> {
     }
 }
 
+/// Policy checks with their policies resolved once, in the set their check loaded: what
+/// [`Limiter::check_all_now`](crate::Limiter::check_all_now) returns when the store must be
+/// awaited, decided with [`Limiter::decide_plan`](crate::Limiter::decide_plan) without looking
+/// a policy up again. It owns what it holds (each check's tiers as resolved, its list, its
+/// key), so a future can keep it.
+pub struct Plan(Vec<Planned>);
+
+/// A policy check of a [`Plan`]: a [`Resolved`] policy item, owned.
+struct Planned {
+    applied: Arc<Applied>,
+    listed: Option<Listed>,
+    key: Box<[u8]>,
+    cost: u64,
+    shadow: bool,
+}
+
+impl Plan {
+    /// The plan of `items`' decided policy items (all that `check_all_now` resolves).
+    pub(crate) fn new(items: &[Resolved<'_, '_>]) -> Self {
+        let planned = |item: &Resolved<'_, '_>| match item.kind {
+            ResolvedKind::Policy {
+                applied,
+                listed,
+                key,
+                cost,
+                settle: None,
+            } => Some(Planned {
+                applied: Arc::clone(applied),
+                listed,
+                key: key.as_bytes().into(),
+                cost,
+                shadow: item.shadow,
+            }),
+            _ => None,
+        };
+        Self(items.iter().filter_map(planned).collect())
+    }
+
+    /// Its items, borrowing the plan: no policy looked up again.
+    pub(crate) fn resolved(&self) -> Result<SmallVec<[Resolved<'_, '_>; INLINE]>, Error> {
+        let resolved = self.0.iter().map(|p| {
+            let kind = ResolvedKind::Policy {
+                applied: &p.applied,
+                listed: p.listed,
+                key: Key::new(&*p.key)?,
+                cost: p.cost,
+                settle: None,
+            };
+            Ok::<_, Error>(Resolved {
+                kind,
+                shadow: p.shadow,
+            })
+        });
+        resolved.collect()
+    }
+}
+
 /// The store request of `tier` for `key` (validated by [`Resolved::new`]).
 #[inline]
 pub(crate) fn tier_request<'a>(tier: &'a Tier, key: Key<'a>, cost: u64) -> Request<'a> {
@@ -440,7 +463,9 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         if items.iter().any(|item| item.settles().is_some()) {
             return None;
         }
-        if let [item] = items {
+        if let [item] = items
+            && item.len() <= 1
+        {
             return Some(self.decide_one_now(item)?.map(|answer| out(0, answer)));
         }
         let enforced: usize = items.iter().filter(|i| !i.shadow).map(Resolved::len).sum();

@@ -11,10 +11,10 @@ mod watch;
 #[cfg(all(test, distlimit_loom))]
 mod tests;
 
-pub use batch::{Answer, Item};
+pub use batch::{Answer, Item, Plan};
 pub use config::DEFAULT_IN_FLIGHT_LEASE;
 pub use error::{CheckError, Field, PolicyConfigError};
-pub use limiter::{Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
+pub use limiter::{Checked, Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
 pub use policy::{
     MAX_NAME_LEN, MAX_TIERS, Override, Policy, PolicySet, PolicySetBuilder, Scope, Tier,
 };

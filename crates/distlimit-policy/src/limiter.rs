@@ -8,7 +8,9 @@ use distlimit_core::{Algorithm, Decision, Observer, Outcome, SettleKind, Store};
 
 use smallvec::SmallVec;
 
-use crate::batch::{Answer, Engine, INLINE, Item, MISMATCH, Resolved, STORE_LABEL, never, outcome};
+use crate::batch::{
+    Answer, Engine, INLINE, Item, MISMATCH, Plan, Resolved, STORE_LABEL, never, outcome,
+};
 use crate::error::Field;
 use crate::policy::{Applied, Tier};
 use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
@@ -24,11 +26,11 @@ use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 /// tier of a policy is one [`Request`](distlimit_core::Request) in the state
 /// [`Tier::state`] (`"<policy>/<tier>"`, typed); all tiers of a batch go to
 /// [`Store::decide_all`] together, a single request to [`Store::decide_now`] (a store that never
-/// waits answers there, without a future) or else [`Store::decide`]. A single-tier check
-/// allocates nothing beyond what the store itself allocates (on the memory store: nothing); a
-/// multi-tier check adds one `Vec` (its batch of requests). Several policies, and requests of
-/// the caller's own, are all-or-nothing together through [`check_all`](Limiter::check_all) and
-/// [`decide_batch`](Limiter::decide_batch).
+/// waits answers there, without a future) or else [`Store::decide`]. On a store that answers
+/// at once (the memory store) a single-tier check allocates nothing, a multi-tier check one
+/// `Vec` (its verdict's tiers); a check the store must be awaited for owns its [`Plan`].
+/// Several policies, and requests of the caller's own, are all-or-nothing together through
+/// [`check_all`](Limiter::check_all) and [`decide_batch`](Limiter::decide_batch).
 pub struct Limiter<S: ?Sized = dyn Store> {
     policies: ArcSwap<PolicySet>,
     /// The policies every published set must define ([`Limiter::declare`]); held while a set
@@ -83,34 +85,20 @@ impl<S: Store + ?Sized> Limiter<S> {
         self.check_cost(policy, key, 0)
     }
 
-    /// Charges `cost` units to `key` under every tier of `policy`, all-or-nothing: a batch of
-    /// one [`Item::policy`] ([`decide_batch`](Self::decide_batch)).
-    ///
-    /// Decided without waiting when the store can ([`check_now`](Self::check_now): the policy
-    /// looked up once, no reference count taken); otherwise (a multi-tier batch, a Redis round
-    /// trip) the check holds the set it loaded until the store answers.
+    /// Charges `cost` units to `key` under every tier of `policy`, all-or-nothing:
+    /// [`check_all`](Self::check_all) of one check, decided without waiting when the store can,
+    /// else its [`Plan`] (the policy looked up once) awaited.
     pub async fn check_cost(
         &self,
         policy: &str,
         key: &[u8],
         cost: u64,
     ) -> Result<Verdict, CheckError> {
-        let set = self.policies.load();
-        let engine = self.engine();
-        let item = Resolved::of_policy(&set, policy, key, cost, None, false)?;
-        if let Some(result) = engine.decide_one_now(&item) {
-            return result?.into_verdict().ok_or_else(|| MISMATCH.into());
-        }
-        // The store must be awaited: the policy's tiers are held (a reference count) until it
-        // answers, the item looked up once.
-        let applied = item.applied().cloned().ok_or(MISMATCH)?;
-        let item = [item.on(&applied)];
-        drop(set);
-        let mut verdict = None;
-        engine
-            .decide(&item, |_, answer: Answer| verdict = answer.into_verdict())
-            .await?;
-        verdict.ok_or_else(|| MISMATCH.into())
+        let verdicts: SmallVec<[Verdict; 1]> = match self.check_all_now(&[(policy, key, cost)]) {
+            Checked::Decided(result) => result?,
+            Checked::Pending(plan) => self.decide_plan(&plan).await?.into(),
+        };
+        verdicts.into_iter().next().ok_or_else(|| MISMATCH.into())
     }
 
     /// Settles usage known only after the response on every tier of `policy` for `key`, through
@@ -213,10 +201,8 @@ impl<S: Store + ?Sized> Limiter<S> {
             Ok(item) => item,
             Err(e) => return Some(Err(e)),
         };
-        Some(match self.engine().decide_one_now(&item)? {
-            Ok(answer) => answer.into_verdict().ok_or_else(|| MISMATCH.into()),
-            Err(e) => Err(e),
-        })
+        let verdict = |answer: Answer| answer.into_verdict().ok_or_else(|| MISMATCH.into());
+        Some(self.engine().decide_one_now(&item)?.and_then(verdict))
     }
 
     /// Decides `items` in one all-or-nothing batch: one [`Answer`] per item, in order. The
@@ -283,21 +269,31 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// ```
     pub async fn decide_batch(&self, items: &[Item<'_>]) -> Result<Vec<Answer>, CheckError> {
         let set = self.policies.load_full();
-        let engine = self.engine();
         let resolved = items
             .iter()
             .map(|item| Resolved::new(&set, item))
             .collect::<Result<SmallVec<[_; INLINE]>, _>>()?;
-        let mut answers: SmallVec<[Option<Answer>; INLINE]> = SmallVec::new();
+        self.run(&resolved, Some).await
+    }
+
+    /// The executor: decides `items` without waiting if the store can, else awaits it; one
+    /// answer per item, in order, each mapped by `map`.
+    async fn run<T>(
+        &self,
+        items: &[Resolved<'_, '_>],
+        map: fn(Answer) -> Option<T>,
+    ) -> Result<Vec<T>, CheckError> {
+        let engine = self.engine();
+        let mut answers: SmallVec<[Option<T>; INLINE]> = SmallVec::new();
         answers.resize_with(items.len(), || None);
         let mut out = |i: usize, answer: Answer| {
             if let Some(slot) = answers.get_mut(i) {
-                *slot = Some(answer);
+                *slot = map(answer);
             }
         };
-        match engine.decide_now(&resolved, &mut out) {
+        match engine.decide_now(items, &mut out) {
             Some(result) => result?,
-            None => engine.decide(&resolved, &mut out).await?,
+            None => engine.decide(items, &mut out).await?,
         }
         answers
             .iter_mut()
@@ -348,34 +344,30 @@ impl<S: Store + ?Sized> Limiter<S> {
         &self,
         checks: &[(&str, &[u8], u64)],
     ) -> Result<Vec<Verdict>, CheckError> {
-        let items: SmallVec<[Item<'_>; INLINE]> = checks
-            .iter()
-            .map(|&(policy, key, cost)| Item::policy(policy, key, cost))
-            .collect();
-        self.decide_batch(&items)
-            .await?
-            .into_iter()
-            .map(|answer| answer.into_verdict().ok_or_else(|| MISMATCH.into()))
-            .collect()
+        match self.check_all_now(checks) {
+            Checked::Decided(result) => result,
+            Checked::Pending(plan) => self.decide_plan(&plan).await,
+        }
     }
 
     /// Decides several checks without waiting, if the store can: [`check_all`](Self::check_all)
-    /// answered at once, or `None`, having charged nothing, when the store would have to be
-    /// awaited (then use `check_all`). The verdicts are collected into any `V` (a `Vec`, or an
-    /// inline buffer).
+    /// answered at once ([`Checked::Decided`], the verdicts collected into any `V`: a `Vec`, or
+    /// an inline buffer), or, having charged nothing, when the store would have to be awaited,
+    /// the checks' [`Plan`] ([`Checked::Pending`]): their policies resolved here, once, for
+    /// [`decide_plan`](Self::decide_plan) to await. `check_all` is this, then that.
     ///
     /// On the memory store every batch of at most [`MAX_BATCH`](distlimit_core::MAX_BATCH)
     /// store requests whose items in shadow mode do not ask the store beside others is decided
     /// here; up to 8 checks of up to 8 tiers in all, it allocates nothing beyond `V` (and a
-    /// multi-tier verdict's tiers). A store that talks to a server returns `None` unless no
+    /// multi-tier verdict's tiers). A store that talks to a server returns a plan unless no
     /// check needs it (listed keys). The observer sees each check like one made with
-    /// `check_all`. This is what the tower layer decides its several limits with.
+    /// `check_all`. This is what the tower layer decides a request's limits with.
     ///
     /// ```
     /// use std::sync::Arc;
     ///
     /// use distlimit_memory::MemoryStore;
-    /// use distlimit_policy::{Limiter, PolicySet, Verdict};
+    /// use distlimit_policy::{Checked, Limiter, PolicySet, Verdict};
     ///
     /// let policies = PolicySet::from_toml_str(
     ///     r#"
@@ -392,8 +384,8 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// let request = [("per_ip", &b"10.0.0.1"[..], 1), ("per_user", &b"alice"[..], 1)];
     /// for admitted in [true, false] {
     ///     let verdicts: Vec<Verdict> = match limiter.check_all_now(&request) {
-    ///         Some(result) => result?,
-    ///         None => unreachable!("the memory store answers at once"),
+    ///         Checked::Decided(result) => result?,
+    ///         Checked::Pending(_) => unreachable!("the memory store answers at once"),
     ///     };
     ///     assert_eq!(verdicts.iter().all(Verdict::is_allowed), admitted);
     /// }
@@ -402,13 +394,13 @@ impl<S: Store + ?Sized> Limiter<S> {
     pub fn check_all_now<V: FromIterator<Verdict>>(
         &self,
         checks: &[(&str, &[u8], u64)],
-    ) -> Option<Result<V, CheckError>> {
+    ) -> Checked<V> {
         let set = self.policies.load();
         let mut resolved: SmallVec<[Resolved<'_, '_>; INLINE]> = SmallVec::new();
         for &(policy, key, cost) in checks {
             match Resolved::of_policy(&set, policy, key, cost, None, false) {
                 Ok(item) => resolved.push(item),
-                Err(e) => return Some(Err(e)),
+                Err(e) => return Checked::Decided(Err(e)),
             }
         }
         // Filled in place and taken out one by one: the buffer itself is never moved.
@@ -419,16 +411,25 @@ impl<S: Store + ?Sized> Limiter<S> {
                 *slot = answer.into_verdict();
             }
         };
-        if let Err(e) = self.engine().decide_now(&resolved, out)? {
-            return Some(Err(e));
-        }
-        Some(
+        let Some(decided) = self.engine().decide_now(&resolved, out) else {
+            return Checked::Pending(Plan::new(&resolved));
+        };
+        Checked::Decided(decided.and_then(|()| {
+            let verdicts = verdicts.iter_mut().map(Option::take);
             verdicts
-                .iter_mut()
-                .map(Option::take)
                 .collect::<Option<V>>()
-                .ok_or_else(|| MISMATCH.into()),
-        )
+                .ok_or_else(|| MISMATCH.into())
+        }))
+    }
+
+    /// Decides a [`Plan`] of [`check_all_now`](Self::check_all_now) like
+    /// [`check_all`](Self::check_all), with the policies as the plan resolved them.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    pub async fn decide_plan(&self, plan: &Plan) -> Result<Vec<Verdict>, CheckError> {
+        self.run(&plan.resolved()?, Answer::into_verdict).await
     }
 
     /// The batch engine on this limiter's store and observer, timed from now.
@@ -572,6 +573,15 @@ impl<S: ?Sized> std::fmt::Debug for Limiter<S> {
 /// The error of a declared policy missing from a set.
 fn missing(policy: &str, message: &str) -> PolicyConfigError {
     PolicyConfigError::new(Field::Policy, message).in_policy(policy)
+}
+
+/// What [`Limiter::check_all_now`] answered.
+pub enum Checked<V> {
+    /// Decided without waiting: the verdicts, or the error.
+    Decided(Result<V, CheckError>),
+    /// The store must be awaited (nothing was charged): the checks' plan, for
+    /// [`Limiter::decide_plan`].
+    Pending(Plan),
 }
 
 /// Whether a key was on a list of its policy: decided without the store.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlimit_core::{Decision, Limit, ManualClock, NEVER, Observer, Outcome, Quota};
 use distlimit_memory::MemoryStore;
-use distlimit_policy::{CheckError, Limiter, Listed, Policy, PolicySet, Tier, Verdict};
+use distlimit_policy::{CheckError, Checked, Limiter, Listed, Policy, PolicySet, Tier, Verdict};
 
 const T0: u64 = 1_700_000_000_000_000;
 
@@ -808,7 +808,10 @@ async fn check_all_now_decides_several_policies_at_once_as_check_all_would() {
         v.decision().remaining()
     };
     let now = |checks: &[(&str, &[u8], u64)]| -> Option<Vec<Verdict>> {
-        l.check_all_now(checks).map(Result::unwrap)
+        match l.check_all_now(checks) {
+            Checked::Decided(result) => Some(result.unwrap()),
+            Checked::Pending(_) => None,
+        }
     };
     // Two policies on the memory store: answered at once, all or nothing.
     let both = [("per_ip", ip, 1), ("per_user", &b"alice"[..], 1)];
@@ -829,7 +832,7 @@ async fn check_all_now_decides_several_policies_at_once_as_check_all_would() {
     // Each answered after its own hit, as one after the other: 9 - 1, then 9 - 1 - 2.
     let left = |v: &[Verdict]| -> Vec<u64> { v.iter().map(|v| v.decision().remaining()).collect() };
     assert_eq!(left(&twice), [8, 6]);
-    // A policy in shadow mode asking the store beside others is left to `check_all`: `None`,
+    // A policy in shadow mode asking the store beside others is left to `check_all`: a plan,
     // nothing charged.
     assert!(now(&[("per_ip", ip, 1), ("trial", ip, 1)]).is_none());
     assert_eq!(remaining(&l), 6);
@@ -839,13 +842,16 @@ async fn check_all_now_decides_several_policies_at_once_as_check_all_would() {
     // Errors are answered at once too.
     assert!(matches!(
         l.check_all_now::<Vec<_>>(&[("per_ip", ip, 1), ("nope", ip, 1)]),
-        Some(Err(CheckError::UnknownPolicy(_)))
+        Checked::Decided(Err(CheckError::UnknownPolicy(_)))
     ));
-    // A store without `decide_all_now` is awaited: `None`, nothing charged.
+    // A store without `decide_all_now` is awaited: a plan, nothing charged, decided once
+    // awaited.
     let store = distlimit_test::FaultyStore::new(MemoryStore::new());
     let awaited = Limiter::new(Arc::new(store), set());
-    assert!(awaited.check_all_now::<Vec<_>>(&both).is_none());
-    let v = awaited.check_all(&both).await.unwrap();
+    let Checked::Pending(plan) = awaited.check_all_now::<Vec<_>>(&both) else {
+        panic!("a store without decide_all_now must be awaited");
+    };
+    let v = awaited.decide_plan(&plan).await.unwrap();
     assert!(v.iter().all(Verdict::is_allowed));
     assert_eq!(v[0].decision().remaining(), 9);
     // Awaited too: 9 left, then 4 asked twice: 5, then 1; then 1 left and 1 + 2 asked: the

@@ -14,11 +14,11 @@ use distlimit_core::Store;
 use distlimit_core::{Limit, Quota};
 #[cfg(feature = "memory")]
 use distlimit_memory::MemoryStore;
-use distlimit_policy::{CheckError, Limiter, PolicyConfigError, Verdict};
+use distlimit_policy::{CheckError, Checked, Limiter, Plan, PolicyConfigError, Verdict};
 #[cfg(feature = "memory")]
 use distlimit_policy::{Policy, PolicySet, Tier};
 use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri};
-use smallvec::{SmallVec, smallvec};
+use smallvec::SmallVec;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -112,7 +112,7 @@ pub(crate) enum Start {
     Unchecked,
     /// Answer without checking (the client cannot be identified).
     Reject(Rejection),
-    /// Decided already: the limiter answered without waiting (`Limiter::check_now`).
+    /// Decided already: the limiter answered without waiting (`Limiter::check_all_now`).
     Decided(Step),
     /// Check with the limiter first.
     Check(CheckFuture),
@@ -148,32 +148,17 @@ impl<S: Store + ?Sized + 'static> Decide for Config<S> {
         // The request's cost, computed once for every limit without a cost of its own.
         let mut shared_cost = None;
         let mut check_of = |limit| self.check_of(limit, &info, &mut shared_cost);
-        let mut checks = match &self.limits[..] {
-            // One limit (the common layer): no list.
-            [limit] => match check_of(limit) {
-                Ok(Some(check)) => return self.start_one(check),
-                Ok(None) => return Start::Unchecked,
+        let mut checks = Checks::new();
+        for limit in &self.limits {
+            match check_of(limit) {
+                Ok(Some(check)) => checks.push(check),
+                Ok(None) => {}
                 Err(rejection) => return Start::Reject(rejection),
-            },
-            limits => {
-                let mut checks = Checks::new();
-                for limit in limits {
-                    match check_of(limit) {
-                        Ok(Some(check)) => checks.push(check),
-                        Ok(None) => {}
-                        Err(rejection) => return Start::Reject(rejection),
-                    }
-                }
-                checks
             }
-        };
-        match checks.len() {
-            0 => Start::Unchecked,
-            1 => match checks.pop() {
-                Some(check) => self.start_one(check),
-                None => Start::Unchecked,
-            },
-            _ => self.start_batch(checks),
+        }
+        match checks.is_empty() {
+            true => Start::Unchecked,
+            false => self.start_checks(checks),
         }
     }
 }
@@ -213,40 +198,31 @@ impl<S: Store + ?Sized + 'static> Config<S> {
         }))
     }
 
-    /// Starts the check of a request one limit applies to.
-    fn start_one(self: &Arc<Self>, check: Check<'_>) -> Start {
-        // A store that answers at once (`Store::decide_now`; the memory store does) decides
-        // here, on the borrowed check: no future to box, no clone of the inner service.
-        let (policy, key, cost) = (&**check.policy, check.key.as_bytes(), check.cost);
-        if let Some(result) = self.limiter.check_now(policy, key, cost) {
-            let verdicts = result.as_ref().map(std::slice::from_ref);
-            return Start::Decided(self.step(policy, verdicts, std::slice::from_ref(&check)));
-        }
-        self.await_batch(smallvec![check.into_owned()])
-    }
-
-    /// Starts the check of several limits: one all-or-nothing batch, decided here when the
-    /// store answers at once ([`Limiter::check_all_now`]; the memory store does, with nothing
-    /// allocated up to [`INLINE`] limits), else awaited once.
-    fn start_batch(self: &Arc<Self>, checks: Checks<'_>) -> Start {
-        let decided = self.limiter.check_all_now::<Verdicts>(&batch_of(&checks));
-        match decided {
-            Some(result) => {
+    /// Starts the check of a request's limits: one all-or-nothing batch, its policies resolved
+    /// once ([`Limiter::check_all_now`]), decided here when the store answers at once (the
+    /// memory store does, with nothing allocated up to [`INLINE`] limits), else its plan
+    /// awaited, the checks owning what they borrowed from the request and the layer.
+    fn start_checks(self: &Arc<Self>, checks: Checks<'_>) -> Start {
+        let decided = {
+            let batch = checks
+                .iter()
+                .map(|c| (&**c.policy, c.key.as_bytes(), c.cost));
+            let batch: SmallVec<[(&str, &[u8], u64); INLINE]> = batch.collect();
+            self.limiter.check_all_now::<Verdicts>(&batch)
+        };
+        let plan = match decided {
+            Checked::Decided(result) => {
                 let policy = checks.first().map_or("", |c| &**c.policy);
-                Start::Decided(self.step(policy, result.as_deref(), &checks))
+                return Start::Decided(self.step(policy, result.as_deref(), &checks));
             }
-            None => self.await_batch(checks.into_iter().map(Check::into_owned).collect()),
-        }
-    }
-
-    /// Starts the check of a batch the store must be awaited for (its checks own what they
-    /// borrowed from the request and the layer).
-    fn await_batch(self: &Arc<Self>, checks: Checks<'static>) -> Start {
+            Checked::Pending(plan) => plan,
+        };
+        let checks: Checks<'static> = checks.into_iter().map(Check::into_owned).collect();
         let config = Arc::clone(self);
-        let mut check: CheckFuture = Box::pin(async move { config.check(&checks).await });
+        let mut check: CheckFuture = Box::pin(async move { config.check(&plan, &checks).await });
         // Polled once here (a future may be polled with any waker; the response future polls
-        // it with the task's from then on): a batch the store answers at once (the memory
-        // store's) is decided without a clone of the inner service.
+        // it with the task's from then on): a store that answers its first poll is decided
+        // without a clone of the inner service.
         match check.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(step) => Start::Decided(step),
             Poll::Pending => Start::Check(check),
@@ -312,15 +288,6 @@ type Checks<'r> = SmallVec<[Check<'r>; INLINE]>;
 
 /// The verdicts of one request's limits.
 type Verdicts = SmallVec<[Verdict; INLINE]>;
-
-/// The batch [`Limiter::check_all`] takes, borrowing `checks`.
-fn batch_of<'c>(checks: &'c [Check<'_>]) -> SmallVec<[(&'c str, &'c [u8], u64); INLINE]> {
-    let mut batch = SmallVec::new();
-    for c in checks {
-        batch.push((&**c.policy, c.key.as_bytes(), c.cost));
-    }
-    batch
-}
 
 /// One limit of one request: its policy, key and cost (the estimate of a settled limit),
 /// borrowing the layer's configuration and the request's head while it is decided in `call`;
@@ -390,13 +357,12 @@ impl OwnedKey {
 ///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
 ///    `tracing`.
 ///
-/// The policy and key are found in `call`, from the request's head. A store that answers
-/// without waiting (`Store::decide_now`, `Store::decide_all_now`; the memory store does)
-/// decides there too ([`Limiter::check_now`](distlimit_policy::Limiter::check_now), for
-/// several limits [`Limiter::check_all_now`](distlimit_policy::Limiter::check_all_now)), so
-/// the request goes on with nothing allocated and no clone of the inner service; otherwise the
-/// request allocates one boxed future (the limiter's check, which borrows the limiter, the
-/// policies and the keys), polled once in `call`. Keys
+/// The policy and key are found in `call`, from the request's head, and the policies resolved
+/// there, once ([`Limiter::check_all_now`](distlimit_policy::Limiter::check_all_now)). A store
+/// that answers without waiting (`Store::decide_now`, `Store::decide_all_now`; the memory store
+/// does) decides there too, so the request goes on with nothing allocated and no clone of the
+/// inner service; otherwise the request allocates one boxed future (its
+/// [`Plan`](distlimit_policy::Plan) decided by the limiter), polled once in `call`. Keys
 /// are on the stack (IP) or share the header's bytes; no lock is taken. A request no policy
 /// applies to goes straight to the inner service, without a box or a clone of it.
 #[derive(Clone)]
@@ -866,12 +832,11 @@ impl<S: Store + ?Sized> Config<S> {
         self.limits.iter().flat_map(|limit| limit.policy.policies())
     }
 
-    /// Decides a request's limits as one all-or-nothing batch.
-    async fn check(&self, checks: &[Check<'_>]) -> Step {
+    /// Decides a request's limits, planned as one all-or-nothing batch, awaiting the store.
+    async fn check(&self, plan: &Plan, checks: &[Check<'_>]) -> Step {
         // Named in logs by its first policy (the layer's own, when it applies).
         let policy = checks.first().map_or("", |c| &**c.policy);
-        let batch = batch_of(checks);
-        let check = self.limiter.check_all(&batch);
+        let check = self.limiter.decide_plan(plan);
         let Some(limit) = self.timeout else {
             return self.step(policy, check.await.as_deref(), checks);
         };

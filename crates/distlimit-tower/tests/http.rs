@@ -288,7 +288,7 @@ async fn requests_charge_their_cost(layer: RateLimitLayer) {
 
 #[tokio::test]
 async fn requests_charge_the_cost_their_head_names() {
-    // The memory store answers in `call` (`Limiter::check_now`).
+    // The memory store answers in `call` (`Limiter::check_all_now`).
     let layer = RateLimitLayer::builder(limiter(frozen_store()), "api")
         .headers(RateLimitHeaders::Always)
         .legacy_headers(true)
@@ -299,7 +299,7 @@ async fn requests_charge_the_cost_their_head_names() {
 
 #[tokio::test]
 async fn a_store_that_must_be_awaited_is_charged_the_cost_too() {
-    // A store without `decide_now` is checked in the request's future (`Limiter::check_cost`).
+    // A store without `decide_now` is checked in the request's future (`Limiter::decide_plan`).
     let store = distlimit_test::FaultyStore::new(frozen_store())
         .with_default(distlimit_test::Fault::Delay(std::time::Duration::ZERO));
     let layer = RateLimitLayer::builder(limiter(store), "api")

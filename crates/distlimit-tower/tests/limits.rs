@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use distlimit_core::Store;
+use distlimit_core::{Decision, Error, Request, Store};
 use distlimit_tower::{KeyExtractor, RateLimitHeaders, RateLimitLayer, RouteTable};
 use http::{HeaderName, StatusCode};
 use support::{frozen_store, get_path, limiter, serve};
@@ -153,4 +153,76 @@ async fn a_limit_may_charge_its_own_cost() {
     let denied = get_path(addr, "/api/data", &[("x-user-id", "bob")]).await;
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.header("ratelimit"), Some(r#""ip/hour";r=1;t=2760"#));
+}
+
+/// A store that must be awaited whose first try without waiting (`decide_now`,
+/// `decide_all_now`) runs a hook, once.
+struct Hooked {
+    inner: distlimit_test::FaultyStore<distlimit_memory::MemoryStore<distlimit_core::ManualClock>>,
+    hook: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Hooked {
+    fn run(&self) {
+        if let Some(hook) = self.hook.lock().unwrap().take() {
+            hook();
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Hooked {
+    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+        self.inner.decide(request).await
+    }
+
+    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+        self.inner.decide_all(requests).await
+    }
+
+    fn decide_now(&self, _: &Request<'_>) -> Option<Result<Decision, Error>> {
+        self.run();
+        None
+    }
+
+    fn decide_all_now(&self, _: &[Request<'_>], _: &mut [Decision]) -> Option<Result<(), Error>> {
+        self.run();
+        None
+    }
+}
+
+/// A request the store must be awaited for resolves its policies once, in `call`: when a new
+/// set is published between its try without waiting and the await, it is still decided (and
+/// answered) under the set it loaded; the next request under the new one.
+#[tokio::test]
+async fn a_request_on_an_awaited_store_resolves_its_policies_once() {
+    for two_limits in [false, true] {
+        let store = Hooked {
+            inner: awaited(),
+            hook: std::sync::Mutex::new(None),
+        };
+        let limiter = limiter(store);
+        let user_limit = r#"name = "hour", algorithm = "fixed_window", limit = 2"#;
+        let raised = support::POLICIES.replace(user_limit, &user_limit.replace('2', "5"));
+        let raised = distlimit_policy::PolicySet::from_toml_str(&raised).unwrap();
+        let swap = std::sync::Arc::clone(&limiter);
+        *limiter.store().hook.lock().unwrap() = Some(Box::new(move || {
+            swap.replace(raised).unwrap();
+        }));
+        let mut builder = RateLimitLayer::builder(limiter, "user");
+        if two_limits {
+            builder = builder.and("ip", KeyExtractor::header(USER));
+        }
+        let addr = serve(builder.headers(RateLimitHeaders::Always).build()).await;
+        let user = [("x-user-id", "alice")];
+        for q in [2, 5] {
+            let reply = get_path(addr, "/api/data", &user).await;
+            assert_eq!(reply.status, StatusCode::OK);
+            let policy = reply.header("ratelimit-policy").unwrap();
+            assert!(
+                policy.contains(&format!(r#""user/hour";q={q};"#)),
+                "{policy}"
+            );
+        }
+    }
 }
