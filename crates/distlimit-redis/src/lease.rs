@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use distlimit_core::{Error, Grant, LeaseStore, Request};
 
 use crate::RedisStore;
-use crate::layout::KeyBuf;
 use crate::script::Group;
 
 /// One call per exchange (alone, or packed with other groups by the coalescer), atomic inside
@@ -25,26 +24,9 @@ impl LeaseStore for RedisStore {
         want: u64,
     ) -> Result<Grant, Error> {
         request.limit().check_lease()?;
-        let mut key = KeyBuf::new();
-        self.layout().write_key(
-            request.policy().as_bytes(),
-            request.key().as_bytes(),
-            &mut key,
-        );
-        let group = Group::lease(
-            key.as_bytes(),
-            request.limit(),
-            give_back,
-            want,
-            self.time(),
-        )?;
-        let mut answer = self.send(group).await?;
-        let granted = answer.granted;
-        Ok(Grant {
-            granted,
-            decision: answer.decisions.pop().ok_or_else(|| {
-                crate::script::protocol("a lease answered without its decision".to_owned())
-            })?,
-        })
+        let key = self.state_key(request.policy(), request.key().as_bytes());
+        let time = self.time();
+        let group = Group::lease(key.as_bytes(), request.limit(), give_back, want, time)?;
+        self.send(group).await?.lease()
     }
 }

@@ -16,14 +16,12 @@
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{Error, PermitDecision, PermitId, PermitRequest, PermitStore};
 
 use crate::RedisStore;
-use crate::layout::{KeyBuf, Sink};
-use crate::script::{Group, PermitAction, PermitReply, protocol};
+use crate::script::{Group, Op, PermitAction};
 
 /// What follows a state's Redis key in the name of its permit set.
 pub const PERMIT_SUFFIX: &[u8] = b"%permits";
@@ -63,19 +61,11 @@ impl RedisStore {
         request: &PermitRequest<'_>,
         id: PermitId,
         action: PermitAction,
-    ) -> Result<PermitReply, Error> {
-        let mut key = KeyBuf::new();
-        self.layout().write_key(
-            request.policy().as_bytes(),
-            request.key().as_bytes(),
-            &mut key,
-        );
-        key.put(PERMIT_SUFFIX);
-        let group = Group::permit(key.as_bytes(), request.limit(), id, action, self.time())?;
-        self.send(group)
-            .await?
-            .permit
-            .ok_or_else(|| protocol("a permit call answered without its reply".to_owned()))
+    ) -> Result<PermitDecision, Error> {
+        let key = self.state_key(request.policy(), request.key().as_bytes());
+        let op = Op::Permit(action, id, *request.limit());
+        let group = Group::keyed(key.as_bytes(), PERMIT_SUFFIX, op, self.time())?;
+        self.send(group).await?.permit()
     }
 }
 
@@ -86,33 +76,16 @@ impl RedisStore {
 impl PermitStore for RedisStore {
     async fn acquire(&self, request: &PermitRequest<'_>) -> Result<PermitDecision, Error> {
         let id = self.permit_ids().next();
-        let reply = self.permit_call(request, id, PermitAction::Acquire).await?;
-        let max = request.limit().max_in_flight();
-        let in_flight = u32::try_from(reply.in_flight).unwrap_or(u32::MAX);
-        let expired = u32::try_from(reply.expired).unwrap_or(u32::MAX);
-        Ok(if reply.ok {
-            PermitDecision::acquired(id, in_flight, max, expired)
-        } else {
-            PermitDecision::denied(
-                in_flight,
-                max,
-                Duration::from_micros(reply.retry_after_us),
-                expired,
-            )
-        })
+        self.permit_call(request, id, PermitAction::Acquire).await
     }
 
     async fn release(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {
-        Ok(self
-            .permit_call(request, permit, PermitAction::Release)
-            .await?
-            .ok)
+        let call = self.permit_call(request, permit, PermitAction::Release);
+        Ok(call.await?.is_allowed())
     }
 
     async fn renew(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {
-        Ok(self
-            .permit_call(request, permit, PermitAction::Renew)
-            .await?
-            .ok)
+        let call = self.permit_call(request, permit, PermitAction::Renew);
+        Ok(call.await?.is_allowed())
     }
 }

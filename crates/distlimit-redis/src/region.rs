@@ -87,8 +87,7 @@ use distlimit_core::{
 };
 
 use crate::RedisStore;
-use crate::layout::KeyBuf;
-use crate::script::Group;
+use crate::script::{Group, Op, PoolAction, PoolParams, PoolReply as Step};
 
 /// How long deposited units stay in a region's pool before they are due home: 1 s.
 pub const DEFAULT_REGION_HORIZON: Duration = Duration::from_secs(1);
@@ -290,18 +289,6 @@ impl<H> fmt::Debug for RegionStore<H> {
     }
 }
 
-/// One step's answer from the pool (`pool.lua`).
-#[derive(Clone, Copy, Debug)]
-struct Step {
-    granted: u64,
-    units: u64,
-    back: u64,
-    want: u64,
-    denied_until: u64,
-    failing: bool,
-    now: u64,
-}
-
 /// What follows a pool's key after the state key of its (policy, key): 0xFF, which no policy
 /// name (UTF-8) holds, and `pool`.
 const POOL_SUFFIX: &[u8] = b"\xFFpool";
@@ -309,10 +296,6 @@ const POOL_SUFFIX: &[u8] = b"\xFFpool";
 /// The `retry_after` of a lease exchange that found its pool empty while home has units
 /// (a refill pending): 1 ms, so the lease asks again soon.
 const PENDING_REFILL_RETRY_US: u64 = 1_000;
-
-/// The pool's actions (`pool.lua`).
-const SPEND: u64 = 1;
-const DEPOSIT: u64 = 2;
 
 /// The pool of one (policy, key) under its limit, as a step names it.
 #[derive(Clone, Copy)]
@@ -366,37 +349,20 @@ impl<H> RegionStore<H> {
 }
 
 impl<H: LeaseStore + 'static> RegionStore<H> {
-    /// The pool's key: the state key of (policy, key) in the region's layout, then
-    /// [`POOL_SUFFIX`]: never a state key, even on home's server.
-    fn pool_key(&self, policy: &str, key: &[u8], out: &mut KeyBuf) {
-        self.shared
-            .region
-            .layout()
-            .write_key(policy.as_bytes(), key, out);
-    }
-
-    async fn step(&self, pool: Pool<'_>, action: [u64; 4]) -> Result<Step, Error> {
+    async fn step(&self, pool: Pool<'_>, action: PoolAction) -> Result<Step, Error> {
         let s = &*self.shared;
-        let mut buf = KeyBuf::new();
-        self.pool_key(pool.policy, pool.key, &mut buf);
-        let group = Group::pool(
-            buf.as_bytes(),
-            POOL_SUFFIX,
-            [s.horizon_us, pool.limit.capacity(), s.claim_us, s.keep_ms],
-            action,
-            s.region.time(),
-        )?;
-        let [granted, units, back, want, denied_until, failing, now] =
-            s.region.send(group).await?.pool;
-        Ok(Step {
-            granted,
-            units,
-            back,
-            want,
-            denied_until,
-            failing: failing != 0,
-            now,
-        })
+        // The pool's key: the state key of (policy, key) in the region's layout, then
+        // `POOL_SUFFIX`: never a state key, even on home's server.
+        let buf = s.region.state_key(pool.policy, pool.key);
+        let params = PoolParams {
+            horizon_us: s.horizon_us,
+            capacity: pool.limit.capacity(),
+            claim_us: s.claim_us,
+            keep_ms: s.keep_ms,
+        };
+        let op = Op::Pool(params, action);
+        let group = Group::keyed(buf.as_bytes(), POOL_SUFFIX, op, s.region.time())?;
+        s.region.send(group).await?.pool()
     }
 
     /// Spends from the pool (give back `back`, take `want` if at least `min`), and starts the
@@ -408,12 +374,12 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         want: u64,
         min: u64,
     ) -> Result<Step, Error> {
-        self.step_and_refill(Pool::of(request), [SPEND, back, want, min])
-            .await
+        let spend = PoolAction::Spend { back, want, min };
+        self.step_and_refill(Pool::of(request), spend).await
     }
 
     /// A step on the pool, then the refill it claimed, if any, in a task of its own.
-    async fn step_and_refill(&self, pool: Pool<'_>, action: [u64; 4]) -> Result<Step, Error> {
+    async fn step_and_refill(&self, pool: Pool<'_>, action: PoolAction) -> Result<Step, Error> {
         let step = self.step(pool, action).await?;
         self.start_refill(pool, &step);
         Ok(step)
@@ -452,23 +418,19 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
                 store: "region",
                 after: s.claim_timeout,
             }));
-        let deposit = match answer {
+        let (units, wait_us, ok) = match answer {
             Ok(grant) => {
                 bump(&c.returned_home, back);
                 bump(&c.from_home, grant.granted);
-                [
-                    DEPOSIT,
-                    grant.granted,
-                    grant.decision.retry_after_us().max(1),
-                    1,
-                ]
+                (grant.granted, grant.decision.retry_after_us().max(1), true)
             }
             Err(_) => {
                 bump(&c.refill_failures, 1);
                 bump(&c.lost, back);
-                [DEPOSIT, 0, s.backoff_us, 0]
+                (0, s.backoff_us, false)
             }
         };
+        let deposit = PoolAction::Deposit { units, wait_us, ok };
         match self.step(target, deposit).await {
             // A pool holding units is one the sweep must look at once they are due.
             Ok(step) if step.units > 0 => {
@@ -477,7 +439,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             Ok(_) => {}
             // The units granted are withdrawn at home and not in the pool: lost. The claim
             // ends by its own timeout.
-            Err(_) => bump(&c.lost, deposit[1]),
+            Err(_) => bump(&c.lost, units),
         }
     }
 
@@ -511,6 +473,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
     pub async fn sweep(&self) -> usize {
         let seen = self.shared.seen.take();
         let n = seen.len();
+        let (back, want, min) = (0, 0, 0);
         for ((policy, key), limit) in seen {
             // A step asking for nothing: it claims only the units that are due. A pool still
             // holding units is swept again next time.
@@ -521,7 +484,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
                         key: &key,
                         limit: &limit,
                     },
-                    [SPEND, 0, 0, 0],
+                    PoolAction::Spend { back, want, min },
                 )
                 .await
                 && step.units > 0
@@ -573,7 +536,8 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
             let granted = step.units.min(1);
             return Ok(self.decision(request.limit(), 1, &Step { granted, ..step }));
         }
-        let (pool, spend) = (Pool::of(request), [SPEND, 0, cost, cost]);
+        let (back, want, min) = (0, cost, cost);
+        let (pool, spend) = (Pool::of(request), PoolAction::Spend { back, want, min });
         let step = self.step(pool, spend).await?;
         let refill = self.start_refill(pool, &step);
         let Some(refill) = refill.filter(|_| step.granted < cost && step.want > 0) else {
@@ -678,10 +642,11 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
     async fn settle(&self, settle: &Settle<'_>) -> Result<Decision, Error> {
         let (request, cost) = (settle.request(), settle.request().cost());
         let pool = Pool::of(request);
-        let action = match settle.is_report() {
-            true => [SPEND, 0, cost.min(request.limit().capacity()), 1],
-            false => [SPEND, cost, 0, 0],
+        let (back, want, min) = match settle.is_report() {
+            true => (0, cost.min(request.limit().capacity()), 1),
+            false => (cost, 0, 0),
         };
+        let action = PoolAction::Spend { back, want, min };
         let step = self.step(pool, action).await?;
         if step.units > 0 {
             self.shared.seen.note(pool.policy, pool.key, *pool.limit);
@@ -697,7 +662,8 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             }
         };
         if answer.is_err() && step.granted > 0 {
-            let _ = self.step(pool, [SPEND, step.granted, 0, 0]).await;
+            let (back, want, min) = (step.granted, 0, 0);
+            let _ = self.step(pool, PoolAction::Spend { back, want, min }).await;
         }
         // Awaited: a report's refill tells the pool what home has left (debt: none until then).
         if let Some(refill) = self.start_refill(pool, &step) {

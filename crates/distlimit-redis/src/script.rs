@@ -22,7 +22,7 @@
 //!   earlier groups charged when a later one denies, with a refund group (see the crate
 //!   documentation, "Batches across Cluster slots");
 //! * a refund ([`Group::refund`]), a lease exchange ([`Group::lease`]) and a concurrency
-//!   permit's acquire, release or renew ([`Group::permit`], `permit.lua`: a sorted set of
+//!   permit's acquire, release or renew ([`Op::Permit`], `permit.lua`: a sorted set of
 //!   permit ids scored by their expiry, at the key's permit key, see `permits.rs`).
 //!
 //! A store call is a call with one group; the coalescer (`coalesce.rs`) packs the groups of
@@ -151,7 +151,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use distlimit_core::{
-    Algorithm, Decision, Error, Limit, MAX_BATCH, MAX_REPORT, NEVER, PermitId, PermitLimit,
+    Algorithm, Decision, Error, Grant, Limit, MAX_BATCH, MAX_REPORT, NEVER, PermitDecision,
+    PermitId, PermitLimit,
 };
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
@@ -377,95 +378,157 @@ where
     Ok(())
 }
 
-/// What a group does (its op code in `entry.lua`).
+/// What a batch does with its requests (op codes 1 to 3 in `entry.lua`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GroupOp {
+pub(crate) enum Batch {
+    /// Evaluated without charging.
+    Evaluate = 1,
+    /// Charged if every request is admitted.
+    Commit = 2,
+    /// As [`Batch::Commit`], answering the time decided at too (for a later refund).
+    CommitTimed = 3,
+}
+
+/// What a group does: its op, with the data of the op that is not per request. Each concern of
+/// an op (its code and values in `ARGV[1]`, its reply's length and decoding, whether it writes
+/// and whether its answer must be durable) is one `match` in one function of [`Group`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
     /// One request, charged when admitted (a state carried over is written even when denied).
     One,
-    /// A batch evaluated without charging.
-    Evaluate,
-    /// A batch charged if every request is admitted.
-    Commit,
-    /// As [`GroupOp::Commit`], answering the time decided at too (for a later refund).
-    CommitTimed,
-    /// Gives back what a [`GroupOp::CommitTimed`] group charged.
-    Refund,
+    /// An all-or-nothing batch.
+    Batch(Batch),
+    /// Gives back what a [`Batch::CommitTimed`] group charged at `at` (µs).
+    Refund { at: u64 },
     /// A lease exchange: give back unspent units, then take up to the units wanted.
-    Lease,
-    /// A step of a regional pool (see `pool.lua` and `region.rs`).
-    Pool,
-    /// A concurrency permit: acquire, release or renew (see `permit.lua`).
-    Permit,
-    /// Reports and give-backs, every one applied (`settle.lua`).
-    Settle,
+    Lease { give_back: u64, want: u64 },
+    /// A step of a regional pool (`pool.lua`, `region.rs`), values capped below 2^53.
+    Pool(PoolParams, PoolAction),
+    /// A concurrency permit's action on a permit under a limit (see `permit.lua`).
+    Permit(PermitAction, PermitId, PermitLimit),
+    /// Reports and give-backs, every one applied (`settle.lua`): per request, whether it is a
+    /// report, and its units.
+    Settle(Vec<(bool, u64)>),
 }
 
-impl GroupOp {
-    fn code(self) -> u64 {
-        match self {
-            GroupOp::One => 0,
-            GroupOp::Evaluate => 1,
-            GroupOp::Commit => 2,
-            GroupOp::CommitTimed => 3,
-            GroupOp::Refund => 4,
-            GroupOp::Lease => 5,
-            GroupOp::Pool => 6,
-            GroupOp::Permit => 7,
-            GroupOp::Settle => 8,
-        }
-    }
+/// A regional pool's parameters (see `pool.lua`): how long deposited units stay before they
+/// are due home, the most units it aims at, how long a refill may take before another instance
+/// may claim one, the pool key's time to live after each write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PoolParams {
+    pub(crate) horizon_us: u64,
+    pub(crate) capacity: u64,
+    pub(crate) claim_us: u64,
+    pub(crate) keep_ms: u64,
 }
 
-/// A group's answer.
-#[derive(Debug, Default)]
-pub(crate) struct Answer {
-    /// One decision per request (none for a refund).
-    pub(crate) decisions: Vec<Decision>,
-    /// [`GroupOp::CommitTimed`]: the time (µs) the group was decided at, when it was charged.
-    pub(crate) at: Option<u64>,
-    /// [`GroupOp::Lease`]: the units granted.
-    pub(crate) granted: u64,
-    /// [`GroupOp::Pool`]: the pool's reply (see `pool.lua`).
-    pub(crate) pool: [u64; POOL_REPLY],
-    /// [`GroupOp::Permit`]: the script's answer.
-    pub(crate) permit: Option<PermitReply>,
+/// A pool step's action (see `pool.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PoolAction {
+    /// Give back `back` units, then take `want` if at least `min` of them are there.
+    Spend { back: u64, want: u64, min: u64 },
+    /// A refill's answer: home granted `units` (`ok`; none: nothing there for `wait_us`), or
+    /// failed (no claim for `wait_us`).
+    Deposit { units: u64, wait_us: u64, ok: bool },
 }
 
-/// What a permit group answered (see `permit.lua`).
+/// A pool step's reply (see `pool.lua`): the units taken, the units left, the claimed refill's
+/// units to give back home and to ask for (both 0: no claim), until when (µs) home had nothing,
+/// whether the last refill failed, the step's time (µs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct PermitReply {
-    /// Admitted, or the permit was live.
-    pub(crate) ok: bool,
-    /// The permit's id.
-    pub(crate) id: u64,
-    /// The key's live permits after the call.
-    pub(crate) in_flight: u64,
-    /// A denied acquire's wait, µs.
-    pub(crate) retry_after_us: u64,
-    /// The permits found expired.
-    pub(crate) expired: u64,
+pub(crate) struct PoolReply {
+    pub(crate) granted: u64,
+    pub(crate) units: u64,
+    pub(crate) back: u64,
+    pub(crate) want: u64,
+    pub(crate) denied_until: u64,
+    pub(crate) failing: bool,
+    pub(crate) now: u64,
+}
+
+/// A group's answer, typed by its op.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// One decision per request (none for a refund), and for [`Batch::CommitTimed`] the time
+    /// (µs) the group was decided at, when it was charged.
+    Decisions(Vec<Decision>, Option<u64>),
+    /// A lease exchange's grant.
+    Lease(Grant),
+    /// A pool step's reply.
+    Pool(PoolReply),
+    /// A permit's reply: allowed when an acquire was admitted or the permit was live.
+    Permit(PermitDecision),
 }
 
 /// What a permit group does (its action in `permit.lua`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PermitAction {
-    Acquire,
-    Release,
-    Renew,
+    Acquire = 0,
+    Release = 1,
+    Renew = 2,
 }
 
 impl Answer {
+    fn mismatch(self) -> Error {
+        protocol(format!("a group answered a reply of another op: {self:?}"))
+    }
+
+    /// The decisions, and a timed commit's time.
+    pub(crate) fn charged(self) -> Result<(Vec<Decision>, Option<u64>), Error> {
+        match self {
+            Answer::Decisions(decisions, at) => Ok((decisions, at)),
+            other => Err(other.mismatch()),
+        }
+    }
+
+    /// The decisions.
+    pub(crate) fn decisions(self) -> Result<Vec<Decision>, Error> {
+        Ok(self.charged()?.0)
+    }
+
     /// The one decision of a single request.
-    pub(crate) fn decision(mut self) -> Result<Decision, Error> {
-        match (self.decisions.pop(), self.decisions.is_empty()) {
-            (Some(decision), true) => Ok(decision),
+    pub(crate) fn decision(self) -> Result<Decision, Error> {
+        match self.decisions()?.as_slice() {
+            [decision] => Ok(*decision),
             _ => Err(protocol("expected exactly one decision".to_owned())),
+        }
+    }
+
+    /// A lease exchange's grant.
+    pub(crate) fn lease(self) -> Result<Grant, Error> {
+        match self {
+            Answer::Lease(grant) => Ok(grant),
+            other => Err(other.mismatch()),
+        }
+    }
+
+    /// A pool step's reply.
+    pub(crate) fn pool(self) -> Result<PoolReply, Error> {
+        match self {
+            Answer::Pool(reply) => Ok(reply),
+            other => Err(other.mismatch()),
+        }
+    }
+
+    /// A permit's reply.
+    pub(crate) fn permit(self) -> Result<PermitDecision, Error> {
+        match self {
+            Answer::Permit(reply) => Ok(reply),
+            other => Err(other.mismatch()),
         }
     }
 }
 
 /// The doubles of a pool step's reply.
 pub const POOL_REPLY: usize = 7;
+
+/// A rate-limit request as sent (limit: algorithm id, four parameters), and its expectation.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    row: [u64; 5],
+    cost: u64,
+    expect: Expect,
+}
 
 /// One group of a call, owned (it may wait in the coalescer's queue).
 #[derive(Debug)]
@@ -474,24 +537,20 @@ pub(crate) struct Group {
     keys: Vec<u8>,
     ends: Vec<usize>,
     time: TimeSource,
-    op: GroupOp,
-    /// Per request: its limit (algorithm id and four parameter slots) and its values (cost;
-    /// cost and charge time for a refund; units given back and wanted for a lease).
-    /// A pool step: the pool's parameters and its action with three values.
-    requests: Vec<([u64; 5], [u64; 4])>,
-    expect: Vec<Expect>,
+    op: Op,
+    /// Per key of a rate-limit op: its request (none for a pool step or a permit).
+    entries: Vec<Entry>,
 }
 
 impl Group {
-    fn with_capacity(time: TimeSource, op: GroupOp, keys: usize, n: usize) -> Result<Self, Error> {
+    fn with_capacity(time: TimeSource, op: Op, keys: usize, n: usize) -> Result<Self, Error> {
         check_time(time)?;
         Ok(Group {
             keys: Vec::with_capacity(keys),
             ends: Vec::with_capacity(n),
             time,
             op,
-            requests: Vec::with_capacity(n),
-            expect: Vec::with_capacity(n),
+            entries: Vec::with_capacity(n),
         })
     }
 
@@ -502,41 +561,53 @@ impl Group {
         cost: u64,
         time: TimeSource,
     ) -> Result<Self, Error> {
-        let mut group = Group::with_capacity(time, GroupOp::One, redis_key.len(), 1)?;
-        group.push(redis_key, limit, cost)?;
-        Ok(group)
+        let request = ScriptRequest::new(redis_key, *limit, cost);
+        Group::of(&[request], time, Op::One)
     }
 
-    /// An all-or-nothing batch: `op` is [`GroupOp::Evaluate`], [`GroupOp::Commit`] or
-    /// [`GroupOp::CommitTimed`] (a batch holding a cost above its capacity is only evaluated).
-    /// An empty batch, one above [`MAX_BATCH`] or a Redis key twice is an
-    /// [`Error::InvalidRequest`].
-    pub(crate) fn batch(
-        requests: &[ScriptRequest<'_>],
-        time: TimeSource,
-        op: GroupOp,
-    ) -> Result<Self, Error> {
+    /// Not empty, at most [`MAX_BATCH`], no Redis key twice; else an [`Error::InvalidRequest`].
+    fn check_batch(requests: &[ScriptRequest<'_>]) -> Result<(), Error> {
         if requests.is_empty() {
             return Err(Error::InvalidRequest("empty batch"));
         }
         if requests.len() > MAX_BATCH {
             return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
         }
-        let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
-        let mut group = Group::with_capacity(time, op, bytes, requests.len())?;
         for (i, r) in requests.iter().enumerate() {
             if requests[..i].iter().any(|o| o.redis_key == r.redis_key) {
                 return Err(Error::InvalidRequest("the same key twice in one batch"));
             }
-            group.push(r.redis_key, &r.limit, r.cost)?;
         }
-        if group.expect.iter().any(|e| e.never) {
-            group.op = GroupOp::Evaluate;
+        Ok(())
+    }
+
+    /// A group of `op` over `requests`.
+    fn of(requests: &[ScriptRequest<'_>], time: TimeSource, op: Op) -> Result<Self, Error> {
+        let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
+        let mut group = Group::with_capacity(time, op, bytes, requests.len())?;
+        for r in requests {
+            group.push(r.redis_key, &r.limit, r.cost)?;
         }
         Ok(group)
     }
 
-    /// Gives back what a [`GroupOp::CommitTimed`] group of `requests` charged at `at` (see
+    /// An all-or-nothing batch (a batch holding a cost above its capacity is only evaluated).
+    /// An empty batch, one above [`MAX_BATCH`] or a Redis key twice is an
+    /// [`Error::InvalidRequest`].
+    pub(crate) fn batch(
+        requests: &[ScriptRequest<'_>],
+        time: TimeSource,
+        batch: Batch,
+    ) -> Result<Self, Error> {
+        Group::check_batch(requests)?;
+        let mut group = Group::of(requests, time, Op::Batch(batch))?;
+        if group.entries.iter().any(|e| e.expect.never) {
+            group.op = Op::Batch(Batch::Evaluate);
+        }
+        Ok(group)
+    }
+
+    /// Gives back what a [`Batch::CommitTimed`] group of `requests` charged at `at` (see
     /// `refund.lua`): never more than the states still owe the charge, so the refunded states
     /// never admit more than they would have without it.
     pub(crate) fn refund(
@@ -544,15 +615,8 @@ impl Group {
         at: u64,
         time: TimeSource,
     ) -> Result<Self, Error> {
-        let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
-        let mut group = Group::with_capacity(time, GroupOp::Refund, bytes, requests.len())?;
-        for r in requests {
-            group.push(r.redis_key, &r.limit, r.cost)?;
-            if let Some(last) = group.requests.last_mut() {
-                last.1[1] = at.min(MAX_CLIENT_TIME_US);
-            }
-        }
-        Ok(group)
+        let at = at.min(MAX_CLIENT_TIME_US);
+        Group::of(requests, time, Op::Refund { at })
     }
 
     /// A lease exchange on `redis_key`: give back `give_back` units, then take up to `want`
@@ -565,68 +629,27 @@ impl Group {
         time: TimeSource,
     ) -> Result<Self, Error> {
         limit.check_lease()?;
-        let mut group = Group::with_capacity(time, GroupOp::Lease, redis_key.len(), 1)?;
-        group.push(redis_key, limit, 0)?;
         // `want` at most the capacity, and the units given back at most 2^52 (the script caps
         // them at the burst of the quota their state was written under, which may differ from
         // this one after a limit change), so every product in the script stays below 2^53.
-        if let Some(last) = group.requests.last_mut() {
-            last.1 = [
-                give_back.min(MAX_GIVE_BACK),
-                want.min(limit.capacity()),
-                0,
-                0,
-            ];
-        }
-        Ok(group)
+        let op = Op::Lease {
+            give_back: give_back.min(MAX_GIVE_BACK),
+            want: want.min(limit.capacity()),
+        };
+        Group::of(&[ScriptRequest::new(redis_key, *limit, 0)], time, op)
     }
 
-    /// A step of the regional pool at the key `redis_key ‖ suffix` (see `pool.lua`):
-    /// `parameters` are its horizon (µs), capacity, claim time (µs) and time to live (ms);
-    /// `action` its action and three values. Every value is capped at [`MAX_CLIENT_TIME_US`]
-    /// (below 2^53).
-    pub(crate) fn pool(
+    /// A group of `op` on the one key `redis_key ‖ suffix`: a pool step or a permit's action.
+    pub(crate) fn keyed(
         redis_key: &[u8],
         suffix: &[u8],
-        parameters: [u64; 4],
-        action: [u64; 4],
+        op: Op,
         time: TimeSource,
     ) -> Result<Self, Error> {
-        let len = redis_key.len() + suffix.len();
-        let mut group = Group::with_capacity(time, GroupOp::Pool, len, 1)?;
-        let [p1, p2, p3, p4] = parameters.map(|v| v.min(MAX_CLIENT_TIME_US));
+        let mut group = Group::with_capacity(time, op, redis_key.len() + suffix.len(), 1)?;
         group.keys.extend_from_slice(redis_key);
         group.keys.extend_from_slice(suffix);
         group.ends.push(group.keys.len());
-        group.requests.push((
-            [0, p1, p2, p3, p4],
-            action.map(|v| v.min(MAX_CLIENT_TIME_US)),
-        ));
-        Ok(group)
-    }
-
-    /// A permit `action` on permit `id` of the sorted set at `redis_key`, held to `limit`
-    /// (see `permit.lua`).
-    pub(crate) fn permit(
-        redis_key: &[u8],
-        limit: &PermitLimit,
-        id: PermitId,
-        action: PermitAction,
-        time: TimeSource,
-    ) -> Result<Self, Error> {
-        let mut group = Group::with_capacity(time, GroupOp::Permit, redis_key.len(), 1)?;
-        group.keys.extend_from_slice(redis_key);
-        group.ends.push(group.keys.len());
-        let code = match action {
-            PermitAction::Acquire => 0,
-            PermitAction::Release => 1,
-            PermitAction::Renew => 2,
-        };
-        // Algorithm 0: no rate algorithm; the limit's slots hold max in flight and the lease.
-        let max = u64::from(limit.max_in_flight());
-        group
-            .requests
-            .push(([0, max, limit.lease_us(), 0, 0], [id.get(), code, 0, 0]));
         Ok(group)
     }
 
@@ -639,32 +662,23 @@ impl Group {
         reports: &[bool],
         time: TimeSource,
     ) -> Result<Self, Error> {
-        if requests.is_empty() || requests.len() != reports.len() {
+        if requests.len() != reports.len() {
             return Err(Error::InvalidRequest("empty batch"));
         }
-        if requests.len() > MAX_BATCH {
-            return Err(Error::InvalidRequest("batch larger than MAX_BATCH"));
-        }
-        let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
-        let mut group = Group::with_capacity(time, GroupOp::Settle, bytes, requests.len())?;
-        for (i, (r, &report)) in requests.iter().zip(reports).enumerate() {
-            if requests[..i].iter().any(|o| o.redis_key == r.redis_key) {
-                return Err(Error::InvalidRequest("the same key twice in one batch"));
-            }
+        Group::check_batch(requests)?;
+        // The units go among the op's values; each request is sent as a peek would be.
+        let (mut units, mut peeks) = (Vec::with_capacity(reports.len()), Vec::new());
+        for (r, &report) in requests.iter().zip(reports) {
             r.limit.check_debt()?;
-            // The op code `settle.lua` reads: 1 a report, 2 a give-back.
-            let code = if report { 1 } else { 2 };
             if r.cost > MAX_REPORT {
                 return Err(Error::InvalidRequest(
                     "a report or give-back above MAX_REPORT units",
                 ));
             }
-            group.push(r.redis_key, &r.limit, 0)?;
-            if let Some(last) = group.requests.last_mut() {
-                last.1 = [r.cost, code, 0, 0];
-            }
+            units.push((report, r.cost));
+            peeks.push(ScriptRequest { cost: 0, ..*r });
         }
-        Ok(group)
+        Group::of(&peeks, time, Op::Settle(units))
     }
 
     fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
@@ -673,38 +687,93 @@ impl Group {
         let ([p1, p2, p3, p4], _) = parameters(kind, limit);
         self.keys.extend_from_slice(redis_key);
         self.ends.push(self.keys.len());
-        self.requests
-            .push(([kind.id(), p1, p2, p3, p4], [cost, 0, 0, 0]));
-        self.expect.push(expect);
+        let row = [kind.id(), p1, p2, p3, p4];
+        self.entries.push(Entry { row, cost, expect });
         Ok(())
+    }
+
+    /// The op's code in `entry.lua`; `put` is given per request its limit and its values.
+    fn encode(&self, mut put: impl FnMut([u64; 5], &[u64])) -> u64 {
+        let entries = self.entries.iter();
+        match &self.op {
+            Op::One => {
+                entries.for_each(|e| put(e.row, &[e.cost]));
+                0
+            }
+            Op::Batch(batch) => {
+                entries.for_each(|e| put(e.row, &[e.cost]));
+                *batch as u64
+            }
+            Op::Refund { at } => {
+                entries.for_each(|e| put(e.row, &[e.cost, *at]));
+                4
+            }
+            Op::Lease { give_back, want } => {
+                entries.for_each(|e| put(e.row, &[*give_back, *want]));
+                5
+            }
+            Op::Pool(p, action) => {
+                // Algorithm 0: no rate algorithm; the limit's slots hold the pool's parameters.
+                let limit = [0, p.horizon_us, p.capacity, p.claim_us, p.keep_ms];
+                let values = match *action {
+                    PoolAction::Spend { back, want, min } => [1, back, want, min],
+                    PoolAction::Deposit { units, wait_us, ok } => {
+                        [2, units, wait_us, u64::from(ok)]
+                    }
+                };
+                let capped = |v: u64| v.min(MAX_CLIENT_TIME_US);
+                put(limit.map(capped), &values.map(capped));
+                6
+            }
+            Op::Permit(action, id, limit) => {
+                // Algorithm 0: the limit's slots hold max in flight and the lease.
+                let max = u64::from(limit.max_in_flight());
+                put(
+                    [0, max, limit.lease_us(), 0, 0],
+                    &[id.get(), *action as u64],
+                );
+                7
+            }
+            Op::Settle(reports) => {
+                // 1 a report, 2 a give-back.
+                for (e, &(report, units)) in entries.zip(reports) {
+                    put(e.row, &[units, 2 - u64::from(report)]);
+                }
+                8
+            }
+        }
     }
 
     /// Whether `answer` (this group's) admitted units: a charged request, or a lease granted.
     /// Only such an answer needs its write on replicas; losing any other write (a denial's carried
     /// state, a refund, units given back) can only under-admit.
     pub(crate) fn admitted(&self, answer: &Answer) -> bool {
-        match self.op {
-            GroupOp::Lease => answer.granted > 0,
+        match (&self.op, answer) {
+            (Op::Lease { .. }, Answer::Lease(grant)) => grant.granted > 0,
             // A pool step may spend units of the region's pool: held to `WAIT` like an admission.
-            GroupOp::Pool => true,
+            (Op::Pool(..), _) => true,
             // An acquired or renewed permit holds a place until its expiry: held to `WAIT` like
             // an admission (lost, the place would be handed out again while its request runs).
             // A lost release only makes the place wait for its expiry.
-            GroupOp::Permit => {
-                answer.permit.is_some_and(|p| p.ok)
-                    && self
-                        .requests
-                        .first()
-                        .is_some_and(|(_, values)| values[1] != 1)
+            (Op::Permit(action, ..), Answer::Permit(d)) => {
+                d.is_allowed() && *action != PermitAction::Release
             }
             // A report is usage charged: lost to a failover, the key would admit it again.
-            GroupOp::Settle => self.requests.iter().any(|(_, values)| values[1] == 1),
-            GroupOp::Refund | GroupOp::Evaluate => false,
-            GroupOp::One | GroupOp::Commit | GroupOp::CommitTimed => answer
-                .decisions
+            (Op::Settle(reports), _) => reports.iter().any(|&(report, _)| report),
+            (Op::One | Op::Batch(Batch::Commit | Batch::CommitTimed), Answer::Decisions(d, _)) => d
                 .iter()
-                .zip(&self.requests)
-                .any(|(d, (_, values))| d.is_allowed() && values[0] > 0),
+                .zip(&self.entries)
+                .any(|(d, e)| d.is_allowed() && e.cost > 0),
+            _ => false,
+        }
+    }
+
+    /// Whether the group may write: every op but a batch only evaluated, or only peeks.
+    fn writes(&self) -> bool {
+        match self.op {
+            Op::Batch(Batch::Evaluate) => false,
+            Op::One | Op::Batch(_) => self.entries.iter().any(|e| e.cost > 0),
+            _ => true,
         }
     }
 
@@ -715,7 +784,7 @@ impl Group {
 
     /// About what the group adds to a call, in bytes.
     pub(crate) fn bytes(&self) -> usize {
-        self.keys.len() + 24 * (self.requests.len() + 1)
+        self.keys.len() + 24 * (self.len() + 1)
     }
 
     /// The first key (for the hash slot of the group).
@@ -735,100 +804,84 @@ impl Group {
     /// The bytes of the group's answer in a reply.
     fn reply_len(&self) -> usize {
         match self.op {
-            GroupOp::Refund => 0,
-            GroupOp::Lease => 8 + DECISION_BYTES,
-            GroupOp::Pool => 8 * POOL_REPLY,
-            GroupOp::Permit => DECISION_BYTES,
-            GroupOp::Settle => DECISION_BYTES * self.len(),
-            GroupOp::CommitTimed => DECISION_BYTES * self.len() + 8,
-            GroupOp::One | GroupOp::Evaluate | GroupOp::Commit => DECISION_BYTES * self.len(),
+            Op::Refund { .. } => 0,
+            Op::Lease { .. } => 8 + DECISION_BYTES,
+            Op::Pool(..) => 8 * POOL_REPLY,
+            Op::Permit(..) => DECISION_BYTES,
+            Op::Batch(Batch::CommitTimed) => DECISION_BYTES * self.len() + 8,
+            Op::One | Op::Batch(_) | Op::Settle(_) => DECISION_BYTES * self.len(),
         }
     }
 
     /// Reads the group's answer from its part of the reply (`reply_len` bytes).
     fn answer(&self, part: &[u8]) -> Result<Answer, Error> {
-        match self.op {
-            GroupOp::Refund => Ok(Answer::default()),
-            GroupOp::Pool => {
-                let mut pool = [0; POOL_REPLY];
-                for (value, chunk) in pool.iter_mut().zip(part.chunks_exact(8)) {
-                    *value = integer(chunk)?;
-                }
-                Ok(Answer {
-                    pool,
-                    ..Answer::default()
-                })
+        match &self.op {
+            Op::Refund { .. } => Ok(Answer::Decisions(Vec::new(), None)),
+            Op::Pool(..) => {
+                let [granted, units, back, want, denied_until, failing, now] = integers(part)?;
+                let failing = failing != 0;
+                Ok(Answer::Pool(PoolReply {
+                    granted,
+                    units,
+                    back,
+                    want,
+                    denied_until,
+                    failing,
+                    now,
+                }))
             }
-            GroupOp::Permit => {
-                let mut n = [0u64; 5];
-                for (slot, bytes) in n.iter_mut().zip(part.chunks_exact(8)) {
-                    *slot = integer(bytes)?;
-                }
-                let [ok, id, in_flight, retry_after_us, expired] = n;
-                let ([_, max, ..], [sent, action, ..]) =
-                    self.requests.first().copied().unwrap_or_default();
+            Op::Permit(action, sent_id, limit) => {
+                let [ok, id, in_flight, retry_after_us, expired] = integers(part)?;
+                let (sent, max_u32) = (sent_id.get(), limit.max_in_flight());
+                let max = u64::from(max_u32);
+                let acquire = *action == PermitAction::Acquire;
                 let consistent = ok <= 1
                     && id == sent
-                    && (ok == 1 || action != 0 || in_flight >= max)
-                    && ((ok == 0 && action == 0) == (retry_after_us > 0));
+                    && (ok == 1 || !acquire || in_flight >= max)
+                    && ((ok == 0 && acquire) == (retry_after_us > 0));
                 if !consistent {
                     return Err(protocol(format!(
                         "inconsistent permit reply: ok {ok}, id {id} (sent {sent}), in flight \
-                         {in_flight} of {max}, retry_after {retry_after_us} µs, action {action}"
+                         {in_flight} of {max}, retry_after {retry_after_us} µs, {action:?}"
                     )));
                 }
-                Ok(Answer {
-                    permit: Some(PermitReply {
-                        ok: ok == 1,
-                        id,
-                        in_flight,
-                        retry_after_us,
-                        expired,
-                    }),
-                    ..Answer::default()
-                })
+                let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+                let (max, in_flight, expired) = (max_u32, count(in_flight), count(expired));
+                Ok(Answer::Permit(if ok == 1 {
+                    PermitDecision::acquired(*sent_id, in_flight, max, expired)
+                } else {
+                    let retry = Duration::from_micros(retry_after_us);
+                    PermitDecision::denied(in_flight, max, retry, expired)
+                }))
             }
-            GroupOp::Lease => {
-                let granted = integer(&part[..8])?;
-                let want = self.requests.first().map_or(0, |r| r.1[1]);
+            &Op::Lease { want, .. } => {
+                let [granted] = integers(part)?;
                 let decision = self
-                    .expect
+                    .entries
                     .first()
                     .ok_or_else(|| protocol("a lease without its request".to_owned()))
-                    .and_then(|e| parse_decision(&part[8..], *e))?;
+                    .and_then(|e| parse_decision(&part[8..], e.expect))?;
                 if granted > want || (decision.is_denied() && granted > 0) {
                     return Err(protocol(format!(
                         "inconsistent lease reply: granted {granted} of {want}, {decision:?}"
                     )));
                 }
-                Ok(Answer {
-                    decisions: vec![decision],
-                    granted,
-                    ..Answer::default()
-                })
+                Ok(Answer::Lease(Grant { granted, decision }))
             }
-            GroupOp::One
-            | GroupOp::Evaluate
-            | GroupOp::Commit
-            | GroupOp::CommitTimed
-            | GroupOp::Settle => {
+            Op::One | Op::Batch(_) | Op::Settle(_) => {
                 let split = DECISION_BYTES * self.len();
                 let decisions = part[..split]
                     .chunks_exact(DECISION_BYTES)
-                    .zip(&self.expect)
-                    .map(|(chunk, e)| parse_decision(chunk, *e))
+                    .zip(&self.entries)
+                    .map(|(chunk, e)| parse_decision(chunk, e.expect))
                     .collect::<Result<Vec<_>, _>>()?;
-                let at = if self.op == GroupOp::CommitTimed {
+                let at = if matches!(self.op, Op::Batch(Batch::CommitTimed)) {
                     let at = integer(&part[split..])?;
                     decisions.iter().all(Decision::is_allowed).then_some(at)
                 } else {
                     None
                 };
-                Ok(Answer {
-                    decisions,
-                    at,
-                    ..Answer::default()
-                })
+                Ok(Answer::Decisions(decisions, at))
             }
         }
     }
@@ -866,7 +919,7 @@ impl<'a> Call<'a> {
         conn: &mut C,
         durable: Option<Durable>,
     ) -> Result<Vec<Result<Answer, Error>>, Error> {
-        let durable = durable.filter(|_| self.writes());
+        let durable = durable.filter(|_| self.groups.iter().any(|g| g.writes()));
         let reply = match self.send(conn, durable, false).await {
             // The script did not run: sending it with its text cannot decide twice.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -894,21 +947,6 @@ impl<'a> Call<'a> {
             return Err(e);
         }
         Ok(answers)
-    }
-
-    /// Whether a group may write: every group but a batch only evaluated, or only peeks.
-    fn writes(&self) -> bool {
-        self.groups.iter().any(|g| {
-            g.op != GroupOp::Evaluate
-                && (matches!(
-                    g.op,
-                    GroupOp::Refund
-                        | GroupOp::Lease
-                        | GroupOp::Pool
-                        | GroupOp::Permit
-                        | GroupOp::Settle
-                ) || g.requests.iter().any(|(_, values)| values[0] > 0))
-        })
     }
 
     /// Sends the script, and with `durable` `WAIT` right after it in one pipeline (so on the
@@ -979,24 +1017,21 @@ impl<'a> Call<'a> {
                 TimeSource::Server => -1.0,
                 TimeSource::Client(now) => exact(now),
             });
-            body.push(exact(group.op.code()));
+            let code = body.len();
+            body.push(0.0);
             body.push(exact(group.len() as u64));
-            let width = match group.op {
-                GroupOp::Refund | GroupOp::Lease | GroupOp::Permit | GroupOp::Settle => 2,
-                GroupOp::Pool => 4,
-                _ => 1,
-            };
-            for (limit, values) in &group.requests {
-                let index = match limits.iter().position(|l| l == limit) {
+            let op = group.encode(|limit, values| {
+                let index = match limits.iter().position(|l| *l == limit) {
                     Some(i) => i,
                     None => {
-                        limits.push(*limit);
+                        limits.push(limit);
                         limits.len() - 1
                     }
                 };
                 body.push(exact(index as u64 + 1));
-                body.extend(values[..width].iter().map(|&v| exact(v)));
-            }
+                body.extend(values.iter().map(|&v| exact(v)));
+            });
+            body[code] = exact(op);
         }
         let mut out = Vec::with_capacity(8 * (2 + 5 * limits.len() + body.len()));
         // The format's version, 0: eight zero bytes. A server without scripting answers an
@@ -1097,19 +1132,34 @@ where
 }
 
 /// One step of the regional pool at `redis_key` (see `pool.lua`), as the region store sends it:
-/// one call of one group; answers the pool's seven reply values.
+/// one call of one group, in `pool.lua`'s own terms: its parameters (horizon µs, capacity, claim
+/// µs, time to live ms), its action (1 a spend, else a deposit) with three values; answers the
+/// pool's seven reply values.
 pub async fn pool_step<C>(
     conn: &mut C,
     redis_key: &[u8],
-    parameters: [u64; 4],
-    action: [u64; 4],
+    [horizon_us, capacity, claim_us, keep_ms]: [u64; 4],
+    [action, a, b, c]: [u64; 4],
     time: TimeSource,
 ) -> Result<[u64; POOL_REPLY], Error>
 where
     C: ConnectionLike + Send,
 {
-    let group = Group::pool(redis_key, &[], parameters, action, time)?;
-    Ok(only(Call::one(&group).run(conn, None).await?)?.pool)
+    let params = PoolParams {
+        horizon_us,
+        capacity,
+        claim_us,
+        keep_ms,
+    };
+    let (back, want, min, units, wait_us, ok) = (a, b, c, a, b, c != 0);
+    let action = match action {
+        1 => PoolAction::Spend { back, want, min },
+        _ => PoolAction::Deposit { units, wait_us, ok },
+    };
+    let group = Group::keyed(redis_key, &[], Op::Pool(params, action), time)?;
+    let r = only(Call::one(&group).run(conn, None).await?)?.pool()?;
+    let (failing, until) = (u64::from(r.failing), r.denied_until);
+    Ok([r.granted, r.units, r.back, r.want, until, failing, r.now])
 }
 
 /// Settles a batch of reports and give-backs (`reports[j]`: whether `requests[j]` is a report),
@@ -1125,7 +1175,7 @@ where
     C: ConnectionLike + Send,
 {
     let group = Group::settle(requests, reports, time)?;
-    Ok(only(Call::one(&group).run(conn, None).await?)?.decisions)
+    only(Call::one(&group).run(conn, None).await?)?.decisions()
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.
@@ -1137,8 +1187,8 @@ pub async fn decide_all<C>(
 where
     C: ConnectionLike + Send,
 {
-    let group = Group::batch(requests, time, GroupOp::Commit)?;
-    Ok(only(Call::one(&group).run(conn, None).await?)?.decisions)
+    let group = Group::batch(requests, time, Batch::Commit)?;
+    only(Call::one(&group).run(conn, None).await?)?.decisions()
 }
 
 /// The answer of a call of one group.
@@ -1179,27 +1229,29 @@ pub(crate) fn protocol(message: String) -> Error {
 pub(crate) const DECISION_BYTES: usize = 40;
 
 #[cfg(test)]
-/// Parses a script's reply: `expect.len()` decisions of five doubles each, every one an integer
-/// in `[0, 2^53)`, consistent with each other.
+/// Parses a script's reply to one request per `expect` as the reply of one group would be.
 fn parse_reply(reply: Value, expect: &[Expect]) -> Result<Vec<Decision>, Error> {
-    let want = DECISION_BYTES * expect.len();
     let Value::BulkString(bytes) = reply else {
-        return Err(protocol(format!(
-            "the script answered {}, expected a string of {want} bytes",
-            describe(&reply)
-        )));
+        return Err(protocol(format!("not a string: {}", describe(&reply))));
     };
-    if bytes.len() != want {
-        return Err(protocol(format!(
-            "the script answered {} bytes, expected {want}",
-            bytes.len()
-        )));
+    let mut group = Group::with_capacity(TimeSource::Server, Op::One, 0, 0)?;
+    let (row, cost) = ([0; 5], 1);
+    group.entries = expect
+        .iter()
+        .map(|&expect| Entry { row, cost, expect })
+        .collect();
+    group.ends = vec![0; expect.len()];
+    let reply = Value::BulkString([b"o", bytes.as_slice()].concat());
+    only(Call::one(&group).parse(reply)?)?.decisions()
+}
+
+/// The first `N` doubles of `part` (at least `8 N` bytes), each an integer in `[0, 2^53)`.
+fn integers<const N: usize>(part: &[u8]) -> Result<[u64; N], Error> {
+    let mut n = [0; N];
+    for (slot, bytes) in n.iter_mut().zip(part.chunks_exact(8)) {
+        *slot = integer(bytes)?;
     }
-    bytes
-        .chunks_exact(DECISION_BYTES)
-        .zip(expect)
-        .map(|(chunk, e)| parse_decision(chunk, *e))
-        .collect()
+    Ok(n)
 }
 
 /// An integer in `[0, 2^53)` encoded as a big-endian double.
@@ -1221,11 +1273,7 @@ fn integer(bytes: &[u8]) -> Result<u64, Error> {
 }
 
 pub(crate) fn parse_decision(chunk: &[u8], expect: Expect) -> Result<Decision, Error> {
-    let mut n = [0u64; 5];
-    for (slot, bytes) in n.iter_mut().zip(chunk.chunks_exact(8)) {
-        *slot = integer(bytes)?;
-    }
-    let [allowed, limit, remaining, reset_us, retry_us] = n;
+    let [allowed, limit, remaining, reset_us, retry_us] = integers(chunk)?;
     let bad = |what: &str| {
         Err(protocol(format!(
             "inconsistent decision from the script ({what}): allowed {allowed}, limit {limit}, \
@@ -1501,7 +1549,7 @@ mod tests {
         let g = Group::single(key, &Limit::gcra(q), 6, TimeSource::Server).unwrap();
         // Cost 6 > burst 5: sent as a peek.
         assert_eq!(argv(&[&g]), [1, 2, 5, 333_334, 0, 0, -1, 0, 1, 1, 0]);
-        assert!(g.expect[0].never);
+        assert!(g.entries[0].expect.never);
         let q = Quota::per_hour(10).unwrap();
         let g = Group::single(key, &Limit::sliding_window(q), 1, TimeSource::Server).unwrap();
         assert_eq!(
@@ -1515,7 +1563,7 @@ mod tests {
                 ScriptRequest::new(b"c", Limit::fixed_window(q), 2),
             ],
             TimeSource::Server,
-            GroupOp::Commit,
+            Batch::Commit,
         )
         .unwrap();
         // A cost above the capacity: evaluated only (op 1); the shared limit sent once.
@@ -1556,6 +1604,30 @@ mod tests {
         assert_eq!(all[0], 3);
         assert_eq!(&all[11..16], [2, 10, 360_000_000, 0, 0]);
         assert_eq!(&all[25..], [100, 4, 1, 2, 4, 99, -1, 5, 1, 3, 1 << 52, 10]);
+        // A pool step, a permit's renewal and a report, as the positional arrays sent them.
+        let (horizon_us, capacity, claim_us, keep_ms) = (1, 2, 3, 1 << 60);
+        let params = PoolParams {
+            horizon_us,
+            capacity,
+            claim_us,
+            keep_ms,
+        };
+        let (back, want, min) = (4, 5, 6);
+        let op = Op::Pool(params, PoolAction::Spend { back, want, min });
+        let pool = Group::keyed(b"p", b"", op, TimeSource::Client(9)).unwrap();
+        let limit = PermitLimit::new(3, Duration::from_millis(5)).unwrap();
+        let op = Op::Permit(PermitAction::Renew, PermitId::new(7).unwrap(), limit);
+        let permit = Group::keyed(b"q", b"%", op, TimeSource::Server).unwrap();
+        let report = [ScriptRequest::new(b"r", Limit::gcra(q), 4)];
+        let settle = Group::settle(&report, &[true], TimeSource::Server).unwrap();
+        let (max, t) = (MAX_CLIENT_TIME_US as i64, 360_000_000);
+        assert_eq!(
+            argv(&[&pool, &permit, &settle]),
+            [
+                3, 0, 1, 2, 3, max, 0, 3, 5000, 0, 0, 2, 10, t, 0, 0, 9, 6, 1, 1, 1, 4, 5, 6, -1,
+                7, 1, 2, 7, 2, -1, 8, 1, 3, 4, 1
+            ]
+        );
     }
 
     #[test]
@@ -1566,7 +1638,7 @@ mod tests {
             Err(Error::InvalidRequest(_))
         ));
         assert!(Group::single(b"k", &limit, 1, TimeSource::Client(MAX_CLIENT_TIME_US)).is_ok());
-        let batch = |r: &[ScriptRequest<'_>]| Group::batch(r, TimeSource::Server, GroupOp::Commit);
+        let batch = |r: &[ScriptRequest<'_>]| Group::batch(r, TimeSource::Server, Batch::Commit);
         assert!(matches!(batch(&[]), Err(Error::InvalidRequest(_))));
         let twice = [
             ScriptRequest::new(b"k", limit, 1),

@@ -12,7 +12,7 @@ use crate::coalesce::Coalescer;
 use crate::config::{DEFAULT_COALESCE_IN_FLIGHT, RedisStoreBuilder, Topology};
 use crate::connection::{Backend, Timeouts};
 use crate::layout::{KeyBuf, KeyLayout, hash_slot};
-use crate::script::{Answer, Call, Group, GroupOp, ScriptRequest, TimeSource, only};
+use crate::script::{Answer, Batch, Call, Group, ScriptRequest, TimeSource, only};
 
 /// How a [`RedisStore`] reaches Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -220,6 +220,15 @@ impl RedisStore {
         coalescer.queued(slot, group).await
     }
 
+    /// The Redis key of the state of `key` under `policy`, built in place (see [`KeyLayout`]).
+    pub(crate) fn state_key(&self, policy: &str, key: &[u8]) -> KeyBuf {
+        let mut buf = KeyBuf::new();
+        self.inner
+            .layout
+            .write_key(policy.as_bytes(), key, &mut buf);
+        buf
+    }
+
     /// Where permit ids come from.
     pub(crate) fn permit_ids(&self) -> &crate::permits::PermitIds {
         &self.inner.permit_ids
@@ -237,12 +246,7 @@ impl RedisStore {
 #[async_trait]
 impl Store for RedisStore {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        let mut key = KeyBuf::new();
-        self.inner.layout.write_key(
-            request.policy().as_bytes(),
-            request.key().as_bytes(),
-            &mut key,
-        );
+        let key = self.state_key(request.policy(), request.key().as_bytes());
         let group = Group::single(key.as_bytes(), request.limit(), request.cost(), self.time())?;
         self.send(group).await?.decision()
     }
@@ -260,8 +264,8 @@ impl Store for RedisStore {
                 return self.decide_across_slots(&script_requests).await;
             }
         }
-        let group = Group::batch(&script_requests, self.time(), GroupOp::Commit)?;
-        Ok(self.send(group).await?.decisions)
+        let group = Group::batch(&script_requests, self.time(), Batch::Commit)?;
+        self.send(group).await?.decisions()
     }
 
     /// One call, or in a Cluster one per hash slot (in the order the slots first appear;
@@ -292,13 +296,14 @@ impl Store for RedisStore {
             }
             let answer = self
                 .send(Group::settle(&group, &group_reports, self.time())?)
-                .await?;
-            if answer.decisions.len() != at.len() {
+                .await?
+                .decisions()?;
+            if answer.len() != at.len() {
                 return Err(crate::script::protocol(
                     "a settle answered another number of decisions".to_owned(),
                 ));
             }
-            for (i, d) in at.into_iter().zip(answer.decisions) {
+            for (i, d) in at.into_iter().zip(answer) {
                 out[i] = Some(d);
             }
         }
@@ -391,21 +396,21 @@ impl RedisStore {
         for range in bounds {
             let group = &grouped[range.clone()];
             let op = if denied {
-                GroupOp::Evaluate
+                Batch::Evaluate
             } else {
-                GroupOp::CommitTimed
+                Batch::CommitTimed
             };
             let result = match Group::batch(group, self.time(), op) {
                 Ok(group) => self.send(group).await,
                 Err(e) => Err(e),
             };
-            let result = result.map(|answer| {
-                match (op, answer.at) {
-                    (GroupOp::CommitTimed, Some(at)) => charged.push((range, at)),
-                    (GroupOp::CommitTimed, None) => denied = true,
+            let result = result.and_then(Answer::charged).map(|(decisions, at)| {
+                match (op, at) {
+                    (Batch::CommitTimed, Some(at)) => charged.push((range, at)),
+                    (Batch::CommitTimed, None) => denied = true,
                     _ => {}
                 }
-                answer.decisions
+                decisions
             });
             match result {
                 Ok(group_decisions) => decisions.extend(group_decisions),
@@ -423,8 +428,8 @@ impl RedisStore {
             // answers stand: the batch is denied either way.
             for (range, _) in &charged {
                 let group = &grouped[range.clone()];
-                let peeks = match Group::batch(group, self.time(), GroupOp::Evaluate) {
-                    Ok(group) => self.send(group).await.map(|a| a.decisions),
+                let peeks = match Group::batch(group, self.time(), Batch::Evaluate) {
+                    Ok(group) => self.send(group).await.and_then(Answer::decisions),
                     Err(e) => Err(e),
                 };
                 if let Ok(peeks) = peeks {
