@@ -1,6 +1,9 @@
-//! A refused reload is logged at ERROR level, an applied one at INFO. Alone in its test binary:
-//! `tracing` caches per call site whether anyone listens, and other tests running at the same
-//! time without a subscriber could settle that for this one.
+//! A refused reload is logged at ERROR level, an applied one at INFO.
+//!
+//! `tracing` caches per call site whether anyone listens. Other tests of this binary hit the same
+//! call sites on other threads without a subscriber; one that registers a call site while this
+//! test installs its subscriber can cache "nobody listens" for it. The test rebuilds the cache
+//! once its subscriber is in place.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -46,6 +49,7 @@ async fn a_refused_reload_is_logged_at_error_level() {
     let levels = Levels::default();
     // The test's runtime runs the watcher's task on this thread.
     let _guard = tracing::subscriber::set_default(levels.clone());
+    tracing::callsite::rebuild_interest_cache();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     std::fs::write(&path, config("api")).unwrap();
