@@ -136,8 +136,9 @@ impl Settle {
     /// frame is passed on, its units (`meter`) must be covered by units reserved for the
     /// request, the estimate first, then [blocks](Self::block) decided by the store like any
     /// request of the policy and key. A refused block is asked again for what the refusal says
-    /// is left (another stream of the key may have taken part), up to three asks per frame;
-    /// then the budget is exhausted ([`on_exhausted`](Self::on_exhausted)). When the stream
+    /// is left, at least the frame's units (another stream of the key may have taken part),
+    /// up to three asks per frame; then the budget is exhausted
+    /// ([`on_exhausted`](Self::on_exhausted)), with the `retry_after` of the last refusal. When the stream
     /// ends, is dropped (the client gone) or fails, the units reserved and not used are given
     /// back, and a debt-mode overrun is reported: the request is charged what it sent. A store
     /// failure or timeout while reserving follows the layer's [`OnError`](crate::OnError):

@@ -23,8 +23,8 @@ use crate::settle::{Reserved, Sink};
 pub const DEFAULT_BLOCK: u64 = 100;
 
 /// The most reservations one frame asks for before its stream counts as at the budget: the
-/// first for a block, the next for what the refusal said was left (another stream of the key
-/// may take it first).
+/// first for a block, the next for what the refusal said was left, at least the frame's need
+/// (another stream of the key may take it first; refused, its `retry_after` is the frame's).
 const MAX_TRIES: u8 = 3;
 
 type MeterFn = dyn Fn(&[u8]) -> u64 + Send + Sync;
@@ -495,9 +495,10 @@ impl Streaming {
             Some(verdict) => {
                 self.tries += 1;
                 let left = verdict.decision().remaining();
-                if self.tries < MAX_TRIES && left >= need {
-                    // Another stream took part of the block: ask for what is left.
-                    self.retry = Some(left.min(asked));
+                if self.tries < MAX_TRIES && asked > need {
+                    // Ask for what is left (another stream may have taken part of the block),
+                    // at least the frame's need: refused, that says when it will be there.
+                    self.retry = Some(left.clamp(need, asked));
                     return;
                 }
                 let stream = r.spec.stream.as_ref();
