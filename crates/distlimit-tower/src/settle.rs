@@ -48,6 +48,10 @@ pub struct Usage(pub u64);
 ///    or the service failed ([`refund_on_drop`](Self::refund_on_drop), on by default; off, a
 ///    dropped response settles like a finished one).
 ///
+/// A response without an actual cost in its head can instead be metered as its body streams,
+/// each frame covered by units reserved before it is sent ([`streamed`](Self::streamed),
+/// [`metered`](Self::metered)).
+///
 /// Settling is a store call of its own, sent on a Tokio task after the body ends (the response
 /// is not delayed); a failed settle is logged (`WARN`) and lost, like any request the store
 /// cannot record. The policy's tiers must be token buckets or GCRA: the window algorithms
