@@ -209,6 +209,40 @@ async fn at_the_budget_the_stream_stops_with_a_final_frame() {
 }
 
 #[tokio::test]
+async fn two_streams_of_one_key_together_deliver_the_budget() {
+    let s = setup(
+        Arc::new(MemoryStore::new()),
+        policies(50, ""),
+        Settle::streamed(Meter::sse()).estimate(1).block(10),
+    );
+    let mut bodies = [
+        respond(&s.layer, Frames::tokens(100)).await.into_body(),
+        respond(&s.layer, Frames::tokens(100)).await.into_body(),
+    ];
+    let mut tokens = [0, 0];
+    let mut open = [true, true];
+    // Frame by frame, in turn: each stream's blocks are taken between the other's.
+    while open.iter().any(|o| *o) {
+        for (i, body) in bodies.iter_mut().enumerate() {
+            if !open[i] {
+                continue;
+            }
+            match body.frame().await {
+                Some(frame) => {
+                    let data = frame.unwrap().into_data().unwrap();
+                    tokens[i] += usize::from(data.starts_with(b"data: t"));
+                }
+                None => open[i] = false,
+            }
+        }
+    }
+    assert_eq!(tokens[0] + tokens[1], 50, "{tokens:?}");
+    assert!(tokens[0] > 10 && tokens[1] > 10, "{tokens:?}");
+    assert_eq!(s.recorder.units(StreamEvent::Stopped), [1, 1]);
+    assert_eq!(left(&s.limiter).await, 0);
+}
+
+#[tokio::test]
 async fn a_stop_frame_of_the_service_and_an_empty_one() {
     let settle = Settle::streamed(Meter::bytes())
         .estimate(0)
