@@ -483,6 +483,25 @@ impl Settlement {
 impl Drop for Settlement {
     fn drop(&mut self) {
         self.settle(true);
+        // A block still being reserved: awaited on a task, and given back if granted.
+        let Some((index, future)) = self.streaming.as_mut().and_then(|s| s.take_reserving()) else {
+            return;
+        };
+        let (Some(r), Ok(runtime)) = (
+            self.reserved.get(index),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let (sink, policy, key) = (self.sink.clone(), r.policy.clone(), r.key.clone());
+        runtime.spawn(async move {
+            if let Some((verdict, asked)) = future.await
+                && verdict.is_allowed()
+            {
+                sink.observe(&policy, StreamEvent::Returned, asked);
+                sink.send(vec![(policy, key, SettleKind::GiveBack, asked)]);
+            }
+        });
     }
 }
 

@@ -358,6 +358,18 @@ impl Streaming {
         })
     }
 
+    /// The reservation in flight, if any: its flow and its future, answering the verdict
+    /// and the units asked.
+    pub(crate) fn take_reserving(
+        &mut self,
+    ) -> Option<(
+        usize,
+        impl Future<Output = Option<(Verdict, u64)>> + Send + 'static,
+    )> {
+        let (index, asked, future) = self.reserving.take()?;
+        Some((index, async move { future.await.map(|v| (v, asked)) }))
+    }
+
     /// Whether the stream has ended (the inner body's end passed on, or the final frame sent).
     pub(crate) fn is_done(&self) -> bool {
         matches!(self.end, End::Done)

@@ -289,6 +289,28 @@ async fn a_dropped_stream_gives_back_its_unused_block() {
 }
 
 #[tokio::test]
+async fn a_block_still_being_reserved_when_the_stream_is_dropped_goes_back() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let s = setup(
+        store.clone(),
+        policies(1000, ""),
+        Settle::streamed(Meter::sse()).estimate(1).block(10),
+    );
+    // The admission passes; the first block takes 100 ms.
+    store.extend([Fault::Pass, Fault::Delay(Duration::from_millis(100))]);
+    let response = respond(&s.layer, Frames::tokens(50)).await;
+    let mut body = response.into_body();
+    body.frame().await.unwrap().unwrap();
+    let waiting = tokio::time::timeout(Duration::from_millis(10), body.frame()).await;
+    assert!(waiting.is_err(), "the second token waits for its block");
+    drop(body);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Granted after the drop, then given back: one token charged.
+    assert_eq!(s.recorder.units(StreamEvent::Returned), [10]);
+    assert_eq!(left(&s.limiter).await, 1000 - 1);
+}
+
+#[tokio::test]
 async fn a_failed_stream_is_charged_what_it_sent() {
     let s = setup(
         Arc::new(MemoryStore::new()),
