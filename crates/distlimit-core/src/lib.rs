@@ -22,7 +22,7 @@ pub use key::{Key, KeyError, MAX_KEY_LEN, MAX_POLICY_LEN};
 pub use lease::{Grant, LeaseStore, LeaseUnsupported};
 pub use observe::{
     BreakerState, LeaseObserver, NoopObserver, Observer, Outcome, PermitEvent, PolicyObserver,
-    RedisObserver,
+    RedisObserver, StreamEvent,
 };
 pub use permit::{
     MAX_IN_FLIGHT, MAX_PERMIT_ID, MAX_PERMIT_LEASE, MIN_PERMIT_LEASE, PermitDecision, PermitError,

@@ -66,6 +66,34 @@ impl PermitEvent {
     }
 }
 
+/// What happened to a response body metered as it streams (`distlimit-tower`'s streaming
+/// settlement): reported with a number of units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum StreamEvent {
+    /// A stream ended (finished, stopped, dropped or failed) having passed on these units.
+    Metered,
+    /// A stream was stopped at its budget (units: 1).
+    Stopped,
+    /// A block of units was reserved for a stream.
+    Reserved,
+    /// The unused units of a stream's reservations were given back when it ended.
+    Returned,
+}
+
+impl StreamEvent {
+    /// A stable lowercase name, for metric labels: `metered`, `stopped`, `reserved`,
+    /// `returned`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamEvent::Metered => "metered",
+            StreamEvent::Stopped => "stopped",
+            StreamEvent::Reserved => "reserved",
+            StreamEvent::Returned => "returned",
+        }
+    }
+}
+
 /// The state of a circuit breaker in front of a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -131,6 +159,12 @@ pub trait Observer: Send + Sync {
     fn on_permits(&self, policy: &str, event: PermitEvent, count: u64) {
         let _ = (policy, event, count);
     }
+
+    /// A response body metered under `policy` as it streams had `event`, for `units` units
+    /// (reported by `distlimit-tower`'s streaming settlement, once per block and stream).
+    fn on_stream(&self, policy: &str, event: StreamEvent, units: u64) {
+        let _ = (policy, event, units);
+    }
 }
 
 /// The decisions of one policy, resolved once by [`Observer::policy_observer`].
@@ -169,6 +203,10 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 
     fn on_permits(&self, policy: &str, event: PermitEvent, count: u64) {
         (**self).on_permits(policy, event, count);
+    }
+
+    fn on_stream(&self, policy: &str, event: StreamEvent, units: u64) {
+        (**self).on_stream(policy, event, units);
     }
 }
 

@@ -13,7 +13,7 @@ use axum::routing::get;
 use distlimit_metrics::Metrics;
 use distlimit_policy::Limiter;
 use distlimit_tower::{
-    ClientIpResolver, InFlightLayer, KeyExtractor, RateLimitHeaders, RateLimitLayer, Settle,
+    ClientIpResolver, InFlightLayer, KeyExtractor, Meter, RateLimitHeaders, RateLimitLayer, Settle,
     TrustedProxies,
 };
 
@@ -23,6 +23,9 @@ pub const MAX_DELAY_MS: u64 = 10_000;
 /// The most tokens `GET /api/generate` accepts to report: 2^52
 /// ([`MAX_REPORT`](distlimit_core::MAX_REPORT)).
 pub const MAX_TOKENS: u64 = distlimit_core::MAX_REPORT;
+
+/// The most tokens `GET /api/generate?stream=1` streams: 100 000.
+pub const MAX_STREAM_TOKENS: u64 = 100_000;
 
 /// The body of `GET /api/data`.
 pub const DATA_BODY: &str = r#"{"message":"Success"}"#;
@@ -39,8 +42,11 @@ pub struct ApiLimits {
     /// Policy [`TOKENS_POLICY`] on `/api/generate`, keyed by `X-User-ID` (else the client IP),
     /// charged from the response: each request reserves 1 token, settled with the
     /// [`USAGE_HEADER`] of its response when the body ends (the excess charged past the limit,
-    /// as debt the user then waits out). `None` when the policy set does not define the policy
-    /// (a `--policy` file without it): the route is not served.
+    /// as debt the user then waits out); a streamed answer (`stream=1`, no header) is metered
+    /// as it streams, one token per `data:` line, covered by blocks of `--stream-block` tokens
+    /// reserved before they are sent, and stopped at the budget with an `event: limit` (the
+    /// policy's `overrun = "debt"` runs it on as debt instead). `None` when the policy set
+    /// does not define the policy (a `--policy` file without it): the route is not served.
     pub generate: Option<RateLimitLayer>,
     /// The concurrency limit of `/api/generate` ([`generate_limit`](crate::generate_limit)),
     /// checked before the tokens are reserved (a request over it reserves nothing); `None`
@@ -55,6 +61,16 @@ pub struct ApiLimits {
 /// No time limit on the checks: the memory store never waits, and the Redis store is wrapped in
 /// a hybrid store whose own budget (`--redis-budget-ms`) hands slow calls to the local fallback.
 pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
+    api_limits_with(limiter, trusted, distlimit_tower::DEFAULT_BLOCK)
+}
+
+/// [`api_limits`], streamed answers reserving `stream_block` tokens at a time
+/// (`--stream-block`).
+pub fn api_limits_with(
+    limiter: Arc<Limiter>,
+    trusted: TrustedProxies,
+    stream_block: u64,
+) -> ApiLimits {
     let layer = RateLimitLayer::builder(limiter.clone(), IP_POLICY)
         .key(KeyExtractor::client_ip())
         .and(POLICY, KeyExtractor::header(USER_HEADER))
@@ -65,7 +81,12 @@ pub fn api_limits(limiter: Arc<Limiter>, trusted: TrustedProxies) -> ApiLimits {
     let generate = limiter.policies().get(TOKENS_POLICY).is_some().then(|| {
         RateLimitLayer::builder(limiter, TOKENS_POLICY)
             .key(KeyExtractor::header(USER_HEADER))
-            .settle(Settle::from_header(USAGE_HEADER).estimate(1))
+            .settle(
+                Settle::from_header(USAGE_HEADER)
+                    .estimate(1)
+                    .metered(Meter::sse())
+                    .block(stream_block),
+            )
             .client_ip(ClientIpResolver::new(trusted))
             .headers(RateLimitHeaders::Denied)
             .timeout(None)
@@ -120,12 +141,15 @@ pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
 
 /// `GET /api/generate?tokens=N&delay_ms=M`: answers after `M` ms (at most [`MAX_DELAY_MS`],
 /// default 0) with `N` tokens used (at most [`MAX_TOKENS`], default 0) in the
-/// [`USAGE_HEADER`], as an LLM endpoint reports its usage once the answer is done. A bad value
-/// is a 400 problem document naming it (charged the reserved token).
+/// [`USAGE_HEADER`], as an LLM endpoint reports its usage once the answer is done. With
+/// `stream=1`, streams the `N` tokens (at most [`MAX_STREAM_TOKENS`]) as server-sent events
+/// spread over the `M` ms, one `data:` line per token, then `event: done`. A bad value is a 400
+/// problem document naming it (charged the reserved token).
 async fn generate(uri: Uri) -> axum::response::Response {
     let entered = now_us();
     let mut tokens = 0;
     let mut delay_ms = 0;
+    let mut stream = 0;
     for pair in uri
         .query()
         .unwrap_or("")
@@ -136,12 +160,29 @@ async fn generate(uri: Uri) -> axum::response::Response {
         let (slot, max) = match name {
             "tokens" => (&mut tokens, MAX_TOKENS),
             "delay_ms" => (&mut delay_ms, MAX_DELAY_MS),
+            "stream" => (&mut stream, 1),
             _ => continue,
         };
         match value.parse::<u64>() {
             Ok(n) if n <= max => *slot = n,
             _ => return bad_parameter(name, max),
         }
+    }
+    if stream == 1 {
+        if tokens > MAX_STREAM_TOKENS {
+            return bad_parameter("tokens", MAX_STREAM_TOKENS);
+        }
+        return (
+            [
+                (CONTENT_TYPE, "text/event-stream"),
+                (axum::http::header::CACHE_CONTROL, "no-cache"),
+            ],
+            axum::body::Body::new(crate::tokens::Tokens::new(
+                tokens,
+                std::time::Duration::from_millis(delay_ms),
+            )),
+        )
+            .into_response();
     }
     if delay_ms > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;

@@ -47,6 +47,12 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     pub in_flight_lease_ms: u64,
 
+    /// The tokens a streamed `GET /api/generate?stream=1` reserves at a time from policy
+    /// `tokens` (about one store call per this many tokens streamed).
+    #[arg(long, value_name = "N", default_value_t = distlimit_tower::DEFAULT_BLOCK,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub stream_block: u64,
+
     /// The serving limits: `--header-read-timeout-ms`, `--idle-timeout-ms`,
     /// `--max-connections`, `--shutdown-timeout-ms` (shared with `distlimit-server`).
     #[command(flatten)]

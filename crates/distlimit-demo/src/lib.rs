@@ -3,6 +3,7 @@
 mod app;
 mod args;
 mod generate;
+mod tokens;
 /// Serving with the hardened defaults of every server this project ships ([`distlimit_serve`]).
 pub use distlimit_serve as serve;
 
@@ -20,7 +21,10 @@ use distlimit_serve::store::StoreError;
 use distlimit_tower::TrustedProxies;
 use tokio::net::TcpListener;
 
-pub use crate::app::{ApiLimits, DATA_BODY, MAX_DELAY_MS, MAX_TOKENS, api_limits, router};
+pub use crate::app::{
+    ApiLimits, DATA_BODY, MAX_DELAY_MS, MAX_STREAM_TOKENS, MAX_TOKENS, api_limits, api_limits_with,
+    router,
+};
 pub use crate::args::Args;
 pub use crate::generate::{GENERATE_POLICY, generate_in_flight, generate_limit};
 pub use distlimit_serve::{ServeConfig, serve, shutdown_signal};
@@ -156,9 +160,10 @@ impl Demo {
             .policy
             .as_ref()
             .map(|path| watch_policy(limiter.clone(), path.clone(), hangup, (generate, flags)));
-        let mut limits = api_limits(
+        let mut limits = api_limits_with(
             limiter.clone(),
             TrustedProxies::new(args.trusted_proxies.iter().copied()),
+            args.stream_block,
         );
         let in_flight = generate_limit(
             built.permits,

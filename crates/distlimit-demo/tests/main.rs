@@ -18,3 +18,4 @@ mod limits;
 mod operations;
 mod regions;
 mod service;
+mod stream;

@@ -5,6 +5,7 @@ mod lease;
 mod permits;
 mod policy;
 mod redis;
+mod stream;
 
 use std::fmt;
 use std::sync::Arc;
@@ -70,6 +71,7 @@ struct Inner {
     evictions: Family<StoreLabels, Counter>,
     lease: LeaseFamilies,
     permits: permits::PermitFamilies,
+    stream: stream::StreamFamilies,
     calls: redis::CallFamilies,
 }
 
@@ -118,6 +120,7 @@ impl MetricsBuilder {
             evictions: Family::default(),
             lease: LeaseFamilies::default(),
             permits: permits::PermitFamilies::default(),
+            stream: stream::StreamFamilies::default(),
             calls: redis::CallFamilies::new(),
         };
         let mut registry = std::mem::take(&mut inner.registry);
@@ -178,6 +181,7 @@ impl Inner {
         );
         self.lease.register(registry);
         self.permits.register(registry);
+        self.stream.register(registry);
         self.calls.register(registry);
     }
 }
@@ -303,6 +307,10 @@ impl Observer for Metrics {
     fn on_permits(&self, policy: &str, event: distlimit_core::PermitEvent, count: u64) {
         self.inner.permits.on_permits(policy, event, count);
     }
+
+    fn on_stream(&self, policy: &str, event: distlimit_core::StreamEvent, units: u64) {
+        self.inner.stream.on_stream(policy, event, units);
+    }
 }
 
 /// The lease client's events: `distlimit_lease_*`.
@@ -379,6 +387,28 @@ mod tests {
             r#"distlimit_decisions_total{policy="other",outcome="denied",source="primary"}"#;
         assert_eq!(line(overflow), Some(format!("{overflow} 1")));
         assert_eq!(metrics.policy_labels(), 1);
+    }
+
+    #[test]
+    fn stream_events_are_counted_by_policy() {
+        use distlimit_core::StreamEvent;
+        let metrics = Metrics::new();
+        metrics.on_stream("tokens", StreamEvent::Reserved, 100);
+        metrics.on_stream("tokens", StreamEvent::Reserved, 40);
+        metrics.on_stream("tokens", StreamEvent::Returned, 7);
+        metrics.on_stream("tokens", StreamEvent::Metered, 133);
+        metrics.on_stream("tokens", StreamEvent::Stopped, 1);
+        let text = metrics.encode();
+        for series in [
+            r#"distlimit_stream_units_total{policy="tokens"} 133"#,
+            r#"distlimit_stream_stopped_total{policy="tokens"} 1"#,
+            r#"distlimit_stream_blocks_total{policy="tokens",event="reserved"} 2"#,
+            r#"distlimit_stream_block_units_total{policy="tokens",event="reserved"} 140"#,
+            r#"distlimit_stream_blocks_total{policy="tokens",event="returned"} 1"#,
+            r#"distlimit_stream_block_units_total{policy="tokens",event="returned"} 7"#,
+        ] {
+            assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
+        }
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! max_in_flight = 20       # optional: at most 20 requests of one key in flight (1 to 65536),
 //! in_flight_lease = "30s"   # for layers holding permits; a crashed holder's permits come back
 //!                           # after the lease (default 30s, 1ms to 1d)
+//! overrun = "stop"          # optional, for streamed responses: "stop" at the budget or
+//!                           # run on as "debt" (distlimit-tower's streaming settlement)
 //! tiers = [
 //!   # algorithm: token_bucket (default), gcra, fixed_window, sliding_log, sliding_window
 //!   # per: a whole number and a unit: us, ms, s, m, h, d
@@ -57,6 +59,8 @@ struct RawPolicy {
     max_in_flight: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     in_flight_lease: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    overrun: Option<crate::Overrun>,
     tiers: Vec<RawTier>,
     #[serde(default, rename = "override", skip_serializing_if = "Vec::is_empty")]
     overrides: Vec<RawOverride>,
@@ -173,6 +177,9 @@ impl RawPolicy {
         {
             policy = policy.with_max_in_flight(limit);
         }
+        if let Some(overrun) = self.overrun {
+            policy = policy.with_overrun(overrun);
+        }
         for tier in self.tiers {
             policy = policy.tier(tier.into_tier().map_err(in_policy)?);
         }
@@ -204,6 +211,7 @@ impl RawPolicy {
             in_flight_lease: policy
                 .max_in_flight()
                 .map(|l| format_duration(l.lease_us())),
+            overrun: policy.overrun(),
             tiers: policy.tiers().iter().map(RawTier::from_tier).collect(),
             overrides: policy
                 .overrides()
@@ -363,6 +371,35 @@ mod tests {
             let e = parse_duration(bad).unwrap_err();
             assert_eq!(e.field(), Field::Per, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn overrun_parses_and_round_trips() {
+        let text = "[[policy]]\nname = \"tokens\"\noverrun = \"debt\"\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n";
+        let set = PolicySet::from_toml_str(text).unwrap();
+        assert_eq!(
+            set.get("tokens").unwrap().overrun(),
+            Some(crate::Overrun::Debt)
+        );
+        let again = PolicySet::from_toml_str(&set.to_toml_string()).unwrap();
+        assert_eq!(
+            again.get("tokens").unwrap().overrun(),
+            Some(crate::Overrun::Debt)
+        );
+        let unset = text.replace("overrun = \"debt\"\n", "");
+        assert_eq!(
+            PolicySet::from_toml_str(&unset)
+                .unwrap()
+                .get("tokens")
+                .unwrap()
+                .overrun(),
+            None
+        );
+        let bad = text.replace("\"debt\"", "\"later\"");
+        assert_eq!(
+            PolicySet::from_toml_str(&bad).unwrap_err().field(),
+            Field::Toml
+        );
     }
 
     #[test]

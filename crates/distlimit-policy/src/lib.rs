@@ -16,7 +16,7 @@ pub use config::DEFAULT_IN_FLIGHT_LEASE;
 pub use error::{CheckError, Field, PolicyConfigError};
 pub use limiter::{Checked, Limiter, Listed, TierVerdict, TierVerdicts, Verdict};
 pub use policy::{
-    MAX_NAME_LEN, MAX_TIERS, Override, Policy, PolicySet, PolicySetBuilder, Scope, Tier,
+    MAX_NAME_LEN, MAX_TIERS, Override, Overrun, Policy, PolicySet, PolicySetBuilder, Scope, Tier,
 };
 pub use reload::{FileWatcher, Reload, Reloadable, poll_files};
 pub use watch::{PolicyFile, watch};

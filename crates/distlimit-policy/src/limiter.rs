@@ -61,6 +61,12 @@ impl<S: Store + ?Sized> Limiter<S> {
         self
     }
 
+    /// The observer the limiter reports to ([`with_observer`](Self::with_observer)), for
+    /// callers that report events of their own about its policies (the tower layer's streams).
+    pub fn observer(&self) -> Option<&Arc<dyn Observer>> {
+        self.observer.as_ref()
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<S> {
         &self.store

@@ -298,6 +298,17 @@ impl fmt::Debug for Observed {
     }
 }
 
+/// What a response metered under a policy as it streams does when the budget runs out
+/// (`overrun = "stop" | "debt"` in the TOML form).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overrun {
+    /// The stream ends with a final frame; nothing past the budget is sent.
+    Stop,
+    /// The stream runs on; what it sends past the budget is charged as debt.
+    Debt,
+}
+
 /// A named set of tiers a request is checked against all-or-nothing, with allow and deny lists,
 /// per-key overrides and shadow mode.
 ///
@@ -322,6 +333,8 @@ pub struct Policy {
     shadow: bool,
     /// The concurrency limit, for layers that hold the policy's keys to requests in flight.
     in_flight: Option<distlimit_core::PermitLimit>,
+    /// What a stream metered under the policy does at its budget, when the policy says.
+    overrun: Option<Overrun>,
     tiers: Vec<Tier>,
     allow: Vec<Box<[u8]>>,
     deny: Vec<Box<[u8]>>,
@@ -341,6 +354,7 @@ impl Policy {
             name: name.into(),
             shadow: false,
             in_flight: None,
+            overrun: None,
             tiers: Vec::new(),
             allow: Vec::new(),
             deny: Vec::new(),
@@ -429,6 +443,20 @@ impl Policy {
     #[inline]
     pub fn max_in_flight(&self) -> Option<distlimit_core::PermitLimit> {
         self.in_flight
+    }
+
+    /// The same policy saying what a response metered under it as it streams does at the
+    /// budget (`distlimit-tower`'s streaming settlement reads it with
+    /// [`overrun`](Self::overrun)); the limiter itself does not use it.
+    pub fn with_overrun(mut self, overrun: Overrun) -> Self {
+        self.overrun = Some(overrun);
+        self
+    }
+
+    /// What a stream at the budget does, if the policy says.
+    #[inline]
+    pub fn overrun(&self) -> Option<Overrun> {
+        self.overrun
     }
 
     /// The tiers every key is checked against, unless overridden, in declaration order.

@@ -79,6 +79,11 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
         let this = self.project();
         match this.kind.project() {
             KindProj::Inner { mut body } => {
+                if let Some(settle) = this.settle
+                    && settle.is_metered()
+                {
+                    return settle.poll_metered(body, cx);
+                }
                 let frame = body.as_mut().poll_frame(cx);
                 if let Some(settle) = this.settle
                     && matches!(&frame, Poll::Ready(None) | Poll::Ready(Some(Ok(_))))
@@ -95,6 +100,11 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => {
+                if let Some(settle) = &self.settle
+                    && settle.is_metered()
+                {
+                    return settle.metered_end(body.is_end_stream());
+                }
                 let end = body.is_end_stream();
                 if end && let Some(settle) = &self.settle {
                     settle.finish();
@@ -107,6 +117,10 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
+            // A metered body may stop early, or end with a frame of its own.
+            Kind::Inner { .. } if self.settle.as_ref().is_some_and(|s| s.is_metered()) => {
+                SizeHint::default()
+            }
             Kind::Inner { body } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))

@@ -29,6 +29,7 @@ use crate::key::{Kind as KeyKind, header_key};
 use crate::request::peer_addr;
 use crate::response::Rejection;
 use crate::settle::{Reserved, Settlement, Sink, Spec};
+use crate::stream::StreamConfig;
 use crate::{
     ClientIpResolver, KeyExtractor, PolicySelector, RateLimitHeaders, RequestInfo, Settle,
 };
@@ -918,6 +919,14 @@ impl<S: Store + ?Sized> Config<S> {
         if reserved.is_empty() {
             return None;
         }
-        Some(Box::new(Settlement::new(self.sink.clone(), reserved)))
+        let config = StreamConfig {
+            on_error: self.on_error,
+            timeout: self.timeout,
+        };
+        Some(Box::new(Settlement::new(
+            self.sink.clone(),
+            reserved,
+            config,
+        )))
     }
 }

@@ -11,6 +11,7 @@ mod policy;
 mod request;
 pub mod response;
 mod settle;
+mod stream;
 
 pub use body::RateLimitBody;
 pub use client_ip::{
@@ -28,3 +29,4 @@ pub use layer::{DEFAULT_TIMEOUT, OnError, RateLimit, RateLimitLayer, RateLimitLa
 pub use policy::{PolicySelector, RouteTable};
 pub use request::{PeerAddr, RequestInfo};
 pub use settle::{Settle, Usage};
+pub use stream::{DEFAULT_BLOCK, Exhausted, Meter, Stop, StopReason};

@@ -6,13 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use distlimit_core::{SettleKind, Store};
-use distlimit_policy::{Item, Limiter};
+use distlimit_core::{SettleKind, Store, StreamEvent};
+use distlimit_policy::{Item, Limiter, Overrun, Verdict};
 use http::HeaderName;
 use http::response::Parts;
 use smallvec::SmallVec;
 
 use crate::RequestInfo;
+use crate::stream::{
+    DEFAULT_BLOCK, Exhausted, Meter, ReserveFuture, StreamConfig, StreamSpec, Streaming,
+};
 
 /// The estimate a settled limit reserves per request (see [`Settle::estimate`]).
 type EstimateFn = dyn Fn(&RequestInfo<'_>) -> u64 + Send + Sync;
@@ -45,6 +48,10 @@ pub struct Usage(pub u64);
 ///    or the service failed ([`refund_on_drop`](Self::refund_on_drop), on by default; off, a
 ///    dropped response settles like a finished one).
 ///
+/// A response without an actual cost in its head can instead be metered as its body streams,
+/// each frame covered by units reserved before it is sent ([`streamed`](Self::streamed),
+/// [`metered`](Self::metered)).
+///
 /// Settling is a store call of its own, sent on a Tokio task after the body ends (the response
 /// is not delayed); a failed settle is logged (`WARN`) and lost, like any request the store
 /// cannot record. The policy's tiers must be token buckets or GCRA: the window algorithms
@@ -67,6 +74,11 @@ pub(crate) struct Spec {
     actual: Box<ActualFn>,
     refund_on_server_error: bool,
     refund_on_drop: bool,
+    /// Metered as the body streams when the head says no actual cost.
+    pub(crate) stream: Option<StreamSpec>,
+    /// The block and the choice at the budget, kept until a meter is set.
+    block: u64,
+    exhausted: Exhausted,
 }
 
 enum Estimate {
@@ -84,6 +96,7 @@ impl fmt::Debug for Settle {
             .field("estimate", &estimate)
             .field("refund_on_server_error", &self.spec.refund_on_server_error)
             .field("refund_on_drop", &self.spec.refund_on_drop)
+            .field("stream", &self.spec.stream)
             .finish_non_exhaustive()
     }
 }
@@ -101,8 +114,77 @@ impl Settle {
                 actual: Box::new(actual),
                 refund_on_server_error: true,
                 refund_on_drop: true,
+                stream: None,
+                block: DEFAULT_BLOCK,
+                exhausted: Exhausted::default(),
             }),
         }
+    }
+
+    /// Settles by metering the response body as it streams ([`metered`](Self::metered) with
+    /// `meter`; no cost read from the head).
+    ///
+    /// ```
+    /// use distlimit_tower::{Exhausted, Meter, Settle};
+    ///
+    /// // One token per `data:` line; reserved 50 at a time; at the budget, an `event: limit`.
+    /// let settle = Settle::streamed(Meter::sse()).block(50).on_exhausted(Exhausted::stop_sse());
+    /// # let _ = settle;
+    /// ```
+    pub fn streamed(meter: Meter) -> Self {
+        Self::actual(|_| None).metered(meter)
+    }
+
+    /// Meters the response body as it streams, when the response head gives no actual cost
+    /// (a head that does, and a refunded 5xx, settle as before, unmetered): before each data
+    /// frame is passed on, its units (`meter`) must be covered by units reserved for the
+    /// request, the estimate first, then [blocks](Self::block) decided by the store like any
+    /// request of the policy and key. A refused block is asked again for what the refusal says
+    /// is left, at least the frame's units (another stream of the key may have taken part),
+    /// up to three asks per frame; then the budget is exhausted
+    /// ([`on_exhausted`](Self::on_exhausted)), with the `retry_after` of the last refusal. When the stream
+    /// ends, is dropped (the client gone) or fails, the units reserved and not used are given
+    /// back, and a debt-mode overrun is reported: the request is charged what it sent. A store
+    /// failure or timeout while reserving follows the layer's [`OnError`](crate::OnError):
+    /// fail closed stops the stream ([`StopReason::Unavailable`](crate::StopReason)), fail
+    /// open lets the rest of it through unmetered.
+    ///
+    /// Concurrent streams of one key, on any number of instances sharing the store, never pass
+    /// the budget in stop mode: every unit sent was reserved by a store decision.
+    #[must_use]
+    pub fn metered(self, meter: Meter) -> Self {
+        self.with(|spec| {
+            spec.stream = Some(StreamSpec {
+                meter,
+                block: spec.block,
+                exhausted: spec.exhausted.clone(),
+            })
+        })
+    }
+
+    /// The units a metered stream reserves at a time (default: [`DEFAULT_BLOCK`](crate::DEFAULT_BLOCK),
+    /// 100; at least 1): more units, fewer store calls per stream (about `units / block`), and
+    /// more held by a stream that other streams of the key cannot use until it ends.
+    #[must_use]
+    pub fn block(self, block: u64) -> Self {
+        self.with(|spec| {
+            spec.block = block.max(1);
+            if let Some(stream) = &mut spec.stream {
+                stream.block = spec.block;
+            }
+        })
+    }
+
+    /// What a metered stream does when the budget cannot cover its next frame (default:
+    /// [`Exhausted::stop_sse`]).
+    #[must_use]
+    pub fn on_exhausted(self, exhausted: Exhausted) -> Self {
+        self.with(|spec| {
+            spec.exhausted = exhausted.clone();
+            if let Some(stream) = &mut spec.stream {
+                stream.exhausted = exhausted;
+            }
+        })
     }
 
     /// Settles with the decimal integer in the response header `name` (a missing or malformed
@@ -167,12 +249,80 @@ impl Settle {
     }
 }
 
-/// Sends settles to the limiter, store type erased.
+/// Sends settles to the limiter, and reserves a stream's blocks, store type erased.
 pub(crate) trait Sink: Send + Sync + 'static {
     fn send(self: Arc<Self>, settles: Vec<(Arc<str>, Bytes, SettleKind, u64)>);
+
+    /// Reserves `cost` units if the store answers without waiting.
+    fn reserve_now(&self, policy: &str, key: &[u8], cost: u64) -> Option<Option<Verdict>>;
+
+    /// Reserves `cost` units, awaiting the store at most `timeout`; `None`: the store failed.
+    fn reserve(
+        self: Arc<Self>,
+        policy: Arc<str>,
+        key: Bytes,
+        cost: u64,
+        timeout: Option<std::time::Duration>,
+    ) -> ReserveFuture;
+
+    /// What `policy` says a stream at its budget does.
+    fn overrun(&self, policy: &str) -> Option<Overrun>;
+
+    /// Reports a stream's event to the limiter's observer.
+    fn observe(&self, policy: &str, event: StreamEvent, units: u64);
+}
+
+/// A reservation's answer: `None` for a store failure (logged).
+fn reserved(
+    policy: &str,
+    result: Result<Verdict, distlimit_policy::CheckError>,
+) -> Option<Verdict> {
+    result
+        .inspect_err(|error| {
+            tracing::warn!(policy, %error, "distlimit-tower: reserving a stream's block failed");
+        })
+        .ok()
 }
 
 impl<S: Store + ?Sized + 'static> Sink for Limiter<S> {
+    fn reserve_now(&self, policy: &str, key: &[u8], cost: u64) -> Option<Option<Verdict>> {
+        self.check_now(policy, key, cost)
+            .map(|result| reserved(policy, result))
+    }
+
+    fn reserve(
+        self: Arc<Self>,
+        policy: Arc<str>,
+        key: Bytes,
+        cost: u64,
+        timeout: Option<std::time::Duration>,
+    ) -> ReserveFuture {
+        Box::pin(async move {
+            let check = self.check_cost(&policy, &key, cost);
+            let result = match timeout {
+                None => check.await,
+                Some(limit) => match tokio::time::timeout(limit, check).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        tracing::warn!(%policy, ?limit, "distlimit-tower: reserving a stream's block timed out");
+                        return None;
+                    }
+                },
+            };
+            reserved(&policy, result)
+        })
+    }
+
+    fn overrun(&self, policy: &str) -> Option<Overrun> {
+        self.policies().get(policy)?.overrun()
+    }
+
+    fn observe(&self, policy: &str, event: StreamEvent, units: u64) {
+        if let Some(observer) = self.observer() {
+            observer.on_stream(policy, event, units);
+        }
+    }
+
     fn send(self: Arc<Self>, settles: Vec<(Arc<str>, Bytes, SettleKind, u64)>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::error!("distlimit-tower: no Tokio runtime to settle on; the usage is lost");
@@ -207,22 +357,34 @@ pub(crate) struct Settlement {
     /// The actual cost per reservation, from the response head (`None` before it came, or when
     /// it said nothing); the estimate when the response was a refunded 5xx: 0.
     actual: SmallVec<[Option<u64>; 1]>,
+    /// The layer's settings for metered streams.
+    config: StreamConfig,
+    /// The metering of the body, when a reservation is metered ([`Settle::metered`]) and the
+    /// head gave it no actual cost.
+    streaming: Option<Box<Streaming>>,
     /// Settled already (the body's `is_end_stream` may say so through `&self`).
     done: AtomicBool,
 }
 
 impl Settlement {
-    pub(crate) fn new(sink: Arc<dyn Sink>, reserved: SmallVec<[Reserved; 1]>) -> Self {
+    pub(crate) fn new(
+        sink: Arc<dyn Sink>,
+        reserved: SmallVec<[Reserved; 1]>,
+        config: StreamConfig,
+    ) -> Self {
         let actual = reserved.iter().map(|_| None).collect();
         Self {
             sink,
             reserved,
             actual,
+            config,
+            streaming: None,
             done: AtomicBool::new(false),
         }
     }
 
-    /// Reads the actual costs from the response head.
+    /// Reads the actual costs from the response head; a metered reservation without one is
+    /// metered as the body streams.
     pub(crate) fn head(&mut self, parts: &Parts) {
         let error = parts.status.is_server_error();
         for (r, actual) in self.reserved.iter().zip(&mut self.actual) {
@@ -232,6 +394,46 @@ impl Settlement {
                 (r.spec.actual)(parts)
             };
         }
+        let metered = self
+            .reserved
+            .iter()
+            .zip(&self.actual)
+            .map(|(r, actual)| r.spec.stream.is_some() && actual.is_none());
+        self.streaming = Streaming::new(&self.reserved, metered, self.config);
+    }
+
+    /// Whether the body is metered as it streams.
+    pub(crate) fn is_metered(&self) -> bool {
+        self.streaming.is_some()
+    }
+
+    /// The next frame of a metered body (see [`Streaming::poll_frame`]), settling at its end.
+    pub(crate) fn poll_metered<B: http_body::Body<Data = Bytes>>(
+        &mut self,
+        body: std::pin::Pin<&mut B>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        let poll = match &mut self.streaming {
+            Some(streaming) => streaming.poll_frame(&self.reserved, &self.sink, body, cx),
+            None => body.poll_frame(cx),
+        };
+        if matches!(poll, std::task::Poll::Ready(None)) {
+            self.finish();
+        }
+        poll
+    }
+
+    /// Whether a metered body has ended: ended when the inner body has, with nothing held or
+    /// left to send (settled then), or after its final frame.
+    pub(crate) fn metered_end(&self, inner_end: bool) -> bool {
+        let end = match &self.streaming {
+            Some(streaming) => streaming.is_done() || (inner_end && streaming.is_idle()),
+            None => inner_end,
+        };
+        if end {
+            self.finish();
+        }
+        end
     }
 
     /// The body ended: settle with the actual costs.
@@ -244,17 +446,30 @@ impl Settlement {
             return;
         }
         let mut settles = Vec::with_capacity(self.reserved.len());
-        for (r, actual) in self.reserved.iter().zip(&self.actual) {
-            let actual = match actual {
-                _ if dropped && r.spec.refund_on_drop => 0,
-                Some(actual) => *actual,
-                None => r.estimate,
+        for (i, (r, actual)) in self.reserved.iter().zip(&self.actual).enumerate() {
+            let flow = self
+                .streaming
+                .as_ref()
+                .and_then(|s| s.flows.get(i)?.as_ref());
+            let (reserved, actual) = match (flow, actual) {
+                // Metered: charged what it sent, whatever ended it.
+                (Some(flow), _) => (r.estimate.saturating_add(flow.charged), flow.used),
+                (None, _) if dropped && r.spec.refund_on_drop => (r.estimate, 0),
+                (None, Some(actual)) => (r.estimate, *actual),
+                (None, None) => (r.estimate, r.estimate),
             };
-            let (kind, cost) = if actual < r.estimate {
-                (SettleKind::GiveBack, r.estimate - actual)
+            let (kind, cost) = if actual < reserved {
+                (SettleKind::GiveBack, reserved - actual)
             } else {
-                (SettleKind::Report, actual - r.estimate)
+                (SettleKind::Report, actual - reserved)
             };
+            if let Some(flow) = flow {
+                self.sink
+                    .observe(&r.policy, StreamEvent::Metered, flow.used);
+                if kind == SettleKind::GiveBack && cost > 0 {
+                    self.sink.observe(&r.policy, StreamEvent::Returned, cost);
+                }
+            }
             if cost > 0 {
                 settles.push((r.policy.clone(), r.key.clone(), kind, cost));
             }
@@ -268,6 +483,25 @@ impl Settlement {
 impl Drop for Settlement {
     fn drop(&mut self) {
         self.settle(true);
+        // A block still being reserved: awaited on a task, and given back if granted.
+        let Some((index, future)) = self.streaming.as_mut().and_then(|s| s.take_reserving()) else {
+            return;
+        };
+        let (Some(r), Ok(runtime)) = (
+            self.reserved.get(index),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let (sink, policy, key) = (self.sink.clone(), r.policy.clone(), r.key.clone());
+        runtime.spawn(async move {
+            if let Some((verdict, asked)) = future.await
+                && verdict.is_allowed()
+            {
+                sink.observe(&policy, StreamEvent::Returned, asked);
+                sink.send(vec![(policy, key, SettleKind::GiveBack, asked)]);
+            }
+        });
     }
 }
 

@@ -20,3 +20,4 @@ mod limits;
 mod quickstart;
 mod settle;
 mod spoofing;
+mod stream;
