@@ -7,12 +7,14 @@ use crate::{Decision, Quota};
 /// Dividends below `2^DIVIDEND_BITS` are divided by multiplication; larger ones by `/`.
 const DIVIDEND_BITS: u32 = 53;
 
-/// Exact `n / d` for one fixed `d ≥ 1`, by a multiplication and a shift for every `n < 2^53`
-/// (every value the algorithms divide for a valid quota), by `/` above.
+/// Exact `n / d` for one fixed `d ≥ 1`, for every `n < 2^53` (every value the algorithms
+/// divide for a valid quota) by a multiplication and a shift instead of a hardware division
+/// (tens of cycles on a decision's critical path), by `/` above.
 ///
-/// With `l = ⌈log2 d⌉` and `m = ⌊2^(53 + l) / d⌋ + 1`, `2^(53 + l) < m × d ≤ 2^(53 + l) + 2^l`,
-/// so for `n = q × d + r < 2^53`: `q ≤ n / d ≤ m × n / 2^(53 + l) ≤ n / d + n / (d × 2^53) < q + 1`,
-/// and `⌊m × n / 2^(53 + l)⌋ = q` (Granlund and Montgomery's bound).
+/// For `d ≥ 2`, with `l = ⌈log2 d⌉`, `b = max(53, 64 − l)` and `m = ⌊2^(b + l) / d⌋ + 1 < 2^64`:
+/// `2^(b + l) < m × d ≤ 2^(b + l) + d ≤ 2^(b + l) + 2^l`, so for `n = q × d + r < 2^b`,
+/// `q ≤ n / d < m × n / 2^(b + l) ≤ n / d + n / (d × 2^b) < q + (r + 1) / d ≤ q + 1`: `q` is
+/// the high word of `m × n` shifted right by `b + l − 64` (Granlund and Montgomery's bound).
 ///
 /// ```
 /// use distlimit_core::algorithm::Divisor;
@@ -25,7 +27,9 @@ const DIVIDEND_BITS: u32 = 53;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Divisor {
     d: u64,
+    /// `m` above (0 for `d = 1`).
     magic: u64,
+    /// `b + l − 64`.
     shift: u32,
 }
 
@@ -33,11 +37,21 @@ impl Divisor {
     /// The divisor `d` (0 is read as 1).
     pub fn new(d: u64) -> Self {
         let d = d.max(1);
+        if d == 1 {
+            return Self {
+                d,
+                magic: 0,
+                shift: 0,
+            };
+        }
         let l = u64::BITS - (d - 1).leading_zeros();
-        let shift = DIVIDEND_BITS + l;
-        // `m < 2^54 + 1`: `2^l < 2d` for d ≥ 2, and `m = 2^53 + 1` for d = 1.
-        let magic = ((1u128 << shift) / u128::from(d)) as u64 + 1;
-        Self { d, magic, shift }
+        let b = DIVIDEND_BITS.max(u64::BITS - l);
+        let magic = ((1u128 << (b + l)) / u128::from(d)) as u64 + 1;
+        Self {
+            d,
+            magic,
+            shift: b + l - u64::BITS,
+        }
     }
 
     /// The divisor.
@@ -49,8 +63,10 @@ impl Divisor {
     /// `⌊n / d⌋`.
     #[inline(always)]
     pub fn div(&self, n: u64) -> u64 {
-        if n < 1 << DIVIDEND_BITS {
-            ((u128::from(n) * u128::from(self.magic)) >> self.shift) as u64
+        if self.d == 1 {
+            n
+        } else if n < 1 << DIVIDEND_BITS {
+            ((u128::from(n) * u128::from(self.magic)) >> u64::BITS) as u64 >> self.shift
         } else {
             n / self.d
         }
@@ -121,14 +137,10 @@ impl TokenBucket {
         let full = burst.saturating_mul(token);
         let available = divisors.token.div(full.saturating_sub(deficit)).min(burst);
         let wait = self.last_us.saturating_sub(now);
-        // `Model::reset_after` and `retry_after` on a deficit of `units`.
-        let refill = |units: u64| divisors.rate.div_ceil(units);
-        let reset = |units: u64| match refill(units) {
-            0 => 0,
-            r => wait.saturating_add(r),
-        };
+        let rate = &divisors.rate;
         if cost > burst {
-            return Decision::from_micros_exact(false, burst, available, reset(deficit), u64::MAX);
+            let reset = reset_after(rate, wait, deficit);
+            return Decision::from_micros_exact(false, burst, available, reset, u64::MAX);
         }
         let want = cost.max(1);
         if want <= available {
@@ -137,12 +149,25 @@ impl TokenBucket {
                 self.deficit = spent;
                 self.last_us = self.last_us.max(now);
             }
-            Decision::from_micros_exact(true, burst, available - cost, reset(spent), 0)
+            let reset = reset_after(rate, wait, spent);
+            Decision::from_micros_exact(true, burst, available - cost, reset, 0)
         } else {
             let allowed_deficit = burst.saturating_sub(want).saturating_mul(token);
-            let retry = wait.saturating_add(refill(deficit.saturating_sub(allowed_deficit)));
-            Decision::from_micros_exact(false, burst, available, reset(deficit), retry.max(1))
+            let refill = rate.div_ceil(deficit.saturating_sub(allowed_deficit));
+            let retry = wait.saturating_add(refill);
+            let reset = reset_after(rate, wait, deficit);
+            Decision::from_micros_exact(false, burst, available, reset, retry.max(1))
         }
+    }
+}
+
+/// `Model::reset_after` of a token bucket with a deficit of `units`, `wait` µs before its
+/// refill starts.
+#[inline(always)]
+fn reset_after(rate: &Divisor, wait: u64, units: u64) -> u64 {
+    match rate.div_ceil(units) {
+        0 => 0,
+        refill => wait.saturating_add(refill),
     }
 }
 
