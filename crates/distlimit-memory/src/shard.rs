@@ -107,6 +107,13 @@ const INSTANT_MASK: u64 = (1 << STAMP_SHIFT) - 1;
 /// Stamp indices `1..=MAX_STAMPS`; 0 is "no stamp", read as written under the current quota.
 const MAX_STAMPS: usize = (1 << (64 - STAMP_SHIFT)) - 1;
 
+/// `a == b` in three compares instead of eight: every other field of a quota derives from its
+/// limit, period and burst (see `Quota::from_parts`).
+#[inline(always)]
+fn same_quota(a: &Quota, b: &Quota) -> bool {
+    ((a.limit() ^ b.limit()) | (a.period_us() ^ b.period_us()) | (a.burst() ^ b.burst())) == 0
+}
+
 /// An instant and a stamp index in one word.
 #[inline(always)]
 fn stamped(instant: u64, stamp: u64) -> u64 {
@@ -575,7 +582,7 @@ impl<const W: usize, A> Slot for Bucket<W, A> {
         let stamp = self.expires >> STAMP_SHIFT;
         if how == Charge::Decide
             && let Some((quota, divisors)) = stamps.entry(stamp)
-            && quota == limit.quota()
+            && same_quota(quota, limit.quota())
         {
             // The common case, in one pass: a decision under the quota the state was written
             // under (`Limit::decide_from` with nothing to carry over).
@@ -727,7 +734,7 @@ impl<const W: usize, A> Compact<W, A> {
         let quota = limit.quota();
         let stamp = self.word >> STAMP_SHIFT;
         match stamps.entry(stamp) {
-            Some((from, divisors)) if from == quota => {
+            Some((from, divisors)) if same_quota(from, quota) => {
                 // The common case: written under this quota.
                 let mut state = self.state();
                 let decision = state.decide_with(quota, divisors, now, cost);
@@ -1390,6 +1397,23 @@ mod tests {
 
     fn id(key: &[u8]) -> Id<'_> {
         Id { key, policy: b"" }
+    }
+
+    proptest! {
+        /// Quotas are equal exactly when their limits, periods and bursts are.
+        #[test]
+        fn same_quota_is_equality(
+            a in (1u64..50, 1u64..5_000_000, 1u64..50),
+            b in (1u64..50, 1u64..5_000_000, 1u64..50),
+            same in any::<bool>(),
+        ) {
+            let (Ok(a), Ok(b)) = (Quota::from_parts(a.0, a.1, a.2), Quota::from_parts(b.0, b.1, b.2)) else {
+                return Ok(());
+            };
+            let b = if same { a.with_burst(b.burst()).unwrap_or(a) } else { b };
+            prop_assert_eq!(same_quota(&a, &b), a == b);
+            prop_assert!(same_quota(&a, &a));
+        }
     }
 
     /// Decides on `key` in the unnamed policy.
