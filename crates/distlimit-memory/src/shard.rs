@@ -155,7 +155,10 @@ impl Stamps {
     /// The index of `quota`, interned on first use (0 when the registry is full).
     #[inline]
     fn of(&mut self, quota: &Quota) -> u64 {
-        if self.get(self.last) == Some(quota) {
+        if self
+            .get(self.last)
+            .is_some_and(|last| same_quota(last, quota))
+        {
             return self.last;
         }
         self.of_other(quota)
@@ -1231,7 +1234,18 @@ impl Table {
         let mut state = State::fresh(limit.algorithm());
         let (decision, expires) = match how {
             Charge::Decide => {
-                let decision = limit.decide(&mut state, now, cost);
+                // The one-pass decisions with the quota's divisors (equal to `Limit::decide`,
+                // property-tested in core): the quota is interned for the insert anyway.
+                let stamp = self.stamps.of(limit.quota());
+                let decision = match (&mut state, self.stamps.entry(stamp)) {
+                    (State::TokenBucket(s), Some((_, divisors))) => {
+                        s.decide_with(limit.quota(), divisors, now, cost)
+                    }
+                    (State::Gcra(s), Some((_, divisors))) => {
+                        s.decide_with(limit.quota(), divisors, now, cost)
+                    }
+                    (state, _) => limit.decide(state, now, cost),
+                };
                 if !decision.is_allowed() || cost == 0 {
                     return (decision, false);
                 }
@@ -1266,8 +1280,11 @@ impl Table {
         // A state of another algorithm lives in one of the id's other tables.
         let homes = [Home::compact(id), Home::bucket(id), Home::Wide];
         for (i, &other) in homes.iter().enumerate() {
-            if other != home && !homes[..i].contains(&other) {
-                in_part!(&mut self, other, |part| part.remove(hash, id));
+            if other != home
+                && !homes[..i].contains(&other)
+                && in_part!(&self, other, |part| !part.map.is_empty())
+            {
+                self.remove_from(other, hash, id);
             }
         }
         let evicted = self.len() >= max_len && self.evict(now, max_len);
@@ -1307,6 +1324,14 @@ impl Table {
             }
         }
         evicted
+    }
+
+    /// Removes `id`'s entry from the table of `home`, if it holds one. Out of line: only ids
+    /// decided under several algorithms get here.
+    #[cold]
+    #[inline(never)]
+    fn remove_from(&mut self, home: Home, hash: u64, id: Id<'_>) {
+        in_part!(&mut self, home, |part| part.remove(hash, id));
     }
 
     /// Frees one place in a shard at its cap of `max_len` entries: drops the expired entries
