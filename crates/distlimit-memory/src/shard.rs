@@ -2,8 +2,11 @@
 //!
 //! A GCRA state is one instant (the theoretical arrival time, which is also when the key may be
 //! forgotten), stored next to its id packed into words ([`Compact`]): 16-byte entries for an
-//! 8-byte key in the unnamed policy, 32 bytes for ids up to 22 bytes, 64 up to 54 bytes. Every
-//! other state takes a 64-byte [`Wide`] entry. [`Part`] is the one table code for every entry
+//! 8-byte key in the unnamed policy, 32 bytes for ids up to 22 bytes, 64 up to 54 bytes. A
+//! token bucket (deficit, last refill, expiry) is stored the same way ([`Bucket`]): 32 bytes for
+//! an 8-byte key, 64 for ids up to 38 bytes. Every other state takes a 64-byte [`Wide`] entry.
+//! A known key's decision under the quota it was written under runs core's one-pass decisions
+//! with the quota's [`QuotaDivisors`], interned with the quota: no hardware division. [`Part`] is the one table code for every entry
 //! type, through the [`Slot`] trait; [`Home`] says which table a request's state lives in.
 //! Each entry also records, in 11 spare bits, which quota its state was written under (an index
 //! into the shard's [`Stamps`]), so a state read under a changed quota is carried over.
