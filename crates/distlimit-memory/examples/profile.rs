@@ -98,7 +98,11 @@ fn turn(check: &dyn Fn(usize) -> bool, start: usize, n: usize) -> f64 {
     ns
 }
 
-/// `race`: see the module documentation.
+/// A contender of `race`: its name and one decision on the key of an index.
+type Contender<'a> = (&'static str, Box<dyn Fn(usize) -> bool + 'a>);
+
+/// `race`: see the module documentation. Its report is the program's output.
+#[allow(clippy::print_stdout)]
 fn race(ty: &str, count: usize, rounds: usize) {
     let quota = Quota::per_second(1)
         .and_then(|q| q.with_burst(1_000_000_000))
@@ -123,7 +127,7 @@ fn race(ty: &str, count: usize, rounds: usize) {
                 .is_allowed()
         }
     };
-    let contenders: [(&str, Box<dyn Fn(usize) -> bool + '_>); 3] = [
+    let contenders: [Contender<'_>; 3] = [
         ("tb", Box::new(|i| ours(&tb, i))),
         ("gcra", Box::new(|i| ours(&gcra, i))),
         (
