@@ -2,15 +2,18 @@
 //!
 //! A GCRA state is one instant (the theoretical arrival time, which is also when the key may be
 //! forgotten), stored next to its id packed into words ([`Compact`]): 16-byte entries for an
-//! 8-byte key in the unnamed policy, 32 bytes for ids up to 22 bytes, 64 up to 54 bytes. Every
-//! other state takes a 64-byte [`Wide`] entry. [`Part`] is the one table code for every entry
+//! 8-byte key in the unnamed policy, 32 bytes for ids up to 22 bytes, 64 up to 54 bytes. A
+//! token bucket (deficit, last refill, expiry) is stored the same way ([`Bucket`]): 32 bytes for
+//! an 8-byte key, 64 for ids up to 38 bytes. Every other state takes a 64-byte [`Wide`] entry.
+//! A known key's decision under the quota it was written under runs core's one-pass decisions
+//! with the quota's [`QuotaDivisors`], interned with the quota: no hardware division. [`Part`] is the one table code for every entry
 //! type, through the [`Slot`] trait; [`Home`] says which table a request's state lives in.
 //! Each entry also records, in 11 spare bits, which quota its state was written under (an index
 //! into the shard's [`Stamps`]), so a state read under a changed quota is carried over.
 
 use std::hash::{BuildHasher, Hasher};
 
-use distlimit_core::algorithm::Gcra;
+use distlimit_core::algorithm::{Gcra, QuotaDivisors, TokenBucket};
 use distlimit_core::{Algorithm, Decision, Grant, Limit, Quota, State};
 use hashbrown::HashTable;
 
@@ -107,6 +110,13 @@ const INSTANT_MASK: u64 = (1 << STAMP_SHIFT) - 1;
 /// Stamp indices `1..=MAX_STAMPS`; 0 is "no stamp", read as written under the current quota.
 const MAX_STAMPS: usize = (1 << (64 - STAMP_SHIFT)) - 1;
 
+/// `a == b` in three compares instead of eight: every other field of a quota derives from its
+/// limit, period and burst (see `Quota::from_parts`).
+#[inline(always)]
+fn same_quota(a: &Quota, b: &Quota) -> bool {
+    ((a.limit() ^ b.limit()) | (a.period_us() ^ b.period_us()) | (a.burst() ^ b.burst())) == 0
+}
+
 /// An instant and a stamp index in one word.
 #[inline(always)]
 fn stamped(instant: u64, stamp: u64) -> u64 {
@@ -120,7 +130,9 @@ fn stamped(instant: u64, stamp: u64) -> u64 {
 /// decided with.
 #[derive(Debug, Default)]
 struct Stamps {
-    quotas: Vec<Quota>,
+    /// Each quota with its divisors: a known key's decision under the quota it was written
+    /// under divides by multiplications (no hardware division).
+    quotas: Vec<(Quota, QuotaDivisors)>,
     index: std::collections::HashMap<Quota, u64, foldhash::fast::RandomState>,
     /// The index [`of`](Self::of) last answered: nearly every insert of a shard is under the
     /// quota of the one before (SipHash of the quota on every insert cost a new key about 600
@@ -132,14 +144,24 @@ impl Stamps {
     /// The quota of stamp index `stamp`, `None` for "no stamp".
     #[inline(always)]
     fn get(&self, stamp: u64) -> Option<&Quota> {
+        self.entry(stamp).map(|(quota, _)| quota)
+    }
+
+    /// The quota of stamp index `stamp` and its divisors, `None` for "no stamp".
+    #[inline(always)]
+    fn entry(&self, stamp: u64) -> Option<(&Quota, &QuotaDivisors)> {
         let i = usize::try_from(stamp.checked_sub(1)?).ok()?;
-        self.quotas.get(i)
+        let (quota, divisors) = self.quotas.get(i)?;
+        Some((quota, divisors))
     }
 
     /// The index of `quota`, interned on first use (0 when the registry is full).
     #[inline]
     fn of(&mut self, quota: &Quota) -> u64 {
-        if self.get(self.last) == Some(quota) {
+        if self
+            .get(self.last)
+            .is_some_and(|last| same_quota(last, quota))
+        {
             return self.last;
         }
         self.of_other(quota)
@@ -152,7 +174,7 @@ impl Stamps {
             Some(&i) => i,
             None if self.quotas.len() >= MAX_STAMPS => return 0,
             None => {
-                self.quotas.push(*quota);
+                self.quotas.push((*quota, QuotaDivisors::new(quota)));
                 let i = self.quotas.len() as u64;
                 self.index.insert(*quota, i);
                 i
@@ -244,6 +266,145 @@ struct Wide {
     state: State,
 }
 
+/// A token-bucket state next to its id packed into `W` words (as [`Compact`]) and the instant
+/// from which it may be forgotten; the zero-sized `A` sets the alignment.
+#[derive(Debug)]
+#[repr(C)]
+struct Bucket<const W: usize, A> {
+    id: [u64; W],
+    /// [`TokenBucket::deficit`].
+    deficit: u64,
+    /// [`TokenBucket::last_us`].
+    last_us: u64,
+    /// The instant from which it may be forgotten, and the stamp index (see [`stamped`]).
+    expires: u64,
+    align: [A; 0],
+}
+
+impl<const W: usize, A> Bucket<W, A> {
+    #[inline(always)]
+    fn state(&self) -> TokenBucket {
+        TokenBucket {
+            deficit: self.deficit,
+            last_us: self.last_us,
+        }
+    }
+
+    #[inline(always)]
+    fn set(&mut self, state: TokenBucket) {
+        self.deficit = state.deficit;
+        self.last_us = state.last_us;
+    }
+
+    /// [`Slot::charge`] on any other path than a decision under the quota the state was
+    /// written under: as a [`Wide`] entry's state. Out of line, so the common path inlines.
+    #[inline(never)]
+    fn charge_other(
+        &mut self,
+        how: Charge,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &mut Stamps,
+    ) -> Decision {
+        let mut state = State::TokenBucket(self.state());
+        let decision = charge_state(&mut state, &mut self.expires, how, limit, now, cost, stamps);
+        if let State::TokenBucket(state) = state {
+            self.set(state);
+        }
+        decision
+    }
+
+    /// Gives `units` back, as `Limit::give_back_from` (see [`give_back_state`]).
+    fn give_back(&mut self, limit: &Limit, now: u64, units: u64, stamps: &Stamps) {
+        let mut state = State::TokenBucket(self.state());
+        give_back_state(&mut state, &mut self.expires, limit, now, units, stamps);
+        if let State::TokenBucket(state) = state {
+            self.set(state);
+        }
+    }
+}
+
+/// 32 bytes: a token bucket of an 8-byte key in the unnamed policy.
+type WordBucket = Bucket<1, Align32>;
+/// 64 bytes: a token bucket of an id up to 38 bytes.
+type ShortBucket = Bucket<5, Align64>;
+
+/// Whether packed ids are equal, word by word: array `==` called libc's `memcmp` (12 % of a
+/// hot 24-byte key's time).
+#[inline(always)]
+fn same<const W: usize>(a: &[u64; W], b: &[u64; W]) -> bool {
+    a.iter().zip(b).fold(0, |diff, (a, b)| diff | (a ^ b)) == 0
+}
+
+/// [`Slot::charge`] of a state stored with its stamped expiry `expires`: `Limit::decide_from`
+/// or `Limit::force_from` under the quota it was written under.
+#[inline]
+fn charge_state(
+    state: &mut State,
+    expires: &mut u64,
+    how: Charge,
+    limit: &Limit,
+    now: u64,
+    cost: u64,
+    stamps: &mut Stamps,
+) -> Decision {
+    let stamp = *expires >> STAMP_SHIFT;
+    let before = stamps.get(stamp).copied();
+    let mut written = before;
+    match how {
+        Charge::Decide => {
+            let decision = if before.as_ref() == Some(limit.quota()) {
+                limit.decide(state, now, cost) // `decide_from`, nothing to carry
+            } else {
+                limit.decide_from(state, &mut written, now, cost)
+            };
+            if written != before || (decision.is_allowed() && cost > 0) {
+                // `State::expires_at` (property-tested equal in core), without a division:
+                // the reset of an admission, or of the carried state when denied.
+                let stamp = if written == before {
+                    stamp
+                } else {
+                    stamps.of(limit.quota())
+                };
+                *expires = stamped(now.saturating_add(decision.reset_after_us()), stamp);
+            }
+            decision
+        }
+        Charge::Force => {
+            let decision = limit
+                .force_from(state, &mut written, now, cost)
+                .unwrap_or_else(|_| limit.evaluate(Some(state), now, 0));
+            *expires = stamped(state.expires_at(limit.quota()), stamps.of(limit.quota()));
+            decision
+        }
+    }
+}
+
+/// Gives `units` back to a state stored with its stamped expiry `expires`, if it belongs to
+/// `limit`'s algorithm: under the quota it was written under, which stays its quota.
+fn give_back_state(
+    state: &mut State,
+    expires: &mut u64,
+    limit: &Limit,
+    now: u64,
+    units: u64,
+    stamps: &Stamps,
+) {
+    if state.algorithm() != limit.algorithm() {
+        return;
+    }
+    let stamp = *expires >> STAMP_SHIFT;
+    let mut written = stamps.get(stamp).copied();
+    if limit
+        .give_back_from(state, &mut written, now, units)
+        .is_ok()
+    {
+        let written = written.as_ref().unwrap_or(limit.quota());
+        *expires = stamped(state.expires_at(written), stamp);
+    }
+}
+
 /// An entry of one of a shard's tables.
 trait Slot {
     /// An id in the form this table compares: packed words, or the id itself.
@@ -286,12 +447,7 @@ impl<const W: usize, A> Slot for Compact<W, A> {
 
     #[inline(always)]
     fn is(&self, probe: &[u64; W]) -> bool {
-        // Word by word: array `==` called libc's `memcmp` (12 % of a hot 24-byte key's time).
-        self.id
-            .iter()
-            .zip(probe)
-            .fold(0, |diff, (a, b)| diff | (a ^ b))
-            == 0
+        same(&self.id, probe)
     }
 
     #[inline]
@@ -369,39 +525,15 @@ impl Slot for Wide {
         cost: u64,
         stamps: &mut Stamps,
     ) -> Decision {
-        let stamp = self.expires >> STAMP_SHIFT;
-        let before = stamps.get(stamp).copied();
-        let mut written = before;
-        match how {
-            Charge::Decide => {
-                let decision = if before.as_ref() == Some(limit.quota()) {
-                    limit.decide(&mut self.state, now, cost) // `decide_from`, nothing to carry
-                } else {
-                    limit.decide_from(&mut self.state, &mut written, now, cost)
-                };
-                if written != before || (decision.is_allowed() && cost > 0) {
-                    // `State::expires_at` (property-tested equal in core), without a division:
-                    // the reset of an admission, or of the carried state when denied.
-                    let stamp = if written == before {
-                        stamp
-                    } else {
-                        stamps.of(limit.quota())
-                    };
-                    self.expires = stamped(now.saturating_add(decision.reset_after_us()), stamp);
-                }
-                decision
-            }
-            Charge::Force => {
-                let decision = limit
-                    .force_from(&mut self.state, &mut written, now, cost)
-                    .unwrap_or_else(|_| limit.evaluate(Some(&self.state), now, 0));
-                self.expires = stamped(
-                    self.state.expires_at(limit.quota()),
-                    stamps.of(limit.quota()),
-                );
-                decision
-            }
-        }
+        charge_state(
+            &mut self.state,
+            &mut self.expires,
+            how,
+            limit,
+            now,
+            cost,
+            stamps,
+        )
     }
 
     #[inline]
@@ -417,6 +549,75 @@ impl Slot for Wide {
             Some(e) => {
                 let from = stamps.get(e.expires >> STAMP_SHIFT);
                 limit.evaluate_from(Some(&e.state), from, now, cost)
+            }
+        }
+    }
+}
+
+impl<const W: usize, A> Slot for Bucket<W, A> {
+    type Probe<'a> = [u64; W];
+
+    #[inline(always)]
+    fn probe(id: Id<'_>) -> Option<[u64; W]> {
+        pack(id)
+    }
+
+    #[inline(always)]
+    fn is(&self, probe: &[u64; W]) -> bool {
+        same(&self.id, probe)
+    }
+
+    #[inline]
+    fn expires_at(&self) -> u64 {
+        self.expires & INSTANT_MASK
+    }
+
+    fn hash<S: BuildHasher>(&self, hasher: &S) -> u64 {
+        packed_hash(&self.id, hasher)
+    }
+
+    #[inline(always)]
+    fn charge(
+        &mut self,
+        how: Charge,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &mut Stamps,
+    ) -> Decision {
+        let stamp = self.expires >> STAMP_SHIFT;
+        if how == Charge::Decide
+            && let Some((quota, divisors)) = stamps.entry(stamp)
+            && same_quota(quota, limit.quota())
+        {
+            // The common case, in one pass: a decision under the quota the state was written
+            // under (`Limit::decide_from` with nothing to carry over).
+            let mut state = self.state();
+            let decision = state.decide_with(quota, divisors, now, cost);
+            if decision.is_allowed() && cost > 0 {
+                self.set(state);
+                // `State::expires_at`, without a division (as in `charge_state`).
+                self.expires = stamped(now.saturating_add(decision.reset_after_us()), stamp);
+            }
+            return decision;
+        }
+        self.charge_other(how, limit, now, cost, stamps)
+    }
+
+    #[inline]
+    fn evaluate(
+        entry: Option<&Self>,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+        stamps: &Stamps,
+    ) -> Decision {
+        match entry {
+            None => limit.evaluate(None, now, cost),
+            Some(e) => {
+                let from = stamps.get(e.expires >> STAMP_SHIFT);
+                let state = State::TokenBucket(e.state());
+                limit.evaluate_from(Some(&state), from, now, cost)
             }
         }
     }
@@ -538,8 +739,17 @@ impl<const W: usize, A> Compact<W, A> {
     fn decide(&mut self, limit: &Limit, now: u64, cost: u64, stamps: &mut Stamps) -> Decision {
         let quota = limit.quota();
         let stamp = self.word >> STAMP_SHIFT;
-        match stamps.get(stamp) {
-            Some(from) if from != quota => {
+        match stamps.entry(stamp) {
+            Some((from, divisors)) if same_quota(from, quota) => {
+                // The common case: written under this quota.
+                let mut state = self.state();
+                let decision = state.decide_with(quota, divisors, now, cost);
+                if decision.is_allowed() && cost > 0 {
+                    self.word = stamped(state.tat_us, stamp);
+                }
+                decision
+            }
+            Some((from, _)) => {
                 // Written under another quota: carried over, kept even when denied, but not by
                 // a peek or a cost above the capacity (`Limit::decide_from`).
                 let mut state = self.state().carried(from, quota, now);
@@ -549,12 +759,11 @@ impl<const W: usize, A> Compact<W, A> {
                 }
                 decision
             }
-            _ => {
+            None => {
                 let mut state = self.state();
                 let decision = state.decide(quota, now, cost);
                 if decision.is_allowed() && cost > 0 {
-                    let stamp = if stamp == 0 { stamps.of(quota) } else { stamp };
-                    self.word = stamped(state.tat_us, stamp);
+                    self.word = stamped(state.tat_us, stamps.of(quota));
                 }
                 decision
             }
@@ -625,8 +834,32 @@ impl<const W: usize, A> Part<Compact<W, A>> {
     }
 }
 
-/// Which table holds a request's state: GCRA states of ids up to 54 bytes in compact entries,
-/// everything else in [`Wide`] ones.
+impl<const W: usize, A> Part<Bucket<W, A>> {
+    #[allow(clippy::too_many_arguments)]
+    fn insert_bucket<S: BuildHasher>(
+        &mut self,
+        hash: u64,
+        id: Id<'_>,
+        state: TokenBucket,
+        expires: u64,
+        now: u64,
+        hasher: &S,
+    ) {
+        if let Some(id) = pack(id) {
+            let entry = Bucket {
+                id,
+                deficit: state.deficit,
+                last_us: state.last_us,
+                expires,
+                align: [],
+            };
+            self.insert(hash, entry, now, hasher);
+        }
+    }
+}
+
+/// Which table holds a request's state: GCRA states of ids up to 54 bytes and token buckets of
+/// ids up to 38 bytes in compact entries, everything else in [`Wide`] ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Home {
     /// A GCRA state of an 8-byte key in the unnamed policy.
@@ -635,6 +868,10 @@ enum Home {
     Short,
     /// A GCRA state of another id of at most 54 bytes.
     Long,
+    /// A token bucket of an 8-byte key in the unnamed policy.
+    WordBucket,
+    /// A token bucket of another id of at most 38 bytes.
+    ShortBucket,
     /// Any other state.
     Wide,
 }
@@ -655,10 +892,23 @@ impl Home {
         }
     }
 
+    /// The table `id` would have with a token-bucket state.
+    #[inline(always)]
+    fn bucket(id: Id<'_>) -> Self {
+        if id.key.len() == 8 && id.policy.is_empty() {
+            Home::WordBucket
+        } else if id.key.len() + id.policy.len() <= 38 {
+            Home::ShortBucket
+        } else {
+            Home::Wide
+        }
+    }
+
     #[inline(always)]
     fn of(id: Id<'_>, limit: &Limit) -> Self {
         match limit.algorithm() {
             Algorithm::Gcra => Home::compact(id),
+            Algorithm::TokenBucket => Home::bucket(id),
             _ => Home::Wide,
         }
     }
@@ -681,6 +931,14 @@ macro_rules! in_part {
                 let $part = &$table.long;
                 $body
             }
+            Home::WordBucket => {
+                let $part = &$table.word_bucket;
+                $body
+            }
+            Home::ShortBucket => {
+                let $part = &$table.short_bucket;
+                $body
+            }
             Home::Wide => {
                 let $part = &$table.wide;
                 $body
@@ -699,6 +957,14 @@ macro_rules! in_part {
             }
             Home::Long => {
                 let $part = &mut $table.long;
+                $body
+            }
+            Home::WordBucket => {
+                let $part = &mut $table.word_bucket;
+                $body
+            }
+            Home::ShortBucket => {
+                let $part = &mut $table.short_bucket;
                 $body
             }
             Home::Wide => {
@@ -730,6 +996,8 @@ pub(crate) struct Table {
     word: Part<WordEntry>,
     short: Part<ShortEntry>,
     long: Part<LongEntry>,
+    word_bucket: Part<WordBucket>,
+    short_bucket: Part<ShortBucket>,
     wide: Part<Wide>,
     /// The quotas the states were written under.
     stamps: Stamps,
@@ -739,7 +1007,12 @@ pub(crate) struct Table {
 
 impl Table {
     pub(crate) fn len(&self) -> usize {
-        self.word.map.len() + self.short.map.len() + self.long.map.len() + self.wide.map.len()
+        self.word.map.len()
+            + self.short.map.len()
+            + self.long.map.len()
+            + self.word_bucket.map.len()
+            + self.short_bucket.map.len()
+            + self.wide.map.len()
     }
 
     /// What `limit` would answer for `id` now, changing nothing. A state of another algorithm
@@ -896,20 +1169,26 @@ impl Table {
             Home::Word => self.word.give_back(hash, id, quota, now, units, stamps),
             Home::Short => self.short.give_back(hash, id, quota, now, units, stamps),
             Home::Long => self.long.give_back(hash, id, quota, now, units, stamps),
+            Home::WordBucket => {
+                if let Some(entry) = self.word_bucket.get_mut(hash, id) {
+                    entry.give_back(limit, now, units, stamps);
+                }
+            }
+            Home::ShortBucket => {
+                if let Some(entry) = self.short_bucket.get_mut(hash, id) {
+                    entry.give_back(limit, now, units, stamps);
+                }
+            }
             Home::Wide => {
-                if let Some(entry) = self.wide.get_mut(hash, id)
-                    && entry.state.algorithm() == limit.algorithm()
-                {
-                    // Under the quota the state was written under, which stays its quota.
-                    let stamp = entry.expires >> STAMP_SHIFT;
-                    let mut written = stamps.get(stamp).copied();
-                    if limit
-                        .give_back_from(&mut entry.state, &mut written, now, units)
-                        .is_ok()
-                    {
-                        let written = written.as_ref().unwrap_or(quota);
-                        entry.expires = stamped(entry.state.expires_at(written), stamp);
-                    }
+                if let Some(entry) = self.wide.get_mut(hash, id) {
+                    give_back_state(
+                        &mut entry.state,
+                        &mut entry.expires,
+                        limit,
+                        now,
+                        units,
+                        stamps,
+                    );
                 }
             }
         }
@@ -958,7 +1237,18 @@ impl Table {
         let mut state = State::fresh(limit.algorithm());
         let (decision, expires) = match how {
             Charge::Decide => {
-                let decision = limit.decide(&mut state, now, cost);
+                // The one-pass decisions with the quota's divisors (equal to `Limit::decide`,
+                // property-tested in core): the quota is interned for the insert anyway.
+                let stamp = self.stamps.of(limit.quota());
+                let decision = match (&mut state, self.stamps.entry(stamp)) {
+                    (State::TokenBucket(s), Some((_, divisors))) => {
+                        s.decide_with(limit.quota(), divisors, now, cost)
+                    }
+                    (State::Gcra(s), Some((_, divisors))) => {
+                        s.decide_with(limit.quota(), divisors, now, cost)
+                    }
+                    (state, _) => limit.decide(state, now, cost),
+                };
                 if !decision.is_allowed() || cost == 0 {
                     return (decision, false);
                 }
@@ -990,12 +1280,15 @@ impl Table {
         max_len: usize,
         hasher: &S,
     ) -> bool {
-        match (home, Home::compact(id)) {
-            (Home::Wide, Home::Word) => self.word.remove(hash, id),
-            (Home::Wide, Home::Short) => self.short.remove(hash, id),
-            (Home::Wide, Home::Long) => self.long.remove(hash, id),
-            (Home::Wide, Home::Wide) => {}
-            _ => self.wide.remove(hash, id),
+        // A state of another algorithm lives in one of the id's other tables.
+        let homes = [Home::compact(id), Home::bucket(id), Home::Wide];
+        for (i, &other) in homes.iter().enumerate() {
+            if other != home
+                && !homes[..i].contains(&other)
+                && in_part!(&self, other, |part| !part.map.is_empty())
+            {
+                self.remove_from(other, hash, id);
+            }
         }
         let evicted = self.len() >= max_len && self.evict(now, max_len);
         self.inserts += 1;
@@ -1013,6 +1306,16 @@ impl Table {
                 let word = stamped(gcra.tat_us, stamp);
                 self.long.insert_gcra(hash, id, word, now, hasher)
             }
+            (Home::WordBucket, State::TokenBucket(state)) => {
+                let expires = stamped(expires, stamp);
+                self.word_bucket
+                    .insert_bucket(hash, id, state, expires, now, hasher)
+            }
+            (Home::ShortBucket, State::TokenBucket(state)) => {
+                let expires = stamped(expires, stamp);
+                self.short_bucket
+                    .insert_bucket(hash, id, state, expires, now, hasher)
+            }
             (_, state) => {
                 let expires = stamped(expires, stamp);
                 let entry = Wide {
@@ -1026,6 +1329,14 @@ impl Table {
         evicted
     }
 
+    /// Removes `id`'s entry from the table of `home`, if it holds one. Out of line: only ids
+    /// decided under several algorithms get here.
+    #[cold]
+    #[inline(never)]
+    fn remove_from(&mut self, home: Home, hash: u64, id: Id<'_>) {
+        in_part!(&mut self, home, |part| part.remove(hash, id));
+    }
+
     /// Frees one place in a shard at its cap of `max_len` entries: drops the expired entries
     /// (a pass at most every `max_len / 8` inserts), else removes, of a few sampled entries per
     /// table, the one that becomes fresh soonest. True if that one was still live: an eviction.
@@ -1035,6 +1346,8 @@ impl Table {
             self.word.drop_expired(now);
             self.short.drop_expired(now);
             self.long.drop_expired(now);
+            self.word_bucket.drop_expired(now);
+            self.short_bucket.drop_expired(now);
             self.wide.drop_expired(now);
             if self.len() < max_len {
                 return false;
@@ -1049,6 +1362,8 @@ impl Table {
             0 => self.word.remove_bucket(bucket),
             1 => self.short.remove_bucket(bucket),
             2 => self.long.remove_bucket(bucket),
+            3 => self.word_bucket.remove_bucket(bucket),
+            4 => self.short_bucket.remove_bucket(bucket),
             _ => self.wide.remove_bucket(bucket),
         }
         expires_at > now
@@ -1061,6 +1376,8 @@ impl Table {
             self.word.sample(whole),
             self.short.sample(whole),
             self.long.sample(whole),
+            self.word_bucket.sample(whole),
+            self.short_bucket.sample(whole),
             self.wide.sample(whole),
         ]
         .into_iter()
@@ -1074,6 +1391,8 @@ impl Table {
         self.word.purge(now, hasher);
         self.short.purge(now, hasher);
         self.long.purge(now, hasher);
+        self.word_bucket.purge(now, hasher);
+        self.short_bucket.purge(now, hasher);
         self.wide.purge(now, hasher);
     }
 }
@@ -1108,6 +1427,23 @@ mod tests {
         Id { key, policy: b"" }
     }
 
+    proptest! {
+        /// Quotas are equal exactly when their limits, periods and bursts are.
+        #[test]
+        fn same_quota_is_equality(
+            a in (1u64..50, 1u64..5_000_000, 1u64..50),
+            b in (1u64..50, 1u64..5_000_000, 1u64..50),
+            same in any::<bool>(),
+        ) {
+            let (Ok(a), Ok(b)) = (Quota::from_parts(a.0, a.1, a.2), Quota::from_parts(b.0, b.1, b.2)) else {
+                return Ok(());
+            };
+            let b = if same { a.with_burst(b.burst()).unwrap_or(a) } else { b };
+            prop_assert_eq!(same_quota(&a, &b), a == b);
+            prop_assert!(same_quota(&a, &a));
+        }
+    }
+
     /// Decides on `key` in the unnamed policy.
     fn decide(
         table: &mut Table,
@@ -1130,6 +1466,14 @@ mod tests {
             (32, 32)
         );
         assert_eq!((size_of::<LongEntry>(), align_of::<LongEntry>()), (64, 64));
+        assert_eq!(
+            (size_of::<WordBucket>(), align_of::<WordBucket>()),
+            (32, 32)
+        );
+        assert_eq!(
+            (size_of::<ShortBucket>(), align_of::<ShortBucket>()),
+            (64, 64)
+        );
         assert_eq!(size_of::<Wide>(), 64);
     }
 
@@ -1162,6 +1506,7 @@ mod tests {
     fn packed_ids_round_trip_and_differ_when_the_pair_differs() {
         packed_round_trip::<1>();
         packed_round_trip::<3>();
+        packed_round_trip::<5>();
         packed_round_trip::<7>();
     }
 
@@ -1178,8 +1523,16 @@ mod tests {
         assert!(matches!(KeyBuf::new(id(&[0; 22])), KeyBuf::Heap(_)));
     }
 
-    /// Keys of every home: an 8-byte key, short, long and wide ids.
-    const KEYS: [&[u8]; 4] = [b"8 bytes!", b"client", &[7; 40], &[9; 60]];
+    /// Keys of every home: an 8-byte key, short ids (up to 22 bytes, up to 38 with a name of
+    /// 9 bytes), long ids (up to 54 bytes) and wide ones.
+    const KEYS: [&[u8]; 6] = [
+        b"8 bytes!",
+        b"client",
+        &[5; 24],
+        &[6; 33],
+        &[7; 40],
+        &[9; 60],
+    ];
 
     proptest! {
         /// The table decides like `Limit::decide_from` on a state per id and the quota it was
@@ -1192,7 +1545,7 @@ mod tests {
             quotas in proptest::collection::vec((1u64..1_000, 1u64..100_000_000, 1u64..1_000), 2),
             start in 0u64..1u64 << 50,
             steps in proptest::collection::vec(
-                (0usize..4, any::<bool>(), 0usize..4, 0u64..3_000_000, 0u64..1_200, 0usize..2),
+                (0usize..KEYS.len(), any::<bool>(), 0usize..4, 0u64..3_000_000, 0u64..1_200, 0usize..2),
                 1..60,
             ),
         ) {

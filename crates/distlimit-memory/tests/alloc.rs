@@ -16,14 +16,14 @@ fn decisions_on_known_keys_allocate_nothing_and_keys_cost_bounded_bytes() {
     let clock = ManualClock::new(1_700_000_000_000_000);
 
     // Bytes per key: GCRA states of 8-byte keys (16-byte entries), of 40-byte keys (64-byte
-    // entries); token-bucket states of 8-byte keys (64-byte entries, key inline) and of 40-byte
-    // keys (64-byte entries and the key on the heap).
+    // entries); token-bucket states of 8-byte keys (32-byte entries) and of 40-byte keys
+    // (64-byte wide entries and the key on the heap).
     let gcra = Limit::gcra(Quota::per_second(10).unwrap());
     let bucket = Limit::token_bucket(Quota::per_second(10).unwrap());
     for (name, limit, key_len, bound) in [
         ("gcra, 8-byte", gcra, 8usize, 40u64),
         ("gcra, 40-byte", gcra, 40, 130),
-        ("token bucket, 8-byte", bucket, 8, 110),
+        ("token bucket, 8-byte", bucket, 8, 80),
         ("token bucket, 40-byte", bucket, 40, 170),
     ] {
         let before = dhat::HeapStats::get();

@@ -59,6 +59,7 @@
 //! Stores record the quota (or the parameters that matter) next to each state.
 
 mod debt;
+mod divisor;
 mod fixed_window;
 mod gcra;
 mod lease;
@@ -70,6 +71,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use debt::{DebtUnsupported, MAX_DEFICIT, MAX_REPORT, MAX_TAT};
+pub use divisor::{Divisor, QuotaDivisors};
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use sliding_log::SlidingLog;

@@ -20,13 +20,16 @@ fn store(seed: u64) -> Arc<Store> {
 }
 
 /// Of N concurrent requests on one fresh key, exactly `burst` pass: none lost, none doubled. Run
-/// for a token-bucket state (the wide map) and for GCRA states of an 8-byte key, a short id and
-/// a long one (the three compact maps).
+/// for token-bucket states of an 8-byte key and a short id (the two compact bucket maps) and of
+/// a 40-byte id (the wide map), and for GCRA states of an 8-byte key, a short id and a long one
+/// (the three compact GCRA maps).
 #[test]
 fn loom_exactly_burst_of_concurrent_requests_on_a_fresh_key_pass() {
     let long = "a key of forty bytes, a long compact id.";
     let cases = [
+        (Limit::token_bucket(Quota::per_hour(2).unwrap()), "8 bytes!"),
         (Limit::token_bucket(Quota::per_hour(2).unwrap()), "k"),
+        (Limit::token_bucket(Quota::per_hour(2).unwrap()), long),
         (
             Limit::gcra(Quota::per_hour(2).unwrap().with_burst(2).unwrap()),
             "8 bytes!",
