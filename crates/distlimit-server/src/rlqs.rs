@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use distlimit_core::{Key, LeaseStore, Limit, Quota, Request, StateName};
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
@@ -58,6 +59,9 @@ pub const DELIVERY_SLACK: Duration = Duration::from_millis(250);
 
 /// A bucket reporting no request this many reports in a row is abandoned (`AbandonAction`).
 pub const ABANDON_AFTER_IDLE_REPORTS: u32 = 5;
+
+/// The most store calls of one report's buckets in flight at once.
+const MAX_CONCURRENT_EXCHANGES: usize = 128;
 
 /// A share is sized at this multiple of the demand its proxy reports.
 const HEADROOM: f64 = 1.25;
@@ -262,6 +266,7 @@ async fn run_stream(
     let mut stream = Stream {
         shared: &shared,
         domain: None,
+        config: None,
         buckets: HashMap::new(),
     };
     let mut stop = shared.stop.clone();
@@ -379,6 +384,8 @@ struct BucketState {
     member: u64,
     /// The budget the member is in.
     budget: Option<Arc<str>>,
+    /// What the bucket lands on in [`Stream::config`] (`None`: not resolved since a reload).
+    target: Option<Target>,
     last_report: Option<Instant>,
     /// Requests reported since `last_report` (a report right after another is folded in).
     pending: u64,
@@ -392,15 +399,32 @@ struct BucketState {
 struct Stream<'s> {
     shared: &'s Shared,
     domain: Option<String>,
+    /// The configuration the buckets' targets were resolved on.
+    config: Option<Arc<Config>>,
     buckets: HashMap<String, BucketState>,
 }
 
+/// One reported bucket's store work.
+enum Job {
+    /// Idle too long: its units given back, `AbandonAction` sent.
+    Abandon(BucketState),
+    Assign {
+        name: String,
+        state: BucketState,
+        target: Target,
+        usage: BucketQuotaUsage,
+        demand: Option<f64>,
+    },
+}
+
 /// What a bucket lands on.
+#[derive(Clone)]
 enum Target {
     Blanket(BlanketRule),
     Limited(Limited),
 }
 
+#[derive(Clone)]
 struct Limited {
     budget: Arc<str>,
     label: Arc<str>,
@@ -426,24 +450,38 @@ impl Stream<'_> {
         let now = Instant::now();
         let usages = self.validate(&report)?;
         let config = self.shared.checker.config();
+        if !self
+            .config
+            .as_ref()
+            .is_some_and(|seen| Arc::ptr_eq(seen, &config))
+        {
+            // A reload: every bucket's rule is resolved again at its next report.
+            for state in self.buckets.values_mut() {
+                state.target = None;
+            }
+            self.config = Some(config.clone());
+        }
+        let domain = self.domain.as_deref().unwrap_or_default();
         let metrics = &self.shared.checker.request_metrics().quota;
-        let mut actions = Vec::with_capacity(usages.len());
+        // What each bucket's report changes here, in the report's order; the store calls after.
+        let mut jobs = Vec::with_capacity(usages.len());
         for (name, usage) in usages {
-            let state = match self.buckets.entry(name.clone()) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => {
+            let mut state = match self.buckets.remove(&name) {
+                Some(state) => state,
+                None => {
                     metrics.buckets.inc();
-                    entry.insert(BucketState {
+                    BucketState {
                         id: usage.bucket_id.clone().unwrap_or_default(),
                         member: self.shared.next_member.fetch_add(1, Ordering::Relaxed),
                         budget: None,
+                        target: None,
                         last_report: None,
                         pending: 0,
                         idle_reports: 0,
                         admitted: 0,
                         lease: None,
                         sent: Sent::Nothing,
-                    })
+                    }
                 }
             };
             let requests = usage.num_requests_allowed + usage.num_requests_denied;
@@ -472,24 +510,61 @@ impl Stream<'_> {
                 }
             };
             if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
-                let mut state = self
-                    .buckets
-                    .remove(&name)
-                    .ok_or_else(|| Status::internal("bucket"))?;
                 metrics.buckets.dec();
-                close_lease(self.shared, &mut state, now + DELIVERY_SLACK).await;
-                self.shared.leave(&state);
-                actions.push(BucketAction {
-                    bucket_id: Some(state.id),
-                    bucket_action: Some(Action::AbandonAction(AbandonAction {})),
-                });
+                jobs.push(Job::Abandon(state));
                 continue;
             }
-            let domain = self.domain.as_deref().unwrap_or_default();
-            let target = resolve(&config, domain, &usage);
-            if let Some(action) = assign(self.shared, state, target, &usage, demand, now).await {
-                actions.push(action);
+            let target = match state.target.take() {
+                Some(target) => target,
+                None => resolve(&config, domain, &usage),
+            };
+            jobs.push(Job::Assign {
+                name,
+                state,
+                target,
+                usage,
+                demand,
+            });
+        }
+        // The buckets' store calls run concurrently (a store that coalesces, as Redis does,
+        // packs them into a few calls), their answers in the report's order.
+        let shared = self.shared;
+        let done: Vec<(Option<(String, BucketState)>, Option<BucketAction>)> =
+            futures_util::stream::iter(jobs)
+                .map(|job| async move {
+                    match job {
+                        Job::Abandon(mut state) => {
+                            close_lease(shared, &mut state, now + DELIVERY_SLACK).await;
+                            shared.leave(&state);
+                            let action = BucketAction {
+                                bucket_id: Some(state.id),
+                                bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+                            };
+                            (None, Some(action))
+                        }
+                        Job::Assign {
+                            name,
+                            mut state,
+                            target,
+                            usage,
+                            demand,
+                        } => {
+                            let action =
+                                assign(shared, &mut state, &target, &usage, demand, now).await;
+                            state.target = Some(target);
+                            (Some((name, state)), action)
+                        }
+                    }
+                })
+                .buffered(MAX_CONCURRENT_EXCHANGES)
+                .collect()
+                .await;
+        let mut actions = Vec::with_capacity(done.len());
+        for (kept, action) in done {
+            if let Some((name, state)) = kept {
+                self.buckets.insert(name, state);
             }
+            actions.extend(action);
         }
         Ok(RateLimitQuotaResponse {
             bucket_action: actions,
@@ -597,13 +672,19 @@ impl Stream<'_> {
     /// Expires every assignment (TTL 0) and gives back what the proxies can no longer admit.
     async fn expire_all(&mut self) -> RateLimitQuotaResponse {
         let now = Instant::now();
-        let mut actions = Vec::new();
-        for state in self.buckets.values_mut() {
-            if let Some(strategy) = strategy_of(state.sent) {
-                actions.push(assignment(&state.id, strategy, Duration::ZERO));
-            }
-            close_lease(self.shared, state, now + DELIVERY_SLACK).await;
-        }
+        let shared = self.shared;
+        let actions = self
+            .buckets
+            .values()
+            .filter_map(|state| {
+                strategy_of(state.sent).map(|s| assignment(&state.id, s, Duration::ZERO))
+            })
+            .collect();
+        futures_util::stream::iter(self.buckets.values_mut())
+            .for_each_concurrent(MAX_CONCURRENT_EXCHANGES, |state| {
+                close_lease(shared, state, now + DELIVERY_SLACK)
+            })
+            .await;
         RateLimitQuotaResponse {
             bucket_action: actions,
         }
@@ -828,14 +909,14 @@ async fn close_lease(shared: &Shared, state: &mut BucketState, end: Instant) {
 async fn assign(
     shared: &Shared,
     state: &mut BucketState,
-    target: Target,
+    target: &Target,
     usage: &BucketQuotaUsage,
     demand: Option<f64>,
     now: Instant,
 ) -> Option<BucketAction> {
     let ttl = shared.args.ttl();
     let target = match target {
-        Target::Blanket(rule) => {
+        &Target::Blanket(rule) => {
             close_lease(shared, state, now + DELIVERY_SLACK).await;
             shared.leave(state);
             state.budget = None;

@@ -805,3 +805,64 @@ async fn reqwest_metrics(server: &Running) -> String {
     socket.read_to_string(&mut body).await.unwrap();
     body
 }
+
+/// The script calls the Redis server ran (`INFO commandstats` also counts the commands the
+/// scripts run).
+fn redis_calls(redis: &distlimit_test::server::RedisServer) -> u64 {
+    ["evalsha", "eval", "fcall"]
+        .iter()
+        .map(|command| redis.command_calls(command).unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_of_many_buckets_costs_a_few_redis_calls() {
+    let Some(redis) = distlimit_test::server::RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server =
+        Running::with_config(dir.path(), &[FLAGS[0], FLAGS[1], "--redis", url.as_str()]).await;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let names: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+    let report = || RateLimitQuotaUsageReports {
+        domain: "quota".into(),
+        bucket_quota_usages: names
+            .iter()
+            .map(|n| usage(&[("tenant", n)], 1, 1))
+            .collect(),
+    };
+    tx.send(report()).unwrap();
+    let mut inbound = client
+        .stream_rate_limit_quotas(UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut calls = Vec::new();
+    let mut before = redis_calls(&redis);
+    // The first report (new buckets), then two reports of established ones.
+    for round in 0..3 {
+        if round > 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            tx.send(report()).unwrap();
+        }
+        let answer = tokio::time::timeout(Duration::from_secs(5), inbound.message())
+            .await
+            .expect("answered in time")
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.bucket_action.len(), 100);
+        let after = redis_calls(&redis);
+        calls.push(after - before);
+        before = after;
+    }
+    eprintln!("Redis calls per report of 100 buckets: {calls:?}");
+    // One call per bucket would be 100; concurrent exchanges are coalesced into a few.
+    assert!(calls.iter().all(|&n| (1..=10).contains(&n)), "{calls:?}");
+    drop(tx);
+    server.stop().await;
+}
