@@ -60,6 +60,9 @@ pub const DELIVERY_SLACK: Duration = Duration::from_millis(250);
 /// A bucket reporting no request this many reports in a row is abandoned (`AbandonAction`).
 pub const ABANDON_AFTER_IDLE_REPORTS: u32 = 5;
 
+/// The budget's reserve for buckets without a token bucket is this part of its capacity.
+const RESERVE_PART_OF_CAPACITY: u64 = 4;
+
 /// The most store calls of one report's buckets in flight at once.
 const MAX_CONCURRENT_EXCHANGES: usize = 128;
 
@@ -431,6 +434,8 @@ struct Limited {
     state: StateName,
     key: Vec<u8>,
     limit: Limit,
+    /// Units of the budget the token buckets already assigned leave to new ones.
+    reserve: u64,
     /// Units per `unit_secs`.
     per_unit: u64,
     unit_secs: u64,
@@ -821,9 +826,13 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
         let rate = per_unit as f64 / unit_secs as f64;
         // The store's burst: what the assignments of one TTL and slack ask for at once.
         let burst = need(rate * 4.0).max(1);
-        let quota = Quota::from_parts(per_unit, unit_secs * 1_000_000, burst)
-            .or_else(|_| Quota::from_parts(per_unit, unit_secs * 1_000_000, 1))
-            .ok()?;
+        let (quota, burst) = match Quota::from_parts(per_unit, unit_secs * 1_000_000, burst) {
+            Ok(quota) => (quota, burst),
+            Err(_) => (
+                Quota::from_parts(per_unit, unit_secs * 1_000_000, 1).ok()?,
+                1,
+            ),
+        };
         let budget: Arc<str> =
             format!("{}\u{0}{}", state.as_str(), String::from_utf8_lossy(&key)).into();
         Some(Target::Limited(Limited {
@@ -832,6 +841,7 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
             state,
             key,
             limit: Limit::token_bucket(quota),
+            reserve: burst / RESERVE_PART_OF_CAPACITY,
             per_unit,
             unit_secs,
         }))
@@ -1031,14 +1041,28 @@ async fn assign(
         lease.held.saturating_sub(needed),
         needed.saturating_sub(lease.held),
     );
-    match shared.leases.exchange(&request, give, want).await {
-        Ok(grant) => lease.held = lease.held - give + grant.granted,
+    // A token bucket already assigned leaves the budget's reserve to the buckets that have
+    // none (a proxy that joins is served by its first report); they may spend it.
+    let established = matches!(state.sent, Sent::Bucket { .. });
+    let usable = match shared.leases.exchange(&request, give, want).await {
+        Ok(grant) => {
+            lease.held = lease.held - give + grant.granted;
+            let into_reserve = if established {
+                target
+                    .reserve
+                    .saturating_sub(grant.decision.remaining())
+                    .min(grant.granted)
+            } else {
+                0
+            };
+            lease.held - into_reserve
+        }
         Err(error) => {
             tracing::warn!(%error, "rlqs: withdrawing units failed");
             return None;
         }
-    }
-    if lease.held < needed {
+    };
+    if usable < needed {
         // The budget is short: the largest token bucket the units held pay for, else deny.
         let mut fit = per_fill;
         loop {
@@ -1049,7 +1073,7 @@ async fn assign(
                     (Sent::Blanket(BlanketRule::DenyAll), 0.0, replaced, true);
                 break;
             }
-            if planned.3 <= lease.held {
+            if planned.3 <= usable {
                 (sent, rate, base, _, fresh) = planned;
                 break;
             }
