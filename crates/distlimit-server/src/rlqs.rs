@@ -408,17 +408,16 @@ struct Stream<'s> {
 }
 
 /// One reported bucket's store work.
-enum Job {
-    /// Idle too long: its units given back, `AbandonAction` sent.
-    Abandon(BucketState),
-    Assign {
-        name: String,
-        state: BucketState,
-        target: Target,
-        usage: BucketQuotaUsage,
-        demand: Option<f64>,
-    },
+struct Job {
+    name: String,
+    state: BucketState,
+    /// What it lands on, its usage and demand; `None`: idle too long, its units given back and
+    /// `AbandonAction` sent.
+    assign: Option<(Target, BucketQuotaUsage, Option<f64>)>,
 }
+
+/// A job's bucket to keep (`None`: abandoned) and its answer.
+type Done = (Option<(String, BucketState)>, Option<BucketAction>);
 
 /// What a bucket lands on.
 #[derive(Clone)]
@@ -516,54 +515,53 @@ impl Stream<'_> {
             };
             if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
                 metrics.buckets.dec();
-                jobs.push(Job::Abandon(state));
+                jobs.push(Job {
+                    name,
+                    state,
+                    assign: None,
+                });
                 continue;
             }
             let target = match state.target.take() {
                 Some(target) => target,
                 None => resolve(&config, domain, &usage),
             };
-            jobs.push(Job::Assign {
+            jobs.push(Job {
                 name,
                 state,
-                target,
-                usage,
-                demand,
+                assign: Some((target, usage, demand)),
             });
         }
         // The buckets' store calls run concurrently (a store that coalesces, as Redis does,
         // packs them into a few calls), their answers in the report's order.
         let shared = self.shared;
-        let done: Vec<(Option<(String, BucketState)>, Option<BucketAction>)> =
-            futures_util::stream::iter(jobs)
-                .map(|job| async move {
-                    match job {
-                        Job::Abandon(mut state) => {
-                            close_lease(shared, &mut state, now + DELIVERY_SLACK).await;
-                            shared.leave(&state);
-                            let action = BucketAction {
-                                bucket_id: Some(state.id),
-                                bucket_action: Some(Action::AbandonAction(AbandonAction {})),
-                            };
-                            (None, Some(action))
-                        }
-                        Job::Assign {
-                            name,
-                            mut state,
-                            target,
-                            usage,
-                            demand,
-                        } => {
-                            let action =
-                                assign(shared, &mut state, &target, &usage, demand, now).await;
-                            state.target = Some(target);
-                            (Some((name, state)), action)
-                        }
+        let done: Vec<Done> = futures_util::stream::iter(jobs)
+            .map(|job| async move {
+                let Job {
+                    name,
+                    mut state,
+                    assign: work,
+                } = job;
+                match work {
+                    None => {
+                        close_lease(shared, &mut state, now + DELIVERY_SLACK).await;
+                        shared.leave(&state);
+                        let action = BucketAction {
+                            bucket_id: Some(state.id),
+                            bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+                        };
+                        (None, Some(action))
                     }
-                })
-                .buffered(MAX_CONCURRENT_EXCHANGES)
-                .collect()
-                .await;
+                    Some((target, usage, demand)) => {
+                        let action = assign(shared, &mut state, &target, &usage, demand, now).await;
+                        state.target = Some(target);
+                        (Some((name, state)), action)
+                    }
+                }
+            })
+            .buffered(MAX_CONCURRENT_EXCHANGES)
+            .collect()
+            .await;
         let mut actions = Vec::with_capacity(done.len());
         for (kept, action) in done {
             if let Some((name, state)) = kept {
