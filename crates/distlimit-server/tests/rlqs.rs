@@ -588,7 +588,8 @@ async fn a_stopped_server_expires_the_assignments() {
 async fn a_reload_halving_the_limit_halves_the_assigned_rates() {
     let dir = config_dir(&quota_config(PER_MINUTE));
     let mut server = Running::with_config(dir.path(), &FLAGS).await;
-    let until = Instant::now() + Duration::from_secs(16);
+    // The drivers are stopped when the checks are done; this only bounds them.
+    let until = Instant::now() + Duration::from_secs(30);
     let mut proxies = Vec::new();
     let mut drivers = Vec::new();
     for _ in 0..4 {
@@ -601,31 +602,49 @@ async fn a_reload_halving_the_limit_halves_the_assigned_rates() {
     let assigned = |proxies: &[Arc<Proxy>]| -> f64 {
         proxies.iter().filter_map(|p| p.rate(&tenant("r"))).sum()
     };
-    // Four proxies joining one after another settle within a few report intervals.
+    // Demand exceeds the limit: the assigned rates add up to well over the new limit (at the
+    // first answers, usually; the bound allows for a loaded machine).
     let started = Instant::now();
-    while assigned(&proxies) < 0.8 * RATE || proxies.iter().any(|p| p.rate(&tenant("r")).is_none())
-    {
+    while assigned(&proxies) < 0.7 * RATE {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "{}",
             assigned(&proxies)
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let before = assigned(&proxies);
     eprintln!("assigned before: {before} after {:?}", started.elapsed());
-    assert!(before <= RATE + 1e-9, "{before}");
     std::fs::write(dir.path().join("config.yaml"), quota_config(PER_MINUTE / 2)).unwrap();
     server.next_reload().await;
-    tokio::time::sleep(INTERVAL * 2 + Duration::from_millis(300)).await;
-    let after = assigned(&proxies);
-    eprintln!("assigned after: {after}");
-    assert!(
-        (0.5 * RATE / 2.0..=RATE / 2.0 + 1e-9).contains(&after),
-        "{after}"
-    );
+    let reloaded = Instant::now();
+    // Every proxy reports within one interval and is answered on the new limit; what was
+    // assigned before expires. Two report intervals, and a margin for a loaded machine.
+    while assigned(&proxies) > RATE / 2.0 + 1e-9 {
+        assert!(
+            reloaded.elapsed() < INTERVAL * 3,
+            "{} after {:?}",
+            assigned(&proxies),
+            reloaded.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = reloaded.elapsed();
+    // Over the next two report intervals the rates stay within the new limit, and most of it
+    // is assigned (the shares, re-sized at each proxy's report, dip in between).
+    let (mut least, mut most) = (f64::MAX, 0.0_f64);
+    let watched = Instant::now();
+    while watched.elapsed() < INTERVAL * 2 {
+        let now = assigned(&proxies);
+        (least, most) = (least.min(now), most.max(now));
+        assert!(now <= RATE / 2.0 + 1e-9, "{now} over the new limit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("assigned after: within the new limit after {took:?}, then {least} to {most}");
+    // (3.3 to 4.75 of 5 seen; the proxy reporting first on the new budget is sized alone.)
+    assert!(most >= 0.5 * RATE / 2.0, "{most}");
     for task in drivers {
-        task.await.unwrap();
+        task.abort();
     }
     server.stop().await;
 }
