@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use distlimit_policy::{Listed, Scope, Tier};
 use distlimit_core::{Key, LeaseStore, Limit, Quota, Request, StateName};
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
@@ -41,7 +42,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
-use crate::check::{Checker, MAX_ENTRIES, MAX_ENTRY_LEN, hex, state_key};
+use crate::check::{Checker, MAX_ENTRIES, MAX_ENTRY_LEN, hex, policy_key, state_key};
 use crate::config::{Config, RuleLimit};
 
 /// The most bytes of one bucket id's keys and values together.
@@ -844,31 +845,9 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
             unit_secs,
         }))
     };
-    if let Some(policy) = config.policy_for(domain, entries.iter().map(|(k, _)| *k)) {
-        let tightest = config
-            .policies()
-            .and_then(|set| set.get(policy))
-            .and_then(|p| {
-                p.tiers().iter().min_by(|a, b| {
-                    let rate = |t: &distlimit_policy::Tier| {
-                        t.quota().limit() as f64 / t.quota().period_us() as f64
-                    };
-                    rate(a).total_cmp(&rate(b))
-                })
-            });
-        let Some(tier) = tightest else {
-            return Target::Blanket(BlanketRule::AllowAll);
-        };
-        let secs = tier.quota().period().as_secs().max(1);
-        let per_unit = tier.quota().limit() * secs * 1_000_000 / tier.quota().period_us().max(1);
-        return limited(
-            format!("{domain}/{policy}"),
-            &format!("policy/{policy}/{}", tier.name()),
-            state_key(&entries),
-            per_unit.max(1),
-            secs,
-        )
-        .unwrap_or(Target::Blanket(BlanketRule::DenyAll));
+    if let Some(name) = config.policy_for(domain, entries.iter().map(|(k, _)| *k)) {
+        return resolve_policy(config, name, &entries, limited)
+            .unwrap_or(Target::Blanket(BlanketRule::DenyAll));
     }
     let Some(m) = config.lookup(domain, entries.iter().copied()) else {
         return Target::Blanket(BlanketRule::AllowAll);
@@ -894,6 +873,48 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
         )
         .unwrap_or(Target::Blanket(BlanketRule::DenyAll)),
     }
+}
+
+/// What a bucket of the TOML policy `name` with `entries` lands on, as an RLS request's
+/// descriptor would: shadow mode or the allow list `ALLOW_ALL`, the deny list `DENY_ALL`;
+/// else the tightest of the tiers the key is checked against (an override's, with the
+/// policy's global tiers), a global tier being one budget for every key. `None`: no budget
+/// can be named for it.
+fn resolve_policy(
+    config: &Config,
+    name: &str,
+    entries: &[(&str, &str)],
+    limited: impl FnOnce(String, &str, Vec<u8>, u64, u64) -> Option<Target>,
+) -> Option<Target> {
+    let Some(policy) = config.policies().and_then(|set| set.get(name)) else {
+        return Some(Target::Blanket(BlanketRule::AllowAll));
+    };
+    if policy.is_shadow() {
+        return Some(Target::Blanket(BlanketRule::AllowAll));
+    }
+    let key = policy_key(entries);
+    let tiers = match policy.tiers_for(&key) {
+        Ok(tiers) => tiers,
+        Err(Listed::Allow) => return Some(Target::Blanket(BlanketRule::AllowAll)),
+        Err(Listed::Deny) => return Some(Target::Blanket(BlanketRule::DenyAll)),
+    };
+    let rate = |t: &Tier| t.quota().limit() as f64 / t.quota().period_us().max(1) as f64;
+    let Some(tier) = tiers.iter().min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
+        return Some(Target::Blanket(BlanketRule::AllowAll));
+    };
+    let secs = tier.quota().period().as_secs().max(1);
+    let per_unit = tier.quota().limit() * secs * 1_000_000 / tier.quota().period_us().max(1);
+    let (scope, key) = match tier.scope() {
+        Scope::Global => ("global", b"*".to_vec()),
+        Scope::Key => ("key", key),
+    };
+    limited(
+        format!("{}/{}", policy.name(), tier.name()),
+        &format!("policy/{}/{scope}", tier.store_policy()),
+        key,
+        per_unit.max(1),
+        secs,
+    )
 }
 
 /// Gives back what the proxy cannot admit past `end` and drops the lease.

@@ -887,3 +887,86 @@ async fn a_report_of_many_buckets_costs_a_few_redis_calls() {
     drop(tx);
     server.stop().await;
 }
+
+/// What a proxy's bucket applies once answered: `"allow"`, `"deny"` or its token bucket rate.
+async fn answered(proxy: &Proxy, entries: &[(String, String)]) -> String {
+    proxy.request(entries);
+    let started = Instant::now();
+    loop {
+        {
+            let state = proxy.state.lock().unwrap();
+            match state.buckets.get(entries).map(|b| &b.local) {
+                Some(Local::Blanket(Blanket::Allow)) => return "allow".into(),
+                Some(Local::Blanket(Blanket::Deny)) => return "deny".into(),
+                Some(Local::Tokens(t)) => return format!("{}", t.rate),
+                _ => {}
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "no answer");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn entry(key: &str, value: &str) -> Vec<(String, String)> {
+    vec![(key.to_owned(), value.to_owned())]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toml_policies_map_to_buckets_as_rls_requests_would() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limits.toml"),
+        r#"
+[[policy]]
+name = "per_tenant"
+allow = ["vip"]
+deny = ["abuser"]
+tiers = [
+  { name = "minute", algorithm = "token_bucket", limit = 600, per = "1m" },
+  { name = "everyone", algorithm = "token_bucket", limit = 1200, per = "1m", scope = "global" },
+]
+
+[[policy.override]]
+key = "small"
+tiers = [ { name = "minute", algorithm = "token_bucket", limit = 60, per = "1m" } ]
+
+[[policy]]
+name = "region"
+tiers = [ { name = "all", algorithm = "token_bucket", limit = 120, per = "1m", scope = "global" } ]
+
+[[policy]]
+name = "watch"
+shadow = true
+tiers = [ { name = "hour", algorithm = "gcra", limit = 1, per = "1h" } ]
+
+[domain.quota]
+descriptors = [
+  { keys = ["tenant"], policy = "per_tenant" },
+  { keys = ["region"], policy = "region" },
+  { keys = ["path"], policy = "watch" },
+]
+"#,
+    )
+    .unwrap();
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    let proxy = Proxy::connect(&server, Blanket::Deny, Expired::Unset).await;
+    // Lists and shadow mode: blanket rules.
+    assert_eq!(answered(&proxy, &entry("tenant", "vip")).await, "allow");
+    assert_eq!(answered(&proxy, &entry("tenant", "abuser")).await, "deny");
+    assert_eq!(answered(&proxy, &entry("path", "/x")).await, "allow");
+    // A key's own tier (10 a second), an override's (1 a second): shares of 95 %.
+    let rate = |s: String| s.parse::<f64>().unwrap();
+    let plain = rate(answered(&proxy, &entry("tenant", "plain")).await);
+    let small = rate(answered(&proxy, &entry("tenant", "small")).await);
+    assert!((5.0..=10.0).contains(&plain), "{plain}");
+    assert!((0.5..=1.0).contains(&small), "{small}");
+    // A global tier is one budget for every key: two keys share 2 a second.
+    let a = rate(answered(&proxy, &entry("region", "a")).await);
+    let b = rate(answered(&proxy, &entry("region", "b")).await);
+    eprintln!("rates: plain {plain}, small {small}, region a {a}, then b {b}");
+    // The first key alone had the whole budget; the second is sized as one of two members
+    // (its own budget would give it 1.9).
+    assert!((1.0..=2.0).contains(&a), "{a}");
+    assert!(b > 0.0 && b <= 1.0 + 1e-9, "the second key's share: {b}");
+    server.stop().await;
+}
