@@ -480,6 +480,16 @@ impl Policy {
         &self.overrides
     }
 
+    /// The tiers a check of `key` applies (an override's: the policy's global tiers, then the
+    /// override's), or the list `key` is on, as in a built [`PolicySet`].
+    pub fn tiers_for(&self, key: &[u8]) -> Result<&[Tier], crate::Listed> {
+        match self.rule(key) {
+            Some(Rule::Allow) => Err(crate::Listed::Allow),
+            Some(Rule::Deny) => Err(crate::Listed::Deny),
+            rule => Ok(&self.applied(rule).tiers),
+        }
+    }
+
     /// What applies to `key`: a list, an override, or (`None`) the policy's tiers.
     pub(crate) fn rule(&self, key: &[u8]) -> Option<Rule> {
         self.rules.find(key)

@@ -5,6 +5,11 @@
 //! a runtime (one worker) of its own; the clients on another.
 //!
 //! `cargo bench -p distlimit-server --bench rlqs` (bounded: `WARMUP` then `MEASURE`).
+//! `RLQS_STREAMS=n` opens `n` streams instead of 1000; `RLQS_REPORTS=r` has each stream send
+//! exactly `r` reports (no warmup, bounded at 10 minutes), to count instructions under
+//! callgrind: the difference between two runs of `r` reports, per report, is what one report
+//! costs (server and client together), e.g.
+//! `RLQS_STREAMS=10 RLQS_REPORTS=12 valgrind --tool=callgrind <bench binary>` and `=22`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -29,6 +34,17 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 const STREAMS: usize = 1_000;
+/// Bounds a run of `RLQS_REPORTS` reports per stream (slow under callgrind).
+const REPORTS_BOUND: Duration = Duration::from_secs(600);
+
+fn env_usize(name: &str) -> Option<usize> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value:?}: not a count")),
+    )
+}
 const BUCKETS: usize = 100;
 /// Streams per HTTP/2 connection.
 const PER_CONNECTION: usize = 100;
@@ -57,6 +73,8 @@ fn report() -> RateLimitQuotaUsageReports {
 }
 
 fn main() {
+    let streams = env_usize("RLQS_STREAMS").unwrap_or(STREAMS);
+    let reports_each = env_usize("RLQS_REPORTS");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("config.yaml"),
@@ -102,10 +120,14 @@ fn main() {
     let answered = Arc::new(AtomicU64::new(0));
     let (reports, elapsed) = client_rt.block_on(async {
         let started = Instant::now();
-        let end = started + WARMUP + MEASURE;
+        let end = started
+            + match reports_each {
+                Some(_) => REPORTS_BOUND,
+                None => WARMUP + MEASURE,
+            };
         let mut tasks = Vec::new();
         let mut channel: Option<Channel> = None;
-        for i in 0..STREAMS {
+        for i in 0..streams {
             if i % PER_CONNECTION == 0 {
                 channel = Some(
                     Channel::from_shared(format!("http://{grpc}"))
@@ -126,11 +148,16 @@ fn main() {
                     .await
                     .unwrap()
                     .into_inner();
+                let mut sent = 1;
                 while Instant::now() < end {
                     match tokio::time::timeout_at(end.into(), inbound.message()).await {
                         Ok(Ok(Some(answer))) => {
                             assert_eq!(answer.bucket_action.len(), BUCKETS);
                             answered.fetch_add(1, Ordering::Relaxed);
+                            if reports_each.is_some_and(|r| sent >= r) {
+                                break;
+                            }
+                            sent += 1;
                             if tx.send(report.clone()).await.is_err() {
                                 break;
                             }
@@ -141,7 +168,9 @@ fn main() {
                 }
             }));
         }
-        tokio::time::sleep_until((started + WARMUP).into()).await;
+        if reports_each.is_none() {
+            tokio::time::sleep_until((started + WARMUP).into()).await;
+        }
         let at_warmup = answered.load(Ordering::Relaxed);
         let measured = Instant::now();
         for task in tasks {
@@ -152,9 +181,16 @@ fn main() {
             measured.elapsed(),
         )
     });
+    if let Some(each) = reports_each {
+        assert_eq!(
+            reports,
+            (each * streams) as u64,
+            "every report answered in time"
+        );
+    }
     let per_second = reports as f64 / elapsed.as_secs_f64();
     println!(
-        "rlqs: {STREAMS} streams x {BUCKETS} buckets: {per_second:.0} reports/s \
+        "rlqs: {streams} streams x {BUCKETS} buckets: {per_second:.0} reports/s \
          ({:.0} bucket usages/s) over {elapsed:.1?}",
         per_second * BUCKETS as f64
     );

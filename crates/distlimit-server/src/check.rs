@@ -820,7 +820,7 @@ fn initial_status(applied: Option<&Applied<'_>>) -> DescriptorStatus {
 
 /// The limiter key of a descriptor decided by a TOML policy: its value (several: the values
 /// joined by `|`), or a digest of that past [`MAX_KEY_LEN`].
-fn policy_key(entries: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn policy_key(entries: &[(&str, &str)]) -> Vec<u8> {
     let mut key = Vec::new();
     for (i, (_, value)) in entries.iter().enumerate() {
         if i > 0 {

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+use distlimit_policy::{Listed, Scope, Tier};
 use distlimit_core::{Key, LeaseStore, Limit, Quota, Request, StateName};
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
@@ -40,7 +42,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
-use crate::check::{Checker, MAX_ENTRIES, MAX_ENTRY_LEN, hex, state_key};
+use crate::check::{Checker, MAX_ENTRIES, MAX_ENTRY_LEN, hex, policy_key, state_key};
 use crate::config::{Config, RuleLimit};
 
 /// The most bytes of one bucket id's keys and values together.
@@ -58,6 +60,12 @@ pub const DELIVERY_SLACK: Duration = Duration::from_millis(250);
 
 /// A bucket reporting no request this many reports in a row is abandoned (`AbandonAction`).
 pub const ABANDON_AFTER_IDLE_REPORTS: u32 = 5;
+
+/// The budget's reserve for buckets without a token bucket is this part of its capacity.
+const RESERVE_PART_OF_CAPACITY: u64 = 4;
+
+/// The most store calls of one report's buckets in flight at once.
+const MAX_CONCURRENT_EXCHANGES: usize = 128;
 
 /// A share is sized at this multiple of the demand its proxy reports.
 const HEADROOM: f64 = 1.25;
@@ -262,6 +270,7 @@ async fn run_stream(
     let mut stream = Stream {
         shared: &shared,
         domain: None,
+        config: None,
         buckets: HashMap::new(),
     };
     let mut stop = shared.stop.clone();
@@ -379,6 +388,8 @@ struct BucketState {
     member: u64,
     /// The budget the member is in.
     budget: Option<Arc<str>>,
+    /// What the bucket lands on in [`Stream::config`] (`None`: not resolved since a reload).
+    target: Option<Target>,
     last_report: Option<Instant>,
     /// Requests reported since `last_report` (a report right after another is folded in).
     pending: u64,
@@ -392,21 +403,39 @@ struct BucketState {
 struct Stream<'s> {
     shared: &'s Shared,
     domain: Option<String>,
+    /// The configuration the buckets' targets were resolved on.
+    config: Option<Arc<Config>>,
     buckets: HashMap<String, BucketState>,
 }
 
+/// One reported bucket's store work.
+struct Job {
+    name: String,
+    state: BucketState,
+    /// What it lands on, its usage and demand; `None`: idle too long, its units given back and
+    /// `AbandonAction` sent.
+    assign: Option<(Target, BucketQuotaUsage, Option<f64>)>,
+}
+
+/// A job's bucket to keep (`None`: abandoned) and its answer.
+type Done = (Option<(String, BucketState)>, Option<BucketAction>);
+
 /// What a bucket lands on.
+#[derive(Clone)]
 enum Target {
     Blanket(BlanketRule),
     Limited(Limited),
 }
 
+#[derive(Clone)]
 struct Limited {
     budget: Arc<str>,
     label: Arc<str>,
     state: StateName,
     key: Vec<u8>,
     limit: Limit,
+    /// Units of the budget the token buckets already assigned leave to new ones.
+    reserve: u64,
     /// Units per `unit_secs`.
     per_unit: u64,
     unit_secs: u64,
@@ -426,24 +455,38 @@ impl Stream<'_> {
         let now = Instant::now();
         let usages = self.validate(&report)?;
         let config = self.shared.checker.config();
+        if !self
+            .config
+            .as_ref()
+            .is_some_and(|seen| Arc::ptr_eq(seen, &config))
+        {
+            // A reload: every bucket's rule is resolved again at its next report.
+            for state in self.buckets.values_mut() {
+                state.target = None;
+            }
+            self.config = Some(config.clone());
+        }
+        let domain = self.domain.as_deref().unwrap_or_default();
         let metrics = &self.shared.checker.request_metrics().quota;
-        let mut actions = Vec::with_capacity(usages.len());
+        // What each bucket's report changes here, in the report's order; the store calls after.
+        let mut jobs = Vec::with_capacity(usages.len());
         for (name, usage) in usages {
-            let state = match self.buckets.entry(name.clone()) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => {
+            let mut state = match self.buckets.remove(&name) {
+                Some(state) => state,
+                None => {
                     metrics.buckets.inc();
-                    entry.insert(BucketState {
+                    BucketState {
                         id: usage.bucket_id.clone().unwrap_or_default(),
                         member: self.shared.next_member.fetch_add(1, Ordering::Relaxed),
                         budget: None,
+                        target: None,
                         last_report: None,
                         pending: 0,
                         idle_reports: 0,
                         admitted: 0,
                         lease: None,
                         sent: Sent::Nothing,
-                    })
+                    }
                 }
             };
             let requests = usage.num_requests_allowed + usage.num_requests_denied;
@@ -472,24 +515,60 @@ impl Stream<'_> {
                 }
             };
             if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
-                let mut state = self
-                    .buckets
-                    .remove(&name)
-                    .ok_or_else(|| Status::internal("bucket"))?;
                 metrics.buckets.dec();
-                close_lease(self.shared, &mut state, now + DELIVERY_SLACK).await;
-                self.shared.leave(&state);
-                actions.push(BucketAction {
-                    bucket_id: Some(state.id),
-                    bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+                jobs.push(Job {
+                    name,
+                    state,
+                    assign: None,
                 });
                 continue;
             }
-            let domain = self.domain.as_deref().unwrap_or_default();
-            let target = resolve(&config, domain, &usage);
-            if let Some(action) = assign(self.shared, state, target, &usage, demand, now).await {
-                actions.push(action);
+            let target = match state.target.take() {
+                Some(target) => target,
+                None => resolve(&config, domain, &usage),
+            };
+            jobs.push(Job {
+                name,
+                state,
+                assign: Some((target, usage, demand)),
+            });
+        }
+        // The buckets' store calls run concurrently (a store that coalesces, as Redis does,
+        // packs them into a few calls), their answers in the report's order.
+        let shared = self.shared;
+        let done: Vec<Done> = futures_util::stream::iter(jobs)
+            .map(|job| async move {
+                let Job {
+                    name,
+                    mut state,
+                    assign: work,
+                } = job;
+                match work {
+                    None => {
+                        close_lease(shared, &mut state, now + DELIVERY_SLACK).await;
+                        shared.leave(&state);
+                        let action = BucketAction {
+                            bucket_id: Some(state.id),
+                            bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+                        };
+                        (None, Some(action))
+                    }
+                    Some((target, usage, demand)) => {
+                        let action = assign(shared, &mut state, &target, &usage, demand, now).await;
+                        state.target = Some(target);
+                        (Some((name, state)), action)
+                    }
+                }
+            })
+            .buffered(MAX_CONCURRENT_EXCHANGES)
+            .collect()
+            .await;
+        let mut actions = Vec::with_capacity(done.len());
+        for (kept, action) in done {
+            if let Some((name, state)) = kept {
+                self.buckets.insert(name, state);
             }
+            actions.extend(action);
         }
         Ok(RateLimitQuotaResponse {
             bucket_action: actions,
@@ -597,13 +676,19 @@ impl Stream<'_> {
     /// Expires every assignment (TTL 0) and gives back what the proxies can no longer admit.
     async fn expire_all(&mut self) -> RateLimitQuotaResponse {
         let now = Instant::now();
-        let mut actions = Vec::new();
-        for state in self.buckets.values_mut() {
-            if let Some(strategy) = strategy_of(state.sent) {
-                actions.push(assignment(&state.id, strategy, Duration::ZERO));
-            }
-            close_lease(self.shared, state, now + DELIVERY_SLACK).await;
-        }
+        let shared = self.shared;
+        let actions = self
+            .buckets
+            .values()
+            .filter_map(|state| {
+                strategy_of(state.sent).map(|s| assignment(&state.id, s, Duration::ZERO))
+            })
+            .collect();
+        futures_util::stream::iter(self.buckets.values_mut())
+            .for_each_concurrent(MAX_CONCURRENT_EXCHANGES, |state| {
+                close_lease(shared, state, now + DELIVERY_SLACK)
+            })
+            .await;
         RateLimitQuotaResponse {
             bucket_action: actions,
         }
@@ -740,9 +825,13 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
         let rate = per_unit as f64 / unit_secs as f64;
         // The store's burst: what the assignments of one TTL and slack ask for at once.
         let burst = need(rate * 4.0).max(1);
-        let quota = Quota::from_parts(per_unit, unit_secs * 1_000_000, burst)
-            .or_else(|_| Quota::from_parts(per_unit, unit_secs * 1_000_000, 1))
-            .ok()?;
+        let (quota, burst) = match Quota::from_parts(per_unit, unit_secs * 1_000_000, burst) {
+            Ok(quota) => (quota, burst),
+            Err(_) => (
+                Quota::from_parts(per_unit, unit_secs * 1_000_000, 1).ok()?,
+                1,
+            ),
+        };
         let budget: Arc<str> =
             format!("{}\u{0}{}", state.as_str(), String::from_utf8_lossy(&key)).into();
         Some(Target::Limited(Limited {
@@ -751,35 +840,14 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
             state,
             key,
             limit: Limit::token_bucket(quota),
+            reserve: burst / RESERVE_PART_OF_CAPACITY,
             per_unit,
             unit_secs,
         }))
     };
-    if let Some(policy) = config.policy_for(domain, entries.iter().map(|(k, _)| *k)) {
-        let tightest = config
-            .policies()
-            .and_then(|set| set.get(policy))
-            .and_then(|p| {
-                p.tiers().iter().min_by(|a, b| {
-                    let rate = |t: &distlimit_policy::Tier| {
-                        t.quota().limit() as f64 / t.quota().period_us() as f64
-                    };
-                    rate(a).total_cmp(&rate(b))
-                })
-            });
-        let Some(tier) = tightest else {
-            return Target::Blanket(BlanketRule::AllowAll);
-        };
-        let secs = tier.quota().period().as_secs().max(1);
-        let per_unit = tier.quota().limit() * secs * 1_000_000 / tier.quota().period_us().max(1);
-        return limited(
-            format!("{domain}/{policy}"),
-            &format!("policy/{policy}/{}", tier.name()),
-            state_key(&entries),
-            per_unit.max(1),
-            secs,
-        )
-        .unwrap_or(Target::Blanket(BlanketRule::DenyAll));
+    if let Some(name) = config.policy_for(domain, entries.iter().map(|(k, _)| *k)) {
+        return resolve_policy(config, name, &entries, limited)
+            .unwrap_or(Target::Blanket(BlanketRule::DenyAll));
     }
     let Some(m) = config.lookup(domain, entries.iter().copied()) else {
         return Target::Blanket(BlanketRule::AllowAll);
@@ -807,6 +875,48 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
     }
 }
 
+/// What a bucket of the TOML policy `name` with `entries` lands on, as an RLS request's
+/// descriptor would: shadow mode or the allow list `ALLOW_ALL`, the deny list `DENY_ALL`;
+/// else the tightest of the tiers the key is checked against (an override's, with the
+/// policy's global tiers), a global tier being one budget for every key. `None`: no budget
+/// can be named for it.
+fn resolve_policy(
+    config: &Config,
+    name: &str,
+    entries: &[(&str, &str)],
+    limited: impl FnOnce(String, &str, Vec<u8>, u64, u64) -> Option<Target>,
+) -> Option<Target> {
+    let Some(policy) = config.policies().and_then(|set| set.get(name)) else {
+        return Some(Target::Blanket(BlanketRule::AllowAll));
+    };
+    if policy.is_shadow() {
+        return Some(Target::Blanket(BlanketRule::AllowAll));
+    }
+    let key = policy_key(entries);
+    let tiers = match policy.tiers_for(&key) {
+        Ok(tiers) => tiers,
+        Err(Listed::Allow) => return Some(Target::Blanket(BlanketRule::AllowAll)),
+        Err(Listed::Deny) => return Some(Target::Blanket(BlanketRule::DenyAll)),
+    };
+    let rate = |t: &Tier| t.quota().limit() as f64 / t.quota().period_us().max(1) as f64;
+    let Some(tier) = tiers.iter().min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
+        return Some(Target::Blanket(BlanketRule::AllowAll));
+    };
+    let secs = tier.quota().period().as_secs().max(1);
+    let per_unit = tier.quota().limit() * secs * 1_000_000 / tier.quota().period_us().max(1);
+    let (scope, key) = match tier.scope() {
+        Scope::Global => ("global", b"*".to_vec()),
+        Scope::Key => ("key", key),
+    };
+    limited(
+        format!("{}/{}", policy.name(), tier.name()),
+        &format!("policy/{}/{scope}", tier.store_policy()),
+        key,
+        per_unit.max(1),
+        secs,
+    )
+}
+
 /// Gives back what the proxy cannot admit past `end` and drops the lease.
 async fn close_lease(shared: &Shared, state: &mut BucketState, end: Instant) {
     let Some(mut lease) = state.lease.take() else {
@@ -828,14 +938,14 @@ async fn close_lease(shared: &Shared, state: &mut BucketState, end: Instant) {
 async fn assign(
     shared: &Shared,
     state: &mut BucketState,
-    target: Target,
+    target: &Target,
     usage: &BucketQuotaUsage,
     demand: Option<f64>,
     now: Instant,
 ) -> Option<BucketAction> {
     let ttl = shared.args.ttl();
     let target = match target {
-        Target::Blanket(rule) => {
+        &Target::Blanket(rule) => {
             close_lease(shared, state, now + DELIVERY_SLACK).await;
             shared.leave(state);
             state.budget = None;
@@ -950,14 +1060,28 @@ async fn assign(
         lease.held.saturating_sub(needed),
         needed.saturating_sub(lease.held),
     );
-    match shared.leases.exchange(&request, give, want).await {
-        Ok(grant) => lease.held = lease.held - give + grant.granted,
+    // A token bucket already assigned leaves the budget's reserve to the buckets that have
+    // none (a proxy that joins is served by its first report); they may spend it.
+    let established = matches!(state.sent, Sent::Bucket { .. });
+    let usable = match shared.leases.exchange(&request, give, want).await {
+        Ok(grant) => {
+            lease.held = lease.held - give + grant.granted;
+            let into_reserve = if established {
+                target
+                    .reserve
+                    .saturating_sub(grant.decision.remaining())
+                    .min(grant.granted)
+            } else {
+                0
+            };
+            lease.held - into_reserve
+        }
         Err(error) => {
             tracing::warn!(%error, "rlqs: withdrawing units failed");
             return None;
         }
-    }
-    if lease.held < needed {
+    };
+    if usable < needed {
         // The budget is short: the largest token bucket the units held pay for, else deny.
         let mut fit = per_fill;
         loop {
@@ -968,7 +1092,7 @@ async fn assign(
                     (Sent::Blanket(BlanketRule::DenyAll), 0.0, replaced, true);
                 break;
             }
-            if planned.3 <= lease.held {
+            if planned.3 <= usable {
                 (sent, rate, base, _, fresh) = planned;
                 break;
             }

@@ -491,7 +491,7 @@ async fn served_within(proxy: &Proxy, entries: &[(String, String)], limit: Durat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proxy_that_joins_a_saturated_limit_is_served_by_its_second_report() {
+async fn a_proxy_that_joins_a_saturated_limit_is_served_by_its_first_report() {
     let dir = config_dir(&quota_config(PER_MINUTE));
     let server = Running::with_config(dir.path(), &FLAGS).await;
     let until = Instant::now() + Duration::from_secs(9);
@@ -505,13 +505,15 @@ async fn a_proxy_that_joins_a_saturated_limit_is_served_by_its_second_report() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let late = Proxy::connect(&server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await;
     // Its first request is denied (no assignment yet) and reported at once; the answer to that
-    // report, or to the next one, serves it.
+    // report serves it (the budget's reserve pays for its token bucket).
     let took = served_within(
         &late,
         &tenant("shared"),
         INTERVAL * 2 + Duration::from_millis(500),
     )
     .await;
+    let answers = late.state.lock().unwrap().assignments;
+    assert_eq!(answers, 1, "served after {answers} answers, {took:?}");
     eprintln!("served after {took:?}");
     assert!(late.rate(&tenant("shared")).is_some_and(|r| r > 0.0));
     for task in hot {
@@ -586,7 +588,8 @@ async fn a_stopped_server_expires_the_assignments() {
 async fn a_reload_halving_the_limit_halves_the_assigned_rates() {
     let dir = config_dir(&quota_config(PER_MINUTE));
     let mut server = Running::with_config(dir.path(), &FLAGS).await;
-    let until = Instant::now() + Duration::from_secs(16);
+    // The drivers are stopped when the checks are done; this only bounds them.
+    let until = Instant::now() + Duration::from_secs(30);
     let mut proxies = Vec::new();
     let mut drivers = Vec::new();
     for _ in 0..4 {
@@ -599,31 +602,49 @@ async fn a_reload_halving_the_limit_halves_the_assigned_rates() {
     let assigned = |proxies: &[Arc<Proxy>]| -> f64 {
         proxies.iter().filter_map(|p| p.rate(&tenant("r"))).sum()
     };
-    // Four proxies joining one after another settle within a few report intervals.
+    // Demand exceeds the limit: the assigned rates add up to well over the new limit (at the
+    // first answers, usually; the bound allows for a loaded machine).
     let started = Instant::now();
-    while assigned(&proxies) < 0.8 * RATE || proxies.iter().any(|p| p.rate(&tenant("r")).is_none())
-    {
+    while assigned(&proxies) < 0.7 * RATE {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "{}",
             assigned(&proxies)
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let before = assigned(&proxies);
     eprintln!("assigned before: {before} after {:?}", started.elapsed());
-    assert!(before <= RATE + 1e-9, "{before}");
     std::fs::write(dir.path().join("config.yaml"), quota_config(PER_MINUTE / 2)).unwrap();
     server.next_reload().await;
-    tokio::time::sleep(INTERVAL * 2 + Duration::from_millis(300)).await;
-    let after = assigned(&proxies);
-    eprintln!("assigned after: {after}");
-    assert!(
-        (0.5 * RATE / 2.0..=RATE / 2.0 + 1e-9).contains(&after),
-        "{after}"
-    );
+    let reloaded = Instant::now();
+    // Every proxy reports within one interval and is answered on the new limit; what was
+    // assigned before expires. Two report intervals, and a margin for a loaded machine.
+    while assigned(&proxies) > RATE / 2.0 + 1e-9 {
+        assert!(
+            reloaded.elapsed() < INTERVAL * 3,
+            "{} after {:?}",
+            assigned(&proxies),
+            reloaded.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = reloaded.elapsed();
+    // Over the next two report intervals the rates stay within the new limit, and most of it
+    // is assigned (the shares, re-sized at each proxy's report, dip in between).
+    let (mut least, mut most) = (f64::MAX, 0.0_f64);
+    let watched = Instant::now();
+    while watched.elapsed() < INTERVAL * 2 {
+        let now = assigned(&proxies);
+        (least, most) = (least.min(now), most.max(now));
+        assert!(now <= RATE / 2.0 + 1e-9, "{now} over the new limit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("assigned after: within the new limit after {took:?}, then {least} to {most}");
+    // (3.3 to 4.75 of 5 seen; the proxy reporting first on the new budget is sized alone.)
+    assert!(most >= 0.5 * RATE / 2.0, "{most}");
     for task in drivers {
-        task.await.unwrap();
+        task.abort();
     }
     server.stop().await;
 }
@@ -804,4 +825,148 @@ async fn reqwest_metrics(server: &Running) -> String {
     let mut body = String::new();
     socket.read_to_string(&mut body).await.unwrap();
     body
+}
+
+/// The script calls the Redis server ran (`INFO commandstats` also counts the commands the
+/// scripts run).
+fn redis_calls(redis: &distlimit_test::server::RedisServer) -> u64 {
+    ["evalsha", "eval", "fcall"]
+        .iter()
+        .map(|command| redis.command_calls(command).unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_of_many_buckets_costs_a_few_redis_calls() {
+    let Some(redis) = distlimit_test::server::RedisServer::start() else {
+        return;
+    };
+    let url = redis.url();
+    let dir = config_dir(&quota_config(PER_MINUTE));
+    let server =
+        Running::with_config(dir.path(), &[FLAGS[0], FLAGS[1], "--redis", url.as_str()]).await;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let names: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+    let report = || RateLimitQuotaUsageReports {
+        domain: "quota".into(),
+        bucket_quota_usages: names
+            .iter()
+            .map(|n| usage(&[("tenant", n)], 1, 1))
+            .collect(),
+    };
+    let mut before = redis_calls(&redis);
+    tx.send(report()).unwrap();
+    let mut inbound = client
+        .stream_rate_limit_quotas(UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut calls = Vec::new();
+    // The first report (new buckets), then two reports of established ones.
+    for round in 0..3 {
+        if round > 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            tx.send(report()).unwrap();
+        }
+        let answer = tokio::time::timeout(Duration::from_secs(5), inbound.message())
+            .await
+            .expect("answered in time")
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.bucket_action.len(), 100);
+        let after = redis_calls(&redis);
+        calls.push(after - before);
+        before = after;
+    }
+    eprintln!("Redis calls per report of 100 buckets: {calls:?}");
+    // One call per bucket would be 100; concurrent exchanges are coalesced into a few.
+    assert!(calls.iter().all(|&n| (1..=10).contains(&n)), "{calls:?}");
+    drop(tx);
+    server.stop().await;
+}
+
+/// What a proxy's bucket applies once answered: `"allow"`, `"deny"` or its token bucket rate.
+async fn answered(proxy: &Proxy, entries: &[(String, String)]) -> String {
+    proxy.request(entries);
+    let started = Instant::now();
+    loop {
+        {
+            let state = proxy.state.lock().unwrap();
+            match state.buckets.get(entries).map(|b| &b.local) {
+                Some(Local::Blanket(Blanket::Allow)) => return "allow".into(),
+                Some(Local::Blanket(Blanket::Deny)) => return "deny".into(),
+                Some(Local::Tokens(t)) => return format!("{}", t.rate),
+                _ => {}
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "no answer");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn entry(key: &str, value: &str) -> Vec<(String, String)> {
+    vec![(key.to_owned(), value.to_owned())]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toml_policies_map_to_buckets_as_rls_requests_would() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limits.toml"),
+        r#"
+[[policy]]
+name = "per_tenant"
+allow = ["vip"]
+deny = ["abuser"]
+tiers = [
+  { name = "minute", algorithm = "token_bucket", limit = 600, per = "1m" },
+  { name = "everyone", algorithm = "token_bucket", limit = 1200, per = "1m", scope = "global" },
+]
+
+[[policy.override]]
+key = "small"
+tiers = [ { name = "minute", algorithm = "token_bucket", limit = 60, per = "1m" } ]
+
+[[policy]]
+name = "region"
+tiers = [ { name = "all", algorithm = "token_bucket", limit = 120, per = "1m", scope = "global" } ]
+
+[[policy]]
+name = "watch"
+shadow = true
+tiers = [ { name = "hour", algorithm = "gcra", limit = 1, per = "1h" } ]
+
+[domain.quota]
+descriptors = [
+  { keys = ["tenant"], policy = "per_tenant" },
+  { keys = ["region"], policy = "region" },
+  { keys = ["path"], policy = "watch" },
+]
+"#,
+    )
+    .unwrap();
+    let server = Running::with_config(dir.path(), &FLAGS).await;
+    let proxy = Proxy::connect(&server, Blanket::Deny, Expired::Unset).await;
+    // Lists and shadow mode: blanket rules.
+    assert_eq!(answered(&proxy, &entry("tenant", "vip")).await, "allow");
+    assert_eq!(answered(&proxy, &entry("tenant", "abuser")).await, "deny");
+    assert_eq!(answered(&proxy, &entry("path", "/x")).await, "allow");
+    // A key's own tier (10 a second), an override's (1 a second): shares of 95 %.
+    let rate = |s: String| s.parse::<f64>().unwrap();
+    let plain = rate(answered(&proxy, &entry("tenant", "plain")).await);
+    let small = rate(answered(&proxy, &entry("tenant", "small")).await);
+    assert!((5.0..=10.0).contains(&plain), "{plain}");
+    assert!((0.5..=1.0).contains(&small), "{small}");
+    // A global tier is one budget for every key: two keys share 2 a second.
+    let a = rate(answered(&proxy, &entry("region", "a")).await);
+    let b = rate(answered(&proxy, &entry("region", "b")).await);
+    eprintln!("rates: plain {plain}, small {small}, region a {a}, then b {b}");
+    // The first key alone had the whole budget; the second is sized as one of two members
+    // (its own budget would give it 1.9).
+    assert!((1.0..=2.0).contains(&a), "{a}");
+    assert!(b > 0.0 && b <= 1.0 + 1e-9, "the second key's share: {b}");
+    server.stop().await;
 }
