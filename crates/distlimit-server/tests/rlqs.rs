@@ -573,17 +573,22 @@ async fn closed_and_open(server: &Binary) -> (Proxy, Proxy) {
     let closed = Proxy::connect(server, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await;
     let open = Proxy::connect(server, Blanket::Allow, Expired::Unset).await;
     for proxy in [&closed, &open] {
-        proxy.request(&tenant("a"));
-        let started = Instant::now();
-        while proxy.rate(&tenant("a")).is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(3),
-                "no token bucket"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        token_bucket_for_a(proxy).await;
     }
     (closed, open)
+}
+
+/// One request of `tenant("a")` through `proxy`, then waits (3 s at most) for its token bucket.
+async fn token_bucket_for_a(proxy: &Proxy) {
+    proxy.request(&tenant("a"));
+    let started = Instant::now();
+    while proxy.rate(&tenant("a")).is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "no token bucket"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Checks that `closed` denies and `open` admits every request of `tenant("a")` (their
@@ -636,9 +641,37 @@ async fn a_stopped_server_expires_the_assignments() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_leaves_the_assignments_to_their_ttl() {
+    killed_server(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_on_redis_leaves_its_peer_serving() {
+    let Some(redis) = distlimit_test::server::RedisServer::start() else {
+        return;
+    };
+    killed_server(Some(&redis.url())).await;
+}
+
+/// A server (on Redis at `redis`, with a peer instance on the same store, if given) is killed
+/// (SIGKILL: no graceful expiry) under two proxies: they keep their assignments for the TTL of
+/// the last one, then follow their expired behaviours; the peer's proxy is still served.
+async fn killed_server(redis: Option<&str>) {
     let dir = config_dir(&quota_config(PER_MINUTE));
-    let server = binary(dir.path(), &[]);
+    let flags = match redis {
+        Some(url) => vec!["--redis", url, "--redis-budget-ms", "1000"],
+        None => Vec::new(),
+    };
+    let server = binary(dir.path(), &flags);
+    let peer = redis.map(|_| binary(dir.path(), &flags));
     let (closed, open) = closed_and_open(&server).await;
+    let bystander = match &peer {
+        Some(peer) => {
+            let proxy = Proxy::connect(peer, Blanket::Deny, Expired::Fallback(Blanket::Deny)).await;
+            token_bucket_for_a(&proxy).await;
+            Some(proxy)
+        }
+        None => None,
+    };
     // Killed just after an answer to `closed`, whose assignment then has a whole TTL left;
     // `open`'s last answer came at most one report interval earlier.
     let answers = |proxy: &Proxy| proxy.state.lock().unwrap().assignments;
@@ -699,6 +732,18 @@ async fn a_killed_server_leaves_the_assignments_to_their_ttl() {
         fell[1] - killed >= TTL - INTERVAL - slack,
         "open: expired early"
     );
+    if let Some(proxy) = bystander {
+        // Past the killed instance's TTL, the peer's proxy is still answered and served.
+        let state = proxy.state.lock().unwrap();
+        assert!(state.ended.is_none(), "{:?}", state.ended);
+        let since = state
+            .last_assignment
+            .map(|at| at.saturating_duration_since(killed));
+        assert!(since.is_some_and(|d| d >= TTL - INTERVAL), "{since:?}");
+        drop(state);
+        assert!(proxy.rate(&tenant("a")).is_some());
+        assert!(proxy.request(&tenant("a")), "the peer's proxy is served");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
