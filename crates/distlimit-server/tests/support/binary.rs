@@ -87,6 +87,15 @@ impl Binary {
             .expect("connects")
     }
 
+    /// A gRPC channel to its gRPC port (RLS, RLQS and health share it).
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connects")
+    }
+
     /// Its `/metrics` text.
     pub fn metrics(&self) -> String {
         let (status, body) = http(self.http, "GET", "/metrics", "");
