@@ -13,9 +13,7 @@ use http::response::Parts;
 use smallvec::SmallVec;
 
 use crate::RequestInfo;
-use crate::stream::{
-    DEFAULT_BLOCK, Exhausted, Meter, ReserveFuture, StreamConfig, StreamSpec, Streaming,
-};
+use crate::stream::{DEFAULT_BLOCK, Exhausted, Meter, ReserveFuture, StreamConfig, Streaming};
 
 /// The estimate a settled limit reserves per request (see [`Settle::estimate`]).
 type EstimateFn = dyn Fn(&RequestInfo<'_>) -> u64 + Send + Sync;
@@ -75,10 +73,11 @@ pub(crate) struct Spec {
     refund_on_server_error: bool,
     refund_on_drop: bool,
     /// Metered as the body streams when the head says no actual cost.
-    pub(crate) stream: Option<StreamSpec>,
-    /// The block and the choice at the budget, kept until a meter is set.
-    block: u64,
-    exhausted: Exhausted,
+    pub(crate) meter: Option<Meter>,
+    /// The units a metered stream reserves at a time.
+    pub(crate) block: u64,
+    /// What a metered stream does at the budget.
+    pub(crate) exhausted: Exhausted,
 }
 
 enum Estimate {
@@ -96,7 +95,9 @@ impl fmt::Debug for Settle {
             .field("estimate", &estimate)
             .field("refund_on_server_error", &self.spec.refund_on_server_error)
             .field("refund_on_drop", &self.spec.refund_on_drop)
-            .field("stream", &self.spec.stream)
+            .field("metered", &self.spec.meter.is_some())
+            .field("block", &self.spec.block)
+            .field("exhausted", &self.spec.exhausted)
             .finish_non_exhaustive()
     }
 }
@@ -114,7 +115,7 @@ impl Settle {
                 actual: Box::new(actual),
                 refund_on_server_error: true,
                 refund_on_drop: true,
-                stream: None,
+                meter: None,
                 block: DEFAULT_BLOCK,
                 exhausted: Exhausted::default(),
             }),
@@ -153,13 +154,7 @@ impl Settle {
     /// the budget in stop mode: every unit sent was reserved by a store decision.
     #[must_use]
     pub fn metered(self, meter: Meter) -> Self {
-        self.with(|spec| {
-            spec.stream = Some(StreamSpec {
-                meter,
-                block: spec.block,
-                exhausted: spec.exhausted.clone(),
-            })
-        })
+        self.with(|spec| spec.meter = Some(meter))
     }
 
     /// The units a metered stream reserves at a time (default: [`DEFAULT_BLOCK`](crate::DEFAULT_BLOCK),
@@ -167,24 +162,14 @@ impl Settle {
     /// more held by a stream that other streams of the key cannot use until it ends.
     #[must_use]
     pub fn block(self, block: u64) -> Self {
-        self.with(|spec| {
-            spec.block = block.max(1);
-            if let Some(stream) = &mut spec.stream {
-                stream.block = spec.block;
-            }
-        })
+        self.with(|spec| spec.block = block.max(1))
     }
 
     /// What a metered stream does when the budget cannot cover its next frame (default:
     /// [`Exhausted::stop_sse`]).
     #[must_use]
     pub fn on_exhausted(self, exhausted: Exhausted) -> Self {
-        self.with(|spec| {
-            spec.exhausted = exhausted.clone();
-            if let Some(stream) = &mut spec.stream {
-                stream.exhausted = exhausted;
-            }
-        })
+        self.with(|spec| spec.exhausted = exhausted)
     }
 
     /// Settles with the decimal integer in the response header `name` (a missing or malformed
@@ -398,7 +383,7 @@ impl Settlement {
             .reserved
             .iter()
             .zip(&self.actual)
-            .map(|(r, actual)| r.spec.stream.is_some() && actual.is_none());
+            .map(|(r, actual)| r.spec.meter.is_some() && actual.is_none());
         self.streaming = Streaming::new(&self.reserved, metered, self.config);
     }
 

@@ -184,7 +184,8 @@ impl Exhausted {
         Self::stop(Stop::sse_event)
     }
 
-    /// Run on, charging the overrun as debt.
+    /// Run on, charging the overrun as debt (a policy that says stop, or a store failure
+    /// under fail-closed, then ends the stream with [`Stop::sse_event`]).
     pub fn debt() -> Self {
         Self {
             debt: true,
@@ -236,14 +237,6 @@ impl Stop {
             "event: limit\ndata: {{\"reason\":\"{reason}\",\"retry_after\":{secs},\"retry_after_ms\":{ms}}}\nretry: {ms}\n\n"
         ))
     }
-}
-
-/// A streamed limit's configuration, in its [`Settle`](crate::Settle).
-#[derive(Clone, Debug)]
-pub(crate) struct StreamSpec {
-    pub(crate) meter: Meter,
-    pub(crate) block: u64,
-    pub(crate) exhausted: Exhausted,
 }
 
 /// The layer's settings a stream follows.
@@ -418,10 +411,10 @@ impl Streaming {
                     Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                     Some(Ok(frame)) => {
                         for (flow, r) in self.flows.iter_mut().zip(reserved) {
-                            if let (Some(flow), Some(data), Some(stream)) =
-                                (flow, frame.data_ref(), r.spec.stream.as_ref())
+                            if let (Some(flow), Some(data), Some(meter)) =
+                                (flow, frame.data_ref(), r.spec.meter.as_ref())
                             {
-                                flow.pending = stream.meter.units(data);
+                                flow.pending = meter.units(data);
                             }
                         }
                         self.held = Some(frame);
@@ -452,8 +445,7 @@ impl Streaming {
                         self.end = End::Done;
                         continue;
                     };
-                    let block = r.spec.stream.as_ref().map_or(DEFAULT_BLOCK, |s| s.block);
-                    let ask = self.retry.take().unwrap_or(block).max(need);
+                    let ask = self.retry.take().unwrap_or(r.spec.block).max(need);
                     match sink.reserve_now(&r.policy, &r.key, ask) {
                         Some(answer) => self.answer(reserved, sink, index, ask, answer),
                         None => {
@@ -513,12 +505,10 @@ impl Streaming {
                     self.retry = Some(left.clamp(need, asked));
                     return;
                 }
-                let stream = r.spec.stream.as_ref();
-                let configured = stream.is_some_and(|s| s.exhausted.debt);
                 let debt = match sink.overrun(&r.policy) {
                     Some(Overrun::Debt) => true,
                     Some(Overrun::Stop) => false,
-                    None => configured,
+                    None => r.spec.exhausted.debt,
                 };
                 if debt {
                     // The credit left goes to this frame; the rest is debt.
@@ -531,10 +521,7 @@ impl Streaming {
                         reason: StopReason::Budget,
                         retry_after: verdict.decision().retry_after(),
                     };
-                    let frame = match stream {
-                        Some(s) if !s.exhausted.debt => (s.exhausted.frame)(&stop),
-                        _ => Stop::sse_event(&stop),
-                    };
+                    let frame = (r.spec.exhausted.frame)(&stop);
                     sink.observe(&r.policy, StreamEvent::Stopped, 1);
                     self.stop(frame);
                 }
@@ -546,11 +533,7 @@ impl Streaming {
                         reason: StopReason::Unavailable,
                         retry_after,
                     };
-                    let frame = match r.spec.stream.as_ref() {
-                        Some(s) if !s.exhausted.debt => (s.exhausted.frame)(&stop),
-                        _ => Stop::sse_event(&stop),
-                    };
-                    self.stop(frame);
+                    self.stop((r.spec.exhausted.frame)(&stop));
                 }
             },
         }
