@@ -9,26 +9,7 @@ use std::time::{Duration, Instant};
 use distlimit_core::{Key, Limit, Quota, Request, StateName, Store};
 use distlimit_redis::RedisStore;
 use http::StatusCode;
-use support::{DemoProcess, Http, redis_url, unique, write_atomically};
-
-const BASE: &str = r#"
-[[policy]]
-name = "api"
-tiers = [{ name = "burst", algorithm = "token_bucket", limit = 1, per = "1h", burst = 5 }]
-
-[[policy]]
-name = "api-ip"
-tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000, per = "1s", burst = 100000 }]
-"#;
-
-fn policy_file(dir: &std::path::Path, tokens: &str) -> String {
-    let path = dir.join("policy.toml");
-    write_atomically(
-        &path,
-        &format!("{BASE}\n[[policy]]\nname = \"tokens\"\n{tokens}\n"),
-    );
-    path.to_str().unwrap().to_owned()
-}
+use support::{DemoProcess, Http, redis_url, tokens_policy_file as policy_file, unique};
 
 /// A user whose answer used 40 tokens of a quota of 10 per second (burst 10) is in debt: the
 /// next request is denied with a `Retry-After` that matches the debt (30 tokens of debt, then

@@ -9,30 +9,18 @@ use crate::support;
 use std::time::Duration;
 
 use http::StatusCode;
-use support::{DemoProcess, Http, redis_url, unique, write_atomically};
+use support::{DemoProcess, Http, redis_url, unique};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const BASE: &str = r#"
-[[policy]]
-name = "api"
-tiers = [{ name = "burst", algorithm = "token_bucket", limit = 1, per = "1h", burst = 5 }]
-
-[[policy]]
-name = "api-ip"
-tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000, per = "1s", burst = 100000 }]
-"#;
 
 /// A policy file with policy `tokens` of `budget` tokens an hour (nothing measurable refills
 /// while a test runs), plus `extra` lines.
 fn policy_file(dir: &std::path::Path, budget: u64, extra: &str) -> String {
-    let path = dir.join("policy.toml");
-    write_atomically(
-        &path,
+    support::tokens_policy_file(
+        dir,
         &format!(
-            "{BASE}\n[[policy]]\nname = \"tokens\"\n{extra}\ntiers = [{{ name = \"hour\", algorithm = \"token_bucket\", limit = {budget}, per = \"1h\" }}]\n"
+            "{extra}\ntiers = [{{ name = \"hour\", algorithm = \"token_bucket\", limit = {budget}, per = \"1h\" }}]"
         ),
-    );
-    path.to_str().unwrap().to_owned()
+    )
 }
 
 /// The tokens of a streamed answer.

@@ -257,3 +257,26 @@ pub fn write_atomically(path: &Path, text: &str) {
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
+
+/// The demo's `api` and `api-ip` policies (a burst of 5 an hour per user, 1 000 a second per
+/// client IP), the base of the token tests' policy files.
+const TOKEN_TESTS_BASE: &str = r#"
+[[policy]]
+name = "api"
+tiers = [{ name = "burst", algorithm = "token_bucket", limit = 1, per = "1h", burst = 5 }]
+
+[[policy]]
+name = "api-ip"
+tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000, per = "1s", burst = 100000 }]
+"#;
+
+/// Writes `dir/policy.toml`: [`TOKEN_TESTS_BASE`] and policy `tokens` with `lines` (its tiers
+/// and options); answers the file's path.
+pub fn tokens_policy_file(dir: &std::path::Path, lines: &str) -> String {
+    let path = dir.join("policy.toml");
+    write_atomically(
+        &path,
+        &format!("{TOKEN_TESTS_BASE}\n[[policy]]\nname = \"tokens\"\n{lines}\n"),
+    );
+    path.to_str().unwrap().to_owned()
+}
