@@ -39,20 +39,10 @@ local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
     if fresh then
       return
     end
-    local d = deficit
-    if last < now and deficit > 0 then
-      if now - last < math.ceil(deficit / rate) then
-        d = deficit - (now - last) * rate
-      else
-        d = 0
-      end
-    end
-    d = d - units * unit
+    deficit, last = refilled(deficit, last, now, rate)
+    local d = deficit - units * unit
     if d < 0 then
       d = 0
-    end
-    if now > last then
-      last = now
     end
     store(struct.pack('>Bddddd', 1, d, last, burst, rate, unit), last + math.ceil(d / rate) - now)
   end

@@ -27,14 +27,7 @@ local function refund(key, algorithm, p1, p2, p3, cost, at, now)
       end
       local deficit, last = struct.unpack('>dd', v, 2)
       if credit > 0 then
-        if now > last then
-          if now - last < math.ceil(deficit / rate) then
-            deficit = deficit - (now - last) * rate
-          else
-            deficit = 0
-          end
-          last = now
-        end
+        deficit, last = refilled(deficit, last, now, rate)
         deficit = deficit - credit
         if deficit < 0 then
           deficit = 0

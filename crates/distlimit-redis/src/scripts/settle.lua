@@ -33,21 +33,11 @@ local function settle_all(k, P, rs, now, slack, n)
       local state, ttl
       if a == 1 then
         local rate, unit = p2, p3
-        local deficit, last = read_token_bucket(redis.call('GET', key), key, p1, rate, unit, now)
-        local d = deficit
-        if last < now and deficit > 0 then
-          if now - last < math.ceil(deficit / rate) then
-            d = deficit - (now - last) * rate
-          else
-            d = 0
-          end
-        end
+        local d, last = read_token_bucket(redis.call('GET', key), key, p1, rate, unit, now)
+        d, last = refilled(d, last, now, rate)
         d = d + cost * unit
         if d > 6755399441055744 then
           d = 6755399441055744
-        end
-        if now > last then
-          last = now
         end
         state, ttl = struct.pack('>Bddddd', 1, d, last, p1, rate, unit), last - now + math.ceil(d / rate)
       else
