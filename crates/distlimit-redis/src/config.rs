@@ -136,32 +136,28 @@ impl fmt::Debug for RedisStoreBuilder {
     }
 }
 
+/// `url` with its credentials hidden.
+pub(crate) fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// The topology with passwords in URLs hidden.
 fn redact(topology: &Topology) -> String {
-    fn url(u: &str) -> String {
-        match (u.find("://"), u.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}<credentials>{}", &u[..scheme + 3], &u[at..])
-            }
-            _ => u.to_owned(),
-        }
-    }
+    let urls = |urls: &[String]| {
+        let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+        urls.join(",")
+    };
     match topology {
-        Topology::Standalone(u) | Topology::Url(u) => url(u),
+        Topology::Standalone(u) | Topology::Url(u) => redact_url(u),
         Topology::Sentinel {
             sentinels, service, ..
-        } => format!(
-            "sentinel {service} via {}",
-            sentinels
-                .iter()
-                .map(|u| url(u))
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-        Topology::Cluster(nodes) => format!(
-            "cluster {}",
-            nodes.iter().map(|u| url(u)).collect::<Vec<_>>().join(",")
-        ),
+        } => format!("sentinel {service} via {}", urls(sentinels)),
+        Topology::Cluster(nodes) => format!("cluster {}", urls(nodes)),
     }
 }
 

@@ -67,7 +67,7 @@ use redis::{
 use tokio::time::Instant;
 
 use crate::NotDurable;
-use crate::config::{Certs, NodeAuth, STORE, config_error};
+use crate::config::{Certs, NodeAuth, STORE, config_error, redact_url};
 use crate::durable::Durable;
 use crate::script::{self, Answer, Call};
 
@@ -225,16 +225,7 @@ impl Backend {
             }),
             _ => None,
         });
-        let mut redis_info = redis::RedisConnectionInfo::default();
-        if let Some(user) = &auth.username {
-            redis_info = redis_info.set_username(user);
-        }
-        if let Some(password) = &auth.password {
-            redis_info = redis_info.set_password(password);
-        }
-        if let Some(db) = auth.db {
-            redis_info = redis_info.set_db(db);
-        }
+        let redis_info = with_auth(redis::RedisConnectionInfo::default(), auth);
         let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis_info);
         if let Some(tls) = tls {
             node = node.set_tls_mode(tls);
@@ -380,16 +371,7 @@ fn connection_info(url: &str, auth: &NodeAuth) -> Result<ConnectionInfo, Error> 
             redact_url(url).escape_default()
         ))
     })?;
-    let mut redis = info.redis_settings().clone();
-    if let Some(user) = &auth.username {
-        redis = redis.set_username(user);
-    }
-    if let Some(password) = &auth.password {
-        redis = redis.set_password(password);
-    }
-    if let Some(db) = auth.db {
-        redis = redis.set_db(db);
-    }
+    let redis = with_auth(info.redis_settings().clone(), auth);
     let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
     if tls {
         install_crypto_provider();
@@ -402,6 +384,20 @@ fn connection_info(url: &str, auth: &NodeAuth) -> Result<ConnectionInfo, Error> 
         )),
         Some(certs) => with_certificates(info, certs),
     }
+}
+
+/// `redis` with the user, password and database `auth` sets.
+fn with_auth(mut redis: redis::RedisConnectionInfo, auth: &NodeAuth) -> redis::RedisConnectionInfo {
+    if let Some(user) = &auth.username {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &auth.password {
+        redis = redis.set_password(password);
+    }
+    if let Some(db) = auth.db {
+        redis = redis.set_db(db);
+    }
+    redis
 }
 
 /// `info` with the certificates in `certs`, checked (parsed) now.
@@ -428,15 +424,6 @@ fn tls_certificates(certs: &Certs) -> redis::TlsCertificates {
                 client_key: key.clone(),
             }),
         root_cert: certs.root.clone(),
-    }
-}
-
-fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
     }
 }
 

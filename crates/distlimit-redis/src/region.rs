@@ -570,68 +570,53 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
         if let [one] = requests {
             return Ok(vec![self.decide(one).await?]);
         }
-        let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
         let mut spent: Vec<&Request<'_>> = Vec::new();
-        let mut denied = false;
-        for (request, decision) in requests.iter().zip(&mut decisions) {
-            if !Self::regional(request) || denied {
-                continue;
-            }
-            let decided = match self.decide(request).await {
-                Ok(decided) => decided,
-                Err(e) => {
-                    self.unspend(&spent).await;
-                    return Err(e);
+        let result = async {
+            let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
+            let mut denied = false;
+            for (request, decision) in requests.iter().zip(&mut decisions) {
+                if !Self::regional(request) || denied {
+                    continue;
                 }
-            };
-            if decided.is_allowed() && request.cost() > 0 {
-                spent.push(request);
+                let decided = self.decide(request).await?;
+                if decided.is_allowed() && request.cost() > 0 {
+                    spent.push(request);
+                }
+                denied |= decided.is_denied();
+                *decision = Some(decided);
             }
-            denied |= decided.is_denied();
-            *decision = Some(decided);
-        }
-        // Regional requests after a denial: answered as peeks.
-        for (request, decision) in requests.iter().zip(&mut decisions) {
-            if decision.is_none() && Self::regional(request) {
-                match self.decide(&request.with_cost(0)).await {
-                    Ok(peek) => *decision = Some(peek),
-                    Err(e) => {
-                        self.unspend(&spent).await;
-                        return Err(e);
+            // Regional requests after a denial: answered as peeks.
+            for (request, decision) in requests.iter().zip(&mut decisions) {
+                if decision.is_none() && Self::regional(request) {
+                    *decision = Some(self.decide(&request.with_cost(0)).await?);
+                }
+            }
+            let rest: Vec<Request<'_>> = requests
+                .iter()
+                .filter(|r| !Self::regional(r))
+                .map(|r| if denied { r.with_cost(0) } else { *r })
+                .collect();
+            if !rest.is_empty() {
+                let mut answered = self.shared.home.decide_all(&rest).await?.into_iter();
+                for (request, decision) in requests.iter().zip(&mut decisions) {
+                    if !Self::regional(request) {
+                        *decision = answered.next();
                     }
                 }
             }
+            decisions
+                .into_iter()
+                .collect::<Option<Vec<_>>>()
+                .ok_or(Error::InvalidRequest(
+                    "the store answered fewer decisions than requests",
+                ))
         }
-        let rest: Vec<Request<'_>> = requests
-            .iter()
-            .filter(|r| !Self::regional(r))
-            .map(|r| if denied { r.with_cost(0) } else { *r })
-            .collect();
-        if !rest.is_empty() {
-            let answered = match self.shared.home.decide_all(&rest).await {
-                Ok(answered) => answered,
-                Err(e) => {
-                    self.unspend(&spent).await;
-                    return Err(e);
-                }
-            };
-            denied |= answered.iter().any(Decision::is_denied);
-            let mut answered = answered.into_iter();
-            for (request, decision) in requests.iter().zip(&mut decisions) {
-                if !Self::regional(request) {
-                    *decision = answered.next();
-                }
-            }
-        }
-        if denied {
+        .await;
+        // Denied or failed: the batch charged nothing.
+        if !matches!(&result, Ok(decisions) if decisions.iter().all(Decision::is_allowed)) {
             self.unspend(&spent).await;
         }
-        decisions
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or(Error::InvalidRequest(
-                "the store answered fewer decisions than requests",
-            ))
+        result
     }
 }
 

@@ -210,58 +210,30 @@ impl<'a> ScriptRequest<'a> {
     }
 }
 
-/// The algorithms the scripts implement, exhaustively (core's [`Algorithm`] is non-exhaustive).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    TokenBucket,
-    Gcra,
-    FixedWindow,
-    SlidingLog,
-    SlidingWindow,
-}
-
-impl Kind {
-    pub(crate) fn of(algorithm: Algorithm) -> Result<Self, Error> {
-        match algorithm {
-            Algorithm::TokenBucket => Ok(Kind::TokenBucket),
-            Algorithm::Gcra => Ok(Kind::Gcra),
-            Algorithm::FixedWindow => Ok(Kind::FixedWindow),
-            Algorithm::SlidingLog => Ok(Kind::SlidingLog),
-            Algorithm::SlidingWindow => Ok(Kind::SlidingWindow),
-            other => Err(Error::Config {
+/// A limit as the scripts take it: its algorithm's id (its state's tag byte), then its quota
+/// parameters, padded with zeros to four. An algorithm the scripts do not implement (core's
+/// [`Algorithm`] is non-exhaustive) is an [`Error::Config`].
+fn row(limit: &Limit) -> Result<[u64; 5], Error> {
+    let q = limit.quota();
+    Ok(match limit.algorithm() {
+        Algorithm::TokenBucket => {
+            let (rate, unit) = q.refill_units();
+            [1, q.burst(), rate, unit, 0]
+        }
+        Algorithm::Gcra => [2, q.burst(), q.emission_interval_us(), 0, 0],
+        Algorithm::FixedWindow => [3, q.limit(), q.period_us(), 0, 0],
+        Algorithm::SlidingLog => [4, q.limit(), q.period_us(), 0, 0],
+        Algorithm::SlidingWindow => {
+            let (gr, steps) = q.window_granule();
+            [5, q.limit(), q.period_us(), gr, steps]
+        }
+        other => {
+            return Err(Error::Config {
                 store: STORE,
                 message: format!("the Redis scripts do not implement the algorithm {other}"),
-            }),
+            });
         }
-    }
-
-    /// The algorithm's id in the script's arguments (and its state's tag byte).
-    pub(crate) fn id(self) -> u64 {
-        match self {
-            Kind::TokenBucket => 1,
-            Kind::Gcra => 2,
-            Kind::FixedWindow => 3,
-            Kind::SlidingLog => 4,
-            Kind::SlidingWindow => 5,
-        }
-    }
-}
-
-/// The parameters the scripts take for `limit`, padded with zeros to four, and how many count.
-pub(crate) fn parameters(kind: Kind, limit: &Limit) -> ([u64; 4], usize) {
-    let q = limit.quota();
-    match kind {
-        Kind::TokenBucket => {
-            let (rate, unit) = q.refill_units();
-            ([q.burst(), rate, unit, 0], 3)
-        }
-        Kind::Gcra => ([q.burst(), q.emission_interval_us(), 0, 0], 2),
-        Kind::FixedWindow | Kind::SlidingLog => ([q.limit(), q.period_us(), 0, 0], 2),
-        Kind::SlidingWindow => {
-            let (gr, steps) = q.window_granule();
-            ([q.limit(), q.period_us(), gr, steps], 4)
-        }
-    }
+    })
 }
 
 /// What one request's decision must look like.
@@ -682,12 +654,10 @@ impl Group {
     }
 
     fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
-        let kind = Kind::of(limit.algorithm())?;
+        let row = row(limit)?;
         let (expect, cost) = Expect::new(limit, cost);
-        let ([p1, p2, p3, p4], _) = parameters(kind, limit);
         self.keys.extend_from_slice(redis_key);
         self.ends.push(self.keys.len());
-        let row = [kind.id(), p1, p2, p3, p4];
         self.entries.push(Entry { row, cost, expect });
         Ok(())
     }

@@ -276,26 +276,12 @@ impl Store for RedisStore {
         let requests = settles.iter().map(Settle::request);
         let (buf, ends) = self.redis_keys(requests.clone());
         let script_requests = Self::script_requests(&buf, &ends, requests);
-        let reports: Vec<bool> = settles.iter().map(Settle::is_report).collect();
-        let slot_of = |r: &ScriptRequest<'_>| self.coalescing_slot(r.redis_key);
-        let mut slots: Vec<u16> = Vec::new();
-        for r in &script_requests {
-            if !slots.contains(&slot_of(r)) {
-                slots.push(slot_of(r));
-            }
-        }
         let mut out = vec![None; settles.len()];
-        for slot in slots {
-            let (mut group, mut group_reports, mut at) = (Vec::new(), Vec::new(), Vec::new());
-            for (i, r) in script_requests.iter().enumerate() {
-                if slot_of(r) == slot {
-                    group.push(*r);
-                    group_reports.push(reports[i]);
-                    at.push(i);
-                }
-            }
+        for at in by_slot(&script_requests, |key| self.coalescing_slot(key)) {
+            let group: Vec<ScriptRequest<'_>> = at.iter().map(|&i| script_requests[i]).collect();
+            let reports: Vec<bool> = at.iter().map(|&i| settles[i].is_report()).collect();
             let answer = self
-                .send(Group::settle(&group, &group_reports, self.time())?)
+                .send(Group::settle(&group, &reports, self.time())?)
                 .await?
                 .decisions()?;
             if answer.len() != at.len() {
@@ -368,26 +354,13 @@ impl RedisStore {
         &self,
         requests: &[ScriptRequest<'_>],
     ) -> Result<Vec<Decision>, Error> {
-        // Groups of requests sharing a slot, in order of first appearance; `order[i]` is the
-        // position in `requests` of the i-th request of the grouped list.
-        let mut slots: Vec<u16> = Vec::new();
-        for r in requests {
-            let slot = hash_slot(r.redis_key);
-            if !slots.contains(&slot) {
-                slots.push(slot);
-            }
-        }
-        let mut order = Vec::with_capacity(requests.len());
-        let mut grouped = Vec::with_capacity(requests.len());
-        let mut bounds = Vec::with_capacity(slots.len());
-        for &slot in &slots {
+        // The requests grouped by slot; `order[i]` is the position in `requests` of the i-th
+        // request of the grouped list.
+        let (mut order, mut grouped, mut bounds) = (Vec::new(), Vec::new(), Vec::new());
+        for at in by_slot(requests, hash_slot) {
             let start = grouped.len();
-            for (i, r) in requests.iter().enumerate() {
-                if hash_slot(r.redis_key) == slot {
-                    order.push(i);
-                    grouped.push(*r);
-                }
-            }
+            grouped.extend(at.iter().map(|&i| requests[i]));
+            order.extend(at);
             bounds.push(start..grouped.len());
         }
         let mut charged: Vec<(std::ops::Range<usize>, u64)> = Vec::new();
@@ -459,4 +432,18 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// The positions of `requests` grouped by the slot `slot_of` gives their Redis keys, the groups
+/// in the order their slots first appear.
+fn by_slot(requests: &[ScriptRequest<'_>], slot_of: impl Fn(&[u8]) -> u16) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        let slot = slot_of(r.redis_key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
 }
