@@ -11,19 +11,11 @@
 //!
 //! # The call
 //!
-//! A call ([`Call`]) carries one or more [`Group`]s, each decided alone, in order:
-//!
-//! * one request ([`Group::single`], what [`Store::decide`](distlimit_core::Store::decide)
-//!   sends): `GET`, at most one `SET`;
-//! * an all-or-nothing batch of any length up to [`MAX_BATCH`] ([`Group::batch`], what
-//!   `decide_all` sends): every request is evaluated first without writing; only if all are
-//!   admitted are their states written. In a Cluster the keys must share one hash slot; the
-//!   store decides a batch over several slots one slot group at a time, and gives back what
-//!   earlier groups charged when a later one denies, with a refund group (see the crate
-//!   documentation, "Batches across Cluster slots");
-//! * a refund ([`Group::refund`]), a lease exchange ([`Group::lease`]) and a concurrency
-//!   permit's acquire, release or renew ([`Op::Permit`], `permit.lua`: a sorted set of
-//!   permit ids scored by their expiry, at the key's permit key, see `permits.rs`).
+//! A call ([`Call`]) carries one or more [`Group`]s, each decided alone, in order, each one
+//! [`Op`]: one request (`GET`, at most one `SET`), an all-or-nothing batch of up to
+//! [`MAX_BATCH`] (evaluated first without writing, written only if all are admitted; in a
+//! Cluster one slot's keys, see the crate documentation, "Batches across Cluster slots"), a
+//! refund, a lease exchange, a pool step, a permit's action or a settling.
 //!
 //! A store call is a call with one group; the coalescer (`coalesce.rs`) packs the groups of
 //! several waiting callers into the same shape. So Redis receives one encoding whatever the
@@ -47,11 +39,10 @@
 //!
 //! # Time
 //!
-//! [`TimeSource::Server`] (the default) reads Redis' `TIME` inside the script: every client is
-//! judged by one clock, so clients with skewed clocks cannot over-admit. Redis 7 replicates a
-//! script's effects, not the script, so reading the time before writing is safe.
-//! [`TimeSource::Client`] passes the caller's time instead, for deterministic tests only. Each
-//! group carries its own time.
+//! [`TimeSource::Server`] (the default) reads Redis' `TIME` inside the script (see the crate
+//! documentation, "Time"); Redis 7 replicates a script's effects, not the script, so reading the
+//! time before writing is safe. [`TimeSource::Client`] passes the caller's time instead, for
+//! deterministic tests only. Each group carries its own time.
 //!
 //! # Arguments
 //!
@@ -139,9 +130,10 @@
 //!
 //! The Lua lives in `src/scripts/`, each piece written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, `algorithms.lua` (their table), `refund.lua`, `lease.lua`, `pool.lua`,
-//! `permit.lua` and `settle.lua` (one function each), and the main in two parts, `entry.lua`
-//! (the call of one request alone, the common one) and `entry_groups.lua` (the general path).
+//! `decide_<algorithm>`, `algorithms.lua` (their table and the general path's helpers),
+//! `refund.lua`, `lease.lua`, `pool.lua`, `permit.lua` and `settle.lua` (one function each), and
+//! the main in two parts, `entry.lua` (the call of one request alone, the common one) and
+//! `entry_groups.lua` (the general path).
 //! The script text is put together at compile time (`concat!(include_str!(…))`); the call of
 //! one request builds only its own algorithm's functions (each algorithm's file is included a
 //! second time inside `one_algorithm`), since Lua builds every closure of the chunk it runs
@@ -254,12 +246,7 @@ impl Expect {
     }
 }
 
-/// The entry script: the prelude; `one_algorithm(a)`, which builds one algorithm's functions
-/// (the call of one request builds only its own: Lua builds every closure of the chunk it runs
-/// through again on each call); the main with the call of one request; every algorithm at the
-/// top level for the general path, and its table; the refund, lease, pool, permit and settling
-/// functions; the general path. Each algorithm's file is included twice in the text, written
-/// once.
+/// The entry script, put together as the module documentation's "Sources" says.
 const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/prelude.lua"),
     "-- One algorithm's decision function, built alone: for the call of one request.\n",
@@ -958,15 +945,12 @@ impl<'a> Call<'a> {
     }
 
     fn cmd(&self, eval: bool) -> Cmd {
-        let mut cmd = if eval {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(ENTRY_SCRIPT);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(ENTRY_SHA.as_str());
-            cmd
+        let (command, script) = match eval {
+            true => ("EVAL", ENTRY_SCRIPT),
+            false => ("EVALSHA", ENTRY_SHA.as_str()),
         };
+        let mut cmd = redis::cmd(command);
+        cmd.arg(script);
         cmd.arg(self.groups.iter().map(|g| g.len()).sum::<usize>());
         for group in &self.groups {
             for key in group.key_slices() {

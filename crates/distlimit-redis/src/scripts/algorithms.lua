@@ -18,3 +18,13 @@ local function refilled(deficit, last, now, rate)
   end
   return deficit, last
 end
+
+-- Writes `state` at `key` with the TTL of a state that may be forgotten `ttl` µs from now, or
+-- deletes the key when that is not in the future (the state then decides like a fresh one).
+local function store(key, state, ttl, slack)
+  if ttl > 0 then
+    write(key, state, ttl, slack)
+  else
+    redis.call('DEL', key)
+  end
+end

@@ -80,10 +80,7 @@ local function decide_sliding_window(key, now, cost, limit, period, gr, steps)
   if avail < 0 then
     avail = 0
   end
-  local want = cost
-  if want < 1 then
-    want = 1
-  end
+  local want = cost >= 1 and cost or 1
   local extra = 0
   if want <= avail then
     extra = cost
