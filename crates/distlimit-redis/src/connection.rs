@@ -930,18 +930,10 @@ impl SentinelBackend {
         })
     }
 
-    /// Forgets connection `id`, so the next call asks the sentinels again.
-    fn invalidate(&self, id: u64) {
+    /// Forgets the connection if `stale` says so, so the next call asks the sentinels again.
+    fn forget_if(&self, stale: impl FnOnce(&Current) -> bool) {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if current.as_ref().is_some_and(|c| c.id == id) {
-            *current = None;
-        }
-    }
-
-    /// Forgets the connection unless it is to `primary`.
-    fn invalidate_unless(&self, primary: &(String, u16)) {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if current.as_ref().is_some_and(|c| &c.addr != primary) {
+        if current.as_ref().is_some_and(stale) {
             *current = None;
         }
     }
@@ -964,7 +956,7 @@ impl SentinelBackend {
             Ok(answers) => answers.iter().any(|a| matches!(a, Err(e) if moved(e))),
         };
         if let (true, Some(id)) = (transient, used) {
-            self.invalidate(id);
+            self.forget_if(|c| c.id == id);
         }
         result
     }
@@ -1014,7 +1006,7 @@ async fn watch_primary(
         cmd.arg("get-master-addr-by-name").arg(&service);
         let ask = cmd.query_async::<Option<(String, u16)>>(c);
         match tokio::time::timeout(timeouts.connect, ask).await {
-            Ok(Ok(Some(primary))) => backend.invalidate_unless(&primary),
+            Ok(Ok(Some(primary))) => backend.forget_if(|c| c.addr != primary),
             // No answer: ask another sentinel next time.
             _ => conn = None,
         }
@@ -1099,7 +1091,7 @@ mod tests {
     }
 
     #[test]
-    fn only_errors_proving_nothing_was_sent_are_not_sent() {
+    fn only_errors_proving_nothing_was_sent_are_not_sent_or_retried() {
         let after = Duration::from_secs(1);
         let refusal = classify(
             RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
@@ -1135,16 +1127,22 @@ mod tests {
         assert!(before_sending(reset).is_not_sent());
         let auth = RedisError::from((ErrorKind::AuthenticationFailed, "bad password"));
         assert!(matches!(before_sending(auth), Error::Config { .. }));
-        // The script may have run: a lost connection, a timeout.
+        // The script may have run (a lost connection, a timeout): not marked, not retried,
+        // transient.
         for kind in [
             std::io::ErrorKind::ConnectionReset,
             std::io::ErrorKind::BrokenPipe,
             std::io::ErrorKind::UnexpectedEof,
             std::io::ErrorKind::TimedOut,
         ] {
-            let e = classify(RedisError::from(std::io::Error::from(kind)), after);
-            assert!(!e.is_not_sent(), "{kind:?}: {e:?}");
+            let e = script::map_error(RedisError::from(std::io::Error::from(kind)), &[]);
+            assert_eq!(did_not_run(&e), None, "{kind:?}");
+            let e = refine(e, after);
+            assert!(!e.is_not_sent() && e.is_transient(), "{kind:?}: {e:?}");
         }
+        assert_eq!(did_not_run(&server("BUSY", "script running")), None);
+        assert_eq!(did_not_run(&server("DISTLIMIT_CORRUPT", "x")), None);
+        assert_eq!(did_not_run(&timeout(Duration::from_millis(1))), None);
         // A reply came: the command was sent (even when it proves the script did not run).
         for reply in [
             "READONLY You can't write against a read only replica.",
@@ -1154,23 +1152,6 @@ mod tests {
             let e = refine(parsed(reply), after);
             assert!(!e.is_not_sent(), "{reply}: {e:?}");
         }
-    }
-
-    #[test]
-    fn a_script_whose_fate_is_unknown_is_not_retried() {
-        for kind in [
-            std::io::ErrorKind::ConnectionReset,
-            std::io::ErrorKind::BrokenPipe,
-            std::io::ErrorKind::UnexpectedEof,
-            std::io::ErrorKind::TimedOut,
-        ] {
-            let e = script::map_error(RedisError::from(std::io::Error::from(kind)), &[]);
-            assert_eq!(did_not_run(&e), None, "{kind:?}");
-            assert!(refine(e, Duration::from_secs(1)).is_transient(), "{kind:?}");
-        }
-        assert_eq!(did_not_run(&server("BUSY", "script running")), None);
-        assert_eq!(did_not_run(&server("DISTLIMIT_CORRUPT", "x")), None);
-        assert_eq!(did_not_run(&timeout(Duration::from_millis(1))), None);
     }
 
     #[test]

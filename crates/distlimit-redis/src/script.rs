@@ -1632,10 +1632,5 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let noperm = redis::make_extension_error("NOPERM".to_owned(), None);
-        assert!(matches!(map_error(noperm, &[]), Error::Config { .. }));
-        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        let e = map_error(io, &[]);
-        assert!(e.is_transient(), "{e:?}");
     }
 }
