@@ -4,13 +4,10 @@
 //! # What is retried, and why
 //!
 //! A consuming script whose fate is unknown (its connection broke, or no answer came in time)
-//! may have run, so it is never sent again: the caller gets a transient error and decides (a
-//! circuit breaker, a local fallback). Only answers that prove the script did not run lead to
-//! another attempt, within the same per-call deadline: `MOVED` and `ASK` (the slot lives
-//! elsewhere), `TRYAGAIN`, `MASTERDOWN`, `LOADING` and `READONLY` (Redis refused the command
-//! before running it), a refused connection (standalone and Cluster), and `NOSCRIPT` (handled
-//! once, by the call itself, in [`script`](crate::script)). `CLUSTERDOWN` also proves it, but lasts until a crashed
-//! primary's replica is promoted (seconds), so it fails the call at once.
+//! may have run, so it is never sent again: the caller gets a transient error. Only answers that
+//! prove the script did not run lead to another attempt, within the same per-call deadline (which
+//! ones, and why not `CLUSTERDOWN`: the crate documentation, "Failures"; `NOSCRIPT` is handled
+//! once, by the call itself, in [`script`](crate::script)).
 //!
 //! redis-rs' own Cluster retries cannot make that distinction (redis 1.8.1,
 //! `src/cluster_handling/async_connection/request.rs`, `choose_response`): it resends a request on

@@ -477,18 +477,13 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         for ((policy, key), limit) in seen {
             // A step asking for nothing: it claims only the units that are due. A pool still
             // holding units is swept again next time.
-            if let Ok(step) = self
-                .step_and_refill(
-                    Pool {
-                        policy: &policy,
-                        key: &key,
-                        limit: &limit,
-                    },
-                    PoolAction::Spend { back, want, min },
-                )
-                .await
-                && step.units > 0
-            {
+            let pool = Pool {
+                policy: &policy,
+                key: &key,
+                limit: &limit,
+            };
+            let step = self.step_and_refill(pool, PoolAction::Spend { back, want, min });
+            if step.await.is_ok_and(|step| step.units > 0) {
                 self.shared.seen.note(&policy, &key, limit);
             }
         }

@@ -12,7 +12,7 @@ use crate::coalesce::Coalescer;
 use crate::config::{DEFAULT_COALESCE_IN_FLIGHT, RedisStoreBuilder, Topology};
 use crate::connection::{Backend, Timeouts};
 use crate::layout::{KeyBuf, KeyLayout, hash_slot};
-use crate::script::{Answer, Batch, Call, Group, ScriptRequest, TimeSource, only};
+use crate::script::{Answer, Batch, Call, Group, ScriptRequest, TimeSource, only, protocol};
 
 /// How a [`RedisStore`] reaches Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -200,24 +200,21 @@ impl RedisStore {
     /// free; else in the next coalesced call of its hash slot. The same encoding either way.
     pub(crate) async fn send(&self, group: Group) -> Result<Answer, Error> {
         let inner = &*self.inner;
-        let Some(coalescer) = &inner.coalescer else {
-            return only(
-                inner
-                    .backend
-                    .call(&Call::one(&group), inner.timeouts)
-                    .await?,
-            );
-        };
-        let slot = self.coalescing_slot(group.first_key());
-        if let Some(_slot) = coalescer.slot(slot) {
-            return only(
-                inner
-                    .backend
-                    .call(&Call::one(&group), inner.timeouts)
-                    .await?,
-            );
+        // The call slot this call holds until it is answered, when coalescing.
+        let mut _held = None;
+        if let Some(coalescer) = &inner.coalescer {
+            let slot = self.coalescing_slot(group.first_key());
+            match coalescer.slot(slot) {
+                Some(held) => _held = Some(held),
+                None => return coalescer.queued(slot, group).await,
+            }
         }
-        coalescer.queued(slot, group).await
+        only(
+            inner
+                .backend
+                .call(&Call::one(&group), inner.timeouts)
+                .await?,
+        )
     }
 
     /// The Redis key of the state of `key` under `policy`, built in place (see [`KeyLayout`]).
@@ -284,18 +281,9 @@ impl Store for RedisStore {
                 .send(Group::settle(&group, &reports, self.time())?)
                 .await?
                 .decisions()?;
-            if answer.len() != at.len() {
-                return Err(crate::script::protocol(
-                    "a settle answered another number of decisions".to_owned(),
-                ));
-            }
-            for (i, d) in at.into_iter().zip(answer) {
-                out[i] = Some(d);
-            }
+            place(&mut out, &at, answer);
         }
-        out.into_iter()
-            .map(|d| d.ok_or_else(|| crate::script::protocol("a settle left a request".to_owned())))
-            .collect()
+        answered(out)
     }
 }
 
@@ -354,84 +342,88 @@ impl RedisStore {
         &self,
         requests: &[ScriptRequest<'_>],
     ) -> Result<Vec<Decision>, Error> {
-        // The requests grouped by slot; `order[i]` is the position in `requests` of the i-th
-        // request of the grouped list.
-        let (mut order, mut grouped, mut bounds) = (Vec::new(), Vec::new(), Vec::new());
-        for at in by_slot(requests, hash_slot) {
-            let start = grouped.len();
-            grouped.extend(at.iter().map(|&i| requests[i]));
-            order.extend(at);
-            bounds.push(start..grouped.len());
-        }
-        let mut charged: Vec<(std::ops::Range<usize>, u64)> = Vec::new();
-        let mut decisions: Vec<Decision> = Vec::with_capacity(requests.len());
+        // Per slot: the positions of its requests in the batch, and the requests.
+        let groups: Vec<(Vec<usize>, Vec<ScriptRequest<'_>>)> = by_slot(requests, hash_slot)
+            .into_iter()
+            .map(|at| (at.clone(), at.iter().map(|&i| requests[i]).collect()))
+            .collect();
+        // The groups charged (their index), and the time each was charged at.
+        let mut charged: Vec<(usize, u64)> = Vec::new();
+        let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
         let mut denied = false;
-        for range in bounds {
-            let group = &grouped[range.clone()];
+        for (g, (at, group)) in groups.iter().enumerate() {
             let op = if denied {
                 Batch::Evaluate
             } else {
                 Batch::CommitTimed
             };
-            let result = match Group::batch(group, self.time(), op) {
-                Ok(group) => self.send(group).await,
-                Err(e) => Err(e),
+            let result = async {
+                self.send(Group::batch(group, self.time(), op)?)
+                    .await?
+                    .charged()
             };
-            let result = result.and_then(Answer::charged).map(|(decisions, at)| {
-                match (op, at) {
-                    (Batch::CommitTimed, Some(at)) => charged.push((range, at)),
-                    (Batch::CommitTimed, None) => denied = true,
-                    _ => {}
+            match result.await {
+                Ok((answers, when)) => {
+                    match (op, when) {
+                        (Batch::CommitTimed, Some(when)) => charged.push((g, when)),
+                        (Batch::CommitTimed, None) => denied = true,
+                        _ => {}
+                    }
+                    place(&mut decisions, at, answers);
                 }
-                decisions
-            });
-            match result {
-                Ok(group_decisions) => decisions.extend(group_decisions),
                 Err(e) => {
                     // The request was not admitted: give back what earlier groups took.
-                    self.refund(&grouped, &charged).await;
+                    self.refund(&groups, &charged).await;
                     return Err(e);
                 }
             }
         }
         if denied {
-            self.refund(&grouped, &charged).await;
+            self.refund(&groups, &charged).await;
             // Nothing was charged in the end: a refunded group reports its states as they are now
             // (a peek), as a denied batch does everywhere. If that read fails, the charged
             // answers stand: the batch is denied either way.
-            for (range, _) in &charged {
-                let group = &grouped[range.clone()];
-                let peeks = match Group::batch(group, self.time(), Batch::Evaluate) {
-                    Ok(group) => self.send(group).await.and_then(Answer::decisions),
-                    Err(e) => Err(e),
+            for &(g, _) in &charged {
+                let (at, group) = &groups[g];
+                let peeks = async {
+                    let peek = Group::batch(group, self.time(), Batch::Evaluate)?;
+                    self.send(peek).await?.decisions()
                 };
-                if let Ok(peeks) = peeks {
-                    for (slot, peek) in decisions[range.clone()].iter_mut().zip(peeks) {
-                        *slot = peek;
-                    }
+                if let Ok(peeks) = peeks.await {
+                    place(&mut decisions, at, peeks);
                 }
             }
         }
-        // Back to the batch's order.
-        let mut out: Vec<(usize, Decision)> = order.into_iter().zip(decisions).collect();
-        out.sort_unstable_by_key(|&(i, _)| i);
-        Ok(out.into_iter().map(|(_, d)| d).collect())
+        answered(decisions)
     }
 
-    /// Gives back the units of the `charged` groups of `grouped`. A refund that fails leaves the
-    /// units spent (an under-admission until they refill), never an over-admission.
+    /// Gives back the units of the `charged` groups. A refund that fails leaves the units spent
+    /// (an under-admission until they refill), never an over-admission.
     async fn refund(
         &self,
-        grouped: &[ScriptRequest<'_>],
-        charged: &[(std::ops::Range<usize>, u64)],
+        groups: &[(Vec<usize>, Vec<ScriptRequest<'_>>)],
+        charged: &[(usize, u64)],
     ) {
-        for (range, at) in charged {
+        for &(g, at) in charged {
             // Nothing more to do on failure: the units stay spent.
-            if let Ok(group) = Group::refund(&grouped[range.clone()], *at, self.time()) {
+            if let Ok(group) = Group::refund(&groups[g].1, at, self.time()) {
                 let _ = self.send(group).await;
             }
         }
     }
+}
+
+/// Puts `answers` at the positions `at` of `decisions`.
+fn place(decisions: &mut [Option<Decision>], at: &[usize], answers: Vec<Decision>) {
+    for (&i, answer) in at.iter().zip(answers) {
+        decisions[i] = Some(answer);
+    }
+}
+
+/// Every decision of a batch decided in groups, or a protocol error if a group answered too few.
+fn answered(decisions: Vec<Option<Decision>>) -> Result<Vec<Decision>, Error> {
+    let all = decisions.into_iter().collect::<Option<Vec<_>>>();
+    all.ok_or_else(|| protocol("a group answered fewer decisions than requests".to_owned()))
 }
 
 /// The positions of `requests` grouped by the slot `slot_of` gives their Redis keys, the groups
