@@ -1431,20 +1431,6 @@ mod tests {
     }
 
     #[test]
-    fn a_cost_above_capacity_is_never() {
-        let never = Expect {
-            capacity: 10,
-            never: true,
-        };
-        for reply in [[1, 10, 4, 50, 0], [0, 10, 0, 50, 7]] {
-            let d = parse_reply(ints(&reply), &[never]).unwrap();
-            assert!(d[0].is_never() && d[0].is_denied(), "{d:?}");
-            assert_eq!(d[0].remaining(), reply[2] as u64);
-            assert_eq!(d[0].reset_after(), Duration::from_micros(50));
-        }
-    }
-
-    #[test]
     fn rejects_malformed_replies() {
         let bad = [
             Value::Nil,
@@ -1504,11 +1490,11 @@ mod tests {
         // Cost 6 > burst 5: sent as a peek.
         assert_eq!(argv(&[&g]), [1, 2, 5, 333_334, 0, 0, -1, 0, 1, 1, 0]);
         assert!(g.entries[0].expect.never);
-        let q = Quota::per_hour(10).unwrap();
+        let (q, hour) = (Quota::per_hour(10).unwrap(), 3_600_000_000);
         let g = Group::single(key, &Limit::sliding_window(q), 1, TimeSource::Server).unwrap();
         assert_eq!(
             argv(&[&g]),
-            [1, 5, 10, 3_600_000_000, 3_434, 1_048_341, -1, 0, 1, 1, 1]
+            [1, 5, 10, hour, 3_434, 1_048_341, -1, 0, 1, 1, 1]
         );
         let batch = Group::batch(
             &[
@@ -1524,26 +1510,7 @@ mod tests {
         assert_eq!(
             argv(&[&batch]),
             [
-                2,
-                3,
-                10,
-                3_600_000_000,
-                0,
-                0,
-                4,
-                10,
-                3_600_000_000,
-                0,
-                0,
-                -1,
-                1,
-                3,
-                1,
-                1,
-                2,
-                0,
-                1,
-                2
+                2, 3, 10, hour, 0, 0, 4, 10, hour, 0, 0, -1, 1, 3, 1, 1, 2, 0, 1, 2
             ]
         );
         // Groups of one call share the limits.
