@@ -1317,16 +1317,9 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
                 ),
             };
         }
-        Some("BUSY") => {
-            return Error::Backend {
-                store: STORE,
-                transient: true,
-                source: Box::new(err),
-            };
-        }
         _ => {}
     }
-    if err.is_timeout() {
+    if err.code() == Some("BUSY") || err.is_timeout() {
         return Error::Backend {
             store: STORE,
             transient: true,
