@@ -76,8 +76,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -130,20 +129,6 @@ pub struct RegionStats {
     /// Requests admitted without units because home was unreachable
     /// ([`HomeUnreachable::Allow`]).
     pub failed_open: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    refills: AtomicU64,
-    refill_failures: AtomicU64,
-    from_home: AtomicU64,
-    returned_home: AtomicU64,
-    lost: AtomicU64,
-    failed_open: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64, by: u64) {
-    counter.fetch_add(by, Ordering::Relaxed);
 }
 
 /// Configures a [`RegionStore`].
@@ -215,7 +200,7 @@ impl RegionBuilder {
                 backoff_us: us(self.retry_after_failure),
                 keep_ms,
                 home_unreachable: self.home_unreachable,
-                counters: Counters::default(),
+                counters: Mutex::default(),
                 seen: Seen::default(),
             }),
         }
@@ -256,7 +241,7 @@ struct Shared<H> {
     backoff_us: u64,
     keep_ms: u64,
     home_unreachable: HomeUnreachable,
-    counters: Counters,
+    counters: Mutex<RegionStats>,
     seen: Seen,
 }
 
@@ -335,16 +320,14 @@ impl<H> RegionStore<H> {
 
     /// What this instance did since it was built.
     pub fn stats(&self) -> RegionStats {
-        let c = &self.shared.counters;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        RegionStats {
-            refills: load(&c.refills),
-            refill_failures: load(&c.refill_failures),
-            from_home: load(&c.from_home),
-            returned_home: load(&c.returned_home),
-            lost: load(&c.lost),
-            failed_open: load(&c.failed_open),
-        }
+        *self.counters()
+    }
+
+    fn counters(&self) -> MutexGuard<'_, RegionStats> {
+        self.shared
+            .counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -404,14 +387,13 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
     /// deposited in the pool.
     async fn refill(&self, target: Pool<'_>, back: u64, want: u64) {
         let s = &*self.shared;
-        let c = &s.counters;
         let Ok(key) = Key::new(target.key) else {
             return;
         };
         let Ok(request) = Request::new(key, *target.limit).with_policy(target.policy) else {
             return;
         };
-        bump(&c.refills, 1);
+        self.counters().refills += 1;
         let answer = tokio::time::timeout(s.claim_timeout, s.home.exchange(&request, back, want))
             .await
             .unwrap_or(Err(Error::Timeout {
@@ -420,13 +402,15 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             }));
         let (units, wait_us, ok) = match answer {
             Ok(grant) => {
-                bump(&c.returned_home, back);
-                bump(&c.from_home, grant.granted);
+                let mut c = self.counters();
+                c.returned_home = c.returned_home.saturating_add(back);
+                c.from_home = c.from_home.saturating_add(grant.granted);
                 (grant.granted, grant.decision.retry_after_us().max(1), true)
             }
             Err(_) => {
-                bump(&c.refill_failures, 1);
-                bump(&c.lost, back);
+                let mut c = self.counters();
+                c.refill_failures += 1;
+                c.lost = c.lost.saturating_add(back);
                 (0, s.backoff_us, false)
             }
         };
@@ -439,7 +423,10 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             Ok(_) => {}
             // The units granted are withdrawn at home and not in the pool: lost. The claim
             // ends by its own timeout.
-            Err(_) => bump(&c.lost, units),
+            Err(_) => {
+                let mut c = self.counters();
+                c.lost = c.lost.saturating_add(units);
+            }
         }
     }
 
@@ -452,7 +439,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             return Decision::from_micros(true, capacity, step.units, reset_us, 0);
         }
         if step.failing && self.shared.home_unreachable == HomeUnreachable::Allow {
-            bump(&self.shared.counters.failed_open, 1);
+            self.counters().failed_open += 1;
             return Decision::from_micros(true, capacity, step.units, reset_us, 0)
                 .with_source(Source::FailOpen);
         }
