@@ -250,8 +250,8 @@ impl Store for RedisStore {
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(requests)?;
-        let (buf, ends) = self.redis_keys(requests.iter());
-        let script_requests = Self::script_requests(&buf, &ends, requests.iter());
+        let mut buf = Vec::new();
+        let script_requests = self.script_requests(requests.iter(), &mut buf);
         if self.inner.mode == Mode::Cluster {
             let slot = hash_slot(script_requests[0].redis_key);
             if script_requests
@@ -271,8 +271,8 @@ impl Store for RedisStore {
     async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
         validate_settles(settles)?;
         let requests = settles.iter().map(Settle::request);
-        let (buf, ends) = self.redis_keys(requests.clone());
-        let script_requests = Self::script_requests(&buf, &ends, requests);
+        let mut buf = Vec::new();
+        let script_requests = self.script_requests(requests, &mut buf);
         let mut out = vec![None; settles.len()];
         for at in by_slot(&script_requests, |key| self.coalescing_slot(key)) {
             let group: Vec<ScriptRequest<'_>> = at.iter().map(|&i| script_requests[i]).collect();
@@ -288,35 +288,27 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
-    /// Every Redis key of `requests` in one buffer, and where each ends.
-    fn redis_keys<'r, 'a: 'r>(
+    /// The script requests of `requests`, their Redis keys written one after the other in `buf`.
+    fn script_requests<'b, 'r, 'a: 'r>(
         &self,
         requests: impl Iterator<Item = &'r Request<'a>> + Clone,
-    ) -> (Vec<u8>, Vec<usize>) {
+        buf: &'b mut Vec<u8>,
+    ) -> Vec<ScriptRequest<'b>> {
+        let layout = &self.inner.layout;
         let len = requests
             .clone()
-            .map(|r| self.inner.layout.prefix().len() + r.key().len() + r.policy().len() + 8);
-        let mut buf = Vec::with_capacity(len.sum());
+            .map(|r| layout.prefix().len() + r.key().len() + r.policy().len() + 8);
+        buf.reserve(len.sum());
         let mut ends = Vec::new();
-        for r in requests {
-            self.inner
-                .layout
-                .write(r.policy().as_bytes(), r.key().as_bytes(), &mut buf);
+        for r in requests.clone() {
+            layout.write(r.policy().as_bytes(), r.key().as_bytes(), buf);
             ends.push(buf.len());
         }
-        (buf, ends)
-    }
-
-    /// The script requests of `requests`, their Redis keys in `buf` ending at `ends`.
-    fn script_requests<'b, 'r, 'a: 'r>(
-        buf: &'b [u8],
-        ends: &[usize],
-        requests: impl Iterator<Item = &'r Request<'a>>,
-    ) -> Vec<ScriptRequest<'b>> {
+        let buf: &'b [u8] = buf;
         let mut start = 0;
-        ends.iter()
+        ends.into_iter()
             .zip(requests)
-            .map(|(&end, r)| {
+            .map(|(end, r)| {
                 let key = &buf[start..end];
                 start = end;
                 ScriptRequest::new(key, *r.limit(), r.cost())
