@@ -632,10 +632,7 @@ pub(crate) fn refine(err: Error, after: Duration) -> Error {
     if e.is_timeout() {
         return timeout(after);
     }
-    let config = |what: &str| Error::Config {
-        store: STORE,
-        message: format!("{what}: {e}"),
-    };
+    let config = |what: &str| config_error(format!("{what}: {e}"));
     // A TLS handshake that failed over certificates fails the same way every time. rustls'
     // error travels inside an `io::Error` behind an `Arc`; its text is what is left to read.
     let text = e.to_string();

@@ -149,10 +149,8 @@ use distlimit_core::{
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
+use crate::config::{STORE, config_error};
 use crate::durable::Durable;
-
-/// The name this driver reports in its errors.
-const STORE: &str = "redis";
 
 /// How much longer than its state needs a key written in [`TimeSource::Client`] mode lives.
 ///
@@ -220,10 +218,9 @@ fn row(limit: &Limit) -> Result<[u64; 5], Error> {
             [5, q.limit(), q.period_us(), gr, steps]
         }
         other => {
-            return Err(Error::Config {
-                store: STORE,
-                message: format!("the Redis scripts do not implement the algorithm {other}"),
-            });
+            return Err(config_error(format!(
+                "the Redis scripts do not implement the algorithm {other}"
+            )));
         }
     })
 }
@@ -1309,13 +1306,9 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
             ));
         }
         Some("NOPERM") => {
-            return Error::Config {
-                store: STORE,
-                message: format!(
-                    "the Redis user may not run the distlimit scripts on these keys (NOPERM): \
-                     {detail}"
-                ),
-            };
+            return config_error(format!(
+                "the Redis user may not run the distlimit scripts on these keys (NOPERM): {detail}"
+            ));
         }
         _ => {}
     }
@@ -1326,7 +1319,21 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
             source: Box::new(err),
         };
     }
-    if err.is_io_error()
+    // A failover's or the Cluster's passing states.
+    let passing = matches!(
+        err.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+        )
+    );
+    if passing
+        || err.is_io_error()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
         || err.is_cluster_error()
@@ -1337,24 +1344,9 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
         };
     }
     match err.kind() {
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::Moved
-            | ServerErrorKind::Ask,
-        ) => Error::Unavailable {
-            store: STORE,
-            source: Box::new(err),
-        },
         ErrorKind::Server(ServerErrorKind::NoPerm)
         | ErrorKind::AuthenticationFailed
-        | ErrorKind::InvalidClientConfig => Error::Config {
-            store: STORE,
-            message: err.to_string(),
-        },
+        | ErrorKind::InvalidClientConfig => config_error(err.to_string()),
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
             protocol(format!("unreadable reply: {err}"))
         }
