@@ -303,10 +303,7 @@ const MAX_GIVE_BACK: u64 = 1 << 52;
 /// whether the connection may run scripts at all (an ACL without `EVALSHA` is an
 /// [`Error::Config`]). In a Cluster it loads on the node the connection routes `SCRIPT LOAD`
 /// to; the other nodes load on first use.
-pub async fn load_scripts<C>(conn: &mut C) -> Result<(), Error>
-where
-    C: ConnectionLike + Send,
-{
+pub async fn load_scripts(conn: &mut (impl ConnectionLike + Send)) -> Result<(), Error> {
     // Asked first, in a small command: a server that wants authentication answers it with
     // `NOAUTH`, while it refuses a command as large as the script from an unauthenticated client
     // with a protocol error.
@@ -1068,16 +1065,13 @@ fn group_error(message: &[u8], group: &Group) -> Error {
 
 /// Decides one request of `cost` units on the Redis key `redis_key` under `limit`, charging it
 /// when admitted, as the store does: one call of one group.
-pub async fn decide<C>(
-    conn: &mut C,
+pub async fn decide(
+    conn: &mut (impl ConnectionLike + Send),
     redis_key: &[u8],
     limit: &Limit,
     cost: u64,
     time: TimeSource,
-) -> Result<Decision, Error>
-where
-    C: ConnectionLike + Send,
-{
+) -> Result<Decision, Error> {
     let group = Group::single(redis_key, limit, cost, time)?;
     only(Call::one(&group).run(conn, None).await?)?.decision()
 }
@@ -1086,16 +1080,13 @@ where
 /// one call of one group, in `pool.lua`'s own terms: its parameters (horizon µs, capacity, claim
 /// µs, time to live ms), its action (1 a spend, else a deposit) with three values; answers the
 /// pool's seven reply values.
-pub async fn pool_step<C>(
-    conn: &mut C,
+pub async fn pool_step(
+    conn: &mut (impl ConnectionLike + Send),
     redis_key: &[u8],
     [horizon_us, capacity, claim_us, keep_ms]: [u64; 4],
     [action, a, b, c]: [u64; 4],
     time: TimeSource,
-) -> Result<[u64; POOL_REPLY], Error>
-where
-    C: ConnectionLike + Send,
-{
+) -> Result<[u64; POOL_REPLY], Error> {
     let params = PoolParams {
         horizon_us,
         capacity,
@@ -1116,28 +1107,22 @@ where
 /// Settles a batch of reports and give-backs (`reports[j]`: whether `requests[j]` is a report),
 /// as the store does: one call of one group, every request applied, each answered by the peek
 /// after it.
-pub async fn settle<C>(
-    conn: &mut C,
+pub async fn settle(
+    conn: &mut (impl ConnectionLike + Send),
     requests: &[ScriptRequest<'_>],
     reports: &[bool],
     time: TimeSource,
-) -> Result<Vec<Decision>, Error>
-where
-    C: ConnectionLike + Send,
-{
+) -> Result<Vec<Decision>, Error> {
     let group = Group::settle(requests, reports, time)?;
     only(Call::one(&group).run(conn, None).await?)?.decisions()
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.
-pub async fn decide_all<C>(
-    conn: &mut C,
+pub async fn decide_all(
+    conn: &mut (impl ConnectionLike + Send),
     requests: &[ScriptRequest<'_>],
     time: TimeSource,
-) -> Result<Vec<Decision>, Error>
-where
-    C: ConnectionLike + Send,
-{
+) -> Result<Vec<Decision>, Error> {
     let group = Group::batch(requests, time, Batch::Commit)?;
     only(Call::one(&group).run(conn, None).await?)?.decisions()
 }
