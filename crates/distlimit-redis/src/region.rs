@@ -498,13 +498,6 @@ pub fn spawn_region_sweeper<H: LeaseStore + 'static>(
     })
 }
 
-impl<H: LeaseStore + 'static> RegionStore<H> {
-    fn regional(request: &Request<'_>) -> bool {
-        let limit = request.limit();
-        request.cost() <= limit.capacity() && limit.check_lease().is_ok()
-    }
-}
-
 #[async_trait]
 impl<H: LeaseStore + 'static> Store for RegionStore<H> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
@@ -603,6 +596,13 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
 }
 
 impl<H: LeaseStore + 'static> RegionStore<H> {
+    /// Whether `request` is decided in the region (see the module documentation, "What is
+    /// decided where").
+    fn regional(request: &Request<'_>) -> bool {
+        let limit = request.limit();
+        request.cost() <= limit.capacity() && limit.check_lease().is_ok()
+    }
+
     /// One settle (see the module documentation, "Settling"), answered by the pool's peek
     /// after it, or home's answer to the part of a report it got. If home fails, the units the
     /// pool paid go back into it: the report charged nothing.
