@@ -181,18 +181,12 @@ impl RedisStoreBuilder {
 
     /// Durable decisions (off by default): a decision that admits (charges units, or grants a
     /// lease) is answered only once `replicas` replicas acknowledge its write, by `WAIT replicas
-    /// timeout` sent right after the script in one pipeline on the same connection (one `WAIT`
-    /// per script call, so per coalesced call under load; none for a call that only reads).
-    /// When fewer acknowledge within `timeout`, the admissions of that call are answered with an
-    /// [`Error::Unavailable`] whose source is a [`NotDurable`](crate::NotDurable): transient,
-    /// so a hybrid store's failure mode answers (pair it with fail-closed for a hard quota).
-    /// Denials are answered as they are. A failover that promotes a replica holding the write
-    /// then cannot re-admit what was admitted. See the
-    /// [crate documentation](crate#durable-decisions).
-    ///
-    /// Every mode: standalone (with its replicas), pool, Sentinel, and Cluster, where the
-    /// script and `WAIT` go to the slot's primary on one connection (redirects followed with
-    /// both), so `WAIT` counts that primary's replicas. [`connect`](Self::connect) answers an
+    /// timeout` right after the script in one pipeline on the same connection, in every mode
+    /// (in a Cluster, to the slot's primary). When fewer acknowledge within `timeout`, the
+    /// call's admissions are answered with an [`Error::Unavailable`] whose source is a
+    /// [`NotDurable`](crate::NotDurable) (transient: pair it with fail-closed in a hybrid store
+    /// for a hard quota); denials as they are. See the
+    /// [crate documentation](crate#durable-decisions). [`connect`](Self::connect) answers an
     /// [`Error::Config`] for 0 replicas, a zero timeout, or a timeout not below the
     /// [`response_timeout`](Self::response_timeout) (the call's deadline must leave room for
     /// `WAIT`).

@@ -23,21 +23,14 @@ use crate::script::{Group, Op, PermitAction};
 /// What follows a state's Redis key in the name of its permit set.
 pub const PERMIT_SUFFIX: &[u8] = b"%permits";
 
-/// Permit ids: a random seed hashed with a counter.
-#[derive(Debug)]
+/// Permit ids: a random seed (a new one per store) hashed with a counter.
+#[derive(Debug, Default)]
 pub(crate) struct PermitIds {
     seed: std::collections::hash_map::RandomState,
     counter: AtomicU64,
 }
 
 impl PermitIds {
-    pub(crate) fn new() -> Self {
-        Self {
-            seed: std::collections::hash_map::RandomState::new(),
-            counter: AtomicU64::new(0),
-        }
-    }
-
     fn next(&self) -> PermitId {
         let mut hasher = self.seed.build_hasher();
         hasher.write_u64(self.counter.fetch_add(1, Ordering::Relaxed));

@@ -176,7 +176,7 @@ impl RedisStore {
                 clock: builder.clock,
                 timeouts,
                 mode,
-                permit_ids: crate::permits::PermitIds::new(),
+                permit_ids: crate::permits::PermitIds::default(),
             }),
         })
     }
