@@ -1,21 +1,13 @@
-//! Coalesced calls: the groups of callers waiting for the same server sent as one call.
+//! Coalesced calls: the groups of callers waiting for the same server sent as one call (what
+//! it guarantees: the crate documentation, "Coalesced script calls").
 //!
-//! A store with coalescing on bounds its calls in flight ([`Coalescer::new`]'s `in_flight`; per
-//! hash slot in a Cluster, where one script's keys must share a slot). A group (a decision, a
-//! batch, a refund, a lease exchange) that finds a free slot is sent at once, a call of one
-//! group (no task, no channel, no added latency). One that finds every slot taken waits in a
-//! queue; whichever call frees a slot takes everything queued (up to [`MAX_DECISIONS`] requests
-//! and [`MAX_BYTES`] of keys and arguments) and sends it as one call of the same entry script in
-//! the same encoding (see [`script`](crate::script)), which decides each group in arrival order,
-//! exactly as a call of that group alone would, and answers each one separately. That call runs
-//! on a task of its own, so a caller that stops waiting (a timeout, a dropped future) never
-//! cancels the decisions of the others.
-//!
-//! Failures: a bad value at a key fails only the group holding it (the script catches it and
-//! goes on with the next group). A failure of the call itself (a timeout, a lost connection)
-//! fails every group of the call with the same classification; the call is never resent, as
-//! anywhere in this driver (see [`connection`](crate::connection)). A caller that gave up while
-//! still queued is left out of the next call, so its decision is never applied.
+//! A group that finds a free call slot ([`Coalescer::slot`]; per hash slot in a Cluster) is sent
+//! at once by its caller, a call of one group (no task, no channel). One that finds every slot
+//! taken waits in a queue ([`Coalescer::queued`]); whichever call frees a slot takes what is
+//! queued (up to [`MAX_DECISIONS`] requests and [`MAX_BYTES`], leaving out callers that gave up)
+//! and sends it as one call, on a task of its own, so a caller that stops waiting never cancels
+//! the decisions of the others. A failure of that call fails every group of it alike
+//! ([`Copies`]); it is never resent.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;

@@ -3,12 +3,9 @@
 //! ([`Permits`](distlimit_core::Permits)) on the key's sorted set.
 //!
 //! A key's permits live at its permit key: the key of its (state, key) pair (see
-//! [`KeyLayout`](crate::KeyLayout)) followed by [`PERMIT_SUFFIX`], `%permits`. An escaped state
-//! name never holds a `%` that is not followed by `25`, `7B` or `7D`, so no rate state is ever
-//! named so: a state's permits and its rate state live apart, in one Cluster slot (the same
-//! hash tag). The set holds one member per permit, its id in decimal, scored by the instant it
-//! expires (µs, the server's `TIME` unless the store runs on a client clock), and the key
-//! expires with its last permit.
+//! [`KeyLayout`](crate::KeyLayout)) followed by [`PERMIT_SUFFIX`], `%permits`, which no escaped
+//! state name ends with: apart from its rate state, in its Cluster slot (the crate
+//! documentation, "Concurrency permits"; the set itself: `permit.lua`).
 //!
 //! Permit ids are 53 random bits (a per-store random seed hashed with a counter): two live
 //! permits of one key share an id with a probability of about `n² / 2^54` for `n` in flight,
@@ -26,21 +23,14 @@ use crate::script::{Group, Op, PermitAction};
 /// What follows a state's Redis key in the name of its permit set.
 pub const PERMIT_SUFFIX: &[u8] = b"%permits";
 
-/// Permit ids: a random seed hashed with a counter.
-#[derive(Debug)]
+/// Permit ids: a random seed (a new one per store) hashed with a counter.
+#[derive(Debug, Default)]
 pub(crate) struct PermitIds {
     seed: std::collections::hash_map::RandomState,
     counter: AtomicU64,
 }
 
 impl PermitIds {
-    pub(crate) fn new() -> Self {
-        Self {
-            seed: std::collections::hash_map::RandomState::new(),
-            counter: AtomicU64::new(0),
-        }
-    }
-
     fn next(&self) -> PermitId {
         let mut hasher = self.seed.build_hasher();
         hasher.write_u64(self.counter.fetch_add(1, Ordering::Relaxed));

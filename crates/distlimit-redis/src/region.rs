@@ -76,8 +76,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -130,20 +129,6 @@ pub struct RegionStats {
     /// Requests admitted without units because home was unreachable
     /// ([`HomeUnreachable::Allow`]).
     pub failed_open: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    refills: AtomicU64,
-    refill_failures: AtomicU64,
-    from_home: AtomicU64,
-    returned_home: AtomicU64,
-    lost: AtomicU64,
-    failed_open: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64, by: u64) {
-    counter.fetch_add(by, Ordering::Relaxed);
 }
 
 /// Configures a [`RegionStore`].
@@ -215,7 +200,7 @@ impl RegionBuilder {
                 backoff_us: us(self.retry_after_failure),
                 keep_ms,
                 home_unreachable: self.home_unreachable,
-                counters: Counters::default(),
+                counters: Mutex::default(),
                 seen: Seen::default(),
             }),
         }
@@ -256,7 +241,7 @@ struct Shared<H> {
     backoff_us: u64,
     keep_ms: u64,
     home_unreachable: HomeUnreachable,
-    counters: Counters,
+    counters: Mutex<RegionStats>,
     seen: Seen,
 }
 
@@ -335,16 +320,14 @@ impl<H> RegionStore<H> {
 
     /// What this instance did since it was built.
     pub fn stats(&self) -> RegionStats {
-        let c = &self.shared.counters;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        RegionStats {
-            refills: load(&c.refills),
-            refill_failures: load(&c.refill_failures),
-            from_home: load(&c.from_home),
-            returned_home: load(&c.returned_home),
-            lost: load(&c.lost),
-            failed_open: load(&c.failed_open),
-        }
+        *self.counters()
+    }
+
+    fn counters(&self) -> MutexGuard<'_, RegionStats> {
+        self.shared
+            .counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -404,14 +387,13 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
     /// deposited in the pool.
     async fn refill(&self, target: Pool<'_>, back: u64, want: u64) {
         let s = &*self.shared;
-        let c = &s.counters;
         let Ok(key) = Key::new(target.key) else {
             return;
         };
         let Ok(request) = Request::new(key, *target.limit).with_policy(target.policy) else {
             return;
         };
-        bump(&c.refills, 1);
+        self.counters().refills += 1;
         let answer = tokio::time::timeout(s.claim_timeout, s.home.exchange(&request, back, want))
             .await
             .unwrap_or(Err(Error::Timeout {
@@ -420,13 +402,15 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             }));
         let (units, wait_us, ok) = match answer {
             Ok(grant) => {
-                bump(&c.returned_home, back);
-                bump(&c.from_home, grant.granted);
+                let mut c = self.counters();
+                c.returned_home = c.returned_home.saturating_add(back);
+                c.from_home = c.from_home.saturating_add(grant.granted);
                 (grant.granted, grant.decision.retry_after_us().max(1), true)
             }
             Err(_) => {
-                bump(&c.refill_failures, 1);
-                bump(&c.lost, back);
+                let mut c = self.counters();
+                c.refill_failures += 1;
+                c.lost = c.lost.saturating_add(back);
                 (0, s.backoff_us, false)
             }
         };
@@ -439,7 +423,10 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             Ok(_) => {}
             // The units granted are withdrawn at home and not in the pool: lost. The claim
             // ends by its own timeout.
-            Err(_) => bump(&c.lost, units),
+            Err(_) => {
+                let mut c = self.counters();
+                c.lost = c.lost.saturating_add(units);
+            }
         }
     }
 
@@ -452,7 +439,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             return Decision::from_micros(true, capacity, step.units, reset_us, 0);
         }
         if step.failing && self.shared.home_unreachable == HomeUnreachable::Allow {
-            bump(&self.shared.counters.failed_open, 1);
+            self.counters().failed_open += 1;
             return Decision::from_micros(true, capacity, step.units, reset_us, 0)
                 .with_source(Source::FailOpen);
         }
@@ -477,18 +464,13 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
         for ((policy, key), limit) in seen {
             // A step asking for nothing: it claims only the units that are due. A pool still
             // holding units is swept again next time.
-            if let Ok(step) = self
-                .step_and_refill(
-                    Pool {
-                        policy: &policy,
-                        key: &key,
-                        limit: &limit,
-                    },
-                    PoolAction::Spend { back, want, min },
-                )
-                .await
-                && step.units > 0
-            {
+            let pool = Pool {
+                policy: &policy,
+                key: &key,
+                limit: &limit,
+            };
+            let step = self.step_and_refill(pool, PoolAction::Spend { back, want, min });
+            if step.await.is_ok_and(|step| step.units > 0) {
                 self.shared.seen.note(&policy, &key, limit);
             }
         }
@@ -514,13 +496,6 @@ pub fn spawn_region_sweeper<H: LeaseStore + 'static>(
             RegionStore { shared }.sweep().await;
         }
     })
-}
-
-impl<H: LeaseStore + 'static> RegionStore<H> {
-    fn regional(request: &Request<'_>) -> bool {
-        let limit = request.limit();
-        request.cost() <= limit.capacity() && limit.check_lease().is_ok()
-    }
 }
 
 #[async_trait]
@@ -570,72 +545,64 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
         if let [one] = requests {
             return Ok(vec![self.decide(one).await?]);
         }
-        let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
         let mut spent: Vec<&Request<'_>> = Vec::new();
-        let mut denied = false;
-        for (request, decision) in requests.iter().zip(&mut decisions) {
-            if !Self::regional(request) || denied {
-                continue;
-            }
-            let decided = match self.decide(request).await {
-                Ok(decided) => decided,
-                Err(e) => {
-                    self.unspend(&spent).await;
-                    return Err(e);
+        let result = async {
+            let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
+            let mut denied = false;
+            for (request, decision) in requests.iter().zip(&mut decisions) {
+                if !Self::regional(request) || denied {
+                    continue;
                 }
-            };
-            if decided.is_allowed() && request.cost() > 0 {
-                spent.push(request);
+                let decided = self.decide(request).await?;
+                if decided.is_allowed() && request.cost() > 0 {
+                    spent.push(request);
+                }
+                denied |= decided.is_denied();
+                *decision = Some(decided);
             }
-            denied |= decided.is_denied();
-            *decision = Some(decided);
-        }
-        // Regional requests after a denial: answered as peeks.
-        for (request, decision) in requests.iter().zip(&mut decisions) {
-            if decision.is_none() && Self::regional(request) {
-                match self.decide(&request.with_cost(0)).await {
-                    Ok(peek) => *decision = Some(peek),
-                    Err(e) => {
-                        self.unspend(&spent).await;
-                        return Err(e);
+            // Regional requests after a denial: answered as peeks.
+            for (request, decision) in requests.iter().zip(&mut decisions) {
+                if decision.is_none() && Self::regional(request) {
+                    *decision = Some(self.decide(&request.with_cost(0)).await?);
+                }
+            }
+            let rest: Vec<Request<'_>> = requests
+                .iter()
+                .filter(|r| !Self::regional(r))
+                .map(|r| if denied { r.with_cost(0) } else { *r })
+                .collect();
+            if !rest.is_empty() {
+                let mut answered = self.shared.home.decide_all(&rest).await?.into_iter();
+                for (request, decision) in requests.iter().zip(&mut decisions) {
+                    if !Self::regional(request) {
+                        *decision = answered.next();
                     }
                 }
             }
+            decisions
+                .into_iter()
+                .collect::<Option<Vec<_>>>()
+                .ok_or(Error::InvalidRequest(
+                    "the store answered fewer decisions than requests",
+                ))
         }
-        let rest: Vec<Request<'_>> = requests
-            .iter()
-            .filter(|r| !Self::regional(r))
-            .map(|r| if denied { r.with_cost(0) } else { *r })
-            .collect();
-        if !rest.is_empty() {
-            let answered = match self.shared.home.decide_all(&rest).await {
-                Ok(answered) => answered,
-                Err(e) => {
-                    self.unspend(&spent).await;
-                    return Err(e);
-                }
-            };
-            denied |= answered.iter().any(Decision::is_denied);
-            let mut answered = answered.into_iter();
-            for (request, decision) in requests.iter().zip(&mut decisions) {
-                if !Self::regional(request) {
-                    *decision = answered.next();
-                }
-            }
-        }
-        if denied {
+        .await;
+        // Denied or failed: the batch charged nothing.
+        if !matches!(&result, Ok(decisions) if decisions.iter().all(Decision::is_allowed)) {
             self.unspend(&spent).await;
         }
-        decisions
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or(Error::InvalidRequest(
-                "the store answered fewer decisions than requests",
-            ))
+        result
     }
 }
 
 impl<H: LeaseStore + 'static> RegionStore<H> {
+    /// Whether `request` is decided in the region (see the module documentation, "What is
+    /// decided where").
+    fn regional(request: &Request<'_>) -> bool {
+        let limit = request.limit();
+        request.cost() <= limit.capacity() && limit.check_lease().is_ok()
+    }
+
     /// One settle (see the module documentation, "Settling"), answered by the pool's peek
     /// after it, or home's answer to the part of a report it got. If home fails, the units the
     /// pool paid go back into it: the report charged nothing.

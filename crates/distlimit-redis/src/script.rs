@@ -11,19 +11,11 @@
 //!
 //! # The call
 //!
-//! A call ([`Call`]) carries one or more [`Group`]s, each decided alone, in order:
-//!
-//! * one request ([`Group::single`], what [`Store::decide`](distlimit_core::Store::decide)
-//!   sends): `GET`, at most one `SET`;
-//! * an all-or-nothing batch of any length up to [`MAX_BATCH`] ([`Group::batch`], what
-//!   `decide_all` sends): every request is evaluated first without writing; only if all are
-//!   admitted are their states written. In a Cluster the keys must share one hash slot; the
-//!   store decides a batch over several slots one slot group at a time, and gives back what
-//!   earlier groups charged when a later one denies, with a refund group (see the crate
-//!   documentation, "Batches across Cluster slots");
-//! * a refund ([`Group::refund`]), a lease exchange ([`Group::lease`]) and a concurrency
-//!   permit's acquire, release or renew ([`Op::Permit`], `permit.lua`: a sorted set of
-//!   permit ids scored by their expiry, at the key's permit key, see `permits.rs`).
+//! A call ([`Call`]) carries one or more [`Group`]s, each decided alone, in order, each one
+//! [`Op`]: one request (`GET`, at most one `SET`), an all-or-nothing batch of up to
+//! [`MAX_BATCH`] (evaluated first without writing, written only if all are admitted; in a
+//! Cluster one slot's keys, see the crate documentation, "Batches across Cluster slots"), a
+//! refund, a lease exchange, a pool step, a permit's action or a settling.
 //!
 //! A store call is a call with one group; the coalescer (`coalesce.rs`) packs the groups of
 //! several waiting callers into the same shape. So Redis receives one encoding whatever the
@@ -47,11 +39,10 @@
 //!
 //! # Time
 //!
-//! [`TimeSource::Server`] (the default) reads Redis' `TIME` inside the script: every client is
-//! judged by one clock, so clients with skewed clocks cannot over-admit. Redis 7 replicates a
-//! script's effects, not the script, so reading the time before writing is safe.
-//! [`TimeSource::Client`] passes the caller's time instead, for deterministic tests only. Each
-//! group carries its own time.
+//! [`TimeSource::Server`] (the default) reads Redis' `TIME` inside the script (see the crate
+//! documentation, "Time"); Redis 7 replicates a script's effects, not the script, so reading the
+//! time before writing is safe. [`TimeSource::Client`] passes the caller's time instead, for
+//! deterministic tests only. Each group carries its own time.
 //!
 //! # Arguments
 //!
@@ -139,9 +130,10 @@
 //!
 //! The Lua lives in `src/scripts/`, each piece written once: `prelude.lua` (shared constants
 //! and the one helper, for unreadable values), one file per algorithm defining
-//! `decide_<algorithm>`, `algorithms.lua` (their table), `refund.lua`, `lease.lua`, `pool.lua`,
-//! `permit.lua` and `settle.lua` (one function each), and the main in two parts, `entry.lua`
-//! (the call of one request alone, the common one) and `entry_groups.lua` (the general path).
+//! `decide_<algorithm>`, `algorithms.lua` (their table and the general path's helpers),
+//! `refund.lua`, `lease.lua`, `pool.lua`, `permit.lua` and `settle.lua` (one function each), and
+//! the main in two parts, `entry.lua` (the call of one request alone, the common one) and
+//! `entry_groups.lua` (the general path).
 //! The script text is put together at compile time (`concat!(include_str!(…))`); the call of
 //! one request builds only its own algorithm's functions (each algorithm's file is included a
 //! second time inside `one_algorithm`), since Lua builds every closure of the chunk it runs
@@ -157,10 +149,8 @@ use distlimit_core::{
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
+use crate::config::{STORE, config_error};
 use crate::durable::Durable;
-
-/// The name this driver reports in its errors.
-const STORE: &str = "redis";
 
 /// How much longer than its state needs a key written in [`TimeSource::Client`] mode lives.
 ///
@@ -210,58 +200,29 @@ impl<'a> ScriptRequest<'a> {
     }
 }
 
-/// The algorithms the scripts implement, exhaustively (core's [`Algorithm`] is non-exhaustive).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    TokenBucket,
-    Gcra,
-    FixedWindow,
-    SlidingLog,
-    SlidingWindow,
-}
-
-impl Kind {
-    pub(crate) fn of(algorithm: Algorithm) -> Result<Self, Error> {
-        match algorithm {
-            Algorithm::TokenBucket => Ok(Kind::TokenBucket),
-            Algorithm::Gcra => Ok(Kind::Gcra),
-            Algorithm::FixedWindow => Ok(Kind::FixedWindow),
-            Algorithm::SlidingLog => Ok(Kind::SlidingLog),
-            Algorithm::SlidingWindow => Ok(Kind::SlidingWindow),
-            other => Err(Error::Config {
-                store: STORE,
-                message: format!("the Redis scripts do not implement the algorithm {other}"),
-            }),
-        }
-    }
-
-    /// The algorithm's id in the script's arguments (and its state's tag byte).
-    pub(crate) fn id(self) -> u64 {
-        match self {
-            Kind::TokenBucket => 1,
-            Kind::Gcra => 2,
-            Kind::FixedWindow => 3,
-            Kind::SlidingLog => 4,
-            Kind::SlidingWindow => 5,
-        }
-    }
-}
-
-/// The parameters the scripts take for `limit`, padded with zeros to four, and how many count.
-pub(crate) fn parameters(kind: Kind, limit: &Limit) -> ([u64; 4], usize) {
+/// A limit as the scripts take it: its algorithm's id (its state's tag byte), then its quota
+/// parameters, padded with zeros to four. An algorithm the scripts do not implement (core's
+/// [`Algorithm`] is non-exhaustive) is an [`Error::Config`].
+fn row(limit: &Limit) -> Result<[u64; 5], Error> {
     let q = limit.quota();
-    match kind {
-        Kind::TokenBucket => {
+    Ok(match limit.algorithm() {
+        Algorithm::TokenBucket => {
             let (rate, unit) = q.refill_units();
-            ([q.burst(), rate, unit, 0], 3)
+            [1, q.burst(), rate, unit, 0]
         }
-        Kind::Gcra => ([q.burst(), q.emission_interval_us(), 0, 0], 2),
-        Kind::FixedWindow | Kind::SlidingLog => ([q.limit(), q.period_us(), 0, 0], 2),
-        Kind::SlidingWindow => {
+        Algorithm::Gcra => [2, q.burst(), q.emission_interval_us(), 0, 0],
+        Algorithm::FixedWindow => [3, q.limit(), q.period_us(), 0, 0],
+        Algorithm::SlidingLog => [4, q.limit(), q.period_us(), 0, 0],
+        Algorithm::SlidingWindow => {
             let (gr, steps) = q.window_granule();
-            ([q.limit(), q.period_us(), gr, steps], 4)
+            [5, q.limit(), q.period_us(), gr, steps]
         }
-    }
+        other => {
+            return Err(config_error(format!(
+                "the Redis scripts do not implement the algorithm {other}"
+            )));
+        }
+    })
 }
 
 /// What one request's decision must look like.
@@ -282,12 +243,7 @@ impl Expect {
     }
 }
 
-/// The entry script: the prelude; `one_algorithm(a)`, which builds one algorithm's functions
-/// (the call of one request builds only its own: Lua builds every closure of the chunk it runs
-/// through again on each call); the main with the call of one request; every algorithm at the
-/// top level for the general path, and its table; the refund, lease, pool, permit and settling
-/// functions; the general path. Each algorithm's file is included twice in the text, written
-/// once.
+/// The entry script, put together as the module documentation's "Sources" says.
 const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/prelude.lua"),
     "-- One algorithm's decision function, built alone: for the call of one request.\n",
@@ -347,10 +303,7 @@ const MAX_GIVE_BACK: u64 = 1 << 52;
 /// whether the connection may run scripts at all (an ACL without `EVALSHA` is an
 /// [`Error::Config`]). In a Cluster it loads on the node the connection routes `SCRIPT LOAD`
 /// to; the other nodes load on first use.
-pub async fn load_scripts<C>(conn: &mut C) -> Result<(), Error>
-where
-    C: ConnectionLike + Send,
-{
+pub async fn load_scripts(conn: &mut (impl ConnectionLike + Send)) -> Result<(), Error> {
     // Asked first, in a small command: a server that wants authentication answers it with
     // `NOAUTH`, while it refuses a command as large as the script from an unauthenticated client
     // with a protocol error.
@@ -682,12 +635,10 @@ impl Group {
     }
 
     fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
-        let kind = Kind::of(limit.algorithm())?;
+        let row = row(limit)?;
         let (expect, cost) = Expect::new(limit, cost);
-        let ([p1, p2, p3, p4], _) = parameters(kind, limit);
         self.keys.extend_from_slice(redis_key);
         self.ends.push(self.keys.len());
-        let row = [kind.id(), p1, p2, p3, p4];
         self.entries.push(Entry { row, cost, expect });
         Ok(())
     }
@@ -988,15 +939,12 @@ impl<'a> Call<'a> {
     }
 
     fn cmd(&self, eval: bool) -> Cmd {
-        let mut cmd = if eval {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(ENTRY_SCRIPT);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(ENTRY_SHA.as_str());
-            cmd
+        let (command, script) = match eval {
+            true => ("EVAL", ENTRY_SCRIPT),
+            false => ("EVALSHA", ENTRY_SHA.as_str()),
         };
+        let mut cmd = redis::cmd(command);
+        cmd.arg(script);
         cmd.arg(self.groups.iter().map(|g| g.len()).sum::<usize>());
         for group in &self.groups {
             for key in group.key_slices() {
@@ -1117,16 +1065,13 @@ fn group_error(message: &[u8], group: &Group) -> Error {
 
 /// Decides one request of `cost` units on the Redis key `redis_key` under `limit`, charging it
 /// when admitted, as the store does: one call of one group.
-pub async fn decide<C>(
-    conn: &mut C,
+pub async fn decide(
+    conn: &mut (impl ConnectionLike + Send),
     redis_key: &[u8],
     limit: &Limit,
     cost: u64,
     time: TimeSource,
-) -> Result<Decision, Error>
-where
-    C: ConnectionLike + Send,
-{
+) -> Result<Decision, Error> {
     let group = Group::single(redis_key, limit, cost, time)?;
     only(Call::one(&group).run(conn, None).await?)?.decision()
 }
@@ -1135,16 +1080,13 @@ where
 /// one call of one group, in `pool.lua`'s own terms: its parameters (horizon µs, capacity, claim
 /// µs, time to live ms), its action (1 a spend, else a deposit) with three values; answers the
 /// pool's seven reply values.
-pub async fn pool_step<C>(
-    conn: &mut C,
+pub async fn pool_step(
+    conn: &mut (impl ConnectionLike + Send),
     redis_key: &[u8],
     [horizon_us, capacity, claim_us, keep_ms]: [u64; 4],
     [action, a, b, c]: [u64; 4],
     time: TimeSource,
-) -> Result<[u64; POOL_REPLY], Error>
-where
-    C: ConnectionLike + Send,
-{
+) -> Result<[u64; POOL_REPLY], Error> {
     let params = PoolParams {
         horizon_us,
         capacity,
@@ -1165,28 +1107,22 @@ where
 /// Settles a batch of reports and give-backs (`reports[j]`: whether `requests[j]` is a report),
 /// as the store does: one call of one group, every request applied, each answered by the peek
 /// after it.
-pub async fn settle<C>(
-    conn: &mut C,
+pub async fn settle(
+    conn: &mut (impl ConnectionLike + Send),
     requests: &[ScriptRequest<'_>],
     reports: &[bool],
     time: TimeSource,
-) -> Result<Vec<Decision>, Error>
-where
-    C: ConnectionLike + Send,
-{
+) -> Result<Vec<Decision>, Error> {
     let group = Group::settle(requests, reports, time)?;
     only(Call::one(&group).run(conn, None).await?)?.decisions()
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.
-pub async fn decide_all<C>(
-    conn: &mut C,
+pub async fn decide_all(
+    conn: &mut (impl ConnectionLike + Send),
     requests: &[ScriptRequest<'_>],
     time: TimeSource,
-) -> Result<Vec<Decision>, Error>
-where
-    C: ConnectionLike + Send,
-{
+) -> Result<Vec<Decision>, Error> {
     let group = Group::batch(requests, time, Batch::Commit)?;
     only(Call::one(&group).run(conn, None).await?)?.decisions()
 }
@@ -1355,31 +1291,34 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
             ));
         }
         Some("NOPERM") => {
-            return Error::Config {
-                store: STORE,
-                message: format!(
-                    "the Redis user may not run the distlimit scripts on these keys (NOPERM): \
-                     {detail}"
-                ),
-            };
-        }
-        Some("BUSY") => {
-            return Error::Backend {
-                store: STORE,
-                transient: true,
-                source: Box::new(err),
-            };
+            return config_error(format!(
+                "the Redis user may not run the distlimit scripts on these keys (NOPERM): {detail}"
+            ));
         }
         _ => {}
     }
-    if err.is_timeout() {
+    if err.code() == Some("BUSY") || err.is_timeout() {
         return Error::Backend {
             store: STORE,
             transient: true,
             source: Box::new(err),
         };
     }
-    if err.is_io_error()
+    // A failover's or the Cluster's passing states.
+    let passing = matches!(
+        err.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+        )
+    );
+    if passing
+        || err.is_io_error()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
         || err.is_cluster_error()
@@ -1390,24 +1329,9 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
         };
     }
     match err.kind() {
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::Moved
-            | ServerErrorKind::Ask,
-        ) => Error::Unavailable {
-            store: STORE,
-            source: Box::new(err),
-        },
         ErrorKind::Server(ServerErrorKind::NoPerm)
         | ErrorKind::AuthenticationFailed
-        | ErrorKind::InvalidClientConfig => Error::Config {
-            store: STORE,
-            message: err.to_string(),
-        },
+        | ErrorKind::InvalidClientConfig => config_error(err.to_string()),
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
             protocol(format!("unreadable reply: {err}"))
         }
@@ -1477,20 +1401,6 @@ mod tests {
     }
 
     #[test]
-    fn a_cost_above_capacity_is_never() {
-        let never = Expect {
-            capacity: 10,
-            never: true,
-        };
-        for reply in [[1, 10, 4, 50, 0], [0, 10, 0, 50, 7]] {
-            let d = parse_reply(ints(&reply), &[never]).unwrap();
-            assert!(d[0].is_never() && d[0].is_denied(), "{d:?}");
-            assert_eq!(d[0].remaining(), reply[2] as u64);
-            assert_eq!(d[0].reset_after(), Duration::from_micros(50));
-        }
-    }
-
-    #[test]
     fn rejects_malformed_replies() {
         let bad = [
             Value::Nil,
@@ -1550,11 +1460,11 @@ mod tests {
         // Cost 6 > burst 5: sent as a peek.
         assert_eq!(argv(&[&g]), [1, 2, 5, 333_334, 0, 0, -1, 0, 1, 1, 0]);
         assert!(g.entries[0].expect.never);
-        let q = Quota::per_hour(10).unwrap();
+        let (q, hour) = (Quota::per_hour(10).unwrap(), 3_600_000_000);
         let g = Group::single(key, &Limit::sliding_window(q), 1, TimeSource::Server).unwrap();
         assert_eq!(
             argv(&[&g]),
-            [1, 5, 10, 3_600_000_000, 3_434, 1_048_341, -1, 0, 1, 1, 1]
+            [1, 5, 10, hour, 3_434, 1_048_341, -1, 0, 1, 1, 1]
         );
         let batch = Group::batch(
             &[
@@ -1570,26 +1480,7 @@ mod tests {
         assert_eq!(
             argv(&[&batch]),
             [
-                2,
-                3,
-                10,
-                3_600_000_000,
-                0,
-                0,
-                4,
-                10,
-                3_600_000_000,
-                0,
-                0,
-                -1,
-                1,
-                3,
-                1,
-                1,
-                2,
-                0,
-                1,
-                2
+                2, 3, 10, hour, 0, 0, 4, 10, hour, 0, 0, -1, 1, 3, 1, 1, 2, 0, 1, 2
             ]
         );
         // Groups of one call share the limits.
@@ -1678,10 +1569,5 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let noperm = redis::make_extension_error("NOPERM".to_owned(), None);
-        assert!(matches!(map_error(noperm, &[]), Error::Config { .. }));
-        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        let e = map_error(io, &[]);
-        assert!(e.is_transient(), "{e:?}");
     }
 }

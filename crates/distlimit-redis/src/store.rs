@@ -12,7 +12,7 @@ use crate::coalesce::Coalescer;
 use crate::config::{DEFAULT_COALESCE_IN_FLIGHT, RedisStoreBuilder, Topology};
 use crate::connection::{Backend, Timeouts};
 use crate::layout::{KeyBuf, KeyLayout, hash_slot};
-use crate::script::{Answer, Batch, Call, Group, ScriptRequest, TimeSource, only};
+use crate::script::{Answer, Batch, Call, Group, ScriptRequest, TimeSource, only, protocol};
 
 /// How a [`RedisStore`] reaches Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -176,7 +176,7 @@ impl RedisStore {
                 clock: builder.clock,
                 timeouts,
                 mode,
-                permit_ids: crate::permits::PermitIds::new(),
+                permit_ids: crate::permits::PermitIds::default(),
             }),
         })
     }
@@ -200,24 +200,21 @@ impl RedisStore {
     /// free; else in the next coalesced call of its hash slot. The same encoding either way.
     pub(crate) async fn send(&self, group: Group) -> Result<Answer, Error> {
         let inner = &*self.inner;
-        let Some(coalescer) = &inner.coalescer else {
-            return only(
-                inner
-                    .backend
-                    .call(&Call::one(&group), inner.timeouts)
-                    .await?,
-            );
-        };
-        let slot = self.coalescing_slot(group.first_key());
-        if let Some(_slot) = coalescer.slot(slot) {
-            return only(
-                inner
-                    .backend
-                    .call(&Call::one(&group), inner.timeouts)
-                    .await?,
-            );
+        // The call slot this call holds until it is answered, when coalescing.
+        let mut _held = None;
+        if let Some(coalescer) = &inner.coalescer {
+            let slot = self.coalescing_slot(group.first_key());
+            match coalescer.slot(slot) {
+                Some(held) => _held = Some(held),
+                None => return coalescer.queued(slot, group).await,
+            }
         }
-        coalescer.queued(slot, group).await
+        only(
+            inner
+                .backend
+                .call(&Call::one(&group), inner.timeouts)
+                .await?,
+        )
     }
 
     /// The Redis key of the state of `key` under `policy`, built in place (see [`KeyLayout`]).
@@ -253,8 +250,8 @@ impl Store for RedisStore {
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(requests)?;
-        let (buf, ends) = self.redis_keys(requests.iter());
-        let script_requests = Self::script_requests(&buf, &ends, requests.iter());
+        let mut buf = Vec::new();
+        let script_requests = self.script_requests(requests.iter(), &mut buf);
         if self.inner.mode == Mode::Cluster {
             let slot = hash_slot(script_requests[0].redis_key);
             if script_requests
@@ -274,75 +271,44 @@ impl Store for RedisStore {
     async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
         validate_settles(settles)?;
         let requests = settles.iter().map(Settle::request);
-        let (buf, ends) = self.redis_keys(requests.clone());
-        let script_requests = Self::script_requests(&buf, &ends, requests);
-        let reports: Vec<bool> = settles.iter().map(Settle::is_report).collect();
-        let slot_of = |r: &ScriptRequest<'_>| self.coalescing_slot(r.redis_key);
-        let mut slots: Vec<u16> = Vec::new();
-        for r in &script_requests {
-            if !slots.contains(&slot_of(r)) {
-                slots.push(slot_of(r));
-            }
-        }
+        let mut buf = Vec::new();
+        let script_requests = self.script_requests(requests, &mut buf);
         let mut out = vec![None; settles.len()];
-        for slot in slots {
-            let (mut group, mut group_reports, mut at) = (Vec::new(), Vec::new(), Vec::new());
-            for (i, r) in script_requests.iter().enumerate() {
-                if slot_of(r) == slot {
-                    group.push(*r);
-                    group_reports.push(reports[i]);
-                    at.push(i);
-                }
-            }
+        for at in by_slot(&script_requests, |key| self.coalescing_slot(key)) {
+            let group: Vec<ScriptRequest<'_>> = at.iter().map(|&i| script_requests[i]).collect();
+            let reports: Vec<bool> = at.iter().map(|&i| settles[i].is_report()).collect();
             let answer = self
-                .send(Group::settle(&group, &group_reports, self.time())?)
+                .send(Group::settle(&group, &reports, self.time())?)
                 .await?
                 .decisions()?;
-            if answer.len() != at.len() {
-                return Err(crate::script::protocol(
-                    "a settle answered another number of decisions".to_owned(),
-                ));
-            }
-            for (i, d) in at.into_iter().zip(answer) {
-                out[i] = Some(d);
-            }
+            place(&mut out, &at, answer);
         }
-        out.into_iter()
-            .map(|d| d.ok_or_else(|| crate::script::protocol("a settle left a request".to_owned())))
-            .collect()
+        answered(out)
     }
 }
 
 impl RedisStore {
-    /// Every Redis key of `requests` in one buffer, and where each ends.
-    fn redis_keys<'r, 'a: 'r>(
+    /// The script requests of `requests`, their Redis keys written one after the other in `buf`.
+    fn script_requests<'b, 'r, 'a: 'r>(
         &self,
         requests: impl Iterator<Item = &'r Request<'a>> + Clone,
-    ) -> (Vec<u8>, Vec<usize>) {
+        buf: &'b mut Vec<u8>,
+    ) -> Vec<ScriptRequest<'b>> {
+        let layout = &self.inner.layout;
         let len = requests
             .clone()
-            .map(|r| self.inner.layout.prefix().len() + r.key().len() + r.policy().len() + 8);
-        let mut buf = Vec::with_capacity(len.sum());
+            .map(|r| layout.prefix().len() + r.key().len() + r.policy().len() + 8);
+        buf.reserve(len.sum());
         let mut ends = Vec::new();
-        for r in requests {
-            self.inner
-                .layout
-                .write(r.policy().as_bytes(), r.key().as_bytes(), &mut buf);
+        for r in requests.clone() {
+            layout.write(r.policy().as_bytes(), r.key().as_bytes(), buf);
             ends.push(buf.len());
         }
-        (buf, ends)
-    }
-
-    /// The script requests of `requests`, their Redis keys in `buf` ending at `ends`.
-    fn script_requests<'b, 'r, 'a: 'r>(
-        buf: &'b [u8],
-        ends: &[usize],
-        requests: impl Iterator<Item = &'r Request<'a>>,
-    ) -> Vec<ScriptRequest<'b>> {
+        let buf: &'b [u8] = buf;
         let mut start = 0;
-        ends.iter()
+        ends.into_iter()
             .zip(requests)
-            .map(|(&end, r)| {
+            .map(|(end, r)| {
                 let key = &buf[start..end];
                 start = end;
                 ScriptRequest::new(key, *r.limit(), r.cost())
@@ -368,95 +334,100 @@ impl RedisStore {
         &self,
         requests: &[ScriptRequest<'_>],
     ) -> Result<Vec<Decision>, Error> {
-        // Groups of requests sharing a slot, in order of first appearance; `order[i]` is the
-        // position in `requests` of the i-th request of the grouped list.
-        let mut slots: Vec<u16> = Vec::new();
-        for r in requests {
-            let slot = hash_slot(r.redis_key);
-            if !slots.contains(&slot) {
-                slots.push(slot);
-            }
-        }
-        let mut order = Vec::with_capacity(requests.len());
-        let mut grouped = Vec::with_capacity(requests.len());
-        let mut bounds = Vec::with_capacity(slots.len());
-        for &slot in &slots {
-            let start = grouped.len();
-            for (i, r) in requests.iter().enumerate() {
-                if hash_slot(r.redis_key) == slot {
-                    order.push(i);
-                    grouped.push(*r);
-                }
-            }
-            bounds.push(start..grouped.len());
-        }
-        let mut charged: Vec<(std::ops::Range<usize>, u64)> = Vec::new();
-        let mut decisions: Vec<Decision> = Vec::with_capacity(requests.len());
+        // Per slot: the positions of its requests in the batch, and the requests.
+        let groups: Vec<(Vec<usize>, Vec<ScriptRequest<'_>>)> = by_slot(requests, hash_slot)
+            .into_iter()
+            .map(|at| (at.clone(), at.iter().map(|&i| requests[i]).collect()))
+            .collect();
+        // The groups charged (their index), and the time each was charged at.
+        let mut charged: Vec<(usize, u64)> = Vec::new();
+        let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
         let mut denied = false;
-        for range in bounds {
-            let group = &grouped[range.clone()];
+        for (g, (at, group)) in groups.iter().enumerate() {
             let op = if denied {
                 Batch::Evaluate
             } else {
                 Batch::CommitTimed
             };
-            let result = match Group::batch(group, self.time(), op) {
-                Ok(group) => self.send(group).await,
-                Err(e) => Err(e),
+            let result = async {
+                self.send(Group::batch(group, self.time(), op)?)
+                    .await?
+                    .charged()
             };
-            let result = result.and_then(Answer::charged).map(|(decisions, at)| {
-                match (op, at) {
-                    (Batch::CommitTimed, Some(at)) => charged.push((range, at)),
-                    (Batch::CommitTimed, None) => denied = true,
-                    _ => {}
+            match result.await {
+                Ok((answers, when)) => {
+                    match (op, when) {
+                        (Batch::CommitTimed, Some(when)) => charged.push((g, when)),
+                        (Batch::CommitTimed, None) => denied = true,
+                        _ => {}
+                    }
+                    place(&mut decisions, at, answers);
                 }
-                decisions
-            });
-            match result {
-                Ok(group_decisions) => decisions.extend(group_decisions),
                 Err(e) => {
                     // The request was not admitted: give back what earlier groups took.
-                    self.refund(&grouped, &charged).await;
+                    self.refund(&groups, &charged).await;
                     return Err(e);
                 }
             }
         }
         if denied {
-            self.refund(&grouped, &charged).await;
+            self.refund(&groups, &charged).await;
             // Nothing was charged in the end: a refunded group reports its states as they are now
             // (a peek), as a denied batch does everywhere. If that read fails, the charged
             // answers stand: the batch is denied either way.
-            for (range, _) in &charged {
-                let group = &grouped[range.clone()];
-                let peeks = match Group::batch(group, self.time(), Batch::Evaluate) {
-                    Ok(group) => self.send(group).await.and_then(Answer::decisions),
-                    Err(e) => Err(e),
+            for &(g, _) in &charged {
+                let (at, group) = &groups[g];
+                let peeks = async {
+                    let peek = Group::batch(group, self.time(), Batch::Evaluate)?;
+                    self.send(peek).await?.decisions()
                 };
-                if let Ok(peeks) = peeks {
-                    for (slot, peek) in decisions[range.clone()].iter_mut().zip(peeks) {
-                        *slot = peek;
-                    }
+                if let Ok(peeks) = peeks.await {
+                    place(&mut decisions, at, peeks);
                 }
             }
         }
-        // Back to the batch's order.
-        let mut out: Vec<(usize, Decision)> = order.into_iter().zip(decisions).collect();
-        out.sort_unstable_by_key(|&(i, _)| i);
-        Ok(out.into_iter().map(|(_, d)| d).collect())
+        answered(decisions)
     }
 
-    /// Gives back the units of the `charged` groups of `grouped`. A refund that fails leaves the
-    /// units spent (an under-admission until they refill), never an over-admission.
+    /// Gives back the units of the `charged` groups. A refund that fails leaves the units spent
+    /// (an under-admission until they refill), never an over-admission.
     async fn refund(
         &self,
-        grouped: &[ScriptRequest<'_>],
-        charged: &[(std::ops::Range<usize>, u64)],
+        groups: &[(Vec<usize>, Vec<ScriptRequest<'_>>)],
+        charged: &[(usize, u64)],
     ) {
-        for (range, at) in charged {
+        for &(g, at) in charged {
             // Nothing more to do on failure: the units stay spent.
-            if let Ok(group) = Group::refund(&grouped[range.clone()], *at, self.time()) {
+            if let Ok(group) = Group::refund(&groups[g].1, at, self.time()) {
                 let _ = self.send(group).await;
             }
         }
     }
+}
+
+/// Puts `answers` at the positions `at` of `decisions`.
+fn place(decisions: &mut [Option<Decision>], at: &[usize], answers: Vec<Decision>) {
+    for (&i, answer) in at.iter().zip(answers) {
+        decisions[i] = Some(answer);
+    }
+}
+
+/// Every decision of a batch decided in groups, or a protocol error if a group answered too few.
+fn answered(decisions: Vec<Option<Decision>>) -> Result<Vec<Decision>, Error> {
+    let all = decisions.into_iter().collect::<Option<Vec<_>>>();
+    all.ok_or_else(|| protocol("a group answered fewer decisions than requests".to_owned()))
+}
+
+/// The positions of `requests` grouped by the slot `slot_of` gives their Redis keys, the groups
+/// in the order their slots first appear.
+fn by_slot(requests: &[ScriptRequest<'_>], slot_of: impl Fn(&[u8]) -> u16) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        let slot = slot_of(r.redis_key);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
 }

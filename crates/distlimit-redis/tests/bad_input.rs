@@ -433,7 +433,10 @@ async fn invalid_urls_and_options_are_config_errors() {
         "redis://127.0.0.1:notaport",
         "redis://[::1",
         "redis+sentinel://127.0.0.1:26379",
+        "redis+sentinel://127.0.0.1:26379/",
         "redis+sentinel://127.0.0.1:26379/svc/notadb",
+        "redis+sentinel://,127.0.0.1:26379/svc",
+        "redis+sentinel://127.0.0.1:26379/%zz",
         "redis+cluster://127.0.0.1:1,,127.0.0.1:2",
         "redis+cluster://127.0.0.1:1/5",
     ];

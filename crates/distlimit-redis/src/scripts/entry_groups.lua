@@ -95,28 +95,25 @@ while pos <= size do
     if ok and reply and op == 3 then
       reply = reply .. struct.pack('>d', now)
     end
-  elseif op == 8 then
+  elseif op == 4 or op == 8 then
+    -- Per request: its limit, its cost, and the time it was charged at (op 4) or its kind (op 8).
     local rs = {}
     for j = 1, n do
-      local l, cost, kind
-      l, cost, kind, pos = struct.unpack('>ddd', blob, pos)
-      rs[j] = {5 * l - 4, cost, kind}
+      local l, cost, x
+      l, cost, x, pos = struct.unpack('>ddd', blob, pos)
+      rs[j] = {5 * l - 4, cost, x}
     end
-    ok, reply, err = pcall(settle_all, k, P, rs, now, slack, n)
-  elseif op == 4 then
-    local rs = {}
-    for j = 1, n do
-      local l, cost, at
-      l, cost, at, pos = struct.unpack('>ddd', blob, pos)
-      rs[j] = {5 * l - 4, cost, at}
+    if op == 8 then
+      ok, reply, err = pcall(settle_all, k, P, rs, now, slack, n)
+    else
+      ok, reply = pcall(function()
+        for j = 1, n do
+          local b, cost, at = rs[j][1], rs[j][2], rs[j][3]
+          refund(KEYS[k + j - 1], P[b], P[b + 1], P[b + 2], P[b + 3], cost, at, now)
+        end
+        return ''
+      end)
     end
-    ok, reply = pcall(function()
-      for j = 1, n do
-        local b, cost, at = rs[j][1], rs[j][2], rs[j][3]
-        refund(KEYS[k + j - 1], P[b], P[b + 1], P[b + 2], P[b + 3], cost, at, now)
-      end
-      return ''
-    end)
   elseif op == 6 then
     local l, action, a, b, c
     l, action, a, b, c, pos = struct.unpack('>ddddd', blob, pos)

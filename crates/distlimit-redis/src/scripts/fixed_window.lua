@@ -53,10 +53,7 @@ local function decide_fixed_window(key, now, cost, limit, period)
   end
   -- Until the end of the window: at least 1 µs, as start >= now - now % period.
   local left = start + period - now
-  local want = cost
-  if want < 1 then
-    want = 1
-  end
+  local want = cost >= 1 and cost or 1
   if want <= avail then
     local reset = 0
     if count + cost > 0 then

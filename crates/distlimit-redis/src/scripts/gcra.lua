@@ -57,10 +57,7 @@ local function decide_gcra(key, now, cost, burst, t)
   else
     debt = 0
   end
-  local want = cost
-  if want < 1 then
-    want = 1
-  end
+  local want = cost >= 1 and cost or 1
   if want <= avail then
     local reset = debt + cost * t
     if cost > 0 then

@@ -2,21 +2,12 @@
 -- instant: give back `back` unspent units (at most 2^52, capped here at the burst of the key's
 -- state), then withdraw up to `want` (at most the capacity) of the units available. `algorithm`
 -- is 1 (token bucket) or 2 (GCRA), p1, p2, p3 its parameters (as for decide_<algorithm>) and
--- `slack` the client-time slack; writes go through entry.lua's `write` and `settle`.
+-- `slack` the client-time slack; writes go through algorithms.lua's `store` and entry.lua's
+-- `settle`.
 -- Returns granted, then the five decision fields (what decide_<algorithm> answers for a request
 -- of the units granted, or its peek when nothing was granted), as six big-endian doubles; or
 -- nil, message. The give-back helpers are local to it, so calls without a lease never build them.
 local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
-  -- Writes `state` with the TTL of a state that may be forgotten `ttl` µs from now, or deletes
-  -- the key when that is not in the future (the state then decides like a fresh one).
-  local function store(state, ttl)
-    if ttl > 0 then
-      write(key, state, ttl, slack)
-    else
-      redis.call('DEL', key)
-    end
-  end
-
   -- Units go back under the quota the state was written under (the one they were taken under),
   -- which stays its quota: the next decision carries it over (Limit::give_back_from).
 
@@ -29,9 +20,7 @@ local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
       local _, _, wb, wr, wu = struct.unpack('>ddddd', v, 2)
       burst, rate, unit = wb, wr, wu
     end
-    if units > burst then
-      units = burst
-    end
+    units = math.min(units, burst)
     local deficit, last, _, fresh = read_token_bucket(v, key, burst, rate, unit, now)
     if not deficit then
       return last
@@ -39,22 +28,10 @@ local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
     if fresh then
       return
     end
-    local d = deficit
-    if last < now and deficit > 0 then
-      if now - last < math.ceil(deficit / rate) then
-        d = deficit - (now - last) * rate
-      else
-        d = 0
-      end
-    end
-    d = d - units * unit
-    if d < 0 then
-      d = 0
-    end
-    if now > last then
-      last = now
-    end
-    store(struct.pack('>Bddddd', 1, d, last, burst, rate, unit), last + math.ceil(d / rate) - now)
+    deficit, last = refilled(deficit, last, now, rate)
+    local d = math.max(deficit - units * unit, 0)
+    local state = struct.pack('>Bddddd', 1, d, last, burst, rate, unit)
+    store(key, state, last + math.ceil(d / rate) - now, slack)
   end
 
   -- GCRA (Gcra::give_back): the arrival time moves back by units * T, never before now. A key
@@ -66,9 +43,7 @@ local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
       local _, wb, wt = struct.unpack('>ddd', v, 2)
       burst, t = wb, wt
     end
-    if units > burst then
-      units = burst
-    end
+    units = math.min(units, burst)
     local tat, carried, fresh = read_gcra(v, key, burst, t, now)
     if not tat then
       return carried
@@ -77,12 +52,9 @@ local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
       return
     end
     if tat > now then
-      tat = tat - units * t
-      if tat < now then
-        tat = now
-      end
+      tat = math.max(tat - units * t, now)
     end
-    store(struct.pack('>Bddd', 2, tat, burst, t), tat - now)
+    store(key, struct.pack('>Bddd', 2, tat, burst, t), tat - now, slack)
   end
 
   local decide, give_back

@@ -79,10 +79,7 @@ local function pool(key, now, horizon, capacity, claim_ttl, keep, action, a, b, 
   elseif action == 2 then
     if claim > 0 then
       -- The refill's lag: from its claim (claim_ttl before the claim's end) to now.
-      local took = now - (claim - claim_ttl)
-      if took < 0 then
-        took = 0
-      end
+      local took = math.max(now - (claim - claim_ttl), 0)
       if lag == 0 then
         lag = took
       else

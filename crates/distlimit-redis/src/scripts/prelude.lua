@@ -23,14 +23,7 @@
 -- request is State::expires_at - now, at least 1 µs). A denied request with a cost also returns
 -- a state when it carried one over from other parameters (its reset_after is then that state's
 -- expires_at - now, at least 1 µs: a denial leaves units spent). A value it cannot read makes it return
--- nil, message.
---
--- State values: a tag byte, then big-endian doubles holding integers in [0, 2^53), then the
--- parameters the state was written under (its stamp; a state read under other parameters is
--- carried over, as distlimit_core::State::carried, and rewritten by the first request with a
--- cost, even a denied one): 1 token bucket (41 bytes), 2 gcra (25), 3 fixed window (25),
--- 4 sliding log (1 + 16 n, no stamp), 5 sliding window (33). Values of the unstamped lengths
--- (17, 9, 17, 25) read as written under the current parameters.
+-- nil, message. The state values are script.rs's "State encoding".
 
 -- A key written in client-time mode lives this much longer than its state needs (see
 -- CLIENT_TTL_SLACK in script.rs): Redis expires keys on its own clock, not the client's.

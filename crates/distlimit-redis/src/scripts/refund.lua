@@ -27,19 +27,8 @@ local function refund(key, algorithm, p1, p2, p3, cost, at, now)
       end
       local deficit, last = struct.unpack('>dd', v, 2)
       if credit > 0 then
-        if now > last then
-          if now - last < math.ceil(deficit / rate) then
-            deficit = deficit - (now - last) * rate
-          else
-            deficit = 0
-          end
-          last = now
-        end
-        deficit = deficit - credit
-        if deficit < 0 then
-          deficit = 0
-        end
-        new = struct.pack('>Bdd', 1, deficit, last) .. string.sub(v, 18)
+        deficit, last = refilled(deficit, last, now, rate)
+        new = struct.pack('>Bdd', 1, math.max(deficit - credit, 0), last) .. string.sub(v, 18)
       end
     elseif algorithm == 2 and tag == 2 and len == 25
         and string.sub(v, 10) == struct.pack('>dd', p1, p2) then
@@ -54,11 +43,7 @@ local function refund(key, algorithm, p1, p2, p3, cost, at, now)
       local period = p2
       local start, count = struct.unpack('>dd', v, 2)
       if start == at - at % period then
-        count = count - cost
-        if count < 0 then
-          count = 0
-        end
-        new = struct.pack('>Bdd', 3, start, count) .. string.sub(v, 18)
+        new = struct.pack('>Bdd', 3, start, math.max(count - cost, 0)) .. string.sub(v, 18)
       end
     elseif algorithm == 5 and tag == 5 and len == 33
         and string.sub(v, 26) == struct.pack('>d', p2) then
@@ -67,17 +52,9 @@ local function refund(key, algorithm, p1, p2, p3, cost, at, now)
       local start, prev, cur = struct.unpack('>ddd', v, 2)
       local s = at - at % period
       if start == s then
-        cur = cur - cost
-        if cur < 0 then
-          cur = 0
-        end
-        new = struct.pack('>Bddd', 5, start, prev, cur) .. string.sub(v, 26)
+        new = struct.pack('>Bddd', 5, start, prev, math.max(cur - cost, 0)) .. string.sub(v, 26)
       elseif start == s + period then
-        prev = prev - cost
-        if prev < 0 then
-          prev = 0
-        end
-        new = struct.pack('>Bddd', 5, start, prev, cur) .. string.sub(v, 26)
+        new = struct.pack('>Bddd', 5, start, math.max(prev - cost, 0), cur) .. string.sub(v, 26)
       end
     elseif algorithm == 4 and tag == 4 and len % 16 == 1 then
       -- Sliding log: the charge is in the first entry at or after its instant (its own, or the

@@ -33,39 +33,16 @@ local function settle_all(k, P, rs, now, slack, n)
       local state, ttl
       if a == 1 then
         local rate, unit = p2, p3
-        local deficit, last = read_token_bucket(redis.call('GET', key), key, p1, rate, unit, now)
-        local d = deficit
-        if last < now and deficit > 0 then
-          if now - last < math.ceil(deficit / rate) then
-            d = deficit - (now - last) * rate
-          else
-            d = 0
-          end
-        end
-        d = d + cost * unit
-        if d > 6755399441055744 then
-          d = 6755399441055744
-        end
-        if now > last then
-          last = now
-        end
+        local d, last = read_token_bucket(redis.call('GET', key), key, p1, rate, unit, now)
+        d, last = refilled(d, last, now, rate)
+        d = math.min(d + cost * unit, 6755399441055744)
         state, ttl = struct.pack('>Bddddd', 1, d, last, p1, rate, unit), last - now + math.ceil(d / rate)
       else
-        local tat = read_gcra(redis.call('GET', key), key, p1, p2, now)
-        if tat < now then
-          tat = now
-        end
-        tat = tat + cost * p2
-        if tat > 9007199254740991 then
-          tat = 9007199254740991
-        end
+        local tat = math.max(read_gcra(redis.call('GET', key), key, p1, p2, now), now)
+        tat = math.min(tat + cost * p2, 9007199254740991)
         state, ttl = struct.pack('>Bddd', 2, tat, p1, p2), tat - now
       end
-      if ttl > 0 then
-        write(key, state, ttl, slack)
-      else
-        redis.call('DEL', key)
-      end
+      store(key, state, ttl, slack)
       local d1, d2, d3, d4, d5 = algorithms[a](key, now, 0, p1, p2, p3)
       out[j] = struct.pack('>ddddd', d1, d2, d3, d4, d5)
     else

@@ -37,10 +37,7 @@ local function decide_sliding_log(key, now, cost, limit, period)
   if avail < 0 then
     avail = 0
   end
-  local want = cost
-  if want < 1 then
-    want = 1
-  end
+  local want = cost >= 1 and cost or 1
   -- Until the newest live entry leaves the window (the newest entry is live when any is).
   local reset = 0
   if live > 0 then

@@ -80,10 +80,7 @@ local function decide_sliding_window(key, now, cost, limit, period, gr, steps)
   if avail < 0 then
     avail = 0
   end
-  local want = cost
-  if want < 1 then
-    want = 1
-  end
+  local want = cost >= 1 and cost or 1
   local extra = 0
   if want <= avail then
     extra = cost
@@ -106,6 +103,7 @@ local function decide_sliding_window(key, now, cost, limit, period, gr, steps)
   end
   -- Later in this window, as the previous window's weight shrinks: it passes once
   -- prev * w <= (limit - cur - want) * steps, i.e. w <= x.
+  local retry
   if prev > 0 and cur + want <= limit then
     local x = math.floor((limit - cur - want) * steps / prev)
     if x > steps then
@@ -116,37 +114,32 @@ local function decide_sliding_window(key, now, cost, limit, period, gr, steps)
       if at < 0 then
         at = 0
       end
-      local retry = start + at - now
-      if retry < 1 then
-        retry = 1
-      end
-      if carried and cost > 0 then
-        return 0, limit, avail, reset, retry, struct.pack('>Bdddd', 5, start, prev, cur, period)
-      end
-      return 0, limit, avail, reset, retry
+      retry = start + at - now
     end
   end
-  -- In the next window, where cur becomes the weighted previous count.
-  local retry = start + period - now
-  if retry < 0 then
-    retry = 0
-  end
-  if cur > 0 then
-    local room = limit - want
-    if room < 0 then
-      room = 0
+  -- Else in the next window, where cur becomes the weighted previous count.
+  if not retry then
+    retry = start + period - now
+    if retry < 0 then
+      retry = 0
     end
-    local x = math.floor(room * steps / cur)
-    if x > steps then
-      x = steps
-    end
-    if x >= 1 then
-      local at = period - x * gr
-      if at > 0 then
-        retry = retry + at
+    if cur > 0 then
+      local room = limit - want
+      if room < 0 then
+        room = 0
       end
-    else
-      retry = retry + period
+      local x = math.floor(room * steps / cur)
+      if x > steps then
+        x = steps
+      end
+      if x >= 1 then
+        local at = period - x * gr
+        if at > 0 then
+          retry = retry + at
+        end
+      else
+        retry = retry + period
+      end
     end
   end
   if retry < 1 then

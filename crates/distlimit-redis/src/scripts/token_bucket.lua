@@ -84,10 +84,7 @@ local function decide_token_bucket(key, now, cost, burst, rate, unit)
       avail = math.floor(avail / unit)
     end
   end
-  local want = cost
-  if want < 1 then
-    want = 1
-  end
+  local want = cost >= 1 and cost or 1
   if want <= avail then
     local need = d + cost * unit
     local reset = 0
