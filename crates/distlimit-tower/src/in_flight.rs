@@ -20,8 +20,7 @@ use distlimit_core::{
     Error, Key, NoopObserver, Observer, PermitDecision, PermitEvent, PermitId, PermitLimit,
     PermitRequest, PermitStore, StateName,
 };
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 use tower_layer::Layer;
@@ -29,7 +28,7 @@ use tower_service::Service;
 
 use crate::layer::{OwnedKey, is_grpc, owned_key};
 use crate::request::peer_addr;
-use crate::response::{PROBLEM_JSON, Rejection};
+use crate::response::Rejection;
 use crate::{ClientIpResolver, KeyExtractor, OnError, RateLimitBody, RequestInfo};
 
 /// What a request finding its key full does.
@@ -251,14 +250,11 @@ where
             req.extensions(),
             client_ip,
         );
+        let reject =
+            move |rejection: Rejection| rejection.into_response(grpc).map(InFlightBody::plain);
         let Some(key) = owned_key(&config.key, &info, client_ip) else {
-            tracing::error!(
-                "distlimit-tower: no peer address on the request; serve with ConnectInfo \
-                 (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
-            );
-            let detail = "The rate limiter cannot identify the client.";
-            let response = Rejection::Misconfigured { detail }.into_response(grpc);
-            return Box::pin(async move { Ok(response.map(InFlightBody::plain)) });
+            let response = reject(Rejection::no_peer());
+            return Box::pin(async move { Ok(response) });
         };
         Box::pin(async move {
             match config.acquire(&key).await {
@@ -272,7 +268,7 @@ where
                 }
                 Acquired::Full => {
                     config.report(PermitEvent::Rejected, 1);
-                    Ok(full_response(grpc))
+                    Ok(reject(Rejection::Full))
                 }
                 Acquired::Failed => match config.on_error {
                     OnError::FailOpen => Ok(inner
@@ -280,9 +276,7 @@ where
                         .await?
                         .map(|body| InFlightBody::plain(RateLimitBody::inner(body)))),
                     OnError::FailClosed { retry_after } => {
-                        Ok(Rejection::Unavailable { retry_after }
-                            .into_response(grpc)
-                            .map(InFlightBody::plain))
+                        Ok(reject(Rejection::Unavailable { retry_after }))
                     }
                 },
             }
@@ -306,19 +300,13 @@ impl Config {
         let request = self.request(key).map_err(|error| {
             tracing::warn!(%error, "distlimit-tower: bad concurrency-limit key");
         })?;
+        let policy = self.state.as_str();
         let acquire = self.store.acquire(&request);
-        let result = match self.timeout {
-            Some(limit) => match tokio::time::timeout(limit, acquire).await {
-                Ok(result) => result,
-                Err(_) => {
-                    tracing::warn!(policy = %self.state.as_str(), ?limit, "distlimit-tower: permit acquire timed out");
-                    return Err(());
-                }
-            },
-            None => acquire.await,
-        };
+        let result = crate::layer::within(self.timeout, acquire, policy, "permit acquire")
+            .await
+            .ok_or(())?;
         let decision = result.map_err(|error| {
-            tracing::warn!(policy = %self.state.as_str(), %error, "distlimit-tower: permit acquire failed");
+            tracing::warn!(policy, %error, "distlimit-tower: permit acquire failed");
         })?;
         self.report(PermitEvent::Expired, decision.expired().into());
         if decision.is_allowed() {
@@ -383,32 +371,6 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// `429` with `Retry-After: 1` (gRPC `RESOURCE_EXHAUSTED`).
-fn full_response<B>(grpc: bool) -> Response<InFlightBody<B>> {
-    let mut response = Response::new(InFlightBody::plain(RateLimitBody::empty()));
-    let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    if grpc {
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert("grpc-status", HeaderValue::from_static("8"));
-        headers.insert(
-            "grpc-message",
-            HeaderValue::from_static("too many requests in flight"),
-        );
-        headers.insert(
-            crate::response::GRPC_RETRY_PUSHBACK_MS,
-            HeaderValue::from_static("1000"),
-        );
-        return response;
-    }
-    headers.insert(CONTENT_TYPE, PROBLEM_JSON);
-    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    *response.body_mut() = InFlightBody::plain(RateLimitBody::full(Bytes::from_static(
-        br#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"Too many requests in flight; retry soon.","retry_after":1}"#,
-    )));
-    response
 }
 
 /// A held permit: renewed by a task while it lives, given back when dropped.

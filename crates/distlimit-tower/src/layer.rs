@@ -178,12 +178,7 @@ impl<S: Store + ?Sized + 'static> Config<S> {
             return Ok(None);
         };
         let Some(key) = key_of(&limit.key, info, info.client_ip()) else {
-            tracing::error!(
-                "distlimit-tower: no peer address on the request; serve with ConnectInfo \
-                 (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
-            );
-            let detail = "The rate limiter cannot identify the client.";
-            return Err(Rejection::Misconfigured { detail });
+            return Err(Rejection::no_peer());
         };
         let cost = match (&limit.settle, &limit.cost) {
             (Some(settle), _) => Settle::estimate_of(settle, info),
@@ -818,6 +813,30 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// `future`'s output, awaited at most `timeout` (`None`: no limit); `None` when it timed out
+/// (logged as `what` of `policy`). A future answered at its first poll (the memory store never
+/// waits) needs no timer.
+pub(crate) async fn within<F: Future>(
+    timeout: Option<Duration>,
+    future: F,
+    policy: &str,
+    what: &str,
+) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let first = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+    match (first, timeout) {
+        (Poll::Ready(output), _) => Some(output),
+        (Poll::Pending, None) => Some(future.await),
+        (Poll::Pending, Some(limit)) => {
+            let output = tokio::time::timeout(limit, future).await.ok();
+            if output.is_none() {
+                tracing::warn!(policy, ?limit, "distlimit-tower: {what} timed out");
+            }
+            output
+        }
+    }
+}
+
 /// What the layer does with one checked request.
 pub(crate) enum Step {
     /// Call the inner service, adding these headers to its response, and settle the
@@ -838,27 +857,10 @@ impl<S: Store + ?Sized> Config<S> {
         // Named in logs by its first policy (the layer's own, when it applies).
         let policy = checks.first().map_or("", |c| &**c.policy);
         let check = self.limiter.decide_plan(plan);
-        let Some(limit) = self.timeout else {
-            return self.step(policy, check.await.as_deref(), checks);
-        };
-        let mut check = std::pin::pin!(check);
-        // A check answered at its first poll (the memory store never waits) needs no timer.
-        let first = std::future::poll_fn(|cx| Poll::Ready(check.as_mut().poll(cx))).await;
-        let result = match first {
-            Poll::Ready(result) => result,
-            Poll::Pending => match tokio::time::timeout(limit, check).await {
-                Ok(result) => result,
-                Err(_) => {
-                    tracing::warn!(
-                        policy,
-                        ?limit,
-                        "distlimit-tower: rate-limit check timed out"
-                    );
-                    return self.on_error();
-                }
-            },
-        };
-        self.step(policy, result.as_deref(), checks)
+        match within(self.timeout, check, policy, "rate-limit check").await {
+            Some(result) => self.step(policy, result.as_deref(), checks),
+            None => self.on_error(),
+        }
     }
 
     /// What a check's result (a verdict per limit of `checks`) means for the request.

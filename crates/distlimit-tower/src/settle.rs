@@ -284,16 +284,8 @@ impl<S: Store + ?Sized + 'static> Sink for Limiter<S> {
     ) -> ReserveFuture {
         Box::pin(async move {
             let check = self.check_cost(&policy, &key, cost);
-            let result = match timeout {
-                None => check.await,
-                Some(limit) => match tokio::time::timeout(limit, check).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        tracing::warn!(%policy, ?limit, "distlimit-tower: reserving a stream's block timed out");
-                        return None;
-                    }
-                },
-            };
+            let what = "reserving a stream's block";
+            let result = crate::layer::within(timeout, check, &policy, what).await?;
             reserved(&policy, result)
         })
     }
