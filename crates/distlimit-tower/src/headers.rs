@@ -254,36 +254,23 @@ fn push_ratelimit_policy(s: &mut String, shown: Shown<'_>) {
 }
 
 /// The wait of a denial over the enforced tiers of the verdicts that denied (shadow tiers
-/// never block): the longest; `None` when one can never pass.
+/// never block), or a verdict's combined decision when none of its tiers denied (a listed
+/// key): the longest, at least 1 µs; `None` when one can never pass.
 fn retry_after(shown: Shown<'_>) -> Option<Duration> {
-    let mut wait = Duration::ZERO;
+    let mut wait = Duration::from_micros(1);
     for verdict in shown.verdicts() {
-        wait = wait.max(verdict_retry_after(verdict)?);
-    }
-    Some(wait.max(Duration::from_micros(1)))
-}
-
-/// The wait of one denied verdict; `None` when it can never pass.
-fn verdict_retry_after(verdict: &Verdict) -> Option<Duration> {
-    let mut wait = Duration::ZERO;
-    let mut any = false;
-    for tier in verdict.tiers().filter(|t| !t.is_shadow()) {
-        let d = tier.decision();
-        if d.is_denied() {
+        let tiers = verdict.tiers().filter(|t| !t.is_shadow());
+        let mut denied = tiers
+            .map(|t| t.decision())
+            .filter(|d| d.is_denied())
+            .peekable();
+        let combined = denied.peek().is_none().then(|| verdict.decision());
+        for d in denied.chain(combined) {
             if d.is_never() {
                 return None;
             }
-            any = true;
             wait = wait.max(d.retry_after());
         }
-    }
-    let d = verdict.decision();
-    if !any {
-        // A listed key (no tiers) or a verdict without per-tier detail: the combined decision.
-        if d.is_never() {
-            return None;
-        }
-        wait = d.retry_after();
     }
     Some(wait)
 }

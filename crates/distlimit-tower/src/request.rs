@@ -98,8 +98,6 @@ impl<'a> RequestInfo<'a> {
 
     /// Whether this is a gRPC request (`content-type: application/grpc...`).
     pub fn is_grpc(&self) -> bool {
-        self.headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
+        crate::layer::is_grpc(self.headers)
     }
 }
