@@ -264,18 +264,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn display_names_the_location_then_the_field() {
-        let e = PolicyConfigError::new(Field::Limit, "must be at least 1")
-            .in_tier("burst")
-            .in_override(b"tenant-42")
-            .in_policy("api");
-        assert_eq!(
-            e.to_string(),
-            r#"policy "api", override "tenant-42", tier "burst": limit: must be at least 1"#
-        );
-    }
-
-    #[test]
     fn long_names_are_cut_on_a_character_boundary() {
         assert_eq!(shown("api"), "api");
         // '€' is 3 bytes: byte 64 is inside the 22nd, so 21 are kept (63 bytes).
