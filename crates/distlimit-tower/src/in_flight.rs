@@ -26,8 +26,7 @@ use tokio::sync::Notify;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::layer::{OwnedKey, is_grpc, owned_key};
-use crate::request::peer_addr;
+use crate::layer::{OwnedKey, RequestKey, is_grpc, key_of};
 use crate::response::Rejection;
 use crate::{ClientIpResolver, KeyExtractor, OnError, RateLimitBody, RequestInfo};
 
@@ -241,18 +240,10 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let grpc = is_grpc(req.headers());
-        let client_ip =
-            peer_addr(req.extensions()).map(|p| config.client_ip.resolve(p.ip(), req.headers()));
-        let info = RequestInfo::new(
-            req.method(),
-            req.uri(),
-            req.headers(),
-            req.extensions(),
-            client_ip,
-        );
+        let info = RequestInfo::of(&req).resolved(&config.client_ip);
         let reject =
             move |rejection: Rejection| rejection.into_response(grpc).map(InFlightBody::plain);
-        let Some(key) = owned_key(&config.key, &info, client_ip) else {
+        let Some(key) = key_of(&config.key, &info).map(RequestKey::into_owned) else {
             let response = reject(Rejection::no_peer());
             return Box::pin(async move { Ok(response) });
         };

@@ -17,16 +17,15 @@ use distlimit_memory::MemoryStore;
 use distlimit_policy::{CheckError, Checked, Limiter, Plan, PolicyConfigError, Verdict};
 #[cfg(feature = "memory")]
 use distlimit_policy::{Policy, PolicySet, Tier};
-use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use smallvec::SmallVec;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client_ip::{ClientIp, IpKey};
+use crate::client_ip::IpKey;
 use crate::future::ResponseFuture;
 use crate::headers::Computed;
 use crate::key::{Kind as KeyKind, header_key};
-use crate::request::peer_addr;
 use crate::response::Rejection;
 use crate::settle::{Reserved, Settlement, Sink, Spec};
 use crate::stream::StreamConfig;
@@ -124,28 +123,12 @@ pub(crate) enum Start {
 /// (A `'static` bound on the store type in the `Service` impl would make futures holding the
 /// service unprovably `Send` for `dyn Store`, a known compiler limitation.)
 trait Decide: fmt::Debug + Send + Sync + 'static {
-    fn start(self: Arc<Self>, head: Head<'_>) -> Start;
-}
-
-/// The parts of a request the layer reads (borrowed; the request stays whole).
-struct Head<'a> {
-    method: &'a Method,
-    uri: &'a Uri,
-    headers: &'a HeaderMap,
-    extensions: &'a Extensions,
+    fn start(self: Arc<Self>, head: RequestInfo<'_>) -> Start;
 }
 
 impl<S: Store + ?Sized + 'static> Decide for Config<S> {
-    fn start(self: Arc<Self>, head: Head<'_>) -> Start {
-        let client_ip =
-            peer_addr(head.extensions).map(|peer| self.client_ip.resolve(peer.ip(), head.headers));
-        let info = RequestInfo::new(
-            head.method,
-            head.uri,
-            head.headers,
-            head.extensions,
-            client_ip,
-        );
+    fn start(self: Arc<Self>, head: RequestInfo<'_>) -> Start {
+        let info = head.resolved(&self.client_ip);
         // The request's cost, computed once for every limit without a cost of its own.
         let mut shared_cost = None;
         let mut check_of = |limit| self.check_of(limit, &info, &mut shared_cost);
@@ -177,7 +160,7 @@ impl<S: Store + ?Sized + 'static> Config<S> {
         let Some(policy) = limit.policy.select_ref(info) else {
             return Ok(None);
         };
-        let Some(key) = key_of(&limit.key, info, info.client_ip()) else {
+        let Some(key) = key_of(&limit.key, info) else {
             return Err(Rejection::no_peer());
         };
         let cost = match (&limit.settle, &limit.cost) {
@@ -226,22 +209,9 @@ impl<S: Store + ?Sized + 'static> Config<S> {
     }
 }
 
-/// The key `key` names for a request, with the client IP as the fallback; `None` when the key
-/// needs the client IP and no peer address is known.
-pub(crate) fn owned_key(
-    key: &KeyExtractor,
-    info: &RequestInfo<'_>,
-    client_ip: Option<ClientIp>,
-) -> Option<OwnedKey> {
-    key_of(key, info, client_ip).map(RequestKey::into_owned)
-}
-
-/// [`owned_key`], borrowing a header's value from the request.
-fn key_of<'r>(
-    key: &KeyExtractor,
-    info: &RequestInfo<'r>,
-    client_ip: Option<ClientIp>,
-) -> Option<RequestKey<'r>> {
+/// The key `key` names for a request (a header's value borrowed from it), with the client IP
+/// as the fallback; `None` when the key needs the client IP and no peer address is known.
+pub(crate) fn key_of<'r>(key: &KeyExtractor, info: &RequestInfo<'r>) -> Option<RequestKey<'r>> {
     let found = match &key.0 {
         KeyKind::ClientIp => None,
         KeyKind::Header { name, max_len } => {
@@ -249,12 +219,13 @@ fn key_of<'r>(
         }
         KeyKind::Custom(f) => f(info).map(|key| RequestKey::Owned(OwnedKey::Custom(key))),
     };
-    found.or_else(|| client_ip.map(|ip| RequestKey::Owned(OwnedKey::Ip(ip.key()))))
+    let ip = info.client_ip();
+    found.or_else(|| ip.map(|ip| RequestKey::Owned(OwnedKey::Ip(ip.key()))))
 }
 
 /// A request's key while its check is decided: a header's value borrowed from the request, or
 /// an owned key.
-enum RequestKey<'r> {
+pub(crate) enum RequestKey<'r> {
     Header(&'r HeaderValue),
     Owned(OwnedKey),
 }
@@ -268,7 +239,7 @@ impl RequestKey<'_> {
     }
 
     /// The key owned (a header value's clone shares its bytes).
-    fn into_owned(self) -> OwnedKey {
+    pub(crate) fn into_owned(self) -> OwnedKey {
         match self {
             RequestKey::Header(value) => OwnedKey::Header(value.clone()),
             RequestKey::Owned(key) => key,
@@ -780,13 +751,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let head = Head {
-            method: req.method(),
-            uri: req.uri(),
-            headers: req.headers(),
-            extensions: req.extensions(),
-        };
-        match self.config.clone().start(head) {
+        match self.config.clone().start(RequestInfo::of(&req)) {
             // The service polled ready serves the request now.
             Start::Unchecked => ResponseFuture::calling(self.inner.call(req), None, None),
             Start::Reject(rejection) | Start::Decided(Step::Reject(rejection)) => {
