@@ -324,14 +324,8 @@ impl OwnedKey {
 ///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
 ///    `tracing`.
 ///
-/// The policy and key are found in `call`, from the request's head, and the policies resolved
-/// there, once ([`Limiter::check_all_now`](distlimit_policy::Limiter::check_all_now)). A store
-/// that answers without waiting (`Store::decide_now`, `Store::decide_all_now`; the memory store
-/// does) decides there too, so the request goes on with nothing allocated and no clone of the
-/// inner service; otherwise the request allocates one boxed future (its
-/// [`Plan`](distlimit_policy::Plan) decided by the limiter), polled once in `call`. Keys
-/// are on the stack (IP) or share the header's bytes; no lock is taken. A request no policy
-/// applies to goes straight to the inner service, without a box or a clone of it.
+/// What this costs per request (allocations, clones of the inner service): the crate
+/// documentation's "Cost per request".
 #[derive(Clone)]
 pub struct RateLimitLayer {
     config: Arc<dyn Decide>,

@@ -27,33 +27,23 @@ type ActualFn = dyn Fn(&Parts) -> Option<u64> + Send + Sync;
 pub struct Usage(pub u64);
 
 /// How a limit is charged from the response
-/// ([`RateLimitLayerBuilder::and_settled`](crate::RateLimitLayerBuilder::and_settled)): for
-/// costs known only after the response (the tokens an LLM answer used).
+/// ([`RateLimitLayerBuilder::and_settled`](crate::RateLimitLayerBuilder::and_settled)), for costs
+/// known only after it (the tokens an LLM answer used); see the crate documentation, "Costs
+/// known after the response".
 ///
-/// 1. The request reserves an estimate ([`estimate`](Self::estimate): a fixed number, 1 by
-///    default, or [`estimate_with`](Self::estimate_with) from the request's head), decided
-///    with the layer's other limits as one all-or-nothing batch: a key without room for the
-///    estimate is answered 429, charged nothing.
-/// 2. When the response body ends, the actual cost, read from the response head (a header,
-///    [`from_header`](Self::from_header); the [`Usage`] extension,
-///    [`from_extension`](Self::from_extension); or a closure, [`actual`](Self::actual)), settles
-///    the reservation: `estimate − actual` goes back, or `actual − estimate` is reported and
-///    charged even past the limit, as debt that later requests wait out (429 with a
-///    `Retry-After` until the debt is paid). A response without the value settles at the
-///    estimate.
-/// 3. A 5xx response gives the whole estimate back ([`refund_on_server_error`](Self::refund_on_server_error),
-///    on by default), and so does a response (or body) dropped before its end, the client gone
-///    or the service failed ([`refund_on_drop`](Self::refund_on_drop), on by default; off, a
-///    dropped response settles like a finished one).
+/// The request reserves an estimate ([`estimate`](Self::estimate), 1 by default, or
+/// [`estimate_with`](Self::estimate_with)) in the layer's all-or-nothing batch. When the body
+/// ends, the actual cost read from the response head ([`from_header`](Self::from_header),
+/// [`from_extension`](Self::from_extension), [`actual`](Self::actual); missing: the estimate
+/// stands) settles it: the difference goes back, or the excess is charged past the limit as debt
+/// later requests wait out. A 5xx, and a response dropped before its end, give the estimate back
+/// ([`refund_on_server_error`](Self::refund_on_server_error),
+/// [`refund_on_drop`](Self::refund_on_drop)). A body can instead be metered as it streams
+/// ([`streamed`](Self::streamed), [`metered`](Self::metered)).
 ///
-/// A response without an actual cost in its head can instead be metered as its body streams,
-/// each frame covered by units reserved before it is sent ([`streamed`](Self::streamed),
-/// [`metered`](Self::metered)).
-///
-/// Settling is a store call of its own, sent on a Tokio task after the body ends (the response
-/// is not delayed); a failed settle is logged (`WARN`) and lost, like any request the store
-/// cannot record. The policy's tiers must be token buckets or GCRA: the window algorithms
-/// cannot carry debt, and their settles fail (logged).
+/// The settle is a store call on a Tokio task after the body ends; a failed one is logged
+/// (`WARN`) and lost. The policy's tiers must be token buckets or GCRA (window algorithms cannot
+/// carry debt).
 ///
 /// ```
 /// use distlimit_tower::Settle;
@@ -136,22 +126,18 @@ impl Settle {
         Self::actual(|_| None).metered(meter)
     }
 
-    /// Meters the response body as it streams, when the response head gives no actual cost
-    /// (a head that does, and a refunded 5xx, settle as before, unmetered): before each data
-    /// frame is passed on, its units (`meter`) must be covered by units reserved for the
-    /// request, the estimate first, then [blocks](Self::block) decided by the store like any
-    /// request of the policy and key. A refused block is asked again for what the refusal says
-    /// is left, at least the frame's units (another stream of the key may have taken part),
-    /// up to three asks per frame; then the budget is exhausted
-    /// ([`on_exhausted`](Self::on_exhausted)), with the `retry_after` of the last refusal. When the stream
-    /// ends, is dropped (the client gone) or fails, the units reserved and not used are given
-    /// back, and a debt-mode overrun is reported: the request is charged what it sent. A store
-    /// failure or timeout while reserving follows the layer's [`OnError`](crate::OnError):
-    /// fail closed stops the stream ([`StopReason::Unavailable`](crate::StopReason)), fail
-    /// open lets the rest of it through unmetered.
-    ///
-    /// Concurrent streams of one key, on any number of instances sharing the store, never pass
-    /// the budget in stop mode: every unit sent was reserved by a store decision.
+    /// Meters the response body as it streams when the head gives no actual cost (a head that
+    /// does, and a refunded 5xx, settle unmetered; see the crate documentation, "Streaming
+    /// settlement"): each data frame passes once its units (`meter`) are covered by units
+    /// reserved for the request, the estimate first, then [blocks](Self::block) decided by the
+    /// store. A refused block is asked again for what is left (at least the frame's units), up
+    /// to three asks per frame; then the budget is exhausted ([`on_exhausted`](Self::on_exhausted),
+    /// with the last refusal's `retry_after`). When the stream ends, is dropped or fails, unused
+    /// units go back and a debt-mode overrun is reported. A store failure or timeout while
+    /// reserving follows the layer's [`OnError`](crate::OnError): fail closed stops the stream
+    /// ([`StopReason::Unavailable`](crate::StopReason)), fail open lets the rest through
+    /// unmetered. In stop mode, concurrent streams of one key on any number of instances never
+    /// pass the budget: every unit sent was reserved by a store decision.
     #[must_use]
     pub fn metered(self, meter: Meter) -> Self {
         self.with(|spec| spec.meter = Some(meter))
