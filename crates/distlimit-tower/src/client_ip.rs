@@ -1,10 +1,5 @@
-//! The client's IP address, taken from forwarding headers only through trusted proxies.
-//!
-//! A forwarding header (`X-Forwarded-For`, RFC 7239 `Forwarded`) is written by whoever sent the
-//! request, so it is believed only when the socket peer is a proxy the operator trusts. The
-//! header is then walked from the right (the entry the nearest proxy appended) towards the left,
-//! skipping trusted hops; the first untrusted address is the client. Anything unparsable on the
-//! way (garbage, `unknown`, obfuscated identifiers) stops the walk and the socket peer is used.
+//! The client's IP address, taken from forwarding headers only through trusted proxies
+//! ([`ClientIpResolver::resolve`] says how).
 
 use std::fmt;
 use std::io::Write as _;

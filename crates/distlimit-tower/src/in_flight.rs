@@ -1,11 +1,5 @@
 //! [`InFlightLayer`]: at most N requests in flight per key, across every instance sharing a
-//! [`PermitStore`].
-//!
-//! A request takes a permit before the inner service sees it and gives it back when its
-//! response body ends, or is dropped (a client that disconnects, a cancelled future, an error of
-//! the inner service: whatever ends the request). While the request runs, a task renews its
-//! permit every third of the lease, so a long request keeps it and a crashed instance's permits
-//! come back within one lease.
+//! [`PermitStore`] (the crate documentation's "Requests in flight").
 
 use std::fmt;
 use std::future::Future;
