@@ -1,21 +1,7 @@
 //! Rate-limit response headers: the IETF `RateLimit` and `RateLimit-Policy` structured fields
-//! (draft-ietf-httpapi-ratelimit-headers-10/-11), `Retry-After`, and the legacy `X-RateLimit-*`.
-//!
-//! ```text
-//! RateLimit-Policy: "api/second";q=10;w=1, "api/day";q=1000;w=86400
-//! RateLimit: "api/second";r=0;t=1, "api/day";r=958;t=86400
-//! Retry-After: 1
-//! ```
-//!
-//! Each tier of the checked policy is one item named `"<policy>/<tier>"` (with several limits
-//! in one layer, the tiers of every limit in an admitted request, of the limits that denied in a
-//! denial). `q` is the limit
-//! enforced (on a hybrid store's fallback, this instance's share, except for a token bucket or
-//! GCRA whose burst differs from its limit) and `w` the period in seconds (rounded up). `r` is what remains (in a denial, which
-//! charges no tier, what remains without this request); `t` is the seconds until
-//! more quota is available: for a denied tier its exact retry time, for an admitted one the time
-//! until it is back to full capacity, both rounded up (a 300 ms wait is `1`, never `0`), and
-//! omitted for a request that can never pass. Shadow-mode tiers are not shown to clients.
+//! (draft-ietf-httpapi-ratelimit-headers-10/-11), `Retry-After`, and the legacy `X-RateLimit-*`,
+//! one item per tier named `"<policy>/<tier>"` (the crate documentation's "Headers" says what
+//! each value means).
 //!
 //! [`push_ratelimit_item`] and [`push_ratelimit_policy_item`] write one item of each field, with
 //! the one escaping of names ([`push_sf_string`]), for any server (no HTTP types involved).

@@ -465,44 +465,15 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     }
 
     /// Adds a limit: requests are also checked against the policy `policy` picks, keyed by
-    /// `key`, charged the layer's [cost](Self::cost).
+    /// `key`, charged the layer's [cost](Self::cost) (the crate documentation's "Several limits,
+    /// one decision" has an example).
     ///
     /// Every limit that applies to a request (its selector names a policy) is decided in one
-    /// all-or-nothing batch ([`Limiter::check_all`]), awaited once: the request is admitted
-    /// and charged under all of them, or denied and charged under none. A client over one
-    /// limit spends nothing of the others, so one user over their own limit cannot use up the
-    /// limit of the address they share with others. A denial's headers and problem document
-    /// name the limits that denied; an admitted request's headers (under
+    /// all-or-nothing batch ([`Limiter::check_all`]): the request is admitted and charged under
+    /// all of them, or denied and charged under none, so one user over their own limit cannot
+    /// use up the limit of the address they share with others. A denial's headers and problem
+    /// document name the limits that denied; an admitted request's headers (under
     /// [`RateLimitHeaders::Always`]) list every limit's tiers.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    ///
-    /// use distlimit_memory::MemoryStore;
-    /// use distlimit_policy::{Limiter, PolicySet};
-    /// use distlimit_tower::{KeyExtractor, RateLimitLayer};
-    /// use http::HeaderName;
-    ///
-    /// let policies = PolicySet::from_toml_str(
-    ///     r#"
-    ///     [[policy]]
-    ///     name = "per-ip"
-    ///     tiers = [ { name = "minute", limit = 600, per = "1m" } ]
-    ///
-    ///     [[policy]]
-    ///     name = "per-user"
-    ///     tiers = [ { name = "minute", limit = 60, per = "1m" } ]
-    ///     "#,
-    /// )?;
-    /// let limiter = Arc::new(Limiter::new(Arc::new(MemoryStore::new()), policies));
-    /// // Per client IP and per user (the IP where `X-User-ID` is missing), all or nothing.
-    /// let layer = RateLimitLayer::builder(limiter, "per-ip")
-    ///     .key(KeyExtractor::client_ip())
-    ///     .and("per-user", KeyExtractor::header(HeaderName::from_static("x-user-id")))
-    ///     .try_build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     #[must_use]
     pub fn and(mut self, policy: impl Into<PolicySelector>, key: KeyExtractor) -> Self {
         self.config.limits.push(LimitSpec {
