@@ -396,15 +396,10 @@ impl RateLimitLayer {
     /// The tier of [`PER_CLIENT_POLICY`](Self::PER_CLIENT_POLICY).
     pub const PER_CLIENT_TIER: &'static str = "client";
 
-    /// Configures a layer that gives every client `quota`, on an embedded memory store: the
-    /// shortest way to one limit per client on one service (feature `memory`, on by default).
-    ///
-    /// Clients are keyed by IP (the socket peer; see [`client_ip`](RateLimitLayerBuilder::client_ip)
-    /// behind a proxy) unless [`key`](RateLimitLayerBuilder::key) names another key, such as a
-    /// header with the IP as fallback. The quota is enforced by GCRA: `limit` per `period`,
-    /// up to `burst` at once (8 bytes of state per client). The builder is the one
-    /// [`builder`](Self::builder) returns, so growing into Redis, several tiers or policy files
-    /// means replacing this call and keeping the rest.
+    /// Configures a layer that gives every client `quota` by GCRA, on an embedded memory store
+    /// (feature `memory`, on by default): the crate documentation's quick start. Clients are
+    /// keyed by IP unless [`key`](RateLimitLayerBuilder::key) names another key; the builder is
+    /// the one [`builder`](Self::builder) returns.
     ///
     /// ```
     /// use distlimit_tower::{KeyExtractor, Quota, RateLimitLayer};

@@ -1,11 +1,5 @@
 //! The layer's own answers: RFC 9457 problem documents over HTTP, trailers-only statuses over
-//! gRPC.
-//!
-//! | what | HTTP | gRPC |
-//! |---|---|---|
-//! | denied | 429, `Retry-After`, `RateLimit*` | `RESOURCE_EXHAUSTED` (8), `retry-after`, `grpc-retry-pushback-ms`, `ratelimit*` |
-//! | store failed (fail closed) or timed out | 503, `Retry-After` | `UNAVAILABLE` (14), `retry-after`, `grpc-retry-pushback-ms` |
-//! | unknown policy, no peer address | 500 | `INTERNAL` (13) |
+//! gRPC (the table is the crate documentation's "What the layer answers").
 
 use std::time::Duration;
 
