@@ -77,13 +77,10 @@ impl fmt::Debug for Config {
 
 /// A tower [`Layer`] that holds every key to at most `max_in_flight` requests at once.
 ///
-/// Per request: the key is found as [`RateLimitLayer`](crate::RateLimitLayer) finds it (a
-/// [`KeyExtractor`], the client IP through trusted proxies); the store is asked for a permit
-/// within the [timeout](InFlightLayerBuilder::timeout). Admitted: the inner service is called,
-/// and the permit is given back when the response body ends or is dropped, or when the inner
-/// service fails or its future is dropped. Full: [`OnFull`]. A store error or timeout:
-/// [`OnError`] (fail closed, `503` with `Retry-After`, by default; fail open lets the request
-/// through without a permit). No peer address for a key that needs the client IP: `500`.
+/// Per request: the key is found as [`RateLimitLayer`](crate::RateLimitLayer) finds it; a
+/// permit, asked within the [timeout](InFlightLayerBuilder::timeout), is held until the response
+/// ends or is dropped. Full: [`OnFull`]. A store error or timeout: [`OnError`] (fail open lets
+/// the request through without a permit). No peer address for a key that needs it: `500`.
 ///
 /// ```
 /// use std::sync::Arc;
