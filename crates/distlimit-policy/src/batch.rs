@@ -802,7 +802,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             && !e.is_invalid_input()
         {
             for policy in items.iter().filter_map(Resolved::policy) {
-                observer.on_store_error(STORE_LABEL, policy, e);
+                observer.on_store_error(<crate::Limiter>::STORE_LABEL, policy, e);
             }
         }
         error
@@ -812,10 +812,6 @@ impl<S: Store + ?Sized> Engine<'_, S> {
 /// The most items, and store requests, a batch holds without allocating (on a store that
 /// answers at once, the memory store).
 pub(crate) const INLINE: usize = 8;
-
-/// The store name a limiter reports failed checks under (see
-/// [`Limiter::STORE_LABEL`](crate::Limiter::STORE_LABEL)).
-pub(crate) const STORE_LABEL: &str = "limiter";
 
 /// Whether two of `requests` are on the same state and key (then they are merged first).
 fn twice(requests: &[Request<'_>]) -> bool {

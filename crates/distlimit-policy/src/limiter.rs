@@ -8,9 +8,7 @@ use distlimit_core::{Algorithm, Decision, Observer, Outcome, SettleKind, Store};
 
 use smallvec::SmallVec;
 
-use crate::batch::{
-    Answer, Engine, INLINE, Item, MISMATCH, Plan, Resolved, STORE_LABEL, never, outcome,
-};
+use crate::batch::{Answer, Engine, INLINE, Item, MISMATCH, Plan, Resolved, never, outcome};
 use crate::error::Field;
 use crate::policy::{Applied, Tier};
 use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
@@ -439,7 +437,7 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// `"limiter"`. Each report is a check that returned the store's error to its caller; a
     /// store that absorbs failures itself (the hybrid store's fallback) reports those under its
     /// own name, and a failure it passes on is then reported by both.
-    pub const STORE_LABEL: &'static str = STORE_LABEL;
+    pub const STORE_LABEL: &'static str = "limiter";
 
     /// The active policy set.
     pub fn policies(&self) -> Arc<PolicySet> {
