@@ -839,6 +839,7 @@ impl<S: Store + ?Sized> Config<S> {
                     policy: Arc::clone(&c.policy),
                     key: Bytes::copy_from_slice(c.key.as_bytes()),
                     estimate: c.cost,
+                    actual: None,
                     spec,
                 })
             })

@@ -309,6 +309,9 @@ pub(crate) struct Reserved {
     pub(crate) policy: Arc<str>,
     pub(crate) key: Bytes,
     pub(crate) estimate: u64,
+    /// The actual cost, from the response head (`None` before it came, or when it said
+    /// nothing); 0 when the response was a refunded 5xx.
+    pub(crate) actual: Option<u64>,
     pub(crate) spec: Arc<Spec>,
 }
 
@@ -317,9 +320,6 @@ pub(crate) struct Reserved {
 pub(crate) struct Settlement {
     sink: Arc<dyn Sink>,
     reserved: SmallVec<[Reserved; 1]>,
-    /// The actual cost per reservation, from the response head (`None` before it came, or when
-    /// it said nothing); the estimate when the response was a refunded 5xx: 0.
-    actual: SmallVec<[Option<u64>; 1]>,
     /// The layer's settings for metered streams.
     config: StreamConfig,
     /// The metering of the body, when a reservation is metered ([`Settle::metered`]) and the
@@ -335,11 +335,9 @@ impl Settlement {
         reserved: SmallVec<[Reserved; 1]>,
         config: StreamConfig,
     ) -> Self {
-        let actual = reserved.iter().map(|_| None).collect();
         Self {
             sink,
             reserved,
-            actual,
             config,
             streaming: None,
             done: AtomicBool::new(false),
@@ -350,19 +348,14 @@ impl Settlement {
     /// metered as the body streams.
     pub(crate) fn head(&mut self, parts: &Parts) {
         let error = parts.status.is_server_error();
-        for (r, actual) in self.reserved.iter().zip(&mut self.actual) {
-            *actual = if error && r.spec.refund_on_server_error {
+        for r in &mut self.reserved {
+            r.actual = if error && r.spec.refund_on_server_error {
                 Some(0)
             } else {
                 (r.spec.actual)(parts)
             };
         }
-        let metered = self
-            .reserved
-            .iter()
-            .zip(&self.actual)
-            .map(|(r, actual)| r.spec.meter.is_some() && actual.is_none());
-        self.streaming = Streaming::new(&self.reserved, metered, self.config);
+        self.streaming = Streaming::new(&self.reserved, self.config);
     }
 
     /// Whether the body is metered as it streams.
@@ -409,16 +402,16 @@ impl Settlement {
             return;
         }
         let mut settles = Vec::with_capacity(self.reserved.len());
-        for (i, (r, actual)) in self.reserved.iter().zip(&self.actual).enumerate() {
+        for (i, r) in self.reserved.iter().enumerate() {
             let flow = self
                 .streaming
                 .as_ref()
                 .and_then(|s| s.flows.get(i)?.as_ref());
-            let (reserved, actual) = match (flow, actual) {
+            let (reserved, actual) = match (flow, r.actual) {
                 // Metered: charged what it sent, whatever ended it.
                 (Some(flow), _) => (r.estimate.saturating_add(flow.charged), flow.used),
                 (None, _) if dropped && r.spec.refund_on_drop => (r.estimate, 0),
-                (None, Some(actual)) => (r.estimate, *actual),
+                (None, Some(actual)) => (r.estimate, actual),
                 (None, None) => (r.estimate, r.estimate),
             };
             let (kind, cost) = if actual < reserved {
@@ -472,7 +465,6 @@ impl fmt::Debug for Settlement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settlement")
             .field("reserved", &self.reserved.len())
-            .field("actual", &self.actual)
             .field("done", &self.done.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }

@@ -313,18 +313,13 @@ enum Cover {
 }
 
 impl Streaming {
-    /// The metering of a response whose reservations `metered` says are metered (their
-    /// estimates the first credit); `None` when none is.
-    pub(crate) fn new(
-        reserved: &[Reserved],
-        metered: impl Iterator<Item = bool>,
-        config: StreamConfig,
-    ) -> Option<Box<Self>> {
+    /// The metering of a response's reservations that are metered and got no actual cost from
+    /// its head (their estimates the first credit); `None` when none is.
+    pub(crate) fn new(reserved: &[Reserved], config: StreamConfig) -> Option<Box<Self>> {
         let flows: SmallVec<[Option<Flow>; 1]> = reserved
             .iter()
-            .zip(metered)
-            .map(|(r, metered)| {
-                metered.then_some(Flow {
+            .map(|r| {
+                (r.spec.meter.is_some() && r.actual.is_none()).then_some(Flow {
                     credit: r.estimate,
                     used: 0,
                     charged: 0,
