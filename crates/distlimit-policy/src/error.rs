@@ -206,22 +206,19 @@ impl Eq for PolicyConfigError {}
 
 impl fmt::Display for PolicyConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut first = true;
-        let mut part = |f: &mut fmt::Formatter<'_>, what: &str, name: &str| {
-            let sep = if first { "" } else { ", " };
-            first = false;
-            write!(f, "{sep}{what} {name:?}")
-        };
-        if let Some(policy) = &self.policy {
-            part(f, "policy", policy)?;
+        let located = [
+            ("policy", &self.policy),
+            ("override", &self.override_key),
+            ("tier", &self.tier),
+        ];
+        let mut sep = "";
+        for (what, name) in located {
+            if let Some(name) = name {
+                write!(f, "{sep}{what} {name:?}")?;
+                sep = ", ";
+            }
         }
-        if let Some(key) = &self.override_key {
-            part(f, "override", key)?;
-        }
-        if let Some(tier) = &self.tier {
-            part(f, "tier", tier)?;
-        }
-        if !first {
+        if !sep.is_empty() {
             f.write_str(": ")?;
         }
         write!(f, "{}: {}", self.field, self.message)

@@ -63,11 +63,6 @@ impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.0.contains(&normalize(ip))
     }
-
-    /// The network as an [`IpNet`].
-    pub fn as_ipnet(&self) -> &IpNet {
-        &self.0
-    }
 }
 
 impl From<IpNet> for Cidr {
@@ -165,11 +160,6 @@ impl TrustedProxies {
     /// Whether no proxy is trusted.
     pub fn is_empty(&self) -> bool {
         self.networks.is_empty()
-    }
-
-    /// The trusted networks.
-    pub fn networks(&self) -> &[Cidr] {
-        &self.networks
     }
 }
 
