@@ -361,19 +361,9 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// use distlimit_memory::MemoryStore;
     /// use distlimit_policy::{Checked, Limiter, PolicySet, Verdict};
     ///
-    /// let policies = PolicySet::from_toml_str(
-    ///     r#"
-    ///     [[policy]]
-    ///     name = "per_ip"
-    ///     tiers = [ { name = "minute", limit = 10, per = "1m" } ]
-    ///
-    ///     [[policy]]
-    ///     name = "per_user"
-    ///     tiers = [ { name = "minute", limit = 1, per = "1m" } ]
-    ///     "#,
-    /// )?;
-    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), policies);
-    /// let request = [("per_ip", &b"10.0.0.1"[..], 1), ("per_user", &b"alice"[..], 1)];
+    /// let login = "[[policy]]\nname = \"login\"\ntiers = [{ name = \"m\", limit = 1, per = \"1m\" }]";
+    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), PolicySet::from_toml_str(login)?);
+    /// let request = [("login", &b"alice"[..], 1), ("login", &b"bob"[..], 1)];
     /// for admitted in [true, false] {
     ///     let verdicts: Vec<Verdict> = match limiter.check_all_now(&request) {
     ///         Checked::Decided(result) => result?,
