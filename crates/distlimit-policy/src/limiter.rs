@@ -158,10 +158,8 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// On the memory store a single-tier policy is always decided here; a multi-tier policy,
     /// and a store that talks to a server, return `None`. A listed key, an unknown policy and
     /// an invalid key are answered on any store. The observer sees the check like one made
-    /// with [`check_cost`](Self::check_cost).
-    ///
-    /// For synchronous code, and for callers that want to skip creating a future when the
-    /// answer is at hand (the tower layer does).
+    /// with [`check_cost`](Self::check_cost). For synchronous code, and callers that skip a
+    /// future when the answer is at hand (the tower layer's streams).
     ///
     /// ```
     /// use std::sync::Arc;
