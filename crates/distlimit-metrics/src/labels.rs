@@ -13,10 +13,19 @@ pub(crate) struct DecisionLabels {
     pub(crate) source: &'static str,
 }
 
-/// The per-policy families: `distlimit_decision_duration_seconds`, `distlimit_near_limit_total`.
+/// The per-policy families: `distlimit_decision_duration_seconds`, `distlimit_near_limit_total`,
+/// `distlimit_permits_held`, `distlimit_stream_units_total`, `distlimit_stream_stopped_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PolicyLabels {
     pub(crate) policy: Arc<str>,
+}
+
+/// `distlimit_permits_total`, `distlimit_stream_blocks_total`,
+/// `distlimit_stream_block_units_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct EventLabels {
+    pub(crate) policy: Arc<str>,
+    pub(crate) event: &'static str,
 }
 
 /// `distlimit_store_errors_total`.

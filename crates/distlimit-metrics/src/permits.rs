@@ -5,29 +5,17 @@
 use std::sync::Arc;
 
 use distlimit_core::PermitEvent;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// `distlimit_permits_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EventLabels {
-    policy: Arc<str>,
-    event: &'static str,
-}
-
-/// `distlimit_permits_held`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct HeldLabels {
-    policy: Arc<str>,
-}
+use crate::labels::{EventLabels, PolicyLabels};
 
 #[derive(Debug, Default)]
 pub(crate) struct PermitFamilies {
     events: Family<EventLabels, Counter>,
-    held: Family<HeldLabels, Gauge>,
+    held: Family<PolicyLabels, Gauge>,
 }
 
 impl PermitFamilies {
@@ -57,18 +45,13 @@ impl PermitFamilies {
             })
             .inc_by(count);
         let delta = i64::try_from(count).unwrap_or(i64::MAX);
-        match event {
-            PermitEvent::Acquired => {
-                self.held
-                    .get_or_create(&HeldLabels { policy })
-                    .inc_by(delta);
-            }
-            PermitEvent::Released => {
-                self.held
-                    .get_or_create(&HeldLabels { policy })
-                    .dec_by(delta);
-            }
-            _ => {}
-        }
+        let delta = match event {
+            PermitEvent::Acquired => delta,
+            PermitEvent::Released => -delta,
+            _ => return,
+        };
+        self.held
+            .get_or_create(&PolicyLabels { policy })
+            .inc_by(delta);
     }
 }

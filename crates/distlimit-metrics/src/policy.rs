@@ -155,10 +155,7 @@ impl PolicyCache {
         if let Some(metrics) = self.map.load().get(policy) {
             return f(metrics);
         }
-        match self.insert(policy, families) {
-            Some(metrics) => f(&metrics),
-            None => f(&self.overflow(families)),
-        }
+        f(&self.get(policy, families))
     }
 
     /// The handles every policy past the cap shares.

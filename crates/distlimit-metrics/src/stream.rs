@@ -5,30 +5,18 @@
 use std::sync::Arc;
 
 use distlimit_core::StreamEvent;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-/// `distlimit_stream_units_total`, `distlimit_stream_stopped_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PolicyLabels {
-    policy: Arc<str>,
-}
-
-/// `distlimit_stream_blocks_total`, `distlimit_stream_block_units_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BlockLabels {
-    policy: Arc<str>,
-    event: &'static str,
-}
+use crate::labels::{EventLabels, PolicyLabels};
 
 #[derive(Debug, Default)]
 pub(crate) struct StreamFamilies {
     units: Family<PolicyLabels, Counter>,
     stopped: Family<PolicyLabels, Counter>,
-    blocks: Family<BlockLabels, Counter>,
-    block_units: Family<BlockLabels, Counter>,
+    blocks: Family<EventLabels, Counter>,
+    block_units: Family<EventLabels, Counter>,
 }
 
 impl StreamFamilies {
@@ -68,7 +56,7 @@ impl StreamFamilies {
                 self.stopped.get_or_create(&PolicyLabels { policy }).inc();
             }
             _ => {
-                let labels = BlockLabels {
+                let labels = EventLabels {
                     policy,
                     event: event.as_str(),
                 };

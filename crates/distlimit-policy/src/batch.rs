@@ -53,15 +53,14 @@ impl<'a> Item<'a> {
     /// `cost` units for `key` on every tier of `policy` (a policy of the limiter's set; its
     /// shadow mode, lists and overrides apply).
     pub fn policy(policy: &'a str, key: &'a [u8], cost: u64) -> Self {
-        Self {
-            kind: ItemKind::Policy {
-                policy,
-                key,
-                cost,
-                settle: None,
-            },
-            shadow: false,
+        let settle = None;
+        ItemKind::Policy {
+            policy,
+            key,
+            cost,
+            settle,
         }
+        .into()
     }
 
     /// The same policy item settling instead: a report (`cost` charged on every tier even past
@@ -70,37 +69,21 @@ impl<'a> Item<'a> {
     /// [`Store::settle_all`]. A batch holds either decisions or settling items, never both
     /// ([`Error::InvalidRequest`]). No effect on other items.
     #[must_use]
-    pub fn settling(self, kind: SettleKind) -> Self {
-        match self.kind {
-            ItemKind::Policy {
-                policy, key, cost, ..
-            } => Self {
-                kind: ItemKind::Policy {
-                    policy,
-                    key,
-                    cost,
-                    settle: Some(kind),
-                },
-                ..self
-            },
-            _ => self,
+    pub fn settling(mut self, kind: SettleKind) -> Self {
+        if let ItemKind::Policy { settle, .. } = &mut self.kind {
+            *settle = Some(kind);
         }
+        self
     }
 
     /// A store request of the caller's own: its state name, key, limit and cost as given.
     pub fn request(request: Request<'a>) -> Self {
-        Self {
-            kind: ItemKind::Request(request),
-            shadow: false,
-        }
+        ItemKind::Request(request).into()
     }
 
     /// An item never admitted (a limit of zero): it denies the batch without asking the store.
     pub fn deny() -> Self {
-        Self {
-            kind: ItemKind::Deny,
-            shadow: false,
-        }
+        ItemKind::Deny.into()
     }
 
     /// The same item in shadow mode or not: decided apart, after the others, charged nothing
@@ -114,6 +97,15 @@ impl<'a> Item<'a> {
     /// Whether the item was set in shadow mode by [`shadow`](Self::shadow).
     pub fn is_shadow(&self) -> bool {
         self.shadow
+    }
+}
+
+impl<'a> From<ItemKind<'a>> for Item<'a> {
+    fn from(kind: ItemKind<'a>) -> Self {
+        Self {
+            kind,
+            shadow: false,
+        }
     }
 }
 
@@ -569,8 +561,8 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let mut denied = items.iter().any(Resolved::denies);
         let enforced = |item: &&Resolved<'_, '_>| !item.shadow;
         let count: usize = items.iter().filter(enforced).map(Resolved::len).sum();
-        let decisions = match count {
-            0 => Decisions::None,
+        let mut decisions: SmallVec<[Decision; 1]> = match count {
+            0 => SmallVec::new(),
             1 => {
                 let Some(request) = items
                     .iter()
@@ -585,7 +577,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     .decide(&request)
                     .await
                     .map_err(|e| self.failed(items, e))?;
-                Decisions::One(decision)
+                smallvec![decision]
             }
             _ => {
                 let mut all = Vec::new();
@@ -623,11 +615,10 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                         all.extend(answered);
                     }
                 }
-                Decisions::Many(all)
+                SmallVec::from_vec(all)
             }
         };
-        let mut decisions = decisions;
-        denied |= decisions.as_slice().iter().any(Decision::is_denied);
+        denied |= decisions.iter().any(Decision::is_denied);
         // One item asked the store (a policy of several tiers): its verdict keeps the store's
         // `Vec` of decisions.
         let askers = items
@@ -635,11 +626,9 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             .filter(enforced)
             .filter(|i| i.len() > 0)
             .count();
-        let mut owned = match (&mut decisions, askers) {
-            (Decisions::Many(all), 1) => Some(std::mem::take(all)),
-            _ => None,
-        };
-        let mut rest = decisions.as_slice();
+        let mut owned =
+            (count > 1 && askers == 1).then(|| std::mem::take(&mut decisions).into_vec());
+        let mut rest = &decisions[..];
         for (i, item) in items.iter().enumerate().filter(|(_, item)| !item.shadow) {
             let answer = match owned.take_if(|_| item.len() > 0) {
                 Some(all) => item.answer(Cow::Owned(all)),
@@ -813,7 +802,7 @@ impl<S: Store + ?Sized> Engine<'_, S> {
             && !e.is_invalid_input()
         {
             for policy in items.iter().filter_map(Resolved::policy) {
-                observer.on_store_error(STORE_LABEL, policy, e);
+                observer.on_store_error(<crate::Limiter>::STORE_LABEL, policy, e);
             }
         }
         error
@@ -823,27 +812,6 @@ impl<S: Store + ?Sized> Engine<'_, S> {
 /// The most items, and store requests, a batch holds without allocating (on a store that
 /// answers at once, the memory store).
 pub(crate) const INLINE: usize = 8;
-
-/// The store name a limiter reports failed checks under (see
-/// [`Limiter::STORE_LABEL`](crate::Limiter::STORE_LABEL)).
-pub(crate) const STORE_LABEL: &str = "limiter";
-
-/// The decisions of the enforced requests: none, one (no allocation), or several.
-enum Decisions {
-    None,
-    One(Decision),
-    Many(Vec<Decision>),
-}
-
-impl Decisions {
-    fn as_slice(&self) -> &[Decision] {
-        match self {
-            Decisions::None => &[],
-            Decisions::One(one) => std::slice::from_ref(one),
-            Decisions::Many(all) => all,
-        }
-    }
-}
 
 /// Whether two of `requests` are on the same state and key (then they are merged first).
 fn twice(requests: &[Request<'_>]) -> bool {

@@ -8,9 +8,7 @@ use distlimit_core::{Algorithm, Decision, Observer, Outcome, SettleKind, Store};
 
 use smallvec::SmallVec;
 
-use crate::batch::{
-    Answer, Engine, INLINE, Item, MISMATCH, Plan, Resolved, STORE_LABEL, never, outcome,
-};
+use crate::batch::{Answer, Engine, INLINE, Item, MISMATCH, Plan, Resolved, never, outcome};
 use crate::error::Field;
 use crate::policy::{Applied, Tier};
 use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
@@ -22,15 +20,10 @@ use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 /// [`update_policy`](Self::update_policy) publish a new one atomically, and a check decides
 /// with the one set it loaded, the old one or the new one, never a mix.
 ///
-/// Every check is one all-or-nothing batch ([`decide_batch`](Limiter::decide_batch)): every
-/// tier of a policy is one [`Request`](distlimit_core::Request) in the state
-/// [`Tier::state`] (`"<policy>/<tier>"`, typed); all tiers of a batch go to
-/// [`Store::decide_all`] together, a single request to [`Store::decide_now`] (a store that never
-/// waits answers there, without a future) or else [`Store::decide`]. On a store that answers
-/// at once (the memory store) a single-tier check allocates nothing, a multi-tier check one
-/// `Vec` (its verdict's tiers); a check the store must be awaited for owns its [`Plan`].
-/// Several policies, and requests of the caller's own, are all-or-nothing together through
-/// [`check_all`](Limiter::check_all) and [`decide_batch`](Limiter::decide_batch).
+/// Every check is one all-or-nothing batch ([`decide_batch`](Limiter::decide_batch)), each tier
+/// of a policy one [`Request`](distlimit_core::Request) in the state [`Tier::state`]
+/// (`"<policy>/<tier>"`): one request goes to [`Store::decide_now`] or else
+/// [`Store::decide`], several to [`Store::decide_all`] together.
 pub struct Limiter<S: ?Sized = dyn Store> {
     policies: ArcSwap<PolicySet>,
     /// The policies every published set must define ([`Limiter::declare`]); held while a set
@@ -165,10 +158,8 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// On the memory store a single-tier policy is always decided here; a multi-tier policy,
     /// and a store that talks to a server, return `None`. A listed key, an unknown policy and
     /// an invalid key are answered on any store. The observer sees the check like one made
-    /// with [`check_cost`](Self::check_cost).
-    ///
-    /// For synchronous code, and for callers that want to skip creating a future when the
-    /// answer is at hand (the tower layer does).
+    /// with [`check_cost`](Self::check_cost). For synchronous code, and callers that skip a
+    /// future when the answer is at hand (the tower layer's streams).
     ///
     /// ```
     /// use std::sync::Arc;
@@ -211,21 +202,16 @@ impl<S: Store + ?Sized> Limiter<S> {
         Some(self.engine().decide_one_now(&item)?.and_then(verdict))
     }
 
-    /// Decides `items` in one all-or-nothing batch: one [`Answer`] per item, in order. The
-    /// one path every check takes ([`check`](Self::check), [`check_now`](Self::check_now),
-    /// [`check_all`](Self::check_all) are batches of it); the Envoy rate limit server decides
-    /// a request's descriptors with it, YAML rules as [`Item::request`]s and TOML policies as
-    /// [`Item::policy`]s.
+    /// Decides `items` in one all-or-nothing batch: one [`Answer`] per item, in order (the
+    /// crate documentation describes the items and the rules). Every check is a batch of it.
     ///
     /// The request is admitted, and was charged, if and only if every answer
-    /// [`is_allowed`](Answer::is_allowed). A denied item denies the batch: the others then
-    /// answer what they alone would have been answered, charging nothing. Requests on the same
-    /// state and key (a tier shared by two policies' checks, two items of one request) are one
-    /// store request costing the sum. A key on a policy's deny list, and an [`Item::deny`],
-    /// deny the batch without asking the store; a key on an allow list is admitted and charged
-    /// nothing. An item in shadow mode (or of a policy in shadow mode) is decided afterwards on
-    /// its own (its tiers all or nothing), charging nothing when the batch was denied; its
-    /// denial denies nothing. The observer sees each policy item as a check made alone.
+    /// [`is_allowed`](Answer::is_allowed); a denied batch charges nothing, its other items
+    /// answered what they alone would have been. Requests on the same state and key are one
+    /// store request costing the sum. A deny-listed key and an [`Item::deny`] deny the batch
+    /// without the store; an allow-listed key is admitted, charged nothing. An item in shadow
+    /// mode is decided afterwards on its own, charged nothing when the batch was denied, and
+    /// denies nothing. The observer sees each policy item as a check made alone.
     ///
     /// # All or nothing, and its one limit
     ///
@@ -357,17 +343,15 @@ impl<S: Store + ?Sized> Limiter<S> {
     }
 
     /// Decides several checks without waiting, if the store can: [`check_all`](Self::check_all)
-    /// answered at once ([`Checked::Decided`], the verdicts collected into any `V`: a `Vec`, or
-    /// an inline buffer), or, having charged nothing, when the store would have to be awaited,
-    /// the checks' [`Plan`] ([`Checked::Pending`]): their policies resolved here, once, for
-    /// [`decide_plan`](Self::decide_plan) to await. `check_all` is this, then that.
+    /// answered at once ([`Checked::Decided`], the verdicts collected into any `V`), or, having
+    /// charged nothing, the checks' [`Plan`] ([`Checked::Pending`], their policies resolved
+    /// once) for [`decide_plan`](Self::decide_plan) to await. `check_all` is this, then that.
     ///
     /// On the memory store every batch of at most [`MAX_BATCH`](distlimit_core::MAX_BATCH)
     /// store requests whose items in shadow mode do not ask the store beside others is decided
-    /// here; up to 8 checks of up to 8 tiers in all, it allocates nothing beyond `V` (and a
-    /// multi-tier verdict's tiers). A store that talks to a server returns a plan unless no
-    /// check needs it (listed keys). The observer sees each check like one made with
-    /// `check_all`. This is what the tower layer decides a request's limits with.
+    /// here, up to 8 checks of up to 8 tiers in all without allocating beyond `V` (and a
+    /// multi-tier verdict's tiers); a store that talks to a server returns a plan unless no
+    /// check needs it (listed keys). The observer sees each check as with `check_all`.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -375,19 +359,9 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// use distlimit_memory::MemoryStore;
     /// use distlimit_policy::{Checked, Limiter, PolicySet, Verdict};
     ///
-    /// let policies = PolicySet::from_toml_str(
-    ///     r#"
-    ///     [[policy]]
-    ///     name = "per_ip"
-    ///     tiers = [ { name = "minute", limit = 10, per = "1m" } ]
-    ///
-    ///     [[policy]]
-    ///     name = "per_user"
-    ///     tiers = [ { name = "minute", limit = 1, per = "1m" } ]
-    ///     "#,
-    /// )?;
-    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), policies);
-    /// let request = [("per_ip", &b"10.0.0.1"[..], 1), ("per_user", &b"alice"[..], 1)];
+    /// let login = "[[policy]]\nname = \"login\"\ntiers = [{ name = \"m\", limit = 1, per = \"1m\" }]";
+    /// let limiter = Limiter::new(Arc::new(MemoryStore::new()), PolicySet::from_toml_str(login)?);
+    /// let request = [("login", &b"alice"[..], 1), ("login", &b"bob"[..], 1)];
     /// for admitted in [true, false] {
     ///     let verdicts: Vec<Verdict> = match limiter.check_all_now(&request) {
     ///         Checked::Decided(result) => result?,
@@ -451,7 +425,7 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// `"limiter"`. Each report is a check that returned the store's error to its caller; a
     /// store that absorbs failures itself (the hybrid store's fallback) reports those under its
     /// own name, and a failure it passes on is then reported by both.
-    pub const STORE_LABEL: &'static str = STORE_LABEL;
+    pub const STORE_LABEL: &'static str = "limiter";
 
     /// The active policy set.
     pub fn policies(&self) -> Arc<PolicySet> {

@@ -1,8 +1,5 @@
-//! The one file poller: [`poll_files`] reads [`Reloadable`] files every interval (and at once
-//! when a hangup counter changes), applies each changed version, and reports what it did as one
-//! event type, [`Reload`], through one watcher type, [`FileWatcher`]. The policy file of
-//! [`watch`](crate::watch), and the configuration, policy and TLS files of the binaries
-//! (through `distlimit-serve`, which adds SIGHUP) all run through it.
+//! The one file poller, [`poll_files`]: [`Reloadable`] files looked at every interval, each
+//! changed version applied, what happened reported as a [`Reload`] through a [`FileWatcher`].
 //!
 //! Polling contents, not file-system events, sees every way a mounted file changes: edited in
 //! place (even keeping its size and modification time), replaced, or a directory swapped by

@@ -104,13 +104,10 @@ impl<S: Store + ?Sized + 'static> Reloadable for PolicyFile<S> {
 /// content changed, parses it and [`replace`](Limiter::replace)s the limiter's set with it
 /// (a [`PolicyFile`] run through the one file poller, [`poll_files`]).
 ///
-/// A version that does not parse or validate, defines no policy (an empty or half-written
-/// file), or lacks a policy [declared](Limiter::declare) in use, or a file that cannot be read,
-/// changes nothing: the limiter keeps its set, the refusal is logged once at ERROR level
-/// (`tracing`) and the watcher reports [`Reload::Rejected`](crate::Reload::Rejected) until the
-/// file is fixed. An applied version is logged at INFO level. The file is compared by content
-/// (config files are small), so an edit is picked up even when it keeps the size and the
-/// modification time. Polling stops when the watcher is dropped, or when the limiter is.
+/// A version [`PolicyFile`] refuses changes nothing: the limiter keeps its set, the refusal is
+/// logged once at ERROR level and reported ([`Reload::Rejected`](crate::Reload::Rejected))
+/// until the file is fixed. The file is compared by content, so an edit that keeps its size and
+/// modification time is seen. Polling stops when the watcher or the limiter is dropped.
 ///
 /// Must be called inside a Tokio runtime (it spawns a task there); outside one it returns a
 /// [`Field::Runtime`] error.

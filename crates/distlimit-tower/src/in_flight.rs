@@ -1,11 +1,5 @@
 //! [`InFlightLayer`]: at most N requests in flight per key, across every instance sharing a
-//! [`PermitStore`].
-//!
-//! A request takes a permit before the inner service sees it and gives it back when its
-//! response body ends, or is dropped (a client that disconnects, a cancelled future, an error of
-//! the inner service: whatever ends the request). While the request runs, a task renews its
-//! permit every third of the lease, so a long request keeps it and a crashed instance's permits
-//! come back within one lease.
+//! [`PermitStore`] (the crate documentation's "Requests in flight").
 
 use std::fmt;
 use std::future::Future;
@@ -20,16 +14,14 @@ use distlimit_core::{
     Error, Key, NoopObserver, Observer, PermitDecision, PermitEvent, PermitId, PermitLimit,
     PermitRequest, PermitStore, StateName,
 };
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::layer::{OwnedKey, is_grpc, owned_key};
-use crate::request::peer_addr;
-use crate::response::{PROBLEM_JSON, Rejection};
+use crate::layer::{OwnedKey, RequestKey, is_grpc, key_of};
+use crate::response::Rejection;
 use crate::{ClientIpResolver, KeyExtractor, OnError, RateLimitBody, RequestInfo};
 
 /// What a request finding its key full does.
@@ -85,13 +77,10 @@ impl fmt::Debug for Config {
 
 /// A tower [`Layer`] that holds every key to at most `max_in_flight` requests at once.
 ///
-/// Per request: the key is found as [`RateLimitLayer`](crate::RateLimitLayer) finds it (a
-/// [`KeyExtractor`], the client IP through trusted proxies); the store is asked for a permit
-/// within the [timeout](InFlightLayerBuilder::timeout). Admitted: the inner service is called,
-/// and the permit is given back when the response body ends or is dropped, or when the inner
-/// service fails or its future is dropped. Full: [`OnFull`]. A store error or timeout:
-/// [`OnError`] (fail closed, `503` with `Retry-After`, by default; fail open lets the request
-/// through without a permit). No peer address for a key that needs the client IP: `500`.
+/// Per request: the key is found as [`RateLimitLayer`](crate::RateLimitLayer) finds it; a
+/// permit, asked within the [timeout](InFlightLayerBuilder::timeout), is held until the response
+/// ends or is dropped. Full: [`OnFull`]. A store error or timeout: [`OnError`] (fail open lets
+/// the request through without a permit). No peer address for a key that needs it: `500`.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -242,23 +231,12 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let grpc = is_grpc(req.headers());
-        let client_ip =
-            peer_addr(req.extensions()).map(|p| config.client_ip.resolve(p.ip(), req.headers()));
-        let info = RequestInfo::new(
-            req.method(),
-            req.uri(),
-            req.headers(),
-            req.extensions(),
-            client_ip,
-        );
-        let Some(key) = owned_key(&config.key, &info, client_ip) else {
-            tracing::error!(
-                "distlimit-tower: no peer address on the request; serve with ConnectInfo \
-                 (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
-            );
-            let detail = "The rate limiter cannot identify the client.";
-            let response = Rejection::Misconfigured { detail }.into_response(grpc);
-            return Box::pin(async move { Ok(response.map(InFlightBody::plain)) });
+        let info = RequestInfo::of(&req).resolved(&config.client_ip);
+        let reject =
+            move |rejection: Rejection| rejection.into_response(grpc).map(InFlightBody::plain);
+        let Some(key) = key_of(&config.key, &info).map(RequestKey::into_owned) else {
+            let response = reject(Rejection::no_peer());
+            return Box::pin(async move { Ok(response) });
         };
         Box::pin(async move {
             match config.acquire(&key).await {
@@ -272,7 +250,7 @@ where
                 }
                 Acquired::Full => {
                     config.report(PermitEvent::Rejected, 1);
-                    Ok(full_response(grpc))
+                    Ok(reject(Rejection::Full))
                 }
                 Acquired::Failed => match config.on_error {
                     OnError::FailOpen => Ok(inner
@@ -280,9 +258,7 @@ where
                         .await?
                         .map(|body| InFlightBody::plain(RateLimitBody::inner(body)))),
                     OnError::FailClosed { retry_after } => {
-                        Ok(Rejection::Unavailable { retry_after }
-                            .into_response(grpc)
-                            .map(InFlightBody::plain))
+                        Ok(reject(Rejection::Unavailable { retry_after }))
                     }
                 },
             }
@@ -306,19 +282,13 @@ impl Config {
         let request = self.request(key).map_err(|error| {
             tracing::warn!(%error, "distlimit-tower: bad concurrency-limit key");
         })?;
+        let policy = self.state.as_str();
         let acquire = self.store.acquire(&request);
-        let result = match self.timeout {
-            Some(limit) => match tokio::time::timeout(limit, acquire).await {
-                Ok(result) => result,
-                Err(_) => {
-                    tracing::warn!(policy = %self.state.as_str(), ?limit, "distlimit-tower: permit acquire timed out");
-                    return Err(());
-                }
-            },
-            None => acquire.await,
-        };
+        let result = crate::layer::within(self.timeout, acquire, policy, "permit acquire")
+            .await
+            .ok_or(())?;
         let decision = result.map_err(|error| {
-            tracing::warn!(policy = %self.state.as_str(), %error, "distlimit-tower: permit acquire failed");
+            tracing::warn!(policy, %error, "distlimit-tower: permit acquire failed");
         })?;
         self.report(PermitEvent::Expired, decision.expired().into());
         if decision.is_allowed() {
@@ -383,32 +353,6 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// `429` with `Retry-After: 1` (gRPC `RESOURCE_EXHAUSTED`).
-fn full_response<B>(grpc: bool) -> Response<InFlightBody<B>> {
-    let mut response = Response::new(InFlightBody::plain(RateLimitBody::empty()));
-    let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    if grpc {
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert("grpc-status", HeaderValue::from_static("8"));
-        headers.insert(
-            "grpc-message",
-            HeaderValue::from_static("too many requests in flight"),
-        );
-        headers.insert(
-            crate::response::GRPC_RETRY_PUSHBACK_MS,
-            HeaderValue::from_static("1000"),
-        );
-        return response;
-    }
-    headers.insert(CONTENT_TYPE, PROBLEM_JSON);
-    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    *response.body_mut() = InFlightBody::plain(RateLimitBody::full(Bytes::from_static(
-        br#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"Too many requests in flight; retry soon.","retry_after":1}"#,
-    )));
-    response
 }
 
 /// A held permit: renewed by a task while it lives, given back when dropped.

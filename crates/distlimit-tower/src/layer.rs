@@ -17,16 +17,15 @@ use distlimit_memory::MemoryStore;
 use distlimit_policy::{CheckError, Checked, Limiter, Plan, PolicyConfigError, Verdict};
 #[cfg(feature = "memory")]
 use distlimit_policy::{Policy, PolicySet, Tier};
-use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, Uri};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use smallvec::SmallVec;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client_ip::{ClientIp, IpKey};
+use crate::client_ip::IpKey;
 use crate::future::ResponseFuture;
 use crate::headers::Computed;
 use crate::key::{Kind as KeyKind, header_key};
-use crate::request::peer_addr;
 use crate::response::Rejection;
 use crate::settle::{Reserved, Settlement, Sink, Spec};
 use crate::stream::StreamConfig;
@@ -124,28 +123,12 @@ pub(crate) enum Start {
 /// (A `'static` bound on the store type in the `Service` impl would make futures holding the
 /// service unprovably `Send` for `dyn Store`, a known compiler limitation.)
 trait Decide: fmt::Debug + Send + Sync + 'static {
-    fn start(self: Arc<Self>, head: Head<'_>) -> Start;
-}
-
-/// The parts of a request the layer reads (borrowed; the request stays whole).
-struct Head<'a> {
-    method: &'a Method,
-    uri: &'a Uri,
-    headers: &'a HeaderMap,
-    extensions: &'a Extensions,
+    fn start(self: Arc<Self>, head: RequestInfo<'_>) -> Start;
 }
 
 impl<S: Store + ?Sized + 'static> Decide for Config<S> {
-    fn start(self: Arc<Self>, head: Head<'_>) -> Start {
-        let client_ip =
-            peer_addr(head.extensions).map(|peer| self.client_ip.resolve(peer.ip(), head.headers));
-        let info = RequestInfo::new(
-            head.method,
-            head.uri,
-            head.headers,
-            head.extensions,
-            client_ip,
-        );
+    fn start(self: Arc<Self>, head: RequestInfo<'_>) -> Start {
+        let info = head.resolved(&self.client_ip);
         // The request's cost, computed once for every limit without a cost of its own.
         let mut shared_cost = None;
         let mut check_of = |limit| self.check_of(limit, &info, &mut shared_cost);
@@ -177,13 +160,8 @@ impl<S: Store + ?Sized + 'static> Config<S> {
         let Some(policy) = limit.policy.select_ref(info) else {
             return Ok(None);
         };
-        let Some(key) = key_of(&limit.key, info, info.client_ip()) else {
-            tracing::error!(
-                "distlimit-tower: no peer address on the request; serve with ConnectInfo \
-                 (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
-            );
-            let detail = "The rate limiter cannot identify the client.";
-            return Err(Rejection::Misconfigured { detail });
+        let Some(key) = key_of(&limit.key, info) else {
+            return Err(Rejection::no_peer());
         };
         let cost = match (&limit.settle, &limit.cost) {
             (Some(settle), _) => Settle::estimate_of(settle, info),
@@ -231,22 +209,9 @@ impl<S: Store + ?Sized + 'static> Config<S> {
     }
 }
 
-/// The key `key` names for a request, with the client IP as the fallback; `None` when the key
-/// needs the client IP and no peer address is known.
-pub(crate) fn owned_key(
-    key: &KeyExtractor,
-    info: &RequestInfo<'_>,
-    client_ip: Option<ClientIp>,
-) -> Option<OwnedKey> {
-    key_of(key, info, client_ip).map(RequestKey::into_owned)
-}
-
-/// [`owned_key`], borrowing a header's value from the request.
-fn key_of<'r>(
-    key: &KeyExtractor,
-    info: &RequestInfo<'r>,
-    client_ip: Option<ClientIp>,
-) -> Option<RequestKey<'r>> {
+/// The key `key` names for a request (a header's value borrowed from it), with the client IP
+/// as the fallback; `None` when the key needs the client IP and no peer address is known.
+pub(crate) fn key_of<'r>(key: &KeyExtractor, info: &RequestInfo<'r>) -> Option<RequestKey<'r>> {
     let found = match &key.0 {
         KeyKind::ClientIp => None,
         KeyKind::Header { name, max_len } => {
@@ -254,12 +219,13 @@ fn key_of<'r>(
         }
         KeyKind::Custom(f) => f(info).map(|key| RequestKey::Owned(OwnedKey::Custom(key))),
     };
-    found.or_else(|| client_ip.map(|ip| RequestKey::Owned(OwnedKey::Ip(ip.key()))))
+    let ip = info.client_ip();
+    found.or_else(|| ip.map(|ip| RequestKey::Owned(OwnedKey::Ip(ip.key()))))
 }
 
 /// A request's key while its check is decided: a header's value borrowed from the request, or
 /// an owned key.
-enum RequestKey<'r> {
+pub(crate) enum RequestKey<'r> {
     Header(&'r HeaderValue),
     Owned(OwnedKey),
 }
@@ -273,7 +239,7 @@ impl RequestKey<'_> {
     }
 
     /// The key owned (a header value's clone shares its bytes).
-    fn into_owned(self) -> OwnedKey {
+    pub(crate) fn into_owned(self) -> OwnedKey {
         match self {
             RequestKey::Header(value) => OwnedKey::Header(value.clone()),
             RequestKey::Owned(key) => key,
@@ -358,14 +324,8 @@ impl OwnedKey {
 ///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
 ///    `tracing`.
 ///
-/// The policy and key are found in `call`, from the request's head, and the policies resolved
-/// there, once ([`Limiter::check_all_now`](distlimit_policy::Limiter::check_all_now)). A store
-/// that answers without waiting (`Store::decide_now`, `Store::decide_all_now`; the memory store
-/// does) decides there too, so the request goes on with nothing allocated and no clone of the
-/// inner service; otherwise the request allocates one boxed future (its
-/// [`Plan`](distlimit_policy::Plan) decided by the limiter), polled once in `call`. Keys
-/// are on the stack (IP) or share the header's bytes; no lock is taken. A request no policy
-/// applies to goes straight to the inner service, without a box or a clone of it.
+/// What this costs per request (allocations, clones of the inner service): the crate
+/// documentation's "Cost per request".
 #[derive(Clone)]
 pub struct RateLimitLayer {
     config: Arc<dyn Decide>,
@@ -436,15 +396,10 @@ impl RateLimitLayer {
     /// The tier of [`PER_CLIENT_POLICY`](Self::PER_CLIENT_POLICY).
     pub const PER_CLIENT_TIER: &'static str = "client";
 
-    /// Configures a layer that gives every client `quota`, on an embedded memory store: the
-    /// shortest way to one limit per client on one service (feature `memory`, on by default).
-    ///
-    /// Clients are keyed by IP (the socket peer; see [`client_ip`](RateLimitLayerBuilder::client_ip)
-    /// behind a proxy) unless [`key`](RateLimitLayerBuilder::key) names another key, such as a
-    /// header with the IP as fallback. The quota is enforced by GCRA: `limit` per `period`,
-    /// up to `burst` at once (8 bytes of state per client). The builder is the one
-    /// [`builder`](Self::builder) returns, so growing into Redis, several tiers or policy files
-    /// means replacing this call and keeping the rest.
+    /// Configures a layer that gives every client `quota` by GCRA, on an embedded memory store
+    /// (feature `memory`, on by default): the crate documentation's quick start. Clients are
+    /// keyed by IP unless [`key`](RateLimitLayerBuilder::key) names another key; the builder is
+    /// the one [`builder`](Self::builder) returns.
     ///
     /// ```
     /// use distlimit_tower::{KeyExtractor, Quota, RateLimitLayer};
@@ -505,44 +460,15 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     }
 
     /// Adds a limit: requests are also checked against the policy `policy` picks, keyed by
-    /// `key`, charged the layer's [cost](Self::cost).
+    /// `key`, charged the layer's [cost](Self::cost) (the crate documentation's "Several limits,
+    /// one decision" has an example).
     ///
     /// Every limit that applies to a request (its selector names a policy) is decided in one
-    /// all-or-nothing batch ([`Limiter::check_all`]), awaited once: the request is admitted
-    /// and charged under all of them, or denied and charged under none. A client over one
-    /// limit spends nothing of the others, so one user over their own limit cannot use up the
-    /// limit of the address they share with others. A denial's headers and problem document
-    /// name the limits that denied; an admitted request's headers (under
+    /// all-or-nothing batch ([`Limiter::check_all`]): the request is admitted and charged under
+    /// all of them, or denied and charged under none, so one user over their own limit cannot
+    /// use up the limit of the address they share with others. A denial's headers and problem
+    /// document name the limits that denied; an admitted request's headers (under
     /// [`RateLimitHeaders::Always`]) list every limit's tiers.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    ///
-    /// use distlimit_memory::MemoryStore;
-    /// use distlimit_policy::{Limiter, PolicySet};
-    /// use distlimit_tower::{KeyExtractor, RateLimitLayer};
-    /// use http::HeaderName;
-    ///
-    /// let policies = PolicySet::from_toml_str(
-    ///     r#"
-    ///     [[policy]]
-    ///     name = "per-ip"
-    ///     tiers = [ { name = "minute", limit = 600, per = "1m" } ]
-    ///
-    ///     [[policy]]
-    ///     name = "per-user"
-    ///     tiers = [ { name = "minute", limit = 60, per = "1m" } ]
-    ///     "#,
-    /// )?;
-    /// let limiter = Arc::new(Limiter::new(Arc::new(MemoryStore::new()), policies));
-    /// // Per client IP and per user (the IP where `X-User-ID` is missing), all or nothing.
-    /// let layer = RateLimitLayer::builder(limiter, "per-ip")
-    ///     .key(KeyExtractor::client_ip())
-    ///     .and("per-user", KeyExtractor::header(HeaderName::from_static("x-user-id")))
-    ///     .try_build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     #[must_use]
     pub fn and(mut self, policy: impl Into<PolicySelector>, key: KeyExtractor) -> Self {
         self.config.limits.push(LimitSpec {
@@ -785,13 +711,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let head = Head {
-            method: req.method(),
-            uri: req.uri(),
-            headers: req.headers(),
-            extensions: req.extensions(),
-        };
-        match self.config.clone().start(head) {
+        match self.config.clone().start(RequestInfo::of(&req)) {
             // The service polled ready serves the request now.
             Start::Unchecked => ResponseFuture::calling(self.inner.call(req), None, None),
             Start::Reject(rejection) | Start::Decided(Step::Reject(rejection)) => {
@@ -818,6 +738,30 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// `future`'s output, awaited at most `timeout` (`None`: no limit); `None` when it timed out
+/// (logged as `what` of `policy`). A future answered at its first poll (the memory store never
+/// waits) needs no timer.
+pub(crate) async fn within<F: Future>(
+    timeout: Option<Duration>,
+    future: F,
+    policy: &str,
+    what: &str,
+) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let first = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+    match (first, timeout) {
+        (Poll::Ready(output), _) => Some(output),
+        (Poll::Pending, None) => Some(future.await),
+        (Poll::Pending, Some(limit)) => {
+            let output = tokio::time::timeout(limit, future).await.ok();
+            if output.is_none() {
+                tracing::warn!(policy, ?limit, "distlimit-tower: {what} timed out");
+            }
+            output
+        }
+    }
+}
+
 /// What the layer does with one checked request.
 pub(crate) enum Step {
     /// Call the inner service, adding these headers to its response, and settle the
@@ -838,27 +782,10 @@ impl<S: Store + ?Sized> Config<S> {
         // Named in logs by its first policy (the layer's own, when it applies).
         let policy = checks.first().map_or("", |c| &**c.policy);
         let check = self.limiter.decide_plan(plan);
-        let Some(limit) = self.timeout else {
-            return self.step(policy, check.await.as_deref(), checks);
-        };
-        let mut check = std::pin::pin!(check);
-        // A check answered at its first poll (the memory store never waits) needs no timer.
-        let first = std::future::poll_fn(|cx| Poll::Ready(check.as_mut().poll(cx))).await;
-        let result = match first {
-            Poll::Ready(result) => result,
-            Poll::Pending => match tokio::time::timeout(limit, check).await {
-                Ok(result) => result,
-                Err(_) => {
-                    tracing::warn!(
-                        policy,
-                        ?limit,
-                        "distlimit-tower: rate-limit check timed out"
-                    );
-                    return self.on_error();
-                }
-            },
-        };
-        self.step(policy, result.as_deref(), checks)
+        match within(self.timeout, check, policy, "rate-limit check").await {
+            Some(result) => self.step(policy, result.as_deref(), checks),
+            None => self.on_error(),
+        }
     }
 
     /// What a check's result (a verdict per limit of `checks`) means for the request.
@@ -912,6 +839,7 @@ impl<S: Store + ?Sized> Config<S> {
                     policy: Arc::clone(&c.policy),
                     key: Bytes::copy_from_slice(c.key.as_bytes()),
                     estimate: c.cost,
+                    actual: None,
                     spec,
                 })
             })

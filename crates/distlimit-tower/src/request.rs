@@ -66,6 +66,19 @@ impl<'a> RequestInfo<'a> {
         }
     }
 
+    /// A view of `req`'s head, its client not resolved yet.
+    pub(crate) fn of<B>(req: &'a http::Request<B>) -> Self {
+        let (method, uri) = (req.method(), req.uri());
+        Self::new(method, uri, req.headers(), req.extensions(), None)
+    }
+
+    /// The same view, its client resolved by `resolver` from the socket peer.
+    pub(crate) fn resolved(self, resolver: &crate::ClientIpResolver) -> Self {
+        let peer = peer_addr(self.extensions);
+        let client_ip = peer.map(|peer| resolver.resolve(peer.ip(), self.headers));
+        Self { client_ip, ..self }
+    }
+
     /// The request method.
     pub fn method(&self) -> &'a Method {
         self.method
@@ -98,8 +111,6 @@ impl<'a> RequestInfo<'a> {
 
     /// Whether this is a gRPC request (`content-type: application/grpc...`).
     pub fn is_grpc(&self) -> bool {
-        self.headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
+        crate::layer::is_grpc(self.headers)
     }
 }

@@ -1,17 +1,11 @@
 //! The layer's own answers: RFC 9457 problem documents over HTTP, trailers-only statuses over
-//! gRPC.
-//!
-//! | what | HTTP | gRPC |
-//! |---|---|---|
-//! | denied | 429, `Retry-After`, `RateLimit*` | `RESOURCE_EXHAUSTED` (8), `retry-after`, `grpc-retry-pushback-ms`, `ratelimit*` |
-//! | store failed (fail closed) or timed out | 503, `Retry-After` | `UNAVAILABLE` (14), `retry-after`, `grpc-retry-pushback-ms` |
-//! | unknown policy, no peer address | 500 | `INTERNAL` (13) |
+//! gRPC (the table is the crate documentation's "What the layer answers").
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use http::{Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 
 use crate::RateLimitBody;
 use distlimit_policy::{Listed, Verdict};
@@ -37,6 +31,9 @@ pub(crate) enum Rejection {
     Unavailable { retry_after: Duration },
     /// The layer is misconfigured for this request.
     Misconfigured { detail: &'static str },
+    /// No permit is free for the key ([`InFlightLayer`](crate::InFlightLayer)): retry in a
+    /// second.
+    Full,
 }
 
 impl Rejection {
@@ -56,23 +53,21 @@ impl Rejection {
                 headers.insert(CONTENT_TYPE, PROBLEM_JSON);
                 (StatusCode::TOO_MANY_REQUESTS, computed.problem())
             }
-            Rejection::Unavailable { retry_after } => {
-                let secs = ceil_secs(retry_after).max(1);
-                headers.insert(CONTENT_TYPE, PROBLEM_JSON);
-                headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-                let status = StatusCode::SERVICE_UNAVAILABLE;
-                let detail = "The rate limiter is unavailable; retry later.";
-                let mut body = String::new();
-                push_problem(&mut body, status, detail, Some(secs));
-                (status, Bytes::from(body))
-            }
+            Rejection::Unavailable { retry_after } => problem(
+                headers,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The rate limiter is unavailable; retry later.",
+                Some(ceil_secs(retry_after).max(1)),
+            ),
             Rejection::Misconfigured { detail } => {
-                headers.insert(CONTENT_TYPE, PROBLEM_JSON);
-                let status = StatusCode::INTERNAL_SERVER_ERROR;
-                let mut body = String::new();
-                push_problem(&mut body, status, detail, None);
-                (status, Bytes::from(body))
+                problem(headers, StatusCode::INTERNAL_SERVER_ERROR, detail, None)
             }
+            Rejection::Full => problem(
+                headers,
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many requests in flight; retry soon.",
+                Some(1),
+            ),
         };
         *response.body_mut() = RateLimitBody::full(body);
         *response.status_mut() = status;
@@ -92,6 +87,11 @@ impl Rejection {
                 (14, "rate limiter unavailable", Some(retry_after))
             }
             Rejection::Misconfigured { detail: _ } => (13, "rate limiter misconfigured", None),
+            Rejection::Full => (
+                8,
+                "too many requests in flight",
+                Some(Duration::from_secs(1)),
+            ),
         };
         headers.insert(GRPC_STATUS, HeaderValue::from(code));
         headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
@@ -160,23 +160,45 @@ pub(crate) fn push_denial_problem<'v>(
     s.push_str(if items > 0 { "]}" } else { "}" });
 }
 
-/// Appends the problem document (RFC 9457) of a 503 or 500, members in this order, as
+/// The problem document (RFC 9457) of an answer other than a denial, its `Content-Type` and
+/// `Retry-After` (`retry_after` seconds) inserted into `headers`; members in this order, as
 /// serde_json would write them (the same order as a denial's).
-fn push_problem(s: &mut String, status: StatusCode, detail: &str, retry_after: Option<u64>) {
+fn problem(
+    headers: &mut HeaderMap,
+    status: StatusCode,
+    detail: &str,
+    retry_after: Option<u64>,
+) -> (StatusCode, Bytes) {
+    headers.insert(CONTENT_TYPE, PROBLEM_JSON);
     // `title` and `detail` are this crate's and `http`'s constants, with nothing to escape in
     // JSON (the tests pin every answer's bytes).
-    s.push_str(r#"{"type":"about:blank","title":""#);
+    let mut s = String::from(r#"{"type":"about:blank","title":""#);
     s.push_str(status.canonical_reason().unwrap_or_default());
     s.push_str(r#"","status":"#);
-    push_u64(s, status.as_u16().into());
+    push_u64(&mut s, status.as_u16().into());
     s.push_str(r#","detail":""#);
     s.push_str(detail);
     s.push('"');
     if let Some(secs) = retry_after {
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         s.push_str(r#","retry_after":"#);
-        push_u64(s, secs);
+        push_u64(&mut s, secs);
     }
     s.push('}');
+    (status, Bytes::from(s))
+}
+
+impl Rejection {
+    /// The answer to a request whose key needs the client IP when no peer address is known
+    /// (logged).
+    pub(crate) fn no_peer() -> Self {
+        tracing::error!(
+            "distlimit-tower: no peer address on the request; serve with ConnectInfo \
+             (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
+        );
+        let detail = "The rate limiter cannot identify the client.";
+        Rejection::Misconfigured { detail }
+    }
 }
 
 #[cfg(test)]

@@ -27,33 +27,23 @@ type ActualFn = dyn Fn(&Parts) -> Option<u64> + Send + Sync;
 pub struct Usage(pub u64);
 
 /// How a limit is charged from the response
-/// ([`RateLimitLayerBuilder::and_settled`](crate::RateLimitLayerBuilder::and_settled)): for
-/// costs known only after the response (the tokens an LLM answer used).
+/// ([`RateLimitLayerBuilder::and_settled`](crate::RateLimitLayerBuilder::and_settled)), for costs
+/// known only after it (the tokens an LLM answer used); see the crate documentation, "Costs
+/// known after the response".
 ///
-/// 1. The request reserves an estimate ([`estimate`](Self::estimate): a fixed number, 1 by
-///    default, or [`estimate_with`](Self::estimate_with) from the request's head), decided
-///    with the layer's other limits as one all-or-nothing batch: a key without room for the
-///    estimate is answered 429, charged nothing.
-/// 2. When the response body ends, the actual cost, read from the response head (a header,
-///    [`from_header`](Self::from_header); the [`Usage`] extension,
-///    [`from_extension`](Self::from_extension); or a closure, [`actual`](Self::actual)), settles
-///    the reservation: `estimate − actual` goes back, or `actual − estimate` is reported and
-///    charged even past the limit, as debt that later requests wait out (429 with a
-///    `Retry-After` until the debt is paid). A response without the value settles at the
-///    estimate.
-/// 3. A 5xx response gives the whole estimate back ([`refund_on_server_error`](Self::refund_on_server_error),
-///    on by default), and so does a response (or body) dropped before its end, the client gone
-///    or the service failed ([`refund_on_drop`](Self::refund_on_drop), on by default; off, a
-///    dropped response settles like a finished one).
+/// The request reserves an estimate ([`estimate`](Self::estimate), 1 by default, or
+/// [`estimate_with`](Self::estimate_with)) in the layer's all-or-nothing batch. When the body
+/// ends, the actual cost read from the response head ([`from_header`](Self::from_header),
+/// [`from_extension`](Self::from_extension), [`actual`](Self::actual); missing: the estimate
+/// stands) settles it: the difference goes back, or the excess is charged past the limit as debt
+/// later requests wait out. A 5xx, and a response dropped before its end, give the estimate back
+/// ([`refund_on_server_error`](Self::refund_on_server_error),
+/// [`refund_on_drop`](Self::refund_on_drop)). A body can instead be metered as it streams
+/// ([`streamed`](Self::streamed), [`metered`](Self::metered)).
 ///
-/// A response without an actual cost in its head can instead be metered as its body streams,
-/// each frame covered by units reserved before it is sent ([`streamed`](Self::streamed),
-/// [`metered`](Self::metered)).
-///
-/// Settling is a store call of its own, sent on a Tokio task after the body ends (the response
-/// is not delayed); a failed settle is logged (`WARN`) and lost, like any request the store
-/// cannot record. The policy's tiers must be token buckets or GCRA: the window algorithms
-/// cannot carry debt, and their settles fail (logged).
+/// The settle is a store call on a Tokio task after the body ends; a failed one is logged
+/// (`WARN`) and lost. The policy's tiers must be token buckets or GCRA (window algorithms cannot
+/// carry debt).
 ///
 /// ```
 /// use distlimit_tower::Settle;
@@ -136,22 +126,18 @@ impl Settle {
         Self::actual(|_| None).metered(meter)
     }
 
-    /// Meters the response body as it streams, when the response head gives no actual cost
-    /// (a head that does, and a refunded 5xx, settle as before, unmetered): before each data
-    /// frame is passed on, its units (`meter`) must be covered by units reserved for the
-    /// request, the estimate first, then [blocks](Self::block) decided by the store like any
-    /// request of the policy and key. A refused block is asked again for what the refusal says
-    /// is left, at least the frame's units (another stream of the key may have taken part),
-    /// up to three asks per frame; then the budget is exhausted
-    /// ([`on_exhausted`](Self::on_exhausted)), with the `retry_after` of the last refusal. When the stream
-    /// ends, is dropped (the client gone) or fails, the units reserved and not used are given
-    /// back, and a debt-mode overrun is reported: the request is charged what it sent. A store
-    /// failure or timeout while reserving follows the layer's [`OnError`](crate::OnError):
-    /// fail closed stops the stream ([`StopReason::Unavailable`](crate::StopReason)), fail
-    /// open lets the rest of it through unmetered.
-    ///
-    /// Concurrent streams of one key, on any number of instances sharing the store, never pass
-    /// the budget in stop mode: every unit sent was reserved by a store decision.
+    /// Meters the response body as it streams when the head gives no actual cost (a head that
+    /// does, and a refunded 5xx, settle unmetered; see the crate documentation, "Streaming
+    /// settlement"): each data frame passes once its units (`meter`) are covered by units
+    /// reserved for the request, the estimate first, then [blocks](Self::block) decided by the
+    /// store. A refused block is asked again for what is left (at least the frame's units), up
+    /// to three asks per frame; then the budget is exhausted ([`on_exhausted`](Self::on_exhausted),
+    /// with the last refusal's `retry_after`). When the stream ends, is dropped or fails, unused
+    /// units go back and a debt-mode overrun is reported. A store failure or timeout while
+    /// reserving follows the layer's [`OnError`](crate::OnError): fail closed stops the stream
+    /// ([`StopReason::Unavailable`](crate::StopReason)), fail open lets the rest through
+    /// unmetered. In stop mode, concurrent streams of one key on any number of instances never
+    /// pass the budget: every unit sent was reserved by a store decision.
     #[must_use]
     pub fn metered(self, meter: Meter) -> Self {
         self.with(|spec| spec.meter = Some(meter))
@@ -284,16 +270,8 @@ impl<S: Store + ?Sized + 'static> Sink for Limiter<S> {
     ) -> ReserveFuture {
         Box::pin(async move {
             let check = self.check_cost(&policy, &key, cost);
-            let result = match timeout {
-                None => check.await,
-                Some(limit) => match tokio::time::timeout(limit, check).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        tracing::warn!(%policy, ?limit, "distlimit-tower: reserving a stream's block timed out");
-                        return None;
-                    }
-                },
-            };
+            let what = "reserving a stream's block";
+            let result = crate::layer::within(timeout, check, &policy, what).await?;
             reserved(&policy, result)
         })
     }
@@ -331,6 +309,9 @@ pub(crate) struct Reserved {
     pub(crate) policy: Arc<str>,
     pub(crate) key: Bytes,
     pub(crate) estimate: u64,
+    /// The actual cost, from the response head (`None` before it came, or when it said
+    /// nothing); 0 when the response was a refunded 5xx.
+    pub(crate) actual: Option<u64>,
     pub(crate) spec: Arc<Spec>,
 }
 
@@ -339,9 +320,6 @@ pub(crate) struct Reserved {
 pub(crate) struct Settlement {
     sink: Arc<dyn Sink>,
     reserved: SmallVec<[Reserved; 1]>,
-    /// The actual cost per reservation, from the response head (`None` before it came, or when
-    /// it said nothing); the estimate when the response was a refunded 5xx: 0.
-    actual: SmallVec<[Option<u64>; 1]>,
     /// The layer's settings for metered streams.
     config: StreamConfig,
     /// The metering of the body, when a reservation is metered ([`Settle::metered`]) and the
@@ -357,11 +335,9 @@ impl Settlement {
         reserved: SmallVec<[Reserved; 1]>,
         config: StreamConfig,
     ) -> Self {
-        let actual = reserved.iter().map(|_| None).collect();
         Self {
             sink,
             reserved,
-            actual,
             config,
             streaming: None,
             done: AtomicBool::new(false),
@@ -372,19 +348,14 @@ impl Settlement {
     /// metered as the body streams.
     pub(crate) fn head(&mut self, parts: &Parts) {
         let error = parts.status.is_server_error();
-        for (r, actual) in self.reserved.iter().zip(&mut self.actual) {
-            *actual = if error && r.spec.refund_on_server_error {
+        for r in &mut self.reserved {
+            r.actual = if error && r.spec.refund_on_server_error {
                 Some(0)
             } else {
                 (r.spec.actual)(parts)
             };
         }
-        let metered = self
-            .reserved
-            .iter()
-            .zip(&self.actual)
-            .map(|(r, actual)| r.spec.meter.is_some() && actual.is_none());
-        self.streaming = Streaming::new(&self.reserved, metered, self.config);
+        self.streaming = Streaming::new(&self.reserved, self.config);
     }
 
     /// Whether the body is metered as it streams.
@@ -431,16 +402,16 @@ impl Settlement {
             return;
         }
         let mut settles = Vec::with_capacity(self.reserved.len());
-        for (i, (r, actual)) in self.reserved.iter().zip(&self.actual).enumerate() {
+        for (i, r) in self.reserved.iter().enumerate() {
             let flow = self
                 .streaming
                 .as_ref()
                 .and_then(|s| s.flows.get(i)?.as_ref());
-            let (reserved, actual) = match (flow, actual) {
+            let (reserved, actual) = match (flow, r.actual) {
                 // Metered: charged what it sent, whatever ended it.
                 (Some(flow), _) => (r.estimate.saturating_add(flow.charged), flow.used),
                 (None, _) if dropped && r.spec.refund_on_drop => (r.estimate, 0),
-                (None, Some(actual)) => (r.estimate, *actual),
+                (None, Some(actual)) => (r.estimate, actual),
                 (None, None) => (r.estimate, r.estimate),
             };
             let (kind, cost) = if actual < reserved {
@@ -494,7 +465,6 @@ impl fmt::Debug for Settlement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settlement")
             .field("reserved", &self.reserved.len())
-            .field("actual", &self.actual)
             .field("done", &self.done.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }

@@ -136,16 +136,11 @@ type StopFn = dyn Fn(&Stop) -> Bytes + Send + Sync;
 /// What a streamed response does when its budget runs out (see
 /// [`Settle::on_exhausted`](crate::Settle::on_exhausted)).
 ///
-/// * [`stop_sse`](Self::stop_sse) (the default) or [`stop`](Self::stop): the frame the budget
-///   cannot cover is not sent; the stream ends cleanly with a final frame of the service's
-///   (none when empty). No frame is sent that the budget did not cover.
-/// * [`debt`](Self::debt): the stream runs to its end; what it sends past the budget is
-///   charged as debt when it ends ([`SettleKind::Report`](distlimit_core::SettleKind)), so
-///   the key's next requests wait it out.
-///
-/// A policy with `overrun = "stop"` or `"debt"` (`distlimit_policy::Overrun`) overrides the
-/// layer's choice for its streams (read when a stream reaches the budget, so a reload applies);
-/// a policy that says stop where the layer said debt stops with the server-sent-events frame.
+/// [`stop_sse`](Self::stop_sse) (the default) or [`stop`](Self::stop): the frame the budget
+/// cannot cover is not sent, the stream ends with a final frame. [`debt`](Self::debt): the
+/// stream runs on, what it sends past the budget charged as debt when it ends. A policy's
+/// `overrun = "stop" | "debt"` (`distlimit_policy::Overrun`, read when a stream reaches the
+/// budget) overrides this; its stop, where the layer said debt, ends with the SSE frame.
 #[derive(Clone)]
 pub struct Exhausted {
     debt: bool,
@@ -318,18 +313,13 @@ enum Cover {
 }
 
 impl Streaming {
-    /// The metering of a response whose reservations `metered` says are metered (their
-    /// estimates the first credit); `None` when none is.
-    pub(crate) fn new(
-        reserved: &[Reserved],
-        metered: impl Iterator<Item = bool>,
-        config: StreamConfig,
-    ) -> Option<Box<Self>> {
+    /// The metering of a response's reservations that are metered and got no actual cost from
+    /// its head (their estimates the first credit); `None` when none is.
+    pub(crate) fn new(reserved: &[Reserved], config: StreamConfig) -> Option<Box<Self>> {
         let flows: SmallVec<[Option<Flow>; 1]> = reserved
             .iter()
-            .zip(metered)
-            .map(|(r, metered)| {
-                metered.then_some(Flow {
+            .map(|r| {
+                (r.spec.meter.is_some() && r.actual.is_none()).then_some(Flow {
                     credit: r.estimate,
                     used: 0,
                     charged: 0,
