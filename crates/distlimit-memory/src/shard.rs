@@ -138,6 +138,9 @@ struct Stamps {
     /// quota of the one before (SipHash of the quota on every insert cost a new key about 600
     /// instructions: callgrind, the demo with a million users).
     last: u64,
+    /// The entry of `last` (`None` for 0), copied into the shard: a decision reads it at an
+    /// address that does not wait for the entry's word (one load fewer on its critical path).
+    hot: Option<(Quota, QuotaDivisors)>,
 }
 
 impl Stamps {
@@ -150,6 +153,9 @@ impl Stamps {
     /// The quota of stamp index `stamp` and its divisors, `None` for "no stamp".
     #[inline(always)]
     fn entry(&self, stamp: u64) -> Option<(&Quota, &QuotaDivisors)> {
+        if stamp == self.last {
+            return self.hot.as_ref().map(|(quota, divisors)| (quota, divisors));
+        }
         let i = usize::try_from(stamp.checked_sub(1)?).ok()?;
         let (quota, divisors) = self.quotas.get(i)?;
         Some((quota, divisors))
@@ -159,8 +165,9 @@ impl Stamps {
     #[inline]
     fn of(&mut self, quota: &Quota) -> u64 {
         if self
-            .get(self.last)
-            .is_some_and(|last| same_quota(last, quota))
+            .hot
+            .as_ref()
+            .is_some_and(|(last, _)| same_quota(last, quota))
         {
             return self.last;
         }
@@ -181,6 +188,7 @@ impl Stamps {
             }
         };
         self.last = i;
+        self.hot = self.quotas.get((i - 1) as usize).copied();
         i
     }
 }
