@@ -915,58 +915,36 @@ impl Home {
 /// Runs `$body` with `$part` bound to the table of `$home` in `$table` (borrowed as `&` or
 /// `&mut`): the one dispatch from a [`Home`] to its table.
 macro_rules! in_part {
-    (&$table:ident, $home:expr, |$part:ident| $body:expr) => {
-        match $home {
-            Home::Word => {
-                let $part = &$table.word;
-                $body
-            }
-            Home::Short => {
-                let $part = &$table.short;
-                $body
-            }
-            Home::Long => {
-                let $part = &$table.long;
-                $body
-            }
-            Home::WordBucket => {
-                let $part = &$table.word_bucket;
-                $body
-            }
-            Home::ShortBucket => {
-                let $part = &$table.short_bucket;
-                $body
-            }
-            Home::Wide => {
-                let $part = &$table.wide;
-                $body
-            }
-        }
-    };
     (&mut $table:ident, $home:expr, |$part:ident| $body:expr) => {
+        in_part!((mut) $table, $home, |$part| $body)
+    };
+    (&$table:ident, $home:expr, |$part:ident| $body:expr) => {
+        in_part!(() $table, $home, |$part| $body)
+    };
+    (($($mut:tt)?) $table:ident, $home:expr, |$part:ident| $body:expr) => {
         match $home {
             Home::Word => {
-                let $part = &mut $table.word;
+                let $part = &$($mut)? $table.word;
                 $body
             }
             Home::Short => {
-                let $part = &mut $table.short;
+                let $part = &$($mut)? $table.short;
                 $body
             }
             Home::Long => {
-                let $part = &mut $table.long;
+                let $part = &$($mut)? $table.long;
                 $body
             }
             Home::WordBucket => {
-                let $part = &mut $table.word_bucket;
+                let $part = &$($mut)? $table.word_bucket;
                 $body
             }
             Home::ShortBucket => {
-                let $part = &mut $table.short_bucket;
+                let $part = &$($mut)? $table.short_bucket;
                 $body
             }
             Home::Wide => {
-                let $part = &mut $table.wide;
+                let $part = &$($mut)? $table.wide;
                 $body
             }
         }
