@@ -328,15 +328,8 @@ impl<const W: usize, A> Bucket<W, A> {
         stamps: &mut Stamps,
     ) -> Decision {
         let mut state = State::TokenBucket(self.state());
-        let decision = charge_state(
-            &mut state,
-            &mut self.words.expires,
-            how,
-            limit,
-            now,
-            cost,
-            stamps,
-        );
+        let expires = &mut self.words.expires;
+        let decision = charge_state(&mut state, expires, how, limit, now, cost, stamps);
         if let State::TokenBucket(state) = state {
             self.set(state);
         }
@@ -346,14 +339,8 @@ impl<const W: usize, A> Bucket<W, A> {
     /// Gives `units` back, as `Limit::give_back_from` (see [`give_back_state`]).
     fn give_back(&mut self, limit: &Limit, now: u64, units: u64, stamps: &Stamps) {
         let mut state = State::TokenBucket(self.state());
-        give_back_state(
-            &mut state,
-            &mut self.words.expires,
-            limit,
-            now,
-            units,
-            stamps,
-        );
+        let expires = &mut self.words.expires;
+        give_back_state(&mut state, expires, limit, now, units, stamps);
         if let State::TokenBucket(state) = state {
             self.set(state);
         }
