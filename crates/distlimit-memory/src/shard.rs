@@ -1198,11 +1198,11 @@ impl Table {
         hasher: &S,
     ) -> (Decision, bool) {
         let mut state = State::fresh(limit.algorithm());
+        // Interned for the insert; a decision also takes the quota's divisors from it.
+        let stamp = self.stamps.of(limit.quota());
         let (decision, expires) = match how {
             Charge::Decide => {
-                // The one-pass decisions with the quota's divisors (equal to `Limit::decide`,
-                // property-tested in core): the quota is interned for the insert anyway.
-                let stamp = self.stamps.of(limit.quota());
+                // The one-pass decisions (equal to `Limit::decide`, property-tested in core).
                 let decision = match (&mut state, self.stamps.entry(stamp)) {
                     (State::TokenBucket(s), Some((_, divisors))) => {
                         s.decide_with(limit.quota(), divisors, now, cost)
@@ -1223,12 +1223,12 @@ impl Table {
             },
         };
         let evicted =
-            self.insert_fresh(hash, id, home, limit, state, expires, now, max_len, hasher);
+            self.insert_fresh(hash, id, home, stamp, state, expires, now, max_len, hasher);
         (decision, evicted)
     }
 
-    /// Inserts `state`, just written under `limit` and equivalent to a fresh one from `expires`
-    /// on, for an id not in its table (removing a state of another algorithm from the other
+    /// Inserts `state`, just written under the quota of `stamp` and equivalent to a fresh one
+    /// from `expires` on, for an id not in its table (removing a state of another algorithm from the other
     /// tables). True if a live key was evicted.
     #[allow(clippy::too_many_arguments)]
     fn insert_fresh<S: BuildHasher>(
@@ -1236,7 +1236,7 @@ impl Table {
         hash: u64,
         id: Id<'_>,
         home: Home,
-        limit: &Limit,
+        stamp: u64,
         state: State,
         expires: u64,
         now: u64,
@@ -1252,7 +1252,6 @@ impl Table {
         }
         let evicted = self.len() >= max_len && self.evict(now, max_len);
         self.inserts += 1;
-        let stamp = self.stamps.of(limit.quota());
         match (home, state) {
             (Home::Word, State::Gcra(gcra)) => {
                 let word = stamped(gcra.tat_us, stamp);
