@@ -1,4 +1,4 @@
-//! One of the 16 shards: the tables behind one lock, the expiry of entries and the key cap.
+//! One of the 64 shards: the tables behind one lock, the expiry of entries and the key cap.
 //!
 //! A GCRA state is one instant (the theoretical arrival time, which is also when the key may be
 //! forgotten), stored next to its id packed into words ([`Compact`]): 16-byte entries for an

@@ -104,7 +104,7 @@ fn expired_keys_make_room_before_live_ones_are_evicted() {
     for i in 0u64..6_400 {
         store.decide_sync(&Request::new(Key::new(&i.to_le_bytes()).unwrap(), limit));
     }
-    // The cap is per shard (max_keys / 16), so the fill itself may have evicted a few.
+    // The cap is per shard (max_keys / 64), so the fill itself may have evicted a few.
     let evicted_while_filling = store.evictions();
     // Every one of those keys expires after 100 ms.
     store.clock().advance(std::time::Duration::from_secs(1));
