@@ -17,6 +17,8 @@ pub struct FastClock {
     clock: quanta::Clock,
     base_raw: u64,
     base_epoch_us: u64,
+    /// Microseconds per raw tick, in units of 2^-64 µs: a reading is scaled by one multiplication.
+    us_per_tick: u64,
 }
 
 impl FastClock {
@@ -24,10 +26,14 @@ impl FastClock {
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
         let base_raw = clock.raw();
+        // 2^40 ticks in ns, then one tick in 2^-64 µs: a tick of either of quanta's sources (the
+        // TSC, or the OS clock in ns) is shorter than a µs, so the fraction fits 64 bits.
+        let ns = u128::from(clock.delta_as_nanos(0, 1 << 40));
         Self {
             clock,
             base_raw,
             base_epoch_us: SystemClock.now_us(),
+            us_per_tick: u64::try_from((ns << 24) / 1_000).unwrap_or(u64::MAX),
         }
     }
 }
@@ -50,8 +56,9 @@ impl Clock for FastClock {
     // Always inlined: see `MemoryStore::decide_sync`.
     #[inline(always)]
     fn now_us(&self) -> u64 {
-        let elapsed_ns = self.clock.delta_as_nanos(self.base_raw, self.clock.raw());
-        self.base_epoch_us.saturating_add(elapsed_ns / 1_000)
+        let ticks = self.clock.raw().saturating_sub(self.base_raw);
+        let elapsed_us = (u128::from(ticks) * u128::from(self.us_per_tick)) >> 64;
+        self.base_epoch_us.saturating_add(elapsed_us as u64)
     }
 }
 

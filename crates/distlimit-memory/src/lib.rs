@@ -58,7 +58,7 @@ struct Padded<T>(T);
 
 /// The in-process store: see the [crate documentation](crate).
 pub struct MemoryStore<C = FastClock, S = DefaultHasher> {
-    shards: Box<[Padded<RwLock<Table>>]>,
+    shards: Box<[Padded<RwLock<Table>>; SHARDS]>,
     hasher: S,
     clock: C,
     max_keys_per_shard: usize,
@@ -160,9 +160,9 @@ impl<C, S> Builder<C, S> {
     /// Builds the store.
     pub fn build(self) -> MemoryStore<C, S> {
         MemoryStore {
-            shards: (0..SHARDS)
-                .map(|_| Padded(RwLock::new(Table::default())))
-                .collect(),
+            shards: Box::new(std::array::from_fn(|_| {
+                Padded(RwLock::new(Table::default()))
+            })),
             hasher: self.hasher,
             clock: self.clock,
             max_keys_per_shard: self.max_keys.div_ceil(SHARDS).max(1),
