@@ -10,33 +10,22 @@ use distlimit_core::{
     Algorithm, Clock, Decision, Error, KeyError, Limit, MAX_BATCH, MAX_KEY_LEN, ManualClock, NEVER,
     Quota, Request, Settle, State, Store, StoreExt,
 };
-use tokio::sync::Barrier;
-use tokio::task::JoinHandle;
 
 use crate::support::{
-    HOUR, Keys, MINUTE, Model, Rng, SECOND, Via, Walk, all_limits, decide, decide_all, describe,
-    micros, model_quotas, quota, random_advance, random_cost, request, seed, show, small_quotas,
+    HOUR, Keys, MINUTE, Model, Rng, SECOND, TASKS, Via, Walk, all_limits, decide, decide_all,
+    describe, micros, model_quotas, quota, race, random_advance, random_cost, request, seed, show,
+    small_quotas, via,
 };
 
 /// Steps per algorithm and quota in [`check_matches_reference_model`].
 const MODEL_STEPS: usize = 200;
 
-/// Tasks racing on one key in the concurrency checks.
-const TASKS: usize = 32;
-
 /// The limit those tasks race for.
 const RACE_LIMIT: u64 = 10;
 
-fn via(step: usize) -> Via {
-    if step % 4 == 3 {
-        Via::Batch
-    } else {
-        Via::Decide
-    }
-}
-
-/// `decide`, compared with the reference model for the same key.
-async fn decide_like_model<S: Store + ?Sized>(
+/// `decide` compared with the reference model for the same key; a peek (cost 0) must not
+/// change the model.
+async fn like_model<S: Store + ?Sized>(
     store: &S,
     model: &mut Model,
     key: &[u8],
@@ -45,35 +34,17 @@ async fn decide_like_model<S: Store + ?Sized>(
     cost: u64,
     ctx: &str,
 ) -> Decision {
-    let expected = model.decide(key, limit, now, cost);
+    let expected = if cost == 0 {
+        model.evaluate(key, limit, now, 0)
+    } else {
+        model.decide(key, limit, now, cost)
+    };
     let got = decide(store, key, limit, cost, &ctx).await;
     assert_eq!(
         got,
         expected,
         "{ctx}: key {}, {}, cost {cost} at {now} µs: the store's decision (left) differs from the \
          reference model Limit::decide (right)",
-        show(key),
-        describe(&limit)
-    );
-    got
-}
-
-/// A peek (cost 0) compared with the reference model, which it must not change.
-async fn peek_like_model<S: Store + ?Sized>(
-    store: &S,
-    model: &Model,
-    key: &[u8],
-    limit: Limit,
-    now: u64,
-    ctx: &str,
-) -> Decision {
-    let expected = model.evaluate(key, limit, now, 0);
-    let got = decide(store, key, limit, 0, &ctx).await;
-    assert_eq!(
-        got,
-        expected,
-        "{ctx}: peek of key {} ({}) at {now} µs: the store's decision (left) differs from the \
-         reference model (right)",
         show(key),
         describe(&limit)
     );
@@ -111,7 +82,7 @@ pub async fn check_fresh_key_admits_capacity<S: Store + ?Sized>(store: &S, clock
         let now = clock.now_us();
         let mut model = Model::default();
         for n in 1..=cap {
-            let d = decide_like_model(store, &mut model, &key, limit, now, 1, &ctx).await;
+            let d = like_model(store, &mut model, &key, limit, now, 1, &ctx).await;
             assert!(
                 d.is_allowed() && d.limit() == cap && d.remaining() == cap - n,
                 "{ctx}: request {n} of {cap} at one instant must be allowed with limit {cap} and \
@@ -119,7 +90,7 @@ pub async fn check_fresh_key_admits_capacity<S: Store + ?Sized>(store: &S, clock
                 cap - n
             );
         }
-        let d = decide_like_model(store, &mut model, &key, limit, now, 1, &ctx).await;
+        let d = like_model(store, &mut model, &key, limit, now, 1, &ctx).await;
         assert!(
             d.is_denied()
                 && d.remaining() == 0
@@ -217,15 +188,9 @@ pub async fn check_matches_reference_model<S: Store + ?Sized>(store: &S, clock: 
     for (i, limit) in all_limits(&model_quotas()).into_iter().enumerate() {
         let key = keys.key(i.to_string());
         let mut rng = Rng::new(seed(CHECK, i));
-        let start = clock.now_us();
-        let mut walk = Walk::new(CHECK, describe(&limit), &key, limit.algorithm(), start);
-        for step in 0..MODEL_STEPS {
-            let advance = random_advance(&mut rng, &limit, clock.now_us(), walk.last_retry);
-            clock.advance(Duration::from_micros(advance));
-            let cost = random_cost(&mut rng, limit.capacity());
-            walk.step(store, clock.now_us(), limit, cost, via(step))
-                .await;
-        }
+        let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
+        walk.random(store, clock, &mut rng, limit, MODEL_STEPS, 0)
+            .await;
     }
 }
 
@@ -241,13 +206,7 @@ pub async fn check_peek_changes_nothing<S: Store + ?Sized>(store: &S, clock: &Ma
         let cap = limit.capacity();
         let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let mut rng = Rng::new(seed(CHECK, i));
-        let mut walk = Walk::new(
-            CHECK,
-            describe(&limit),
-            &key,
-            limit.algorithm(),
-            clock.now_us(),
-        );
+        let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
         let now = clock.now_us();
         let first = walk.step(store, now, limit, 0, Via::Decide).await;
         assert!(
@@ -301,7 +260,7 @@ pub async fn check_cost_above_capacity_is_never<S: Store + ?Sized>(store: &S, cl
         let cap = limit.capacity();
         let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let now = clock.now_us();
-        let mut walk = Walk::new(CHECK, describe(&limit), &key, limit.algorithm(), now);
+        let mut walk = Walk::new(CHECK, &key, &limit, now);
         for (cost, via) in [
             (cap + 1, Via::Decide),
             (cap + 1, Via::Batch),
@@ -346,7 +305,7 @@ pub async fn check_denied_request_is_not_charged<S: Store + ?Sized>(
         let cap = limit.capacity();
         let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let now = clock.now_us();
-        let mut walk = Walk::new(CHECK, describe(&limit), &key, limit.algorithm(), now);
+        let mut walk = Walk::new(CHECK, &key, &limit, now);
         if cap >= 2 {
             walk.step(store, now, limit, cap - 1, Via::Decide).await;
             for n in 0..6 {
@@ -409,29 +368,29 @@ pub async fn check_keys_are_independent<S: Store + ?Sized>(store: &S, clock: &Ma
         let ctx = format!("check `{CHECK}` ({})", describe(&limit));
         let now = clock.now_us();
         let mut model = Model::default();
-        decide_like_model(store, &mut model, &a, limit, now, cap, &ctx).await;
-        let denied = decide_like_model(store, &mut model, &a, limit, now, 1, &ctx).await;
+        like_model(store, &mut model, &a, limit, now, cap, &ctx).await;
+        let denied = like_model(store, &mut model, &a, limit, now, 1, &ctx).await;
         assert!(
             denied.is_denied(),
             "{ctx}: key {} must be exhausted",
             show(&a)
         );
         for other in &others {
-            let p = peek_like_model(store, &model, other, limit, now, &ctx).await;
+            let p = like_model(store, &mut model, other, limit, now, 0, &ctx).await;
             assert!(
                 p.is_allowed() && p.remaining() == cap,
                 "{ctx}: exhausting key {} must not touch key {}, got {p:?}",
                 show(&a),
                 show(other)
             );
-            let d = decide_like_model(store, &mut model, other, limit, now, 1, &ctx).await;
+            let d = like_model(store, &mut model, other, limit, now, 1, &ctx).await;
             assert!(
                 d.is_allowed(),
                 "{ctx}: key {} must pass, got {d:?}",
                 show(other)
             );
         }
-        let again = decide_like_model(store, &mut model, &a, limit, now, 1, &ctx).await;
+        let again = like_model(store, &mut model, &a, limit, now, 1, &ctx).await;
         assert_eq!(
             again,
             denied,
@@ -494,7 +453,7 @@ pub async fn check_key_bytes_are_opaque<S: Store + ?Sized>(store: &S, clock: &Ma
         let mut model = Model::default();
         // Key j is charged j + 1 units, so a peek tells every key apart.
         for (j, key) in all.iter().enumerate() {
-            let d = decide_like_model(store, &mut model, key, limit, now, j as u64 + 1, &ctx).await;
+            let d = like_model(store, &mut model, key, limit, now, j as u64 + 1, &ctx).await;
             assert!(
                 d.is_allowed() && d.remaining() == 64 - (j as u64 + 1),
                 "{ctx}: key {} was charged as if it shared state with another key: {d:?}",
@@ -502,7 +461,7 @@ pub async fn check_key_bytes_are_opaque<S: Store + ?Sized>(store: &S, clock: &Ma
             );
         }
         for (j, key) in all.iter().enumerate() {
-            let p = peek_like_model(store, &model, key, limit, now, &ctx).await;
+            let p = like_model(store, &mut model, key, limit, now, 0, &ctx).await;
             assert_eq!(
                 p.remaining(),
                 64 - (j as u64 + 1),
@@ -521,7 +480,7 @@ pub async fn check_key_bytes_are_opaque<S: Store + ?Sized>(store: &S, clock: &Ma
             "{ctx}: a batch of distinct (if similar) keys must be accepted and admitted, got {ds:?}"
         );
         for key in &all {
-            peek_like_model(store, &model, key, limit, now, &ctx).await;
+            like_model(store, &mut model, key, limit, now, 0, &ctx).await;
         }
     }
 }
@@ -570,8 +529,8 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
                  (7 and 2 left, as a peek would), got {ds:?}"
             );
         }
-        let pa = peek_like_model(store, &model, &a, la, now, &ctx).await;
-        let pc = peek_like_model(store, &model, &c, lc, now, &ctx).await;
+        let pa = like_model(store, &mut model, &a, la, now, 0, &ctx).await;
+        let pc = like_model(store, &mut model, &c, lc, now, 0, &ctx).await;
         assert!(
             pa.remaining() == 7 && pc.remaining() == 2,
             "{ctx}: denied batches must charge no key: a must have 7 left and c 2, got {pa:?} and {pc:?}"
@@ -586,8 +545,8 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
             ds[0].is_allowed() && ds[1].is_never(),
             "{ctx}: cost 5 on capacity 4 must be NEVER and deny the batch, got {ds:?}"
         );
-        let pa = peek_like_model(store, &model, &a, la, now, &ctx).await;
-        let pd = peek_like_model(store, &model, &d, ld, now, &ctx).await;
+        let pa = like_model(store, &mut model, &a, la, now, 0, &ctx).await;
+        let pd = like_model(store, &mut model, &d, ld, now, 0, &ctx).await;
         assert!(
             pa.remaining() == 7 && pd.remaining() == 4,
             "{ctx}: an impossible batch must charge no key, got {pa:?} and {pd:?}"
@@ -603,7 +562,7 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
             "{ctx}: a full batch of {MAX_BATCH} fresh keys must be admitted, got {ds:?}"
         );
         for k in &fresh {
-            let p = peek_like_model(store, &model, k, lf, now, &ctx).await;
+            let p = like_model(store, &mut model, k, lf, now, 0, &ctx).await;
             assert_eq!(
                 p.remaining(),
                 1,
@@ -623,7 +582,7 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
             "{ctx}: a full batch ending with exhausted key b: got {ds:?}"
         );
         for k in &fresh {
-            let p = peek_like_model(store, &model, k, lf, now, &ctx).await;
+            let p = like_model(store, &mut model, k, lf, now, 0, &ctx).await;
             assert_eq!(
                 p.remaining(),
                 1,
@@ -647,8 +606,8 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
             ds[0].is_denied() && ds[1].is_allowed(),
             "{ctx}: a peek at exhausted key b is denied and denies the batch, got {ds:?}"
         );
-        let pa = peek_like_model(store, &model, &a, la, now, &ctx).await;
-        let pe = peek_like_model(store, &model, &e, le, now, &ctx).await;
+        let pa = like_model(store, &mut model, &a, la, now, 0, &ctx).await;
+        let pe = like_model(store, &mut model, &e, le, now, 0, &ctx).await;
         assert!(
             pa.remaining() == 7 && pe.remaining() == 2,
             "{ctx}: a peek in a batch must charge nothing and a denied batch must not charge e: \
@@ -718,9 +677,9 @@ pub async fn check_decide_all_rejects_invalid_batches<S: Store + ?Sized>(
         );
 
         let now = clock.now_us();
-        let model = Model::default();
+        let mut model = Model::default();
         for k in many.iter().chain([&a, &b, &c]) {
-            let p = peek_like_model(store, &model, k, limit, now, &ctx).await;
+            let p = like_model(store, &mut model, k, limit, now, 0, &ctx).await;
             assert_eq!(
                 p.remaining(),
                 limit.capacity(),
@@ -728,7 +687,7 @@ pub async fn check_decide_all_rejects_invalid_batches<S: Store + ?Sized>(
                 show(k)
             );
         }
-        let p = peek_like_model(store, &model, &c, other, now, &ctx).await;
+        let p = like_model(store, &mut model, &c, other, now, 0, &ctx).await;
         assert_eq!(
             p.remaining(),
             other.capacity(),
@@ -765,19 +724,14 @@ pub async fn check_limit_change_follows_model<S: Store + ?Sized>(store: &S, cloc
             case += 1;
             let key = keys.key(case.to_string());
             let mut rng = Rng::new(seed(CHECK, case));
-            let mut walk = Walk::new(
-                CHECK,
-                format!("{a}, then {a} with another quota, then {b}, then {a} again"),
-                &key,
-                a,
-                clock.now_us(),
-            );
             let segments = [
                 Limit::new(a, q1),
                 Limit::new(a, q2),
                 Limit::new(b, q1),
                 Limit::new(a, q1),
             ];
+            let mut walk = Walk::new(CHECK, &key, &segments[0], clock.now_us());
+            walk.case = format!("{a}, then {a} with another quota, then {b}, then {a} again");
             for (n, limit) in segments.iter().copied().enumerate() {
                 let switched = n > 0 && segments[n - 1].algorithm() != limit.algorithm();
                 let brief = limit.algorithm() == b;
@@ -825,26 +779,8 @@ pub async fn check_clock_going_backwards_follows_model<S: Store + ?Sized>(
     for (i, limit) in all_limits(&small_quotas()).into_iter().enumerate() {
         let key = keys.key(i.to_string());
         let mut rng = Rng::new(seed(CHECK, i));
-        let mut walk = Walk::new(
-            CHECK,
-            describe(&limit),
-            &key,
-            limit.algorithm(),
-            clock.now_us(),
-        );
-        let period = limit.quota().period_us();
-        for step in 0..STEPS {
-            if rng.below(100) < 15 {
-                let back = rng.range(1, 2 * period);
-                clock.set_us(clock.now_us().saturating_sub(back));
-            } else {
-                let advance = random_advance(&mut rng, &limit, clock.now_us(), walk.last_retry);
-                clock.advance(Duration::from_micros(advance));
-            }
-            let cost = random_cost(&mut rng, limit.capacity());
-            walk.step(store, clock.now_us(), limit, cost, via(step))
-                .await;
-        }
+        let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
+        walk.random(store, clock, &mut rng, limit, STEPS, 15).await;
     }
 }
 
@@ -858,20 +794,8 @@ pub async fn check_idle_key_decides_as_fresh<S: Store + ?Sized>(store: &S, clock
     for (i, limit) in all_limits(&model_quotas()).into_iter().enumerate() {
         let key = keys.key(i.to_string());
         let mut rng = Rng::new(seed(CHECK, i));
-        let mut walk = Walk::new(
-            CHECK,
-            describe(&limit),
-            &key,
-            limit.algorithm(),
-            clock.now_us(),
-        );
-        for step in 0..STEPS {
-            let advance = random_advance(&mut rng, &limit, clock.now_us(), walk.last_retry);
-            clock.advance(Duration::from_micros(advance));
-            let cost = random_cost(&mut rng, limit.capacity());
-            walk.step(store, clock.now_us(), limit, cost, via(step))
-                .await;
-        }
+        let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
+        walk.random(store, clock, &mut rng, limit, STEPS, 0).await;
         let expires = walk.state.expires_at(limit.quota());
         let now = clock.now_us().max(expires);
         clock.set_us(now);
@@ -898,15 +822,6 @@ pub async fn check_idle_key_decides_as_fresh<S: Store + ?Sized>(store: &S, clock
     }
 }
 
-/// Awaits a spawned task, re-raising its panic.
-async fn join<T>(handle: JoinHandle<T>, ctx: &str) -> T {
-    match handle.await {
-        Ok(value) => value,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => panic!("{ctx}: a task failed: {e}"),
-    }
-}
-
 /// Concurrent requests on one key are atomic: 32 Tokio tasks released together
 /// race for one fresh key with capacity 10, half through `decide`, half through `decide_all`;
 /// exactly 10 are admitted. Every algorithm.
@@ -923,36 +838,26 @@ pub async fn check_concurrent_requests_admit_exactly_limit<S: Store + ?Sized + '
         let limit = Limit::new(algorithm, quota(RACE_LIMIT, HOUR, RACE_LIMIT));
         let key: Arc<[u8]> = keys.key(i.to_string()).into();
         let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let handles: Vec<JoinHandle<Result<Vec<Decision>, Error>>> = (0..TASKS)
-            .map(|t| {
-                let (store, key, barrier) =
-                    (Arc::clone(store), Arc::clone(&key), Arc::clone(&barrier));
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let request = Request::new(distlimit_core::Key::new(&*key)?, limit);
-                    if t % 2 == 0 {
-                        store.decide(&request).await.map(|d| vec![d])
-                    } else {
-                        store.decide_all(std::slice::from_ref(&request)).await
-                    }
-                })
-            })
-            .collect();
-        let mut allowed = 0;
-        for (t, handle) in handles.into_iter().enumerate() {
-            match join(handle, &ctx).await {
-                Ok(ds) if ds.len() == 1 => {
-                    assert!(
-                        ds[0].is_allowed() || !ds[0].is_never(),
-                        "{ctx}: task {t}: a denial of cost 1 must not be NEVER, got {:?}",
-                        ds[0]
-                    );
-                    allowed += u64::from(ds[0].is_allowed());
+        let answers = race(&ctx, |t| {
+            let (store, key) = (Arc::clone(store), Arc::clone(&key));
+            async move {
+                let request = Request::new(distlimit_core::Key::new(&*key)?, limit);
+                if t % 2 == 0 {
+                    store.decide(&request).await.map(|d| vec![d])
+                } else {
+                    store.decide_all(std::slice::from_ref(&request)).await
                 }
-                Ok(ds) => panic!("{ctx}: task {t}: one request, {} decisions", ds.len()),
-                Err(e) => panic!("{ctx}: task {t} failed: {e} ({e:?})"),
             }
+        })
+        .await;
+        let mut allowed = 0;
+        for (t, ds) in answers.iter().enumerate() {
+            assert!(
+                ds.len() == 1 && (ds[0].is_allowed() || !ds[0].is_never()),
+                "{ctx}: task {t}: one request must get one decision, a denial of cost 1 not \
+                 NEVER, got {ds:?}"
+            );
+            allowed += u64::from(ds[0].is_allowed());
         }
         assert_eq!(
             allowed, RACE_LIMIT,
@@ -990,44 +895,30 @@ pub async fn check_concurrent_batches_are_atomic<S: Store + ?Sized + 'static>(
             describe(&shared_limit),
             describe(&own_limit)
         );
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let handles: Vec<JoinHandle<Result<Vec<Decision>, Error>>> = own
-            .iter()
-            .enumerate()
-            .map(|(t, own_key)| {
-                let (store, shared, own_key, barrier) = (
-                    Arc::clone(store),
-                    Arc::clone(&shared),
-                    Arc::clone(own_key),
-                    Arc::clone(&barrier),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let s = Request::new(distlimit_core::Key::new(&*shared)?, shared_limit);
-                    let o = Request::new(distlimit_core::Key::new(&*own_key)?, own_limit);
-                    let batch = if t % 2 == 0 { [s, o] } else { [o, s] };
-                    store.decide_all(&batch).await
-                })
-            })
-            .collect();
-        let mut admitted = [false; TASKS];
-        for (t, handle) in handles.into_iter().enumerate() {
-            match join(handle, &ctx).await {
-                Ok(ds) if ds.len() == 2 => {
-                    let (s, o) = if t % 2 == 0 {
-                        (ds[0], ds[1])
-                    } else {
-                        (ds[1], ds[0])
-                    };
-                    assert!(
-                        o.is_allowed(),
-                        "{ctx}: task {t}: its own fresh key must pass on its own, got {o:?}"
-                    );
-                    admitted[t] = s.is_allowed();
-                }
-                Ok(ds) => panic!("{ctx}: task {t}: two requests, {} decisions", ds.len()),
-                Err(e) => panic!("{ctx}: task {t} failed: {e} ({e:?})"),
+        let answers = race(&ctx, |t| {
+            let (store, shared, own_key) =
+                (Arc::clone(store), Arc::clone(&shared), Arc::clone(&own[t]));
+            async move {
+                let s = Request::new(distlimit_core::Key::new(&*shared)?, shared_limit);
+                let o = Request::new(distlimit_core::Key::new(&*own_key)?, own_limit);
+                let batch = if t % 2 == 0 { [s, o] } else { [o, s] };
+                store.decide_all(&batch).await
             }
+        })
+        .await;
+        let mut admitted = [false; TASKS];
+        for (t, ds) in answers.iter().enumerate() {
+            assert_eq!(ds.len(), 2, "{ctx}: task {t}: two requests, {ds:?}");
+            let (s, o) = if t % 2 == 0 {
+                (ds[0], ds[1])
+            } else {
+                (ds[1], ds[0])
+            };
+            assert!(
+                o.is_allowed(),
+                "{ctx}: task {t}: its own fresh key must pass on its own, got {o:?}"
+            );
+            admitted[t] = s.is_allowed();
         }
         let count = admitted.iter().filter(|&&a| a).count() as u64;
         assert_eq!(
