@@ -251,32 +251,6 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         }
     }
 
-    async fn degraded_one(
-        &self,
-        request: &Request<'_>,
-        error: Option<Error>,
-    ) -> Result<Decision, Error> {
-        match self.failure_mode_of(request.state()) {
-            FailureMode::Fallback => {
-                bump(&self.counters.fallback);
-                let share = self.share_of(request)?;
-                let decision = match self.fallback.decide_now(&share) {
-                    Some(answer) => answer?,
-                    None => self.fallback.decide(&share).await?,
-                };
-                Ok(decision.with_source(Source::Fallback))
-            }
-            FailureMode::FailOpen => {
-                bump(&self.counters.failed_open);
-                Ok(Self::fail_open(request))
-            }
-            FailureMode::FailClosed => {
-                bump(&self.counters.failed_closed);
-                Err(error.unwrap_or_else(|| self.open_error()))
-            }
-        }
-    }
-
     /// A batch (of requests, or of settles) answered by each policy's failure mode.
     async fn degraded_all<'k, T: Item<'k>>(
         &self,
@@ -452,7 +426,7 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
                 Ok(decision)
             }
             Err(error) => match self.primary_failed(&mut probe, request.policy(), &error) {
-                Next::Degrade => self.degraded_one(request, Some(error)).await,
+                Next::Degrade => self.decide_open(request, Some(error)).await,
                 Next::Return => Err(error),
             },
         }
@@ -499,10 +473,10 @@ enum OpenAnswer<'k> {
 }
 
 impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
-    /// What the open path answers at once: the failure mode's answer, or the fallback's
-    /// synchronous answer ([`Store::decide_now`]) with the instance share applied; else the
-    /// scaled request to await the fallback on.
-    fn open_now<'k>(&self, request: &Request<'k>) -> OpenAnswer<'k> {
+    /// What the open path (or a failed primary call, `error`) answers at once: the failure
+    /// mode's answer, or the fallback's synchronous answer ([`Store::decide_now`]) with the
+    /// instance share applied; else the scaled request to await the fallback on.
+    fn open_now<'k>(&self, request: &Request<'k>, error: Option<Error>) -> OpenAnswer<'k> {
         match self.failure_mode_of(request.state()) {
             FailureMode::Fallback => {
                 let share = match self.share_of(request) {
@@ -523,23 +497,27 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             }
             FailureMode::FailClosed => {
                 bump(&self.counters.failed_closed);
-                OpenAnswer::Ready(Err(self.open_error()))
+                OpenAnswer::Ready(Err(error.unwrap_or_else(|| self.open_error())))
             }
         }
     }
 
-    /// A decision while the breaker is open, in one boxed future of ours: a ready one when
-    /// [`open_now`](Self::open_now) answers; else the fallback's own future re-tagged when the
-    /// limit is whole (one instance), or a small one holding the scaled request the fallback's
-    /// future borrows.
-    fn decide_open<'s, 'r, 'k, 'f>(&'s self, request: &'r Request<'k>) -> BoxFuture<'f, Decision>
+    /// A decision while the breaker is open, or after the primary failed with `error`, in one
+    /// boxed future of ours: a ready one when [`open_now`](Self::open_now) answers; else the
+    /// fallback's own future re-tagged when the limit is whole (one instance), or a small one
+    /// holding the scaled request the fallback's future borrows.
+    fn decide_open<'s, 'r, 'k, 'f>(
+        &'s self,
+        request: &'r Request<'k>,
+        error: Option<Error>,
+    ) -> BoxFuture<'f, Decision>
     where
         's: 'f,
         'r: 'f,
         'k: 'f,
         Self: 'f,
     {
-        let share = match self.open_now(request) {
+        let share = match self.open_now(request, error) {
             OpenAnswer::Ready(answer) => return Box::pin(std::future::ready(answer)),
             OpenAnswer::Await(share) => share,
         };
@@ -551,6 +529,26 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             let decision = self.fallback.decide(&share).await?;
             Ok(decision.with_source(Source::Fallback))
         })
+    }
+}
+
+impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
+    /// A batch of requests or settles, once `valid`: on the primary while the breaker lets it,
+    /// else by each policy's failure mode.
+    fn batch<'k: 'f, 'f, T: Item<'k>>(
+        &'f self,
+        items: &'f [T],
+        valid: Result<(), Error>,
+    ) -> BoxFuture<'f, Vec<Decision>> {
+        if let Err(e) = valid {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let route = self.route();
+        if route == Route::Fallback {
+            return Box::pin(self.degraded_all(items, None));
+        }
+        let now = if T::SETTLES { 0 } else { self.sent_at() };
+        Box::pin(self.decide_all_primary(items, route, now))
     }
 }
 
@@ -585,7 +583,7 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
     {
         let route = self.route();
         if route == Route::Fallback {
-            return self.decide_open(request);
+            return self.decide_open(request, None);
         }
         let now = self.sent_at();
         if route == Route::Primary
@@ -608,14 +606,7 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         'k: 'f,
         Self: 'f,
     {
-        if let Err(e) = validate_batch(requests) {
-            return Box::pin(std::future::ready(Err(e)));
-        }
-        let route = self.route();
-        if route == Route::Fallback {
-            return Box::pin(self.degraded_all(requests, None));
-        }
-        Box::pin(self.decide_all_primary(requests, route, self.sent_at()))
+        self.batch(requests, validate_batch(requests))
     }
 
     /// Answers at once when no primary call is needed: an open breaker whose failure mode
@@ -624,7 +615,7 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
     /// `None` otherwise: a closed breaker's call, a due probe, or a fallback that must be awaited.
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         match self.breaker.route_now(|| self.clock.now_us())? {
-            Route::Fallback => match self.open_now(request) {
+            Route::Fallback => match self.open_now(request, None) {
                 OpenAnswer::Ready(answer) => Some(answer),
                 OpenAnswer::Await(_) => None,
             },
@@ -658,14 +649,7 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         'k: 'f,
         Self: 'f,
     {
-        if let Err(e) = validate_settles(settles) {
-            return Box::pin(std::future::ready(Err(e)));
-        }
-        let route = self.route();
-        if route == Route::Fallback {
-            return Box::pin(self.degraded_all(settles, None));
-        }
-        Box::pin(self.decide_all_primary(settles, route, 0))
+        self.batch(settles, validate_settles(settles))
     }
 }
 
