@@ -552,43 +552,35 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
             "{ctx}: an impossible batch must charge no key, got {pa:?} and {pd:?}"
         );
 
-        // A full batch of fresh keys is admitted and charges every key...
+        // A full batch of fresh keys is admitted and charges every key; then one whose last
+        // request is exhausted key b's charges none of them.
         let fresh: Vec<Vec<u8>> = (0..MAX_BATCH).map(|j| keys.key(format!("f{j}"))).collect();
         let lf = Limit::new(algorithm, quota(2, HOUR, 2));
-        let batch: Vec<Request<'_>> = fresh.iter().map(|k| request(k, lf, 1)).collect();
-        let ds = decide_all_like_model(store, &mut model, &batch, now, &ctx).await;
-        assert!(
-            ds.iter().all(Decision::is_allowed),
-            "{ctx}: a full batch of {MAX_BATCH} fresh keys must be admitted, got {ds:?}"
-        );
-        for k in &fresh {
-            let p = like_model(store, &mut model, k, lf, now, 0, &ctx).await;
-            assert_eq!(
-                p.remaining(),
-                1,
-                "{ctx}: an admitted batch must charge key {}",
-                show(k)
+        for admitted in [true, false] {
+            let mut batch: Vec<Request<'_>> = fresh.iter().map(|k| request(k, lf, 1)).collect();
+            if !admitted {
+                batch[MAX_BATCH - 1] = request(&b, lb, 1);
+            }
+            let ds = decide_all_like_model(store, &mut model, &batch, now, &ctx).await;
+            assert!(
+                ds[..MAX_BATCH - 1].iter().all(Decision::is_allowed)
+                    && ds[MAX_BATCH - 1].is_allowed() == admitted,
+                "{ctx}: a full batch of {MAX_BATCH} keys{}: got {ds:?}",
+                if admitted {
+                    ", all fresh"
+                } else {
+                    " ending with exhausted key b"
+                }
             );
-        }
-        // ...and one whose last request is denied charges none of them.
-        let mut batch: Vec<Request<'_>> = fresh[..MAX_BATCH - 1]
-            .iter()
-            .map(|k| request(k, lf, 1))
-            .collect();
-        batch.push(request(&b, lb, 1));
-        let ds = decide_all_like_model(store, &mut model, &batch, now, &ctx).await;
-        assert!(
-            ds[..MAX_BATCH - 1].iter().all(Decision::is_allowed) && ds[MAX_BATCH - 1].is_denied(),
-            "{ctx}: a full batch ending with exhausted key b: got {ds:?}"
-        );
-        for k in &fresh {
-            let p = like_model(store, &mut model, k, lf, now, 0, &ctx).await;
-            assert_eq!(
-                p.remaining(),
-                1,
-                "{ctx}: a denied batch charged key {}",
-                show(k)
-            );
+            for k in &fresh {
+                let p = like_model(store, &mut model, k, lf, now, 0, &ctx).await;
+                assert_eq!(
+                    p.remaining(),
+                    1,
+                    "{ctx}: the admitted batch must charge key {} once, the denied one not",
+                    show(k)
+                );
+            }
         }
 
         // Peeks in a batch: an allowed peek charges nothing; a denied peek denies the batch.
@@ -616,13 +608,6 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
     }
 }
 
-fn assert_invalid_request(result: Result<Vec<Decision>, Error>, what: &str, ctx: &str) {
-    assert!(
-        matches!(result, Err(Error::InvalidRequest(_))),
-        "{ctx}: {what} must be rejected with Error::InvalidRequest (see validate_batch), got {result:?}"
-    );
-}
-
 /// `decide_all` rejects an empty batch, a batch of more than [`MAX_BATCH`] requests, and a batch
 /// naming one key twice (same limit, different limits, or peeks) with [`Error::InvalidRequest`],
 /// and charges nothing for them.
@@ -637,44 +622,41 @@ pub async fn check_decide_all_rejects_invalid_batches<S: Store + ?Sized>(
         let other = Limit::new(Algorithm::ALL[(i + 1) % 5], quota(3, MINUTE, 3));
         let ctx = format!("check `{CHECK}` ({})", describe(&limit));
 
-        assert_invalid_request(store.decide_all(&[]).await, "an empty batch", &ctx);
-
         let many: Vec<Vec<u8>> = (0..=MAX_BATCH).map(|j| keys.key(format!("m{j}"))).collect();
-        let batch: Vec<Request<'_>> = many.iter().map(|k| request(k, limit, 1)).collect();
-        assert_invalid_request(
-            store.decide_all(&batch).await,
-            "a batch of MAX_BATCH + 1 requests",
-            &ctx,
-        );
-
         let (a, b, c) = (keys.key("a"), keys.key("b"), keys.key("c"));
         // Equal bytes in separate buffers: keys are compared by value.
         let (a2, c2) = (a.clone(), c.clone());
-        assert_invalid_request(
-            store
-                .decide_all(&[
+        let invalid: [(&str, Vec<Request<'_>>); 5] = [
+            ("an empty batch", Vec::new()),
+            (
+                "a batch of MAX_BATCH + 1 requests",
+                many.iter().map(|k| request(k, limit, 1)).collect(),
+            ),
+            (
+                "a batch naming one key twice",
+                vec![
                     request(&a, limit, 1),
                     request(&b, limit, 1),
                     request(&a2, limit, 1),
-                ])
-                .await,
-            "a batch naming one key twice",
-            &ctx,
-        );
-        assert_invalid_request(
-            store
-                .decide_all(&[request(&c, limit, 1), request(&c2, other, 1)])
-                .await,
-            "a batch naming one key twice under different limits",
-            &ctx,
-        );
-        assert_invalid_request(
-            store
-                .decide_all(&[request(&a, limit, 0), request(&a2, limit, 0)])
-                .await,
-            "a batch of two peeks at one key",
-            &ctx,
-        );
+                ],
+            ),
+            (
+                "a batch naming one key twice under different limits",
+                vec![request(&c, limit, 1), request(&c2, other, 1)],
+            ),
+            (
+                "a batch of two peeks at one key",
+                vec![request(&a, limit, 0), request(&a2, limit, 0)],
+            ),
+        ];
+        for (what, batch) in &invalid {
+            let result = store.decide_all(batch).await;
+            assert!(
+                matches!(result, Err(Error::InvalidRequest(_))),
+                "{ctx}: {what} must be rejected with Error::InvalidRequest (see validate_batch), \
+                 got {result:?}"
+            );
+        }
 
         let now = clock.now_us();
         let mut model = Model::default();
@@ -948,34 +930,28 @@ pub async fn check_store_ext_validates_keys<S: Store + ?Sized>(store: &S, clock:
         let keys = Keys::new(CHECK);
         let limit = Limit::new(algorithm, quota(5, HOUR, 5));
         let ctx = format!("check `{CHECK}` ({})", describe(&limit));
-        let empty = [
-            store.check("", limit).await,
-            store.check_cost("", limit, 2).await,
-            store.peek("", limit).await,
-        ];
-        for (n, r) in empty.iter().enumerate() {
-            assert!(
-                matches!(r, Err(Error::InvalidKey(KeyError::Empty))),
-                "{ctx}: call {n} (check, check_cost, peek) with an empty key must fail with \
-                 Error::InvalidKey(KeyError::Empty), got {r:?}"
-            );
-        }
         let long = keys.key_of_len(MAX_KEY_LEN + 1, b'x');
-        let too_long = [
-            store.check(&long, limit).await,
-            store.check_cost(&long, limit, 2).await,
-            store.peek(&long, limit).await,
-        ];
-        for (n, r) in too_long.iter().enumerate() {
-            assert!(
-                matches!(
-                    r,
-                    Err(Error::InvalidKey(KeyError::TooLong { len, max }))
-                        if *len == MAX_KEY_LEN + 1 && *max == MAX_KEY_LEN
-                ),
-                "{ctx}: call {n} (check, check_cost, peek) with a key of MAX_KEY_LEN + 1 bytes \
-                 must fail with Error::InvalidKey(KeyError::TooLong), got {r:?}"
-            );
+        for key in [&b""[..], &long] {
+            let calls = [
+                store.check(key, limit).await,
+                store.check_cost(key, limit, 2).await,
+                store.peek(key, limit).await,
+            ];
+            for (n, r) in calls.iter().enumerate() {
+                assert!(
+                    match r {
+                        Err(Error::InvalidKey(KeyError::Empty)) => key.is_empty(),
+                        Err(Error::InvalidKey(KeyError::TooLong { len, max })) => {
+                            key.len() == *len && *len == MAX_KEY_LEN + 1 && *max == MAX_KEY_LEN
+                        }
+                        _ => false,
+                    },
+                    "{ctx}: call {n} (check, check_cost, peek) with a key of {} bytes must fail \
+                     with Error::InvalidKey (KeyError::Empty, or TooLong above MAX_KEY_LEN), \
+                     got {r:?}",
+                    key.len()
+                );
+            }
         }
 
         let key = keys.key_of_len(MAX_KEY_LEN, b'1');
@@ -1011,17 +987,11 @@ pub async fn check_policies_are_independent<S: Store + ?Sized>(store: &S, clock:
     const CHECK: &str = "policies_are_independent";
     let keys = Keys::new(CHECK);
     let key = keys.key("client");
-    let Ok(key) = distlimit_core::Key::new(&key) else {
-        panic!("distlimit-test bug: key too long")
-    };
     let per_second = Limit::token_bucket(quota(2, SECOND, 2));
     let per_minute = Limit::gcra(quota(3, MINUTE, 3));
-    let named = |policy: &'static str, limit: Limit, cost: u64| match Request::new(key, limit)
-        .with_cost(cost)
-        .with_policy(policy)
-    {
-        Ok(request) => request,
-        Err(e) => panic!("distlimit-test bug: {e}"),
+    let named = |policy: &'static str, limit: Limit, cost: u64| {
+        (request(&key, limit, cost).with_policy(policy))
+            .unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
     };
     let ctx = format!("check `{CHECK}`");
 
@@ -1078,15 +1048,12 @@ pub async fn check_policies_are_independent<S: Store + ?Sized>(store: &S, clock:
 /// [`Error::InvalidRequest`]s that change nothing. A store that does not settle must answer
 /// [`Error::Unsupported`] and change nothing (then the rest is skipped), never a decision.
 pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
-    fn key_of(name: &[u8]) -> distlimit_core::Key<'_> {
-        distlimit_core::Key::new(name).unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
-    }
     const CHECK: &str = "settling_follows_model";
     let keys = Keys::new(CHECK);
     let ctx = format!("check `{CHECK}`");
     let probe = keys.key("probe");
     let limit = Limit::gcra(quota(5, SECOND, 5));
-    let report = Settle::Report(Request::new(key_of(&probe), limit).with_cost(7));
+    let report = Settle::Report(request(&probe, limit, 7));
     if let Err(Error::Unsupported(_)) = store.settle_all(&[report]).await {
         let peek = decide(store, &probe, limit, 0, &ctx).await;
         assert_eq!(
@@ -1101,19 +1068,11 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
         quota(7, SECOND, 9),
         quota(3, MINUTE, 2),
     ];
-    let mut limits = Vec::new();
-    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
-        for quota in quotas {
-            limits.push(Limit::new(algorithm, quota));
-        }
-    }
-    for (i, limit) in limits.into_iter().enumerate() {
+    let algorithms = [Algorithm::TokenBucket, Algorithm::Gcra];
+    let limits = algorithms.map(|a| quotas.map(|q| Limit::new(a, q)));
+    for (i, limit) in limits.into_iter().flatten().enumerate() {
         let names = [keys.key(format!("{i}a")), keys.key(format!("{i}b"))];
-        let key = |j: usize| key_of(&names[j]);
-        let mut states = [
-            State::fresh(limit.algorithm()),
-            State::fresh(limit.algorithm()),
-        ];
+        let mut states: [State; 2] = std::array::from_fn(|_| State::fresh(limit.algorithm()));
         let mut written = [None, None];
         let mut rng = Rng::new(seed(CHECK, i));
         for step in 0..MODEL_STEPS {
@@ -1125,7 +1084,7 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
             let now = clock.now_us();
             let j = step % 2;
             let cost = rng.below(3 * limit.capacity() + 2);
-            let request = Request::new(key(j), limit).with_cost(cost);
+            let req = request(&names[j], limit, cost);
             // A report or give-back applied to the model: the decision after it.
             let settle = |state: &mut State, written: &mut Option<Quota>, s: &Settle<'_>| {
                 let cost = s.request().cost();
@@ -1141,7 +1100,7 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
             };
             let settled = match rng.below(3) {
                 0 => {
-                    let got = store.decide(&request).await;
+                    let got = store.decide(&req).await;
                     let want = limit.decide_from(&mut states[j], &mut written[j], now, cost);
                     assert!(
                         matches!(&got, Ok(d) if *d == want),
@@ -1151,12 +1110,12 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
                     );
                     continue;
                 }
-                1 => Settle::Report(request),
-                _ => Settle::GiveBack(request),
+                1 => Settle::Report(req),
+                _ => Settle::GiveBack(req),
             };
             let (got, want) = if step % 3 == 2 {
                 // A batch: this settle and a report of 1 on the other key, both applied.
-                let other = Settle::Report(Request::new(key(1 - j), limit));
+                let other = Settle::Report(request(&names[1 - j], limit, 1));
                 let got = store.settle_all(&[settled, other]).await;
                 let want = vec![
                     settle(&mut states[j], &mut written[j], &settled),
@@ -1189,18 +1148,14 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
 
     // What cannot be settled is refused, changing nothing.
     let key = keys.key("refused");
-    let k = key_of(&key);
     for algorithm in [
         Algorithm::FixedWindow,
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,
     ] {
         let limit = Limit::new(algorithm, quota(5, SECOND, 5));
-        let request = Request::new(k, limit);
-        for settle in [
-            Settle::Report(request.with_cost(9)),
-            Settle::GiveBack(request),
-        ] {
+        let req = request(&key, limit, 1);
+        for settle in [Settle::Report(req.with_cost(9)), Settle::GiveBack(req)] {
             let got = store.settle_all(&[settle]).await;
             assert!(
                 matches!(got, Err(Error::InvalidRequest(_))),
@@ -1216,7 +1171,7 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
     }
     let limit = Limit::gcra(quota(5, SECOND, 5));
     let other = keys.key("other");
-    let (a, b) = (Request::new(k, limit), Request::new(key_of(&other), limit));
+    let (a, b) = (request(&key, limit, 1), request(&other, limit, 1));
     let refused: [&[Settle<'_>]; 2] = [
         &[Settle::Report(a), Settle::GiveBack(a.with_cost(2))],
         &[
