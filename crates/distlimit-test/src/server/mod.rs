@@ -17,13 +17,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use distlimit_test::server::{self, RedisServer, Setups, Stack};
-//!
-//! // A server of the test's own, for faults; `None` (a skip) without redis-server.
-//! let Some(mut redis) = RedisServer::start() else { return };
-//! redis.command(&["CONFIG", "RESETSTAT"]).unwrap();
-//! redis.kill();
-//! redis.restart().unwrap();
+//! use distlimit_test::server::{self, Setups, Stack};
 //!
 //! // The shared setups, as `cargo xtask test` starts them.
 //! let bin = server::server_bin().expect("redis-server on the PATH");
@@ -147,24 +141,6 @@ pub fn var(name: &str) -> Option<String> {
             None
         }
     }
-}
-
-/// The comma-separated list in the variable `name` (`DISTLIMIT_REDIS_CLUSTER_URLS`), with the
-/// rules of [`var`].
-///
-/// # Panics
-///
-/// As [`var`].
-pub fn var_list(name: &str) -> Option<Vec<String>> {
-    let value = var(name)?;
-    Some(
-        value
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    )
 }
 
 /// The `redis-server` binary: `DISTLIMIT_REDIS_SERVER_BIN`, else one on the `PATH`.

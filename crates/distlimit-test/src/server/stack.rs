@@ -96,11 +96,6 @@ impl Stack {
         self.sentinel.as_ref()
     }
 
-    /// The Cluster.
-    pub fn cluster(&self) -> Option<&Cluster> {
-        self.cluster.as_ref()
-    }
-
     /// How many servers run.
     pub fn server_count(&mut self) -> usize {
         let mut count = usize::from(self.standalone.is_some());
