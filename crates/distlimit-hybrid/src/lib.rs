@@ -317,6 +317,52 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
     }
 }
 
+impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
+    /// `mode` (a request's failure mode) counted in the stats; fail closed answers its error:
+    /// `error`, the primary's, or the open breaker's.
+    fn degrade_by(&self, mode: FailureMode, error: Option<Error>) -> Result<FailureMode, Error> {
+        bump(match mode {
+            FailureMode::Fallback => &self.counters.fallback,
+            FailureMode::FailOpen => &self.counters.failed_open,
+            FailureMode::FailClosed => &self.counters.failed_closed,
+        });
+        match mode {
+            FailureMode::FailClosed => Err(error.unwrap_or_else(|| self.open_error())),
+            mode => Ok(mode),
+        }
+    }
+
+    /// A primary call (of `policy`) where the breaker lets it, within the budget; `degraded`
+    /// answers when the breaker is open (`None`) or the call failed with an error counted
+    /// against the primary (`Some`). Errors of the request are returned as they are.
+    async fn guarded<T, Call, D>(
+        &self,
+        policy: &str,
+        primary: impl FnOnce() -> Call,
+        degraded: impl FnOnce(Option<Error>) -> D,
+    ) -> Result<T, Error>
+    where
+        Call: Future<Output = Result<T, Error>>,
+        D: Future<Output = Result<T, Error>>,
+    {
+        let route = self.route();
+        if route == Route::Fallback {
+            return degraded(None).await;
+        }
+        let mut probe = ProbeGuard::new(self, route);
+        match self.call(primary()).await {
+            Ok(answer) => {
+                probe.succeeded(self);
+                Ok(answer)
+            }
+            Err(error) => match self.primary_failed(&mut probe, policy, &error) {
+                Next::Degrade => degraded(Some(error)).await,
+                Next::Return => Err(error),
+            },
+        }
+    }
+}
+
 /// What a batch holds: requests to decide, or settles; either goes to a store alike.
 trait Item<'k>: Copy + Send + Sync + 'k {
     /// Whether the items are settles.
