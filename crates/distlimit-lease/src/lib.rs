@@ -303,6 +303,11 @@ impl<S: LeaseStore> Leased<S> {
             && self.policies.lease(request.state())
     }
 
+    /// The slot of a request [`leases`](Self::leases) decides through, if there is room.
+    fn leased_slot(&self, request: &Request<'_>) -> Option<Arc<Slot>> {
+        self.leases(request).then(|| self.slot(request)).flatten()
+    }
+
     fn hash(&self, policy: &str, key: &[u8]) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write(policy.as_bytes());
@@ -535,10 +540,7 @@ pub fn spawn_sweeper<S: LeaseStore + 'static>(
 #[warn(clippy::missing_trait_methods)]
 impl<S: LeaseStore> Store for Leased<S> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        if !self.leases(request) {
-            return self.inner.decide(request).await;
-        }
-        let Some(slot) = self.slot(request) else {
+        let Some(slot) = self.leased_slot(request) else {
             return self.inner.decide(request).await;
         };
         if let Some(decision) = self.decide_local(&slot, request) {
@@ -559,10 +561,7 @@ impl<S: LeaseStore> Store for Leased<S> {
         if let [one] = requests {
             return Ok(vec![self.decide(one).await?]);
         }
-        let slots: Vec<Option<Arc<Slot>>> = requests
-            .iter()
-            .map(|r| if self.leases(r) { self.slot(r) } else { None })
-            .collect();
+        let slots: Vec<Option<Arc<Slot>>> = requests.iter().map(|r| self.leased_slot(r)).collect();
         if slots.iter().all(Option::is_none) {
             return self.inner.decide_all(requests).await;
         }
@@ -625,10 +624,7 @@ impl<S: LeaseStore> Store for Leased<S> {
     /// A decision the lease can make alone (spent from it, or denied while the store has
     /// nothing); else the inner store's own `decide_now` for requests that do not lease.
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
-        if !self.leases(request) {
-            return self.inner.decide_now(request);
-        }
-        let Some(slot) = self.slot(request) else {
+        let Some(slot) = self.leased_slot(request) else {
             return self.inner.decide_now(request);
         };
         self.decide_local(&slot, request).map(Ok)
