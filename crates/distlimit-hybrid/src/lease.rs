@@ -50,7 +50,7 @@ impl<P: LeaseStore, F: LeaseStore, C: Clock> LeaseStore for Hybrid<P, F, C> {
     ) -> Result<Grant, Error> {
         request.limit().check_lease()?;
         let primary = || self.primary.exchange(request, give_back, want);
-        self.guarded(request.policy(), primary, |error| {
+        self.guarded(self.route(), request.policy(), primary, |error| {
             self.degraded_exchange(request, want, error)
         })
         .await

@@ -332,11 +332,12 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         }
     }
 
-    /// A primary call (of `policy`) where the breaker lets it, within the budget; `degraded`
-    /// answers when the breaker is open (`None`) or the call failed with an error counted
-    /// against the primary (`Some`). Errors of the request are returned as they are.
+    /// A primary call (of `policy`) on `route` within the budget; `degraded` answers when the
+    /// breaker is open (`None`) or the call failed with an error counted against the primary
+    /// (`Some`). Errors of the request are returned as they are.
     async fn guarded<T, Call, D>(
         &self,
+        route: Route,
         policy: &str,
         primary: impl FnOnce() -> Call,
         degraded: impl FnOnce(Option<Error>) -> D,
@@ -345,7 +346,6 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         Call: Future<Output = Result<T, Error>>,
         D: Future<Output = Result<T, Error>>,
     {
-        let route = self.route();
         if route == Route::Fallback {
             return degraded(None).await;
         }
@@ -462,20 +462,16 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         route: Route,
         now: u64,
     ) -> Result<Decision, Error> {
-        let mut probe = ProbeGuard::new(self, route);
-        match self.call(self.primary.decide(request)).await {
-            Ok(decision) => {
-                probe.succeeded(self);
-                if let Some(cache) = &self.blocked {
-                    cache.remember(request, &decision, now);
-                }
-                Ok(decision)
+        let primary = || async {
+            let decision = self.primary.decide(request).await?;
+            if let Some(cache) = &self.blocked {
+                cache.remember(request, &decision, now);
             }
-            Err(error) => match self.primary_failed(&mut probe, request.policy(), &error) {
-                Next::Degrade => self.decide_open(request, Some(error)).await,
-                Next::Return => Err(error),
-            },
-        }
+            Ok(decision)
+        };
+        let degraded = |error| self.decide_open(request, error);
+        self.guarded(route, request.policy(), primary, degraded)
+            .await
     }
 
     /// A batch the breaker sent to the primary (the blocked-key cache remembers denied
@@ -486,27 +482,20 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         route: Route,
         now: u64,
     ) -> Result<Vec<Decision>, Error> {
-        let mut probe = ProbeGuard::new(self, route);
-        match self.call(T::apply(&self.primary, requests)).await {
-            Ok(decisions) => {
-                probe.succeeded(self);
-                if let Some(cache) = &self.blocked
-                    && !T::SETTLES
-                {
-                    for (request, decision) in requests.iter().zip(&decisions) {
-                        cache.remember(request.request(), decision, now);
-                    }
-                }
-                Ok(decisions)
-            }
-            Err(error) => {
-                let policy = requests.first().map_or("", |r| r.request().policy());
-                match self.primary_failed(&mut probe, policy, &error) {
-                    Next::Degrade => self.degraded_all(requests, Some(error)).await,
-                    Next::Return => Err(error),
+        let primary = || async {
+            let decisions = T::apply(&self.primary, requests).await?;
+            if let Some(cache) = &self.blocked
+                && !T::SETTLES
+            {
+                for (request, decision) in requests.iter().zip(&decisions) {
+                    cache.remember(request.request(), decision, now);
                 }
             }
-        }
+            Ok(decisions)
+        };
+        let policy = requests.first().map_or("", |r| r.request().policy());
+        let degraded = |error| self.degraded_all(requests, error);
+        self.guarded(route, policy, primary, degraded).await
     }
 }
 

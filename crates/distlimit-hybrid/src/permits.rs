@@ -79,7 +79,7 @@ impl<P: PermitStore + Store, F: PermitStore + Store, C: Clock> Hybrid<P, F, C> {
 impl<P: PermitStore + Store, F: PermitStore + Store, C: Clock> PermitStore for Hybrid<P, F, C> {
     async fn acquire(&self, request: &PermitRequest<'_>) -> Result<PermitDecision, Error> {
         let primary = || self.primary.acquire(request);
-        self.guarded(request.policy(), primary, |error| {
+        self.guarded(self.route(), request.policy(), primary, |error| {
             self.degraded_acquire(request, error)
         })
         .await
