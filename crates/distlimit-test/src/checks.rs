@@ -20,7 +20,7 @@ use crate::support::{
 /// Steps per algorithm and quota in [`check_matches_reference_model`].
 const MODEL_STEPS: usize = 200;
 
-/// The limit those tasks race for.
+/// The limit the concurrency checks' tasks race for.
 const RACE_LIMIT: u64 = 10;
 
 /// `decide` compared with the reference model for the same key; a peek (cost 0) must not
