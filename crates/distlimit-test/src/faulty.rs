@@ -246,7 +246,7 @@ impl<S> FaultyStore<S> {
     {
         let fault = self.next_fault();
         match fault {
-            Fault::Pass => {}
+            Fault::Pass | Fault::LoseReply(_) => {}
             // A zero delay only yields: the timer would round it up to a millisecond.
             Fault::Delay(d) if d.is_zero() => tokio::task::yield_now().await,
             Fault::Delay(d) => tokio::time::sleep(d).await,
@@ -255,16 +255,15 @@ impl<S> FaultyStore<S> {
                 tokio::time::sleep(d).await;
                 return Err(kind.error());
             }
-            Fault::LoseReply(kind) => {
-                self.inner_calls.fetch_add(1, Ordering::SeqCst);
-                // The inner store applies the request; its answer is lost.
-                let _ = call().await;
-                return Err(kind.error());
-            }
             Fault::Hang => std::future::pending::<()>().await,
         }
         self.inner_calls.fetch_add(1, Ordering::SeqCst);
-        call().await
+        let answer = call().await;
+        match fault {
+            // The inner store applied the request; its answer is lost.
+            Fault::LoseReply(kind) => Err(kind.error()),
+            _ => answer,
+        }
     }
 }
 
