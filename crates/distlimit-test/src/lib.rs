@@ -10,6 +10,8 @@ pub mod server;
 mod support;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use distlimit_core::{ManualClock, Store};
 
@@ -39,7 +41,12 @@ pub fn new_clock() -> ManualClock {
 /// assert!(a.ends_with(b":mine:"));
 /// ```
 pub fn unique_prefix(tag: &str) -> Vec<u8> {
-    support::unique_prefix(tag)
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("dlt:{}:{nanos:x}:{n}:{tag}:", std::process::id()).into_bytes()
 }
 
 /// The name of every check, in the order [`run_all`] runs them: also the test names

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use distlimit_core::{
     Algorithm, Clock, Decision, Error, Key, Limit, MAX_KEY_LEN, ManualClock, Quota, Request, State,
@@ -125,16 +124,6 @@ pub(crate) fn show(key: &[u8]) -> String {
     format!("\"{}\"", key.escape_ascii())
 }
 
-/// A prefix no other check, test process or earlier run uses.
-pub(crate) fn unique_prefix(tag: &str) -> Vec<u8> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("dlt:{}:{nanos:x}:{n}:{tag}:", std::process::id()).into_bytes()
-}
-
 /// Fresh keys for one check, all under one unique prefix.
 #[derive(Clone, Debug)]
 pub(crate) struct Keys {
@@ -144,7 +133,7 @@ pub(crate) struct Keys {
 impl Keys {
     pub(crate) fn new(check: &str) -> Self {
         Self {
-            prefix: unique_prefix(check),
+            prefix: crate::unique_prefix(check),
         }
     }
 
