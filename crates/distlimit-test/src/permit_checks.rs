@@ -16,17 +16,12 @@ use distlimit_core::{
 use crate::support::{Keys, Rng, TASKS, race, seed, show};
 
 fn limit(max: u32, lease_ms: u64) -> PermitLimit {
-    match PermitLimit::new(max, Duration::from_millis(lease_ms)) {
-        Ok(limit) => limit,
-        Err(e) => panic!("distlimit-test bug: {e}"),
-    }
+    PermitLimit::new(max, Duration::from_millis(lease_ms))
+        .unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
 }
 
 fn key(bytes: &[u8]) -> Key<'_> {
-    match Key::new(bytes) {
-        Ok(key) => key,
-        Err(e) => panic!("distlimit-test bug: {e}"),
-    }
+    Key::new(bytes).unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
 }
 
 /// The answer of a store call, failing the check (at the caller's line) on `Err`.
@@ -209,18 +204,14 @@ pub async fn check_permit_keys_and_states_are_independent<S: PermitStore + Store
         .is_allowed(),
         "{ctx}: another key must have its own permits"
     );
-    let other = match a.with_policy("other") {
-        Ok(r) => r,
-        Err(e) => panic!("{ctx}: {e}"),
-    };
+    let other = a
+        .with_policy("other")
+        .unwrap_or_else(|e| panic!("{ctx}: {e}"));
     assert!(
         ok(store.acquire(&other).await, &ctx).is_allowed(),
         "{ctx}: another state must have its own permits"
     );
-    let quota = match Quota::per_minute(5) {
-        Ok(q) => q,
-        Err(e) => panic!("{ctx}: {e}"),
-    };
+    let quota = Quota::per_minute(5).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     for algorithm in distlimit_core::Algorithm::ALL {
         let rate = Request::new(key(&ka), Limit::new(algorithm, quota));
         match store.decide(&rate).await {

@@ -68,10 +68,8 @@ pub(crate) fn seed(check: &str, case: usize) -> u64 {
 
 /// A quota the suite knows to be valid.
 pub(crate) fn quota(limit: u64, period_us: u64, burst: u64) -> Quota {
-    match Quota::from_parts(limit, period_us, burst) {
-        Ok(q) => q,
-        Err(e) => panic!("distlimit-test bug: a built-in quota is invalid: {e}"),
-    }
+    Quota::from_parts(limit, period_us, burst)
+        .unwrap_or_else(|e| panic!("distlimit-test bug: a built-in quota is invalid: {e}"))
 }
 
 /// Quotas with small capacities, for checks that spend them one unit at a time.
