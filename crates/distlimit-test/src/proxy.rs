@@ -174,11 +174,6 @@ impl Proxy {
         self.cut();
         self.release();
     }
-
-    /// Whether the link holds its bytes ([`hold`](Self::hold) or [`partition`](Self::partition)).
-    pub fn is_held(&self) -> bool {
-        self.shared.lock().held
-    }
 }
 
 impl Drop for Proxy {
