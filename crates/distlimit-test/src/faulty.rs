@@ -231,20 +231,18 @@ impl<S> FaultyStore<S> {
         self.inner
     }
 
-    fn next_fault(&self) -> Fault {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let mut script = self.script.lock();
-        let default = script.default;
-        script.queue.pop_front().unwrap_or(default)
-    }
-
     /// Runs one call under the next fault.
     async fn run<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
-        let fault = self.next_fault();
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let fault = {
+            let mut script = self.script.lock();
+            let default = script.default;
+            script.queue.pop_front().unwrap_or(default)
+        };
         match fault {
             Fault::Pass | Fault::LoseReply(_) => {}
             // A zero delay only yields: the timer would round it up to a millisecond.
