@@ -434,15 +434,6 @@ impl<S: LeaseStore> Leased<S> {
         result
     }
 
-    /// Whether `settle` is a report this wrapper settles against a lease first.
-    fn reports_on_lease(&self, settle: &Settle<'_>) -> bool {
-        let request = settle.request();
-        settle.is_report()
-            && request.cost() <= distlimit_core::MAX_REPORT
-            && request.limit().check_lease().is_ok()
-            && self.policies.lease(request.state())
-    }
-
     /// Puts the units `spent` from leases by a batch that was then denied back into them.
     fn unspend(&self, spent: &[(&Slot, &Request<'_>)]) {
         for (slot, request) in spent {
@@ -639,7 +630,10 @@ impl<S: LeaseStore> Store for Leased<S> {
     /// `report`); everything else goes to the store.
     async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
         if let [one] = settles
-            && self.reports_on_lease(one)
+            && one.is_report()
+            && one.request().cost() <= distlimit_core::MAX_REPORT
+            && one.request().limit().check_lease().is_ok()
+            && self.policies.lease(one.request().state())
             && let Some(slot) = self.slot(one.request())
         {
             return Ok(vec![self.report(&slot, one.request()).await?]);
