@@ -13,33 +13,6 @@ use distlimit_core::{Clock, Error, Grant, LeaseStore, Request, Source};
 
 use crate::{FailureMode, Hybrid};
 
-impl<P: LeaseStore, F: LeaseStore, C: Clock> Hybrid<P, F, C> {
-    /// The failure mode's answer to an exchange the primary cannot take.
-    async fn degraded_exchange(
-        &self,
-        request: &Request<'_>,
-        want: u64,
-        error: Option<Error>,
-    ) -> Result<Grant, Error> {
-        let mode = self.failure_mode(request.policy());
-        if self.degrade_by(mode, error)? == FailureMode::FailOpen {
-            let decision = Self::fail_open(&request.with_cost(want));
-            return Ok(Grant {
-                granted: want,
-                decision,
-            });
-        }
-        let grant = self
-            .fallback
-            .exchange(&self.share_of(request)?, 0, want)
-            .await?;
-        Ok(Grant {
-            granted: grant.granted,
-            decision: grant.decision.with_source(Source::Fallback),
-        })
-    }
-}
-
 #[async_trait]
 impl<P: LeaseStore, F: LeaseStore, C: Clock> LeaseStore for Hybrid<P, F, C> {
     async fn exchange(
@@ -50,9 +23,26 @@ impl<P: LeaseStore, F: LeaseStore, C: Clock> LeaseStore for Hybrid<P, F, C> {
     ) -> Result<Grant, Error> {
         request.limit().check_lease()?;
         let primary = || self.primary.exchange(request, give_back, want);
-        self.guarded(self.route(), request.policy(), primary, |error| {
-            self.degraded_exchange(request, want, error)
-        })
-        .await
+        // Open or failed: the failure mode's answer (the fallback's on this instance's share).
+        let degraded = |error| async move {
+            let mode = self.failure_mode(request.policy());
+            if self.degrade_by(mode, error)? == FailureMode::FailOpen {
+                let decision = Self::fail_open(&request.with_cost(want));
+                return Ok(Grant {
+                    granted: want,
+                    decision,
+                });
+            }
+            let grant = self
+                .fallback
+                .exchange(&self.share_of(request)?, 0, want)
+                .await?;
+            Ok(Grant {
+                granted: grant.granted,
+                decision: grant.decision.with_source(Source::Fallback),
+            })
+        };
+        self.guarded(self.route(), request.policy(), primary, degraded)
+            .await
     }
 }

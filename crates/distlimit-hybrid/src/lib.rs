@@ -454,51 +454,6 @@ impl Drop for ProbeGuard<'_> {
     }
 }
 
-impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
-    /// A decision the breaker sent to the primary (closed, or this caller's probe).
-    async fn decide_primary(
-        &self,
-        request: &Request<'_>,
-        route: Route,
-        now: u64,
-    ) -> Result<Decision, Error> {
-        let primary = || async {
-            let decision = self.primary.decide(request).await?;
-            if let Some(cache) = &self.blocked {
-                cache.remember(request, &decision, now);
-            }
-            Ok(decision)
-        };
-        let degraded = |error| self.decide_open(request, error);
-        self.guarded(route, request.policy(), primary, degraded)
-            .await
-    }
-
-    /// A batch the breaker sent to the primary (the blocked-key cache remembers denied
-    /// requests, never settles).
-    async fn decide_all_primary<'k, T: Item<'k>>(
-        &self,
-        requests: &[T],
-        route: Route,
-        now: u64,
-    ) -> Result<Vec<Decision>, Error> {
-        let primary = || async {
-            let decisions = T::apply(&self.primary, requests).await?;
-            if let Some(cache) = &self.blocked
-                && !T::SETTLES
-            {
-                for (request, decision) in requests.iter().zip(&decisions) {
-                    cache.remember(request.request(), decision, now);
-                }
-            }
-            Ok(decisions)
-        };
-        let policy = requests.first().map_or("", |r| r.request().policy());
-        let degraded = |error| self.degraded_all(requests, error);
-        self.guarded(route, policy, primary, degraded).await
-    }
-}
-
 /// What an open breaker answers without waiting, or the request the fallback must be awaited on.
 enum OpenAnswer<'k> {
     /// The failure mode's answer, or the fallback's [`Store::decide_now`] answer, re-tagged.
@@ -583,7 +538,21 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             return Box::pin(self.degraded_all(items, None));
         }
         let now = if T::SETTLES { 0 } else { self.sent_at() };
-        Box::pin(self.decide_all_primary(items, route, now))
+        // The blocked-key cache remembers denied requests, never settles.
+        let primary = move || async move {
+            let decisions = T::apply(&self.primary, items).await?;
+            if let Some(cache) = &self.blocked
+                && !T::SETTLES
+            {
+                for (item, decision) in items.iter().zip(&decisions) {
+                    cache.remember(item.request(), decision, now);
+                }
+            }
+            Ok(decisions)
+        };
+        let policy = items.first().map_or("", |r| r.request().policy());
+        let degraded = |error| self.degraded_all(items, error);
+        Box::pin(self.guarded(route, policy, primary, degraded))
     }
 }
 
@@ -628,7 +597,15 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
             bump(&self.counters.blocked);
             return Box::pin(std::future::ready(Ok(decision)));
         }
-        Box::pin(self.decide_primary(request, route, now))
+        let primary = move || async move {
+            let decision = self.primary.decide(request).await?;
+            if let Some(cache) = &self.blocked {
+                cache.remember(request, &decision, now);
+            }
+            Ok(decision)
+        };
+        let degraded = |error| self.decide_open(request, error);
+        Box::pin(self.guarded(route, request.policy(), primary, degraded))
     }
 
     fn decide_all<'s, 'r, 'k, 'f>(

@@ -23,21 +23,6 @@ use crate::{FailureMode, Hybrid};
 pub const FAIL_OPEN_PERMIT: PermitId = PermitId::wrapping(u64::MAX);
 
 impl<P: PermitStore + Store, F: PermitStore + Store, C: Clock> Hybrid<P, F, C> {
-    /// The failure mode's answer to an acquire the primary cannot take.
-    async fn degraded_acquire(
-        &self,
-        request: &PermitRequest<'_>,
-        error: Option<Error>,
-    ) -> Result<PermitDecision, Error> {
-        if self.degrade_by(self.failure_mode_of(request.state()), error)? == FailureMode::FailOpen {
-            let max = request.limit().max_in_flight();
-            return Ok(PermitDecision::acquired(FAIL_OPEN_PERMIT, 0, max, 0));
-        }
-        let limit = self.share.scale_permits(request.limit());
-        let share = PermitRequest::new(request.key(), limit).with_policy(request.policy())?;
-        self.fallback.acquire(&share).await
-    }
-
     /// A release (`renew == false`) or renew of `permit`: the primary first unless open, then
     /// the fallback.
     async fn give_back_or_renew(
@@ -79,10 +64,19 @@ impl<P: PermitStore + Store, F: PermitStore + Store, C: Clock> Hybrid<P, F, C> {
 impl<P: PermitStore + Store, F: PermitStore + Store, C: Clock> PermitStore for Hybrid<P, F, C> {
     async fn acquire(&self, request: &PermitRequest<'_>) -> Result<PermitDecision, Error> {
         let primary = || self.primary.acquire(request);
-        self.guarded(self.route(), request.policy(), primary, |error| {
-            self.degraded_acquire(request, error)
-        })
-        .await
+        // Open or failed: the failure mode's answer (the fallback's on this instance's share).
+        let degraded = |error| async move {
+            let mode = self.failure_mode_of(request.state());
+            if self.degrade_by(mode, error)? == FailureMode::FailOpen {
+                let max = request.limit().max_in_flight();
+                return Ok(PermitDecision::acquired(FAIL_OPEN_PERMIT, 0, max, 0));
+            }
+            let limit = self.share.scale_permits(request.limit());
+            let share = PermitRequest::new(request.key(), limit).with_policy(request.policy())?;
+            self.fallback.acquire(&share).await
+        };
+        self.guarded(self.route(), request.policy(), primary, degraded)
+            .await
     }
 
     async fn release(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {
