@@ -295,29 +295,6 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             .collect()
     }
 
-    /// Records a primary error: reported, and counted toward opening unless it is an error of
-    /// the request ([`is_request_error`]), which says nothing of the primary's health (a probe
-    /// that met one is inconclusive). What the caller does next.
-    fn primary_failed(&self, probe: &mut ProbeGuard<'_>, policy: &str, error: &Error) -> Next {
-        bump(&self.counters.primary_errors);
-        self.observer.on_store_error(self.name, policy, error);
-        probe.done = true;
-        if is_request_error(error) {
-            self.report(self.breaker.inconclusive(probe.route));
-            if error.is_invalid_input() || matches!(error, Error::Unsupported(_)) {
-                Next::Return
-            } else {
-                Next::Degrade
-            }
-        } else {
-            let now = self.clock.now_us();
-            self.report(self.breaker.failed(probe.route, now));
-            Next::Degrade
-        }
-    }
-}
-
-impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
     /// `mode` (a request's failure mode) counted in the stats; fail closed answers its error:
     /// `error`, the primary's, or the open breaker's.
     fn degrade_by(&self, mode: FailureMode, error: Option<Error>) -> Result<FailureMode, Error> {
@@ -333,8 +310,9 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
     }
 
     /// A primary call (of `policy`) on `route` within the budget; `degraded` answers when the
-    /// breaker is open (`None`) or the call failed with an error counted against the primary
-    /// (`Some`). Errors of the request are returned as they are.
+    /// breaker is open (`None`) or the call failed (`Some`). Every error is reported; it counts
+    /// toward opening unless it is an error of the request ([`is_request_error`]), and invalid
+    /// input is returned as it is.
     async fn guarded<T, Call, D>(
         &self,
         route: Route,
@@ -350,16 +328,28 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             return degraded(None).await;
         }
         let mut probe = ProbeGuard::new(self, route);
-        match self.call(primary()).await {
+        let error = match self.call(primary()).await {
             Ok(answer) => {
                 probe.succeeded(self);
-                Ok(answer)
+                return Ok(answer);
             }
-            Err(error) => match self.primary_failed(&mut probe, policy, &error) {
-                Next::Degrade => degraded(Some(error)).await,
-                Next::Return => Err(error),
-            },
+            Err(error) => error,
+        };
+        bump(&self.counters.primary_errors);
+        self.observer.on_store_error(self.name, policy, &error);
+        probe.done = true;
+        if !is_request_error(&error) {
+            let now = self.clock.now_us();
+            self.report(self.breaker.failed(probe.route, now));
+        } else {
+            // Says nothing of the primary's health: a probe that met it is inconclusive.
+            self.report(self.breaker.inconclusive(probe.route));
+            // Invalid input, the caller's fault, which every route rejects alike: as it is.
+            if error.is_invalid_input() || matches!(error, Error::Unsupported(_)) {
+                return Err(error);
+            }
         }
+        degraded(Some(error)).await
     }
 }
 
@@ -399,15 +389,6 @@ impl<'k> Item<'k> for Settle<'k> {
     fn apply<'a, S: Store>(store: &'a S, items: &'a [Self]) -> BoxFuture<'a, Vec<Decision>> {
         store.settle_all(items)
     }
-}
-
-/// What a caller does with a primary error.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Next {
-    /// Return it as is: invalid input, the caller's fault, which every route rejects alike.
-    Return,
-    /// Answer with the policy's failure mode.
-    Degrade,
 }
 
 /// Whether `error` is an error of the request rather than of the store: invalid input (a bad
