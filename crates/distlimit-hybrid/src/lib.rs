@@ -327,23 +327,30 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         if route == Route::Fallback {
             return degraded(None).await;
         }
-        let mut probe = ProbeGuard::new(self, route);
-        let error = match self.call(primary()).await {
+        let mut probe = ProbeGuard {
+            breaker: &self.breaker,
+            observer: &*self.observer,
+            name: self.name,
+            route,
+            done: false,
+        };
+        let result = self.call(primary()).await;
+        probe.done = true;
+        let error = match result {
             Ok(answer) => {
-                probe.succeeded(self);
+                self.report(self.breaker.succeeded(route));
                 return Ok(answer);
             }
             Err(error) => error,
         };
         bump(&self.counters.primary_errors);
         self.observer.on_store_error(self.name, policy, &error);
-        probe.done = true;
         if !is_request_error(&error) {
             let now = self.clock.now_us();
-            self.report(self.breaker.failed(probe.route, now));
+            self.report(self.breaker.failed(route, now));
         } else {
             // Says nothing of the primary's health: a probe that met it is inconclusive.
-            self.report(self.breaker.inconclusive(probe.route));
+            self.report(self.breaker.inconclusive(route));
             // Invalid input, the caller's fault, which every route rejects alike: as it is.
             if error.is_invalid_input() || matches!(error, Error::Unsupported(_)) {
                 return Err(error);
@@ -406,23 +413,6 @@ struct ProbeGuard<'a> {
     name: &'static str,
     route: Route,
     done: bool,
-}
-
-impl<'a> ProbeGuard<'a> {
-    fn new<P, F, C>(hybrid: &'a Hybrid<P, F, C>, route: Route) -> Self {
-        Self {
-            breaker: &hybrid.breaker,
-            observer: &*hybrid.observer,
-            name: hybrid.name,
-            route,
-            done: false,
-        }
-    }
-
-    fn succeeded<P, F, C>(&mut self, hybrid: &Hybrid<P, F, C>) {
-        self.done = true;
-        hybrid.report(self.breaker.succeeded(self.route));
-    }
 }
 
 impl Drop for ProbeGuard<'_> {
