@@ -308,18 +308,14 @@ impl<S: LeaseStore> Leased<S> {
         self.leases(request).then(|| self.slot(request)).flatten()
     }
 
-    fn hash(&self, policy: &str, key: &[u8]) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        h.write(policy.as_bytes());
-        h.write_u8(0xFF);
-        h.write(key);
-        h.finish()
-    }
-
     /// The slot of `request`'s (policy, key), made if there is room; `None` at the cap.
     fn slot(&self, request: &Request<'_>) -> Option<Arc<Slot>> {
         let (policy, key) = (request.policy(), request.key().as_bytes());
-        let hash = self.hash(policy, key);
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write(policy.as_bytes());
+        hasher.write_u8(0xFF);
+        hasher.write(key);
+        let hash = hasher.finish();
         let shard = &self.shards[(hash >> 56) as usize % SHARDS];
         if let Some(slot) = shard.read().find(hash, |s| s.is(policy, key)) {
             return Some(slot.clone());
