@@ -33,17 +33,16 @@ impl Rng {
         Self(seed)
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    /// Uniform enough in `0..n`; 0 when `n` is 0.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            return 0;
+        }
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform enough in `0..n`; 0 when `n` is 0.
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next_u64() % n }
+        (z ^ (z >> 31)) % n
     }
 
     /// In `lo..=hi` (`lo` when `hi < lo`).
