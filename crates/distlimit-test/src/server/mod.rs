@@ -261,10 +261,13 @@ impl RedisServer {
         role: &'static str,
         mut args: impl FnMut(u16, &Path) -> Result<Vec<OsString>, String>,
     ) -> Result<Self, String> {
+        static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
         let mut last = String::new();
         for _ in 0..START_ATTEMPTS {
             let port = free_port().map_err(|e| e.to_string())?;
-            let dir = server_dir(role, port)?;
+            // A fresh directory in the scratch directory.
+            let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+            let dir = scratch()?.join(format!("{}-{port}-{n}", role.replace(' ', "-")));
             let mut server = Self {
                 bin: bin.to_owned(),
                 role,
@@ -692,13 +695,6 @@ fn start_watchdog(dir: &Path) -> Option<ChildStdin> {
 /// The file whose presence tells the watchdog that `pid` is a server of ours.
 fn pid_file(pid: u32) -> PathBuf {
     scratch().map_or_else(|_| PathBuf::new(), |dir| dir.join(format!("pid-{pid}")))
-}
-
-/// A fresh directory for a `role` server on `port` in the scratch directory.
-fn server_dir(role: &str, port: u16) -> Result<PathBuf, String> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    Ok(scratch()?.join(format!("{}-{port}-{n}", role.replace(' ', "-"))))
 }
 
 #[cfg(test)]
