@@ -13,7 +13,7 @@ use distlimit_core::{
 
 use crate::support::{
     HOUR, Keys, MINUTE, Model, Rng, SECOND, TASKS, Via, Walk, all_limits, decide, decide_all,
-    describe, micros, model_quotas, quota, race, random_advance, random_cost, request, seed, show,
+    describe, model_quotas, quota, race, random_advance, random_cost, request, seed, show,
     small_quotas, via,
 };
 
@@ -156,7 +156,7 @@ pub async fn check_retry_after_is_exact<S: Store + ?Sized>(store: &S, clock: &Ma
                     "{ctx}: with nothing left at t = {t} µs the request must be denied with a \
                      finite retry_after > 0, got {denied:?}"
                 );
-                let r = micros(denied);
+                let r = denied.retry_after_us();
                 clock.set_us(t + r - 1);
                 let before = decide(store, &key, limit, cost, &ctx).await;
                 assert!(
@@ -325,7 +325,7 @@ pub async fn check_denied_request_is_not_charged<S: Store + ?Sized>(
             walk.step(store, now, limit, 1, Via::Decide).await;
         }
         let first = walk.step(store, now, limit, 1, Via::Decide).await;
-        let r = micros(first);
+        let r = first.retry_after_us();
         assert!(
             first.is_denied() && r > 0 && !first.is_never(),
             "{ctx}: an exhausted key must deny cost 1 with a finite retry_after, got {first:?}"

@@ -342,7 +342,7 @@ impl<'a> Walk<'a> {
             ctx,
             self.recent()
         );
-        self.last_retry = (got.is_denied() && !got.is_never()).then(|| micros(got));
+        self.last_retry = (got.is_denied() && !got.is_never()).then(|| got.retry_after_us());
         got
     }
 
@@ -392,11 +392,6 @@ impl<'a> Walk<'a> {
         }
         out
     }
-}
-
-/// `retry_after` in microseconds.
-pub(crate) fn micros(d: Decision) -> u64 {
-    u64::try_from(d.retry_after().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A random time step: mostly short, sometimes to a window boundary or a denial's exact
