@@ -11,41 +11,7 @@
 use async_trait::async_trait;
 use distlimit_core::{Clock, Error, Grant, LeaseStore, Request, Source};
 
-use crate::breaker::Route;
-use crate::{FailureMode, Hybrid, Next, ProbeGuard, bump};
-
-impl<P: LeaseStore, F: LeaseStore, C: Clock> Hybrid<P, F, C> {
-    /// The failure mode's answer to an exchange the primary cannot take.
-    async fn degraded_exchange(
-        &self,
-        request: &Request<'_>,
-        want: u64,
-        error: Option<Error>,
-    ) -> Result<Grant, Error> {
-        match self.failure_mode(request.policy()) {
-            FailureMode::Fallback => {
-                bump(&self.counters.fallback);
-                let share = self.share_of(request)?;
-                let grant = self.fallback.exchange(&share, 0, want).await?;
-                Ok(Grant {
-                    granted: grant.granted,
-                    decision: grant.decision.with_source(Source::Fallback),
-                })
-            }
-            FailureMode::FailOpen => {
-                bump(&self.counters.failed_open);
-                Ok(Grant {
-                    granted: want,
-                    decision: Self::fail_open(&request.with_cost(want)),
-                })
-            }
-            FailureMode::FailClosed => {
-                bump(&self.counters.failed_closed);
-                Err(error.unwrap_or_else(|| self.open_error()))
-            }
-        }
-    }
-}
+use crate::{FailureMode, Hybrid};
 
 #[async_trait]
 impl<P: LeaseStore, F: LeaseStore, C: Clock> LeaseStore for Hybrid<P, F, C> {
@@ -56,23 +22,27 @@ impl<P: LeaseStore, F: LeaseStore, C: Clock> LeaseStore for Hybrid<P, F, C> {
         want: u64,
     ) -> Result<Grant, Error> {
         request.limit().check_lease()?;
-        let route = self.route();
-        if route == Route::Fallback {
-            return self.degraded_exchange(request, want, None).await;
-        }
-        let mut probe = ProbeGuard::new(self, route);
-        match self
-            .call(self.primary.exchange(request, give_back, want))
-            .await
-        {
-            Ok(grant) => {
-                probe.succeeded(self);
-                Ok(grant)
+        let primary = || self.primary.exchange(request, give_back, want);
+        // Open or failed: the failure mode's answer (the fallback's on this instance's share).
+        let degraded = |error| async move {
+            let mode = self.failure_mode(request.policy());
+            if self.degrade_by(mode, error)? == FailureMode::FailOpen {
+                let decision = Self::fail_open(&request.with_cost(want));
+                return Ok(Grant {
+                    granted: want,
+                    decision,
+                });
             }
-            Err(error) => match self.primary_failed(&mut probe, request.policy(), &error) {
-                Next::Degrade => self.degraded_exchange(request, want, Some(error)).await,
-                Next::Return => Err(error),
-            },
-        }
+            let grant = self
+                .fallback
+                .exchange(&self.share_of(request)?, 0, want)
+                .await?;
+            Ok(Grant {
+                granted: grant.granted,
+                decision: grant.decision.with_source(Source::Fallback),
+            })
+        };
+        self.guarded(self.route(), request.policy(), primary, degraded)
+            .await
     }
 }

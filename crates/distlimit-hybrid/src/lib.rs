@@ -251,32 +251,6 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
         }
     }
 
-    async fn degraded_one(
-        &self,
-        request: &Request<'_>,
-        error: Option<Error>,
-    ) -> Result<Decision, Error> {
-        match self.failure_mode_of(request.state()) {
-            FailureMode::Fallback => {
-                bump(&self.counters.fallback);
-                let share = self.share_of(request)?;
-                let decision = match self.fallback.decide_now(&share) {
-                    Some(answer) => answer?,
-                    None => self.fallback.decide(&share).await?,
-                };
-                Ok(decision.with_source(Source::Fallback))
-            }
-            FailureMode::FailOpen => {
-                bump(&self.counters.failed_open);
-                Ok(Self::fail_open(request))
-            }
-            FailureMode::FailClosed => {
-                bump(&self.counters.failed_closed);
-                Err(error.unwrap_or_else(|| self.open_error()))
-            }
-        }
-    }
-
     /// A batch (of requests, or of settles) answered by each policy's failure mode.
     async fn degraded_all<'k, T: Item<'k>>(
         &self,
@@ -321,25 +295,68 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             .collect()
     }
 
-    /// Records a primary error: reported, and counted toward opening unless it is an error of
-    /// the request ([`is_request_error`]), which says nothing of the primary's health (a probe
-    /// that met one is inconclusive). What the caller does next.
-    fn primary_failed(&self, probe: &mut ProbeGuard<'_>, policy: &str, error: &Error) -> Next {
-        bump(&self.counters.primary_errors);
-        self.observer.on_store_error(self.name, policy, error);
-        probe.done = true;
-        if is_request_error(error) {
-            self.report(self.breaker.inconclusive(probe.route));
-            if error.is_invalid_input() || matches!(error, Error::Unsupported(_)) {
-                Next::Return
-            } else {
-                Next::Degrade
-            }
-        } else {
-            let now = self.clock.now_us();
-            self.report(self.breaker.failed(probe.route, now));
-            Next::Degrade
+    /// `mode` (a request's failure mode) counted in the stats; fail closed answers its error:
+    /// `error`, the primary's, or the open breaker's.
+    fn degrade_by(&self, mode: FailureMode, error: Option<Error>) -> Result<FailureMode, Error> {
+        bump(match mode {
+            FailureMode::Fallback => &self.counters.fallback,
+            FailureMode::FailOpen => &self.counters.failed_open,
+            FailureMode::FailClosed => &self.counters.failed_closed,
+        });
+        match mode {
+            FailureMode::FailClosed => Err(error.unwrap_or_else(|| self.open_error())),
+            mode => Ok(mode),
         }
+    }
+
+    /// A primary call (of `policy`) on `route` within the budget; `degraded` answers when the
+    /// breaker is open (`None`) or the call failed (`Some`). Every error is reported; it counts
+    /// toward opening unless it is an error of the request ([`is_request_error`]), and invalid
+    /// input is returned as it is.
+    async fn guarded<T, Call, D>(
+        &self,
+        route: Route,
+        policy: &str,
+        primary: impl FnOnce() -> Call,
+        degraded: impl FnOnce(Option<Error>) -> D,
+    ) -> Result<T, Error>
+    where
+        Call: Future<Output = Result<T, Error>>,
+        D: Future<Output = Result<T, Error>>,
+    {
+        if route == Route::Fallback {
+            return degraded(None).await;
+        }
+        let mut probe = ProbeGuard {
+            breaker: &self.breaker,
+            observer: &*self.observer,
+            name: self.name,
+            route,
+            done: false,
+        };
+        let result = self.call(primary()).await;
+        probe.done = true;
+        let error = match result {
+            Ok(answer) => {
+                self.report(self.breaker.succeeded(route));
+                return Ok(answer);
+            }
+            Err(error) => error,
+        };
+        bump(&self.counters.primary_errors);
+        self.observer.on_store_error(self.name, policy, &error);
+        if !is_request_error(&error) {
+            let now = self.clock.now_us();
+            self.report(self.breaker.failed(route, now));
+        } else {
+            // Says nothing of the primary's health: a probe that met it is inconclusive.
+            self.report(self.breaker.inconclusive(route));
+            // Invalid input, the caller's fault, which every route rejects alike: as it is.
+            if error.is_invalid_input() || matches!(error, Error::Unsupported(_)) {
+                return Err(error);
+            }
+        }
+        degraded(Some(error)).await
     }
 }
 
@@ -381,15 +398,6 @@ impl<'k> Item<'k> for Settle<'k> {
     }
 }
 
-/// What a caller does with a primary error.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Next {
-    /// Return it as is: invalid input, the caller's fault, which every route rejects alike.
-    Return,
-    /// Answer with the policy's failure mode.
-    Degrade,
-}
-
 /// Whether `error` is an error of the request rather than of the store: invalid input (a bad
 /// key, quota or batch) or a bad state stored at the request's key ([`Error::BadState`]). The
 /// store answered, so it does not count toward opening the breaker.
@@ -407,85 +415,12 @@ struct ProbeGuard<'a> {
     done: bool,
 }
 
-impl<'a> ProbeGuard<'a> {
-    fn new<P, F, C>(hybrid: &'a Hybrid<P, F, C>, route: Route) -> Self {
-        Self {
-            breaker: &hybrid.breaker,
-            observer: &*hybrid.observer,
-            name: hybrid.name,
-            route,
-            done: false,
-        }
-    }
-
-    fn succeeded<P, F, C>(&mut self, hybrid: &Hybrid<P, F, C>) {
-        self.done = true;
-        hybrid.report(self.breaker.succeeded(self.route));
-    }
-}
-
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
         if !self.done
             && let Some(t) = self.breaker.inconclusive(self.route)
         {
             self.observer.on_breaker(self.name, t.from, t.to);
-        }
-    }
-}
-
-impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
-    /// A decision the breaker sent to the primary (closed, or this caller's probe).
-    async fn decide_primary(
-        &self,
-        request: &Request<'_>,
-        route: Route,
-        now: u64,
-    ) -> Result<Decision, Error> {
-        let mut probe = ProbeGuard::new(self, route);
-        match self.call(self.primary.decide(request)).await {
-            Ok(decision) => {
-                probe.succeeded(self);
-                if let Some(cache) = &self.blocked {
-                    cache.remember(request, &decision, now);
-                }
-                Ok(decision)
-            }
-            Err(error) => match self.primary_failed(&mut probe, request.policy(), &error) {
-                Next::Degrade => self.degraded_one(request, Some(error)).await,
-                Next::Return => Err(error),
-            },
-        }
-    }
-
-    /// A batch the breaker sent to the primary (the blocked-key cache remembers denied
-    /// requests, never settles).
-    async fn decide_all_primary<'k, T: Item<'k>>(
-        &self,
-        requests: &[T],
-        route: Route,
-        now: u64,
-    ) -> Result<Vec<Decision>, Error> {
-        let mut probe = ProbeGuard::new(self, route);
-        match self.call(T::apply(&self.primary, requests)).await {
-            Ok(decisions) => {
-                probe.succeeded(self);
-                if let Some(cache) = &self.blocked
-                    && !T::SETTLES
-                {
-                    for (request, decision) in requests.iter().zip(&decisions) {
-                        cache.remember(request.request(), decision, now);
-                    }
-                }
-                Ok(decisions)
-            }
-            Err(error) => {
-                let policy = requests.first().map_or("", |r| r.request().policy());
-                match self.primary_failed(&mut probe, policy, &error) {
-                    Next::Degrade => self.degraded_all(requests, Some(error)).await,
-                    Next::Return => Err(error),
-                }
-            }
         }
     }
 }
@@ -499,10 +434,10 @@ enum OpenAnswer<'k> {
 }
 
 impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
-    /// What the open path answers at once: the failure mode's answer, or the fallback's
-    /// synchronous answer ([`Store::decide_now`]) with the instance share applied; else the
-    /// scaled request to await the fallback on.
-    fn open_now<'k>(&self, request: &Request<'k>) -> OpenAnswer<'k> {
+    /// What the open path (or a failed primary call, `error`) answers at once: the failure
+    /// mode's answer, or the fallback's synchronous answer ([`Store::decide_now`]) with the
+    /// instance share applied; else the scaled request to await the fallback on.
+    fn open_now<'k>(&self, request: &Request<'k>, error: Option<Error>) -> OpenAnswer<'k> {
         match self.failure_mode_of(request.state()) {
             FailureMode::Fallback => {
                 let share = match self.share_of(request) {
@@ -523,23 +458,27 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             }
             FailureMode::FailClosed => {
                 bump(&self.counters.failed_closed);
-                OpenAnswer::Ready(Err(self.open_error()))
+                OpenAnswer::Ready(Err(error.unwrap_or_else(|| self.open_error())))
             }
         }
     }
 
-    /// A decision while the breaker is open, in one boxed future of ours: a ready one when
-    /// [`open_now`](Self::open_now) answers; else the fallback's own future re-tagged when the
-    /// limit is whole (one instance), or a small one holding the scaled request the fallback's
-    /// future borrows.
-    fn decide_open<'s, 'r, 'k, 'f>(&'s self, request: &'r Request<'k>) -> BoxFuture<'f, Decision>
+    /// A decision while the breaker is open, or after the primary failed with `error`, in one
+    /// boxed future of ours: a ready one when [`open_now`](Self::open_now) answers; else the
+    /// fallback's own future re-tagged when the limit is whole (one instance), or a small one
+    /// holding the scaled request the fallback's future borrows.
+    fn decide_open<'s, 'r, 'k, 'f>(
+        &'s self,
+        request: &'r Request<'k>,
+        error: Option<Error>,
+    ) -> BoxFuture<'f, Decision>
     where
         's: 'f,
         'r: 'f,
         'k: 'f,
         Self: 'f,
     {
-        let share = match self.open_now(request) {
+        let share = match self.open_now(request, error) {
             OpenAnswer::Ready(answer) => return Box::pin(std::future::ready(answer)),
             OpenAnswer::Await(share) => share,
         };
@@ -551,6 +490,40 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
             let decision = self.fallback.decide(&share).await?;
             Ok(decision.with_source(Source::Fallback))
         })
+    }
+}
+
+impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
+    /// A batch of requests or settles, once `valid`: on the primary while the breaker lets it,
+    /// else by each policy's failure mode.
+    fn batch<'k: 'f, 'f, T: Item<'k>>(
+        &'f self,
+        items: &'f [T],
+        valid: Result<(), Error>,
+    ) -> BoxFuture<'f, Vec<Decision>> {
+        if let Err(e) = valid {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let route = self.route();
+        if route == Route::Fallback {
+            return Box::pin(self.degraded_all(items, None));
+        }
+        let now = if T::SETTLES { 0 } else { self.sent_at() };
+        // The blocked-key cache remembers denied requests, never settles.
+        let primary = move || async move {
+            let decisions = T::apply(&self.primary, items).await?;
+            if let Some(cache) = &self.blocked
+                && !T::SETTLES
+            {
+                for (item, decision) in items.iter().zip(&decisions) {
+                    cache.remember(item.request(), decision, now);
+                }
+            }
+            Ok(decisions)
+        };
+        let policy = items.first().map_or("", |r| r.request().policy());
+        let degraded = |error| self.degraded_all(items, error);
+        Box::pin(self.guarded(route, policy, primary, degraded))
     }
 }
 
@@ -585,7 +558,7 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
     {
         let route = self.route();
         if route == Route::Fallback {
-            return self.decide_open(request);
+            return self.decide_open(request, None);
         }
         let now = self.sent_at();
         if route == Route::Primary
@@ -595,7 +568,15 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
             bump(&self.counters.blocked);
             return Box::pin(std::future::ready(Ok(decision)));
         }
-        Box::pin(self.decide_primary(request, route, now))
+        let primary = move || async move {
+            let decision = self.primary.decide(request).await?;
+            if let Some(cache) = &self.blocked {
+                cache.remember(request, &decision, now);
+            }
+            Ok(decision)
+        };
+        let degraded = |error| self.decide_open(request, error);
+        Box::pin(self.guarded(route, request.policy(), primary, degraded))
     }
 
     fn decide_all<'s, 'r, 'k, 'f>(
@@ -608,14 +589,7 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         'k: 'f,
         Self: 'f,
     {
-        if let Err(e) = validate_batch(requests) {
-            return Box::pin(std::future::ready(Err(e)));
-        }
-        let route = self.route();
-        if route == Route::Fallback {
-            return Box::pin(self.degraded_all(requests, None));
-        }
-        Box::pin(self.decide_all_primary(requests, route, self.sent_at()))
+        self.batch(requests, validate_batch(requests))
     }
 
     /// Answers at once when no primary call is needed: an open breaker whose failure mode
@@ -624,7 +598,7 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
     /// `None` otherwise: a closed breaker's call, a due probe, or a fallback that must be awaited.
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         match self.breaker.route_now(|| self.clock.now_us())? {
-            Route::Fallback => match self.open_now(request) {
+            Route::Fallback => match self.open_now(request, None) {
                 OpenAnswer::Ready(answer) => Some(answer),
                 OpenAnswer::Await(_) => None,
             },
@@ -658,14 +632,7 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         'k: 'f,
         Self: 'f,
     {
-        if let Err(e) = validate_settles(settles) {
-            return Box::pin(std::future::ready(Err(e)));
-        }
-        let route = self.route();
-        if route == Route::Fallback {
-            return Box::pin(self.degraded_all(settles, None));
-        }
-        Box::pin(self.decide_all_primary(settles, route, 0))
+        self.batch(settles, validate_settles(settles))
     }
 }
 

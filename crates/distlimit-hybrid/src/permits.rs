@@ -16,39 +16,13 @@ use async_trait::async_trait;
 use distlimit_core::{Clock, Error, PermitDecision, PermitId, PermitRequest, PermitStore, Store};
 
 use crate::breaker::Route;
-use crate::{FailureMode, Hybrid, Next, ProbeGuard, bump};
+use crate::{FailureMode, Hybrid};
 
 /// The id of a permit granted unchecked by [`FailureMode::FailOpen`]: no store holds it, and
 /// releasing or renewing it answers `false`.
 pub const FAIL_OPEN_PERMIT: PermitId = PermitId::wrapping(u64::MAX);
 
 impl<P: PermitStore + Store, F: PermitStore + Store, C: Clock> Hybrid<P, F, C> {
-    /// The failure mode's answer to an acquire the primary cannot take.
-    async fn degraded_acquire(
-        &self,
-        request: &PermitRequest<'_>,
-        error: Option<Error>,
-    ) -> Result<PermitDecision, Error> {
-        match self.failure_mode_of(request.state()) {
-            FailureMode::Fallback => {
-                bump(&self.counters.fallback);
-                let share =
-                    PermitRequest::new(request.key(), self.share.scale_permits(request.limit()))
-                        .with_policy(request.policy())?;
-                self.fallback.acquire(&share).await
-            }
-            FailureMode::FailOpen => {
-                bump(&self.counters.failed_open);
-                let max = request.limit().max_in_flight();
-                Ok(PermitDecision::acquired(FAIL_OPEN_PERMIT, 0, max, 0))
-            }
-            FailureMode::FailClosed => {
-                bump(&self.counters.failed_closed);
-                Err(error.unwrap_or_else(|| self.open_error()))
-            }
-        }
-    }
-
     /// A release (`renew == false`) or renew of `permit`: the primary first unless open, then
     /// the fallback.
     async fn give_back_or_renew(
@@ -89,21 +63,20 @@ impl<P: PermitStore + Store, F: PermitStore + Store, C: Clock> Hybrid<P, F, C> {
 #[async_trait]
 impl<P: PermitStore + Store, F: PermitStore + Store, C: Clock> PermitStore for Hybrid<P, F, C> {
     async fn acquire(&self, request: &PermitRequest<'_>) -> Result<PermitDecision, Error> {
-        let route = self.route();
-        if route == Route::Fallback {
-            return self.degraded_acquire(request, None).await;
-        }
-        let mut probe = ProbeGuard::new(self, route);
-        match self.call(self.primary.acquire(request)).await {
-            Ok(decision) => {
-                probe.succeeded(self);
-                Ok(decision)
+        let primary = || self.primary.acquire(request);
+        // Open or failed: the failure mode's answer (the fallback's on this instance's share).
+        let degraded = |error| async move {
+            let mode = self.failure_mode_of(request.state());
+            if self.degrade_by(mode, error)? == FailureMode::FailOpen {
+                let max = request.limit().max_in_flight();
+                return Ok(PermitDecision::acquired(FAIL_OPEN_PERMIT, 0, max, 0));
             }
-            Err(error) => match self.primary_failed(&mut probe, request.policy(), &error) {
-                Next::Degrade => self.degraded_acquire(request, Some(error)).await,
-                Next::Return => Err(error),
-            },
-        }
+            let limit = self.share.scale_permits(request.limit());
+            let share = PermitRequest::new(request.key(), limit).with_policy(request.policy())?;
+            self.fallback.acquire(&share).await
+        };
+        self.guarded(self.route(), request.policy(), primary, degraded)
+            .await
     }
 
     async fn release(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {

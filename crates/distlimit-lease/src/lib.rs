@@ -303,18 +303,19 @@ impl<S: LeaseStore> Leased<S> {
             && self.policies.lease(request.state())
     }
 
-    fn hash(&self, policy: &str, key: &[u8]) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        h.write(policy.as_bytes());
-        h.write_u8(0xFF);
-        h.write(key);
-        h.finish()
+    /// The slot of a request [`leases`](Self::leases) decides through, if there is room.
+    fn leased_slot(&self, request: &Request<'_>) -> Option<Arc<Slot>> {
+        self.leases(request).then(|| self.slot(request)).flatten()
     }
 
     /// The slot of `request`'s (policy, key), made if there is room; `None` at the cap.
     fn slot(&self, request: &Request<'_>) -> Option<Arc<Slot>> {
         let (policy, key) = (request.policy(), request.key().as_bytes());
-        let hash = self.hash(policy, key);
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write(policy.as_bytes());
+        hasher.write_u8(0xFF);
+        hasher.write(key);
+        let hash = hasher.finish();
         let shard = &self.shards[(hash >> 56) as usize % SHARDS];
         if let Some(slot) = shard.read().find(hash, |s| s.is(policy, key)) {
             return Some(slot.clone());
@@ -429,15 +430,6 @@ impl<S: LeaseStore> Leased<S> {
         result
     }
 
-    /// Whether `settle` is a report this wrapper settles against a lease first.
-    fn reports_on_lease(&self, settle: &Settle<'_>) -> bool {
-        let request = settle.request();
-        settle.is_report()
-            && request.cost() <= distlimit_core::MAX_REPORT
-            && request.limit().check_lease().is_ok()
-            && self.policies.lease(request.state())
-    }
-
     /// Puts the units `spent` from leases by a batch that was then denied back into them.
     fn unspend(&self, spent: &[(&Slot, &Request<'_>)]) {
         for (slot, request) in spent {
@@ -535,10 +527,7 @@ pub fn spawn_sweeper<S: LeaseStore + 'static>(
 #[warn(clippy::missing_trait_methods)]
 impl<S: LeaseStore> Store for Leased<S> {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        if !self.leases(request) {
-            return self.inner.decide(request).await;
-        }
-        let Some(slot) = self.slot(request) else {
+        let Some(slot) = self.leased_slot(request) else {
             return self.inner.decide(request).await;
         };
         if let Some(decision) = self.decide_local(&slot, request) {
@@ -559,10 +548,7 @@ impl<S: LeaseStore> Store for Leased<S> {
         if let [one] = requests {
             return Ok(vec![self.decide(one).await?]);
         }
-        let slots: Vec<Option<Arc<Slot>>> = requests
-            .iter()
-            .map(|r| if self.leases(r) { self.slot(r) } else { None })
-            .collect();
+        let slots: Vec<Option<Arc<Slot>>> = requests.iter().map(|r| self.leased_slot(r)).collect();
         if slots.iter().all(Option::is_none) {
             return self.inner.decide_all(requests).await;
         }
@@ -625,10 +611,7 @@ impl<S: LeaseStore> Store for Leased<S> {
     /// A decision the lease can make alone (spent from it, or denied while the store has
     /// nothing); else the inner store's own `decide_now` for requests that do not lease.
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
-        if !self.leases(request) {
-            return self.inner.decide_now(request);
-        }
-        let Some(slot) = self.slot(request) else {
+        let Some(slot) = self.leased_slot(request) else {
             return self.inner.decide_now(request);
         };
         self.decide_local(&slot, request).map(Ok)
@@ -643,7 +626,10 @@ impl<S: LeaseStore> Store for Leased<S> {
     /// `report`); everything else goes to the store.
     async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
         if let [one] = settles
-            && self.reports_on_lease(one)
+            && one.is_report()
+            && one.request().cost() <= distlimit_core::MAX_REPORT
+            && one.request().limit().check_lease().is_ok()
+            && self.policies.lease(one.request().state())
             && let Some(slot) = self.slot(one.request())
         {
             return Ok(vec![self.report(&slot, one.request()).await?]);

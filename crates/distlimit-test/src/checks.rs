@@ -10,33 +10,22 @@ use distlimit_core::{
     Algorithm, Clock, Decision, Error, KeyError, Limit, MAX_BATCH, MAX_KEY_LEN, ManualClock, NEVER,
     Quota, Request, Settle, State, Store, StoreExt,
 };
-use tokio::sync::Barrier;
-use tokio::task::JoinHandle;
 
 use crate::support::{
-    HOUR, Keys, MINUTE, Model, Rng, SECOND, Via, Walk, all_limits, decide, decide_all, describe,
-    micros, model_quotas, quota, random_advance, random_cost, request, seed, show, small_quotas,
+    HOUR, Keys, MINUTE, Model, Rng, SECOND, TASKS, Via, Walk, all_limits, decide, decide_all,
+    describe, model_quotas, quota, race, random_advance, random_cost, request, seed, show,
+    small_quotas, via,
 };
 
 /// Steps per algorithm and quota in [`check_matches_reference_model`].
 const MODEL_STEPS: usize = 200;
 
-/// Tasks racing on one key in the concurrency checks.
-const TASKS: usize = 32;
-
-/// The limit those tasks race for.
+/// The limit the concurrency checks' tasks race for.
 const RACE_LIMIT: u64 = 10;
 
-fn via(step: usize) -> Via {
-    if step % 4 == 3 {
-        Via::Batch
-    } else {
-        Via::Decide
-    }
-}
-
-/// `decide`, compared with the reference model for the same key.
-async fn decide_like_model<S: Store + ?Sized>(
+/// `decide` compared with the reference model for the same key; a peek (cost 0) must not
+/// change the model.
+async fn like_model<S: Store + ?Sized>(
     store: &S,
     model: &mut Model,
     key: &[u8],
@@ -45,35 +34,17 @@ async fn decide_like_model<S: Store + ?Sized>(
     cost: u64,
     ctx: &str,
 ) -> Decision {
-    let expected = model.decide(key, limit, now, cost);
+    let expected = if cost == 0 {
+        model.evaluate(key, limit, now, 0)
+    } else {
+        model.decide(key, limit, now, cost)
+    };
     let got = decide(store, key, limit, cost, &ctx).await;
     assert_eq!(
         got,
         expected,
         "{ctx}: key {}, {}, cost {cost} at {now} µs: the store's decision (left) differs from the \
          reference model Limit::decide (right)",
-        show(key),
-        describe(&limit)
-    );
-    got
-}
-
-/// A peek (cost 0) compared with the reference model, which it must not change.
-async fn peek_like_model<S: Store + ?Sized>(
-    store: &S,
-    model: &Model,
-    key: &[u8],
-    limit: Limit,
-    now: u64,
-    ctx: &str,
-) -> Decision {
-    let expected = model.evaluate(key, limit, now, 0);
-    let got = decide(store, key, limit, 0, &ctx).await;
-    assert_eq!(
-        got,
-        expected,
-        "{ctx}: peek of key {} ({}) at {now} µs: the store's decision (left) differs from the \
-         reference model (right)",
         show(key),
         describe(&limit)
     );
@@ -111,7 +82,7 @@ pub async fn check_fresh_key_admits_capacity<S: Store + ?Sized>(store: &S, clock
         let now = clock.now_us();
         let mut model = Model::default();
         for n in 1..=cap {
-            let d = decide_like_model(store, &mut model, &key, limit, now, 1, &ctx).await;
+            let d = like_model(store, &mut model, &key, limit, now, 1, &ctx).await;
             assert!(
                 d.is_allowed() && d.limit() == cap && d.remaining() == cap - n,
                 "{ctx}: request {n} of {cap} at one instant must be allowed with limit {cap} and \
@@ -119,7 +90,7 @@ pub async fn check_fresh_key_admits_capacity<S: Store + ?Sized>(store: &S, clock
                 cap - n
             );
         }
-        let d = decide_like_model(store, &mut model, &key, limit, now, 1, &ctx).await;
+        let d = like_model(store, &mut model, &key, limit, now, 1, &ctx).await;
         assert!(
             d.is_denied()
                 && d.remaining() == 0
@@ -185,7 +156,7 @@ pub async fn check_retry_after_is_exact<S: Store + ?Sized>(store: &S, clock: &Ma
                     "{ctx}: with nothing left at t = {t} µs the request must be denied with a \
                      finite retry_after > 0, got {denied:?}"
                 );
-                let r = micros(denied);
+                let r = denied.retry_after_us();
                 clock.set_us(t + r - 1);
                 let before = decide(store, &key, limit, cost, &ctx).await;
                 assert!(
@@ -217,15 +188,9 @@ pub async fn check_matches_reference_model<S: Store + ?Sized>(store: &S, clock: 
     for (i, limit) in all_limits(&model_quotas()).into_iter().enumerate() {
         let key = keys.key(i.to_string());
         let mut rng = Rng::new(seed(CHECK, i));
-        let start = clock.now_us();
-        let mut walk = Walk::new(CHECK, describe(&limit), &key, limit.algorithm(), start);
-        for step in 0..MODEL_STEPS {
-            let advance = random_advance(&mut rng, &limit, clock.now_us(), walk.last_retry);
-            clock.advance(Duration::from_micros(advance));
-            let cost = random_cost(&mut rng, limit.capacity());
-            walk.step(store, clock.now_us(), limit, cost, via(step))
-                .await;
-        }
+        let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
+        walk.random(store, clock, &mut rng, limit, MODEL_STEPS, 0)
+            .await;
     }
 }
 
@@ -241,13 +206,7 @@ pub async fn check_peek_changes_nothing<S: Store + ?Sized>(store: &S, clock: &Ma
         let cap = limit.capacity();
         let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let mut rng = Rng::new(seed(CHECK, i));
-        let mut walk = Walk::new(
-            CHECK,
-            describe(&limit),
-            &key,
-            limit.algorithm(),
-            clock.now_us(),
-        );
+        let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
         let now = clock.now_us();
         let first = walk.step(store, now, limit, 0, Via::Decide).await;
         assert!(
@@ -301,7 +260,7 @@ pub async fn check_cost_above_capacity_is_never<S: Store + ?Sized>(store: &S, cl
         let cap = limit.capacity();
         let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let now = clock.now_us();
-        let mut walk = Walk::new(CHECK, describe(&limit), &key, limit.algorithm(), now);
+        let mut walk = Walk::new(CHECK, &key, &limit, now);
         for (cost, via) in [
             (cap + 1, Via::Decide),
             (cap + 1, Via::Batch),
@@ -346,7 +305,7 @@ pub async fn check_denied_request_is_not_charged<S: Store + ?Sized>(
         let cap = limit.capacity();
         let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let now = clock.now_us();
-        let mut walk = Walk::new(CHECK, describe(&limit), &key, limit.algorithm(), now);
+        let mut walk = Walk::new(CHECK, &key, &limit, now);
         if cap >= 2 {
             walk.step(store, now, limit, cap - 1, Via::Decide).await;
             for n in 0..6 {
@@ -366,7 +325,7 @@ pub async fn check_denied_request_is_not_charged<S: Store + ?Sized>(
             walk.step(store, now, limit, 1, Via::Decide).await;
         }
         let first = walk.step(store, now, limit, 1, Via::Decide).await;
-        let r = micros(first);
+        let r = first.retry_after_us();
         assert!(
             first.is_denied() && r > 0 && !first.is_never(),
             "{ctx}: an exhausted key must deny cost 1 with a finite retry_after, got {first:?}"
@@ -409,29 +368,29 @@ pub async fn check_keys_are_independent<S: Store + ?Sized>(store: &S, clock: &Ma
         let ctx = format!("check `{CHECK}` ({})", describe(&limit));
         let now = clock.now_us();
         let mut model = Model::default();
-        decide_like_model(store, &mut model, &a, limit, now, cap, &ctx).await;
-        let denied = decide_like_model(store, &mut model, &a, limit, now, 1, &ctx).await;
+        like_model(store, &mut model, &a, limit, now, cap, &ctx).await;
+        let denied = like_model(store, &mut model, &a, limit, now, 1, &ctx).await;
         assert!(
             denied.is_denied(),
             "{ctx}: key {} must be exhausted",
             show(&a)
         );
         for other in &others {
-            let p = peek_like_model(store, &model, other, limit, now, &ctx).await;
+            let p = like_model(store, &mut model, other, limit, now, 0, &ctx).await;
             assert!(
                 p.is_allowed() && p.remaining() == cap,
                 "{ctx}: exhausting key {} must not touch key {}, got {p:?}",
                 show(&a),
                 show(other)
             );
-            let d = decide_like_model(store, &mut model, other, limit, now, 1, &ctx).await;
+            let d = like_model(store, &mut model, other, limit, now, 1, &ctx).await;
             assert!(
                 d.is_allowed(),
                 "{ctx}: key {} must pass, got {d:?}",
                 show(other)
             );
         }
-        let again = decide_like_model(store, &mut model, &a, limit, now, 1, &ctx).await;
+        let again = like_model(store, &mut model, &a, limit, now, 1, &ctx).await;
         assert_eq!(
             again,
             denied,
@@ -494,7 +453,7 @@ pub async fn check_key_bytes_are_opaque<S: Store + ?Sized>(store: &S, clock: &Ma
         let mut model = Model::default();
         // Key j is charged j + 1 units, so a peek tells every key apart.
         for (j, key) in all.iter().enumerate() {
-            let d = decide_like_model(store, &mut model, key, limit, now, j as u64 + 1, &ctx).await;
+            let d = like_model(store, &mut model, key, limit, now, j as u64 + 1, &ctx).await;
             assert!(
                 d.is_allowed() && d.remaining() == 64 - (j as u64 + 1),
                 "{ctx}: key {} was charged as if it shared state with another key: {d:?}",
@@ -502,7 +461,7 @@ pub async fn check_key_bytes_are_opaque<S: Store + ?Sized>(store: &S, clock: &Ma
             );
         }
         for (j, key) in all.iter().enumerate() {
-            let p = peek_like_model(store, &model, key, limit, now, &ctx).await;
+            let p = like_model(store, &mut model, key, limit, now, 0, &ctx).await;
             assert_eq!(
                 p.remaining(),
                 64 - (j as u64 + 1),
@@ -521,7 +480,7 @@ pub async fn check_key_bytes_are_opaque<S: Store + ?Sized>(store: &S, clock: &Ma
             "{ctx}: a batch of distinct (if similar) keys must be accepted and admitted, got {ds:?}"
         );
         for key in &all {
-            peek_like_model(store, &model, key, limit, now, &ctx).await;
+            like_model(store, &mut model, key, limit, now, 0, &ctx).await;
         }
     }
 }
@@ -570,8 +529,8 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
                  (7 and 2 left, as a peek would), got {ds:?}"
             );
         }
-        let pa = peek_like_model(store, &model, &a, la, now, &ctx).await;
-        let pc = peek_like_model(store, &model, &c, lc, now, &ctx).await;
+        let pa = like_model(store, &mut model, &a, la, now, 0, &ctx).await;
+        let pc = like_model(store, &mut model, &c, lc, now, 0, &ctx).await;
         assert!(
             pa.remaining() == 7 && pc.remaining() == 2,
             "{ctx}: denied batches must charge no key: a must have 7 left and c 2, got {pa:?} and {pc:?}"
@@ -586,50 +545,42 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
             ds[0].is_allowed() && ds[1].is_never(),
             "{ctx}: cost 5 on capacity 4 must be NEVER and deny the batch, got {ds:?}"
         );
-        let pa = peek_like_model(store, &model, &a, la, now, &ctx).await;
-        let pd = peek_like_model(store, &model, &d, ld, now, &ctx).await;
+        let pa = like_model(store, &mut model, &a, la, now, 0, &ctx).await;
+        let pd = like_model(store, &mut model, &d, ld, now, 0, &ctx).await;
         assert!(
             pa.remaining() == 7 && pd.remaining() == 4,
             "{ctx}: an impossible batch must charge no key, got {pa:?} and {pd:?}"
         );
 
-        // A full batch of fresh keys is admitted and charges every key...
+        // A full batch of fresh keys is admitted and charges every key; then one whose last
+        // request is exhausted key b's charges none of them.
         let fresh: Vec<Vec<u8>> = (0..MAX_BATCH).map(|j| keys.key(format!("f{j}"))).collect();
         let lf = Limit::new(algorithm, quota(2, HOUR, 2));
-        let batch: Vec<Request<'_>> = fresh.iter().map(|k| request(k, lf, 1)).collect();
-        let ds = decide_all_like_model(store, &mut model, &batch, now, &ctx).await;
-        assert!(
-            ds.iter().all(Decision::is_allowed),
-            "{ctx}: a full batch of {MAX_BATCH} fresh keys must be admitted, got {ds:?}"
-        );
-        for k in &fresh {
-            let p = peek_like_model(store, &model, k, lf, now, &ctx).await;
-            assert_eq!(
-                p.remaining(),
-                1,
-                "{ctx}: an admitted batch must charge key {}",
-                show(k)
+        for admitted in [true, false] {
+            let mut batch: Vec<Request<'_>> = fresh.iter().map(|k| request(k, lf, 1)).collect();
+            if !admitted {
+                batch[MAX_BATCH - 1] = request(&b, lb, 1);
+            }
+            let ds = decide_all_like_model(store, &mut model, &batch, now, &ctx).await;
+            assert!(
+                ds[..MAX_BATCH - 1].iter().all(Decision::is_allowed)
+                    && ds[MAX_BATCH - 1].is_allowed() == admitted,
+                "{ctx}: a full batch of {MAX_BATCH} keys{}: got {ds:?}",
+                if admitted {
+                    ", all fresh"
+                } else {
+                    " ending with exhausted key b"
+                }
             );
-        }
-        // ...and one whose last request is denied charges none of them.
-        let mut batch: Vec<Request<'_>> = fresh[..MAX_BATCH - 1]
-            .iter()
-            .map(|k| request(k, lf, 1))
-            .collect();
-        batch.push(request(&b, lb, 1));
-        let ds = decide_all_like_model(store, &mut model, &batch, now, &ctx).await;
-        assert!(
-            ds[..MAX_BATCH - 1].iter().all(Decision::is_allowed) && ds[MAX_BATCH - 1].is_denied(),
-            "{ctx}: a full batch ending with exhausted key b: got {ds:?}"
-        );
-        for k in &fresh {
-            let p = peek_like_model(store, &model, k, lf, now, &ctx).await;
-            assert_eq!(
-                p.remaining(),
-                1,
-                "{ctx}: a denied batch charged key {}",
-                show(k)
-            );
+            for k in &fresh {
+                let p = like_model(store, &mut model, k, lf, now, 0, &ctx).await;
+                assert_eq!(
+                    p.remaining(),
+                    1,
+                    "{ctx}: the admitted batch must charge key {} once, the denied one not",
+                    show(k)
+                );
+            }
         }
 
         // Peeks in a batch: an allowed peek charges nothing; a denied peek denies the batch.
@@ -647,21 +598,14 @@ pub async fn check_decide_all_is_all_or_nothing<S: Store + ?Sized>(store: &S, cl
             ds[0].is_denied() && ds[1].is_allowed(),
             "{ctx}: a peek at exhausted key b is denied and denies the batch, got {ds:?}"
         );
-        let pa = peek_like_model(store, &model, &a, la, now, &ctx).await;
-        let pe = peek_like_model(store, &model, &e, le, now, &ctx).await;
+        let pa = like_model(store, &mut model, &a, la, now, 0, &ctx).await;
+        let pe = like_model(store, &mut model, &e, le, now, 0, &ctx).await;
         assert!(
             pa.remaining() == 7 && pe.remaining() == 2,
             "{ctx}: a peek in a batch must charge nothing and a denied batch must not charge e: \
              got {pa:?} and {pe:?}"
         );
     }
-}
-
-fn assert_invalid_request(result: Result<Vec<Decision>, Error>, what: &str, ctx: &str) {
-    assert!(
-        matches!(result, Err(Error::InvalidRequest(_))),
-        "{ctx}: {what} must be rejected with Error::InvalidRequest (see validate_batch), got {result:?}"
-    );
 }
 
 /// `decide_all` rejects an empty batch, a batch of more than [`MAX_BATCH`] requests, and a batch
@@ -678,49 +622,46 @@ pub async fn check_decide_all_rejects_invalid_batches<S: Store + ?Sized>(
         let other = Limit::new(Algorithm::ALL[(i + 1) % 5], quota(3, MINUTE, 3));
         let ctx = format!("check `{CHECK}` ({})", describe(&limit));
 
-        assert_invalid_request(store.decide_all(&[]).await, "an empty batch", &ctx);
-
         let many: Vec<Vec<u8>> = (0..=MAX_BATCH).map(|j| keys.key(format!("m{j}"))).collect();
-        let batch: Vec<Request<'_>> = many.iter().map(|k| request(k, limit, 1)).collect();
-        assert_invalid_request(
-            store.decide_all(&batch).await,
-            "a batch of MAX_BATCH + 1 requests",
-            &ctx,
-        );
-
         let (a, b, c) = (keys.key("a"), keys.key("b"), keys.key("c"));
         // Equal bytes in separate buffers: keys are compared by value.
         let (a2, c2) = (a.clone(), c.clone());
-        assert_invalid_request(
-            store
-                .decide_all(&[
+        let invalid: [(&str, Vec<Request<'_>>); 5] = [
+            ("an empty batch", Vec::new()),
+            (
+                "a batch of MAX_BATCH + 1 requests",
+                many.iter().map(|k| request(k, limit, 1)).collect(),
+            ),
+            (
+                "a batch naming one key twice",
+                vec![
                     request(&a, limit, 1),
                     request(&b, limit, 1),
                     request(&a2, limit, 1),
-                ])
-                .await,
-            "a batch naming one key twice",
-            &ctx,
-        );
-        assert_invalid_request(
-            store
-                .decide_all(&[request(&c, limit, 1), request(&c2, other, 1)])
-                .await,
-            "a batch naming one key twice under different limits",
-            &ctx,
-        );
-        assert_invalid_request(
-            store
-                .decide_all(&[request(&a, limit, 0), request(&a2, limit, 0)])
-                .await,
-            "a batch of two peeks at one key",
-            &ctx,
-        );
+                ],
+            ),
+            (
+                "a batch naming one key twice under different limits",
+                vec![request(&c, limit, 1), request(&c2, other, 1)],
+            ),
+            (
+                "a batch of two peeks at one key",
+                vec![request(&a, limit, 0), request(&a2, limit, 0)],
+            ),
+        ];
+        for (what, batch) in &invalid {
+            let result = store.decide_all(batch).await;
+            assert!(
+                matches!(result, Err(Error::InvalidRequest(_))),
+                "{ctx}: {what} must be rejected with Error::InvalidRequest (see validate_batch), \
+                 got {result:?}"
+            );
+        }
 
         let now = clock.now_us();
-        let model = Model::default();
+        let mut model = Model::default();
         for k in many.iter().chain([&a, &b, &c]) {
-            let p = peek_like_model(store, &model, k, limit, now, &ctx).await;
+            let p = like_model(store, &mut model, k, limit, now, 0, &ctx).await;
             assert_eq!(
                 p.remaining(),
                 limit.capacity(),
@@ -728,7 +669,7 @@ pub async fn check_decide_all_rejects_invalid_batches<S: Store + ?Sized>(
                 show(k)
             );
         }
-        let p = peek_like_model(store, &model, &c, other, now, &ctx).await;
+        let p = like_model(store, &mut model, &c, other, now, 0, &ctx).await;
         assert_eq!(
             p.remaining(),
             other.capacity(),
@@ -765,19 +706,14 @@ pub async fn check_limit_change_follows_model<S: Store + ?Sized>(store: &S, cloc
             case += 1;
             let key = keys.key(case.to_string());
             let mut rng = Rng::new(seed(CHECK, case));
-            let mut walk = Walk::new(
-                CHECK,
-                format!("{a}, then {a} with another quota, then {b}, then {a} again"),
-                &key,
-                a,
-                clock.now_us(),
-            );
             let segments = [
                 Limit::new(a, q1),
                 Limit::new(a, q2),
                 Limit::new(b, q1),
                 Limit::new(a, q1),
             ];
+            let mut walk = Walk::new(CHECK, &key, &segments[0], clock.now_us());
+            walk.case = format!("{a}, then {a} with another quota, then {b}, then {a} again");
             for (n, limit) in segments.iter().copied().enumerate() {
                 let switched = n > 0 && segments[n - 1].algorithm() != limit.algorithm();
                 let brief = limit.algorithm() == b;
@@ -825,26 +761,8 @@ pub async fn check_clock_going_backwards_follows_model<S: Store + ?Sized>(
     for (i, limit) in all_limits(&small_quotas()).into_iter().enumerate() {
         let key = keys.key(i.to_string());
         let mut rng = Rng::new(seed(CHECK, i));
-        let mut walk = Walk::new(
-            CHECK,
-            describe(&limit),
-            &key,
-            limit.algorithm(),
-            clock.now_us(),
-        );
-        let period = limit.quota().period_us();
-        for step in 0..STEPS {
-            if rng.below(100) < 15 {
-                let back = rng.range(1, 2 * period);
-                clock.set_us(clock.now_us().saturating_sub(back));
-            } else {
-                let advance = random_advance(&mut rng, &limit, clock.now_us(), walk.last_retry);
-                clock.advance(Duration::from_micros(advance));
-            }
-            let cost = random_cost(&mut rng, limit.capacity());
-            walk.step(store, clock.now_us(), limit, cost, via(step))
-                .await;
-        }
+        let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
+        walk.random(store, clock, &mut rng, limit, STEPS, 15).await;
     }
 }
 
@@ -858,20 +776,8 @@ pub async fn check_idle_key_decides_as_fresh<S: Store + ?Sized>(store: &S, clock
     for (i, limit) in all_limits(&model_quotas()).into_iter().enumerate() {
         let key = keys.key(i.to_string());
         let mut rng = Rng::new(seed(CHECK, i));
-        let mut walk = Walk::new(
-            CHECK,
-            describe(&limit),
-            &key,
-            limit.algorithm(),
-            clock.now_us(),
-        );
-        for step in 0..STEPS {
-            let advance = random_advance(&mut rng, &limit, clock.now_us(), walk.last_retry);
-            clock.advance(Duration::from_micros(advance));
-            let cost = random_cost(&mut rng, limit.capacity());
-            walk.step(store, clock.now_us(), limit, cost, via(step))
-                .await;
-        }
+        let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
+        walk.random(store, clock, &mut rng, limit, STEPS, 0).await;
         let expires = walk.state.expires_at(limit.quota());
         let now = clock.now_us().max(expires);
         clock.set_us(now);
@@ -898,15 +804,6 @@ pub async fn check_idle_key_decides_as_fresh<S: Store + ?Sized>(store: &S, clock
     }
 }
 
-/// Awaits a spawned task, re-raising its panic.
-async fn join<T>(handle: JoinHandle<T>, ctx: &str) -> T {
-    match handle.await {
-        Ok(value) => value,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => panic!("{ctx}: a task failed: {e}"),
-    }
-}
-
 /// Concurrent requests on one key are atomic: 32 Tokio tasks released together
 /// race for one fresh key with capacity 10, half through `decide`, half through `decide_all`;
 /// exactly 10 are admitted. Every algorithm.
@@ -923,36 +820,26 @@ pub async fn check_concurrent_requests_admit_exactly_limit<S: Store + ?Sized + '
         let limit = Limit::new(algorithm, quota(RACE_LIMIT, HOUR, RACE_LIMIT));
         let key: Arc<[u8]> = keys.key(i.to_string()).into();
         let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let handles: Vec<JoinHandle<Result<Vec<Decision>, Error>>> = (0..TASKS)
-            .map(|t| {
-                let (store, key, barrier) =
-                    (Arc::clone(store), Arc::clone(&key), Arc::clone(&barrier));
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let request = Request::new(distlimit_core::Key::new(&*key)?, limit);
-                    if t % 2 == 0 {
-                        store.decide(&request).await.map(|d| vec![d])
-                    } else {
-                        store.decide_all(std::slice::from_ref(&request)).await
-                    }
-                })
-            })
-            .collect();
-        let mut allowed = 0;
-        for (t, handle) in handles.into_iter().enumerate() {
-            match join(handle, &ctx).await {
-                Ok(ds) if ds.len() == 1 => {
-                    assert!(
-                        ds[0].is_allowed() || !ds[0].is_never(),
-                        "{ctx}: task {t}: a denial of cost 1 must not be NEVER, got {:?}",
-                        ds[0]
-                    );
-                    allowed += u64::from(ds[0].is_allowed());
+        let answers = race(&ctx, |t| {
+            let (store, key) = (Arc::clone(store), Arc::clone(&key));
+            async move {
+                let request = Request::new(distlimit_core::Key::new(&*key)?, limit);
+                if t % 2 == 0 {
+                    store.decide(&request).await.map(|d| vec![d])
+                } else {
+                    store.decide_all(std::slice::from_ref(&request)).await
                 }
-                Ok(ds) => panic!("{ctx}: task {t}: one request, {} decisions", ds.len()),
-                Err(e) => panic!("{ctx}: task {t} failed: {e} ({e:?})"),
             }
+        })
+        .await;
+        let mut allowed = 0;
+        for (t, ds) in answers.iter().enumerate() {
+            assert!(
+                ds.len() == 1 && (ds[0].is_allowed() || !ds[0].is_never()),
+                "{ctx}: task {t}: one request must get one decision, a denial of cost 1 not \
+                 NEVER, got {ds:?}"
+            );
+            allowed += u64::from(ds[0].is_allowed());
         }
         assert_eq!(
             allowed, RACE_LIMIT,
@@ -990,44 +877,30 @@ pub async fn check_concurrent_batches_are_atomic<S: Store + ?Sized + 'static>(
             describe(&shared_limit),
             describe(&own_limit)
         );
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let handles: Vec<JoinHandle<Result<Vec<Decision>, Error>>> = own
-            .iter()
-            .enumerate()
-            .map(|(t, own_key)| {
-                let (store, shared, own_key, barrier) = (
-                    Arc::clone(store),
-                    Arc::clone(&shared),
-                    Arc::clone(own_key),
-                    Arc::clone(&barrier),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let s = Request::new(distlimit_core::Key::new(&*shared)?, shared_limit);
-                    let o = Request::new(distlimit_core::Key::new(&*own_key)?, own_limit);
-                    let batch = if t % 2 == 0 { [s, o] } else { [o, s] };
-                    store.decide_all(&batch).await
-                })
-            })
-            .collect();
-        let mut admitted = [false; TASKS];
-        for (t, handle) in handles.into_iter().enumerate() {
-            match join(handle, &ctx).await {
-                Ok(ds) if ds.len() == 2 => {
-                    let (s, o) = if t % 2 == 0 {
-                        (ds[0], ds[1])
-                    } else {
-                        (ds[1], ds[0])
-                    };
-                    assert!(
-                        o.is_allowed(),
-                        "{ctx}: task {t}: its own fresh key must pass on its own, got {o:?}"
-                    );
-                    admitted[t] = s.is_allowed();
-                }
-                Ok(ds) => panic!("{ctx}: task {t}: two requests, {} decisions", ds.len()),
-                Err(e) => panic!("{ctx}: task {t} failed: {e} ({e:?})"),
+        let answers = race(&ctx, |t| {
+            let (store, shared, own_key) =
+                (Arc::clone(store), Arc::clone(&shared), Arc::clone(&own[t]));
+            async move {
+                let s = Request::new(distlimit_core::Key::new(&*shared)?, shared_limit);
+                let o = Request::new(distlimit_core::Key::new(&*own_key)?, own_limit);
+                let batch = if t % 2 == 0 { [s, o] } else { [o, s] };
+                store.decide_all(&batch).await
             }
+        })
+        .await;
+        let mut admitted = [false; TASKS];
+        for (t, ds) in answers.iter().enumerate() {
+            assert_eq!(ds.len(), 2, "{ctx}: task {t}: two requests, {ds:?}");
+            let (s, o) = if t % 2 == 0 {
+                (ds[0], ds[1])
+            } else {
+                (ds[1], ds[0])
+            };
+            assert!(
+                o.is_allowed(),
+                "{ctx}: task {t}: its own fresh key must pass on its own, got {o:?}"
+            );
+            admitted[t] = s.is_allowed();
         }
         let count = admitted.iter().filter(|&&a| a).count() as u64;
         assert_eq!(
@@ -1057,34 +930,28 @@ pub async fn check_store_ext_validates_keys<S: Store + ?Sized>(store: &S, clock:
         let keys = Keys::new(CHECK);
         let limit = Limit::new(algorithm, quota(5, HOUR, 5));
         let ctx = format!("check `{CHECK}` ({})", describe(&limit));
-        let empty = [
-            store.check("", limit).await,
-            store.check_cost("", limit, 2).await,
-            store.peek("", limit).await,
-        ];
-        for (n, r) in empty.iter().enumerate() {
-            assert!(
-                matches!(r, Err(Error::InvalidKey(KeyError::Empty))),
-                "{ctx}: call {n} (check, check_cost, peek) with an empty key must fail with \
-                 Error::InvalidKey(KeyError::Empty), got {r:?}"
-            );
-        }
         let long = keys.key_of_len(MAX_KEY_LEN + 1, b'x');
-        let too_long = [
-            store.check(&long, limit).await,
-            store.check_cost(&long, limit, 2).await,
-            store.peek(&long, limit).await,
-        ];
-        for (n, r) in too_long.iter().enumerate() {
-            assert!(
-                matches!(
-                    r,
-                    Err(Error::InvalidKey(KeyError::TooLong { len, max }))
-                        if *len == MAX_KEY_LEN + 1 && *max == MAX_KEY_LEN
-                ),
-                "{ctx}: call {n} (check, check_cost, peek) with a key of MAX_KEY_LEN + 1 bytes \
-                 must fail with Error::InvalidKey(KeyError::TooLong), got {r:?}"
-            );
+        for key in [&b""[..], &long] {
+            let calls = [
+                store.check(key, limit).await,
+                store.check_cost(key, limit, 2).await,
+                store.peek(key, limit).await,
+            ];
+            for (n, r) in calls.iter().enumerate() {
+                assert!(
+                    match r {
+                        Err(Error::InvalidKey(KeyError::Empty)) => key.is_empty(),
+                        Err(Error::InvalidKey(KeyError::TooLong { len, max })) => {
+                            key.len() == *len && *len == MAX_KEY_LEN + 1 && *max == MAX_KEY_LEN
+                        }
+                        _ => false,
+                    },
+                    "{ctx}: call {n} (check, check_cost, peek) with a key of {} bytes must fail \
+                     with Error::InvalidKey (KeyError::Empty, or TooLong above MAX_KEY_LEN), \
+                     got {r:?}",
+                    key.len()
+                );
+            }
         }
 
         let key = keys.key_of_len(MAX_KEY_LEN, b'1');
@@ -1120,17 +987,11 @@ pub async fn check_policies_are_independent<S: Store + ?Sized>(store: &S, clock:
     const CHECK: &str = "policies_are_independent";
     let keys = Keys::new(CHECK);
     let key = keys.key("client");
-    let Ok(key) = distlimit_core::Key::new(&key) else {
-        panic!("distlimit-test bug: key too long")
-    };
     let per_second = Limit::token_bucket(quota(2, SECOND, 2));
     let per_minute = Limit::gcra(quota(3, MINUTE, 3));
-    let named = |policy: &'static str, limit: Limit, cost: u64| match Request::new(key, limit)
-        .with_cost(cost)
-        .with_policy(policy)
-    {
-        Ok(request) => request,
-        Err(e) => panic!("distlimit-test bug: {e}"),
+    let named = |policy: &'static str, limit: Limit, cost: u64| {
+        (request(&key, limit, cost).with_policy(policy))
+            .unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
     };
     let ctx = format!("check `{CHECK}`");
 
@@ -1187,15 +1048,12 @@ pub async fn check_policies_are_independent<S: Store + ?Sized>(store: &S, clock:
 /// [`Error::InvalidRequest`]s that change nothing. A store that does not settle must answer
 /// [`Error::Unsupported`] and change nothing (then the rest is skipped), never a decision.
 pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
-    fn key_of(name: &[u8]) -> distlimit_core::Key<'_> {
-        distlimit_core::Key::new(name).unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
-    }
     const CHECK: &str = "settling_follows_model";
     let keys = Keys::new(CHECK);
     let ctx = format!("check `{CHECK}`");
     let probe = keys.key("probe");
     let limit = Limit::gcra(quota(5, SECOND, 5));
-    let report = Settle::Report(Request::new(key_of(&probe), limit).with_cost(7));
+    let report = Settle::Report(request(&probe, limit, 7));
     if let Err(Error::Unsupported(_)) = store.settle_all(&[report]).await {
         let peek = decide(store, &probe, limit, 0, &ctx).await;
         assert_eq!(
@@ -1210,19 +1068,11 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
         quota(7, SECOND, 9),
         quota(3, MINUTE, 2),
     ];
-    let mut limits = Vec::new();
-    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
-        for quota in quotas {
-            limits.push(Limit::new(algorithm, quota));
-        }
-    }
-    for (i, limit) in limits.into_iter().enumerate() {
+    let algorithms = [Algorithm::TokenBucket, Algorithm::Gcra];
+    let limits = algorithms.map(|a| quotas.map(|q| Limit::new(a, q)));
+    for (i, limit) in limits.into_iter().flatten().enumerate() {
         let names = [keys.key(format!("{i}a")), keys.key(format!("{i}b"))];
-        let key = |j: usize| key_of(&names[j]);
-        let mut states = [
-            State::fresh(limit.algorithm()),
-            State::fresh(limit.algorithm()),
-        ];
+        let mut states: [State; 2] = std::array::from_fn(|_| State::fresh(limit.algorithm()));
         let mut written = [None, None];
         let mut rng = Rng::new(seed(CHECK, i));
         for step in 0..MODEL_STEPS {
@@ -1234,7 +1084,7 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
             let now = clock.now_us();
             let j = step % 2;
             let cost = rng.below(3 * limit.capacity() + 2);
-            let request = Request::new(key(j), limit).with_cost(cost);
+            let req = request(&names[j], limit, cost);
             // A report or give-back applied to the model: the decision after it.
             let settle = |state: &mut State, written: &mut Option<Quota>, s: &Settle<'_>| {
                 let cost = s.request().cost();
@@ -1250,7 +1100,7 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
             };
             let settled = match rng.below(3) {
                 0 => {
-                    let got = store.decide(&request).await;
+                    let got = store.decide(&req).await;
                     let want = limit.decide_from(&mut states[j], &mut written[j], now, cost);
                     assert!(
                         matches!(&got, Ok(d) if *d == want),
@@ -1260,12 +1110,12 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
                     );
                     continue;
                 }
-                1 => Settle::Report(request),
-                _ => Settle::GiveBack(request),
+                1 => Settle::Report(req),
+                _ => Settle::GiveBack(req),
             };
             let (got, want) = if step % 3 == 2 {
                 // A batch: this settle and a report of 1 on the other key, both applied.
-                let other = Settle::Report(Request::new(key(1 - j), limit));
+                let other = Settle::Report(request(&names[1 - j], limit, 1));
                 let got = store.settle_all(&[settled, other]).await;
                 let want = vec![
                     settle(&mut states[j], &mut written[j], &settled),
@@ -1298,18 +1148,14 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
 
     // What cannot be settled is refused, changing nothing.
     let key = keys.key("refused");
-    let k = key_of(&key);
     for algorithm in [
         Algorithm::FixedWindow,
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,
     ] {
         let limit = Limit::new(algorithm, quota(5, SECOND, 5));
-        let request = Request::new(k, limit);
-        for settle in [
-            Settle::Report(request.with_cost(9)),
-            Settle::GiveBack(request),
-        ] {
+        let req = request(&key, limit, 1);
+        for settle in [Settle::Report(req.with_cost(9)), Settle::GiveBack(req)] {
             let got = store.settle_all(&[settle]).await;
             assert!(
                 matches!(got, Err(Error::InvalidRequest(_))),
@@ -1325,7 +1171,7 @@ pub async fn check_settling_follows_model<S: Store + ?Sized>(store: &S, clock: &
     }
     let limit = Limit::gcra(quota(5, SECOND, 5));
     let other = keys.key("other");
-    let (a, b) = (Request::new(k, limit), Request::new(key_of(&other), limit));
+    let (a, b) = (request(&key, limit, 1), request(&other, limit, 1));
     let refused: [&[Settle<'_>]; 2] = [
         &[Settle::Report(a), Settle::GiveBack(a.with_cost(2))],
         &[

@@ -231,22 +231,20 @@ impl<S> FaultyStore<S> {
         self.inner
     }
 
-    fn next_fault(&self) -> Fault {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let mut script = self.script.lock();
-        let default = script.default;
-        script.queue.pop_front().unwrap_or(default)
-    }
-
     /// Runs one call under the next fault.
     async fn run<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
-        let fault = self.next_fault();
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let fault = {
+            let mut script = self.script.lock();
+            let default = script.default;
+            script.queue.pop_front().unwrap_or(default)
+        };
         match fault {
-            Fault::Pass => {}
+            Fault::Pass | Fault::LoseReply(_) => {}
             // A zero delay only yields: the timer would round it up to a millisecond.
             Fault::Delay(d) if d.is_zero() => tokio::task::yield_now().await,
             Fault::Delay(d) => tokio::time::sleep(d).await,
@@ -255,16 +253,15 @@ impl<S> FaultyStore<S> {
                 tokio::time::sleep(d).await;
                 return Err(kind.error());
             }
-            Fault::LoseReply(kind) => {
-                self.inner_calls.fetch_add(1, Ordering::SeqCst);
-                // The inner store applies the request; its answer is lost.
-                let _ = call().await;
-                return Err(kind.error());
-            }
             Fault::Hang => std::future::pending::<()>().await,
         }
         self.inner_calls.fetch_add(1, Ordering::SeqCst);
-        call().await
+        let answer = call().await;
+        match fault {
+            // The inner store applied the request; its answer is lost.
+            Fault::LoseReply(kind) => Err(kind.error()),
+            _ => answer,
+        }
     }
 }
 
@@ -300,16 +297,14 @@ impl<S: Store> Store for FaultyStore<S> {
         let fault = script.queue.front().copied().unwrap_or(script.default);
         let answer = match fault {
             Fault::Fail(kind) => Err(kind.error()),
-            Fault::Pass => {
+            Fault::Pass | Fault::LoseReply(_) => {
                 let answer = self.inner.decide_now(request)?;
                 self.inner_calls.fetch_add(1, Ordering::SeqCst);
-                answer
-            }
-            Fault::LoseReply(kind) => {
-                // The inner store applies the request; its answer is lost.
-                let _lost = self.inner.decide_now(request)?;
-                self.inner_calls.fetch_add(1, Ordering::SeqCst);
-                Err(kind.error())
+                match fault {
+                    // The inner store applied the request; its answer is lost.
+                    Fault::LoseReply(kind) => Err(kind.error()),
+                    _ => answer,
+                }
             }
             Fault::Delay(_) | Fault::FailAfter(..) | Fault::Hang => return None,
         };

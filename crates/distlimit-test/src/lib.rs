@@ -10,26 +10,14 @@ pub mod server;
 mod support;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use distlimit_core::{ManualClock, Store};
 
-pub use checks::{
-    check_clock_going_backwards_follows_model, check_concurrent_batches_are_atomic,
-    check_concurrent_requests_admit_exactly_limit, check_cost_above_capacity_is_never,
-    check_decide_all_is_all_or_nothing, check_decide_all_rejects_invalid_batches,
-    check_denied_request_is_not_charged, check_fresh_key_admits_capacity,
-    check_idle_key_decides_as_fresh, check_key_bytes_are_opaque, check_keys_are_independent,
-    check_limit_change_follows_model, check_matches_reference_model, check_peek_changes_nothing,
-    check_policies_are_independent, check_retry_after_is_exact, check_settling_follows_model,
-    check_store_ext_validates_keys,
-};
+pub use checks::*;
 pub use faulty::{Fault, FaultKind, FaultyStore};
-pub use permit_checks::{
-    check_permit_concurrent_acquires_admit_exactly_max, check_permit_expires_after_lease,
-    check_permit_fresh_key_admits_max, check_permit_keys_and_states_are_independent,
-    check_permit_matches_model, check_permit_release_frees_one_place,
-    check_permit_renew_extends_lease,
-};
+pub use permit_checks::*;
 pub use proxy::Proxy;
 
 /// Where every check's clock starts: 2023-11-19T00:00:00Z in microseconds since the Unix epoch,
@@ -53,7 +41,12 @@ pub fn new_clock() -> ManualClock {
 /// assert!(a.ends_with(b":mine:"));
 /// ```
 pub fn unique_prefix(tag: &str) -> Vec<u8> {
-    support::unique_prefix(tag)
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("dlt:{}:{nanos:x}:{n}:{tag}:", std::process::id()).into_bytes()
 }
 
 /// The name of every check, in the order [`run_all`] runs them: also the test names

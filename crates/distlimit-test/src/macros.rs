@@ -46,10 +46,7 @@ macro_rules! conformance_tests {
         $crate::__for_each_check!(__conformance_module { $module, $factory });
     };
     ($factory:expr $(,)?) => {
-        $crate::__for_each_check!(__conformance_module {
-            conformance,
-            $factory
-        });
+        $crate::conformance_tests!(conformance, $factory);
     };
 }
 
@@ -160,10 +157,7 @@ macro_rules! permit_conformance_tests {
         $crate::__for_each_permit_check!(__conformance_module { $module, $factory });
     };
     ($factory:expr $(,)?) => {
-        $crate::__for_each_permit_check!(__conformance_module {
-            permit_conformance,
-            $factory
-        });
+        $crate::permit_conformance_tests!(permit_conformance, $factory);
     };
 }
 

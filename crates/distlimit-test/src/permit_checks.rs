@@ -9,62 +9,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlimit_core::{
-    Key, Limit, ManualClock, PermitDecision, PermitId, PermitLimit, PermitRequest, PermitStore,
-    Permits, Quota, Request, Store,
+    Error, Key, Limit, ManualClock, PermitDecision, PermitId, PermitLimit, PermitRequest,
+    PermitStore, Permits, Quota, Request, Store,
 };
-use tokio::sync::Barrier;
 
-use crate::support::{Keys, Rng, seed, show};
-
-/// Tasks racing on one key.
-const TASKS: usize = 32;
+use crate::support::{Keys, Rng, TASKS, race, seed, show};
 
 fn limit(max: u32, lease_ms: u64) -> PermitLimit {
-    match PermitLimit::new(max, Duration::from_millis(lease_ms)) {
-        Ok(limit) => limit,
-        Err(e) => panic!("distlimit-test bug: {e}"),
-    }
+    PermitLimit::new(max, Duration::from_millis(lease_ms))
+        .unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
 }
 
 fn key(bytes: &[u8]) -> Key<'_> {
-    match Key::new(bytes) {
-        Ok(key) => key,
-        Err(e) => panic!("distlimit-test bug: {e}"),
-    }
+    Key::new(bytes).unwrap_or_else(|e| panic!("distlimit-test bug: {e}"))
 }
 
-async fn acquire<S: PermitStore + ?Sized>(
-    store: &S,
-    request: &PermitRequest<'_>,
-    ctx: &str,
-) -> PermitDecision {
-    match store.acquire(request).await {
-        Ok(d) => d,
-        Err(e) => panic!("{ctx}: acquire failed: {e} ({e:?})"),
-    }
-}
-
-async fn release<S: PermitStore + ?Sized>(
-    store: &S,
-    request: &PermitRequest<'_>,
-    id: PermitId,
-    ctx: &str,
-) -> bool {
-    match store.release(request, id).await {
-        Ok(d) => d,
-        Err(e) => panic!("{ctx}: release failed: {e} ({e:?})"),
-    }
-}
-
-async fn renew<S: PermitStore + ?Sized>(
-    store: &S,
-    request: &PermitRequest<'_>,
-    id: PermitId,
-    ctx: &str,
-) -> bool {
-    match store.renew(request, id).await {
-        Ok(d) => d,
-        Err(e) => panic!("{ctx}: renew failed: {e} ({e:?})"),
+/// The answer of a store call, failing the check (at the caller's line) on `Err`.
+#[track_caller]
+fn ok<T>(result: Result<T, Error>, ctx: &str) -> T {
+    match result {
+        Ok(answer) => answer,
+        Err(e) => panic!("{ctx}: the store failed: {e} ({e:?})"),
     }
 }
 
@@ -82,7 +47,7 @@ pub async fn check_permit_fresh_key_admits_max<S: PermitStore + ?Sized>(
         let ctx = format!("check `{CHECK}` (max {max}, key {})", show(&k));
         let mut ids = Vec::new();
         for i in 0..max {
-            let d = acquire(&**store, &request, &ctx).await;
+            let d = ok(store.acquire(&request).await, &ctx);
             assert!(
                 d.is_allowed() && d.in_flight() == i + 1 && d.max_in_flight() == max,
                 "{ctx}: acquire {} of a fresh key must be admitted with {} in flight, got {d:?}",
@@ -98,7 +63,7 @@ pub async fn check_permit_fresh_key_admits_max<S: PermitStore + ?Sized>(
             max as usize,
             "{ctx}: permit ids must be distinct"
         );
-        let d = acquire(&**store, &request, &ctx).await;
+        let d = ok(store.acquire(&request).await, &ctx);
         assert!(
             d.is_denied()
                 && d.in_flight() == max
@@ -122,36 +87,36 @@ pub async fn check_permit_release_frees_one_place<S: PermitStore + ?Sized>(
     let k = keys.key("k");
     let request = PermitRequest::new(key(&k), limit(2, 60_000));
     let ctx = format!("check `{CHECK}` (key {})", show(&k));
-    let a = acquire(&**store, &request, &ctx).await.permit();
-    let b = acquire(&**store, &request, &ctx).await.permit();
+    let a = ok(store.acquire(&request).await, &ctx).permit();
+    let b = ok(store.acquire(&request).await, &ctx).permit();
     let (Some(a), Some(_b)) = (a, b) else {
         panic!("{ctx}: two acquires of a fresh key with max 2 must be admitted")
     };
     assert!(
-        acquire(&**store, &request, &ctx).await.is_denied(),
+        ok(store.acquire(&request).await, &ctx).is_denied(),
         "{ctx}: a third acquire must be denied"
     );
     assert!(
-        release(&**store, &request, a, &ctx).await,
+        ok(store.release(&request, a).await, &ctx),
         "{ctx}: releasing a live permit must answer true"
     );
     assert!(
-        !release(&**store, &request, a, &ctx).await,
+        !ok(store.release(&request, a).await, &ctx),
         "{ctx}: releasing a permit twice must answer false the second time"
     );
-    let c = acquire(&**store, &request, &ctx).await;
+    let c = ok(store.acquire(&request).await, &ctx);
     assert!(
         c.is_allowed() && c.in_flight() == 2,
         "{ctx}: after a release one acquire must be admitted, got {c:?}"
     );
     assert!(
-        acquire(&**store, &request, &ctx).await.is_denied(),
+        ok(store.acquire(&request).await, &ctx).is_denied(),
         "{ctx}: a double release must not free a second place"
     );
     let never = PermitId::wrapping(u64::MAX);
     assert!(
-        !release(&**store, &request, never, &ctx).await
-            && !renew(&**store, &request, never, &ctx).await,
+        !ok(store.release(&request, never).await, &ctx)
+            && !ok(store.renew(&request, never).await, &ctx),
         "{ctx}: releasing or renewing an id never taken must answer false"
     );
 }
@@ -168,16 +133,16 @@ pub async fn check_permit_expires_after_lease<S: PermitStore + ?Sized>(
     let request = PermitRequest::new(key(&k), limit(3, 10_000));
     let ctx = format!("check `{CHECK}` (key {})", show(&k));
     for _ in 0..3 {
-        assert!(acquire(&**store, &request, &ctx).await.is_allowed());
+        assert!(ok(store.acquire(&request).await, &ctx).is_allowed());
     }
     clock.advance(Duration::from_millis(9_000));
-    let d = acquire(&**store, &request, &ctx).await;
+    let d = ok(store.acquire(&request).await, &ctx);
     assert!(
         d.is_denied() && d.retry_after() == Duration::from_millis(1_000),
         "{ctx}: 9 s into a 10 s lease the key must be full, retry_after exactly 1 s, got {d:?}"
     );
     clock.advance(Duration::from_millis(1_000));
-    let d = acquire(&**store, &request, &ctx).await;
+    let d = ok(store.acquire(&request).await, &ctx);
     assert!(
         d.is_allowed() && d.in_flight() == 1 && d.expired() == 3,
         "{ctx}: at the end of the lease the 3 permits must be expired and dropped, got {d:?}"
@@ -195,26 +160,26 @@ pub async fn check_permit_renew_extends_lease<S: PermitStore + ?Sized>(
     let k = keys.key("k");
     let request = PermitRequest::new(key(&k), limit(1, 10_000));
     let ctx = format!("check `{CHECK}` (key {})", show(&k));
-    let Some(id) = acquire(&**store, &request, &ctx).await.permit() else {
+    let Some(id) = ok(store.acquire(&request).await, &ctx).permit() else {
         panic!("{ctx}: a fresh key must admit")
     };
     clock.advance(Duration::from_millis(8_000));
     assert!(
-        renew(&**store, &request, id, &ctx).await,
+        ok(store.renew(&request, id).await, &ctx),
         "{ctx}: renewing a live permit must answer true"
     );
     clock.advance(Duration::from_millis(8_000));
     assert!(
-        acquire(&**store, &request, &ctx).await.is_denied(),
+        ok(store.acquire(&request).await, &ctx).is_denied(),
         "{ctx}: 8 s after a renewal a 10 s permit must still be held"
     );
     clock.advance(Duration::from_millis(2_000));
     assert!(
-        !renew(&**store, &request, id, &ctx).await,
+        !ok(store.renew(&request, id).await, &ctx),
         "{ctx}: renewing an expired permit must answer false"
     );
     assert!(
-        acquire(&**store, &request, &ctx).await.is_allowed(),
+        ok(store.acquire(&request).await, &ctx).is_allowed(),
         "{ctx}: a renew after expiry must not bring the permit back"
     );
 }
@@ -230,25 +195,23 @@ pub async fn check_permit_keys_and_states_are_independent<S: PermitStore + Store
     let ctx = format!("check `{CHECK}` (keys {}, {})", show(&ka), show(&kb));
     let one = limit(1, 60_000);
     let a = PermitRequest::new(key(&ka), one);
-    assert!(acquire(&**store, &a, &ctx).await.is_allowed());
+    assert!(ok(store.acquire(&a).await, &ctx).is_allowed());
     assert!(
-        acquire(&**store, &PermitRequest::new(key(&kb), one), &ctx)
-            .await
-            .is_allowed(),
+        ok(
+            store.acquire(&PermitRequest::new(key(&kb), one)).await,
+            &ctx
+        )
+        .is_allowed(),
         "{ctx}: another key must have its own permits"
     );
-    let other = match a.with_policy("other") {
-        Ok(r) => r,
-        Err(e) => panic!("{ctx}: {e}"),
-    };
+    let other = a
+        .with_policy("other")
+        .unwrap_or_else(|e| panic!("{ctx}: {e}"));
     assert!(
-        acquire(&**store, &other, &ctx).await.is_allowed(),
+        ok(store.acquire(&other).await, &ctx).is_allowed(),
         "{ctx}: another state must have its own permits"
     );
-    let quota = match Quota::per_minute(5) {
-        Ok(q) => q,
-        Err(e) => panic!("{ctx}: {e}"),
-    };
+    let quota = Quota::per_minute(5).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     for algorithm in distlimit_core::Algorithm::ALL {
         let rate = Request::new(key(&ka), Limit::new(algorithm, quota));
         match store.decide(&rate).await {
@@ -263,7 +226,7 @@ pub async fn check_permit_keys_and_states_are_independent<S: PermitStore + Store
         }
     }
     assert!(
-        acquire(&**store, &a, &ctx).await.is_denied(),
+        ok(store.acquire(&a).await, &ctx).is_denied(),
         "{ctx}: rate decisions must not touch the key's permits"
     );
 }
@@ -283,25 +246,16 @@ pub async fn check_permit_concurrent_acquires_admit_exactly_max<
     let ctx = format!("check `{CHECK}` (key {})", show(&k));
     let lim = limit(MAX, 60_000);
     for round in 0..2 {
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let handles: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (store, k, barrier) = (Arc::clone(store), Arc::clone(&k), Arc::clone(&barrier));
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let request = PermitRequest::new(Key::new(&*k)?, lim);
-                    store.acquire(&request).await
-                })
-            })
-            .collect();
-        let mut ids = Vec::new();
-        for handle in handles {
-            match handle.await {
-                Ok(Ok(d)) => ids.extend(d.permit()),
-                Ok(Err(e)) => panic!("{ctx}: acquire failed: {e}"),
-                Err(e) => panic!("{ctx}: a task failed: {e}"),
+        let answers = race(&ctx, |_| {
+            let (store, k) = (Arc::clone(store), Arc::clone(&k));
+            async move {
+                store
+                    .acquire(&PermitRequest::new(Key::new(&*k)?, lim))
+                    .await
             }
-        }
+        })
+        .await;
+        let ids: Vec<PermitId> = answers.iter().filter_map(PermitDecision::permit).collect();
         assert_eq!(
             ids.len(),
             MAX as usize,
@@ -310,7 +264,7 @@ pub async fn check_permit_concurrent_acquires_admit_exactly_max<
         );
         let request = PermitRequest::new(key(&k), lim);
         for id in ids {
-            assert!(release(&**store, &request, id, &ctx).await);
+            assert!(ok(store.release(&request, id).await, &ctx));
         }
     }
 }
@@ -337,7 +291,7 @@ pub async fn check_permit_matches_model<S: PermitStore + ?Sized>(
         let held = taken.entry(i).or_default();
         match rng.below(4) {
             0 | 1 => {
-                let got = acquire(&**store, &request, &ctx).await;
+                let got = ok(store.acquire(&request).await, &ctx);
                 let id = got.permit().unwrap_or(PermitId::wrapping(u64::MAX));
                 let expected = models[i].acquire(now, &limits[i], id);
                 assert_eq!(
@@ -348,7 +302,7 @@ pub async fn check_permit_matches_model<S: PermitStore + ?Sized>(
             }
             2 if !held.is_empty() => {
                 let id = held.swap_remove(rng.below(held.len() as u64) as usize);
-                let got = release(&**store, &request, id, &ctx).await;
+                let got = ok(store.release(&request, id).await, &ctx);
                 let expected = models[i].release(now, id);
                 assert_eq!(
                     got, expected,
@@ -357,7 +311,7 @@ pub async fn check_permit_matches_model<S: PermitStore + ?Sized>(
             }
             3 if !held.is_empty() => {
                 let id = held[rng.below(held.len() as u64) as usize];
-                let got = renew(&**store, &request, id, &ctx).await;
+                let got = ok(store.renew(&request, id).await, &ctx);
                 let expected = models[i].renew(now, &limits[i], id);
                 assert_eq!(
                     got, expected,

@@ -159,9 +159,7 @@ impl Proxy {
         drop(state);
         self.shared.changed.notify_all();
     }
-}
 
-impl Proxy {
     /// Partitions the link: [`hold`](Self::hold), then [`cut`](Self::cut). Every open
     /// connection is closed, and new ones are accepted but black-holed (nothing forwarded), so a
     /// client waits for its own timeout, as across a partition; until [`heal`](Self::heal).
@@ -175,11 +173,6 @@ impl Proxy {
     pub fn heal(&self) {
         self.cut();
         self.release();
-    }
-
-    /// Whether the link holds its bytes ([`hold`](Self::hold) or [`partition`](Self::partition)).
-    pub fn is_held(&self) -> bool {
-        self.shared.lock().held
     }
 }
 

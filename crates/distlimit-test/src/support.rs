@@ -6,15 +6,23 @@
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
-use distlimit_core::{Algorithm, Decision, Key, Limit, MAX_KEY_LEN, Quota, Request, State, Store};
+use distlimit_core::{
+    Algorithm, Clock, Decision, Error, Key, Limit, MAX_KEY_LEN, ManualClock, Quota, Request, State,
+    Store,
+};
+use tokio::sync::Barrier;
 
 pub(crate) const SECOND: u64 = 1_000_000;
 pub(crate) const MINUTE: u64 = 60 * SECOND;
 pub(crate) const HOUR: u64 = 60 * MINUTE;
 pub(crate) const DAY: u64 = 24 * HOUR;
+
+/// Tasks racing on one key in the concurrency checks.
+pub(crate) const TASKS: usize = 32;
 
 /// A small, fast, deterministic generator (SplitMix64): a failing step reproduces exactly.
 #[derive(Clone, Debug)]
@@ -25,17 +33,16 @@ impl Rng {
         Self(seed)
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    /// Uniform enough in `0..n`; 0 when `n` is 0.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            return 0;
+        }
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform enough in `0..n`; 0 when `n` is 0.
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next_u64() % n }
+        (z ^ (z >> 31)) % n
     }
 
     /// In `lo..=hi` (`lo` when `hi < lo`).
@@ -60,10 +67,8 @@ pub(crate) fn seed(check: &str, case: usize) -> u64 {
 
 /// A quota the suite knows to be valid.
 pub(crate) fn quota(limit: u64, period_us: u64, burst: u64) -> Quota {
-    match Quota::from_parts(limit, period_us, burst) {
-        Ok(q) => q,
-        Err(e) => panic!("distlimit-test bug: a built-in quota is invalid: {e}"),
-    }
+    Quota::from_parts(limit, period_us, burst)
+        .unwrap_or_else(|e| panic!("distlimit-test bug: a built-in quota is invalid: {e}"))
 }
 
 /// Quotas with small capacities, for checks that spend them one unit at a time.
@@ -116,16 +121,6 @@ pub(crate) fn show(key: &[u8]) -> String {
     format!("\"{}\"", key.escape_ascii())
 }
 
-/// A prefix no other check, test process or earlier run uses.
-pub(crate) fn unique_prefix(tag: &str) -> Vec<u8> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("dlt:{}:{nanos:x}:{n}:{tag}:", std::process::id()).into_bytes()
-}
-
 /// Fresh keys for one check, all under one unique prefix.
 #[derive(Clone, Debug)]
 pub(crate) struct Keys {
@@ -135,7 +130,7 @@ pub(crate) struct Keys {
 impl Keys {
     pub(crate) fn new(check: &str) -> Self {
         Self {
-            prefix: unique_prefix(check),
+            prefix: crate::unique_prefix(check),
         }
     }
 
@@ -263,6 +258,15 @@ pub(crate) enum Via {
     Batch,
 }
 
+/// Every fourth step of a walk through `decide_all`.
+pub(crate) fn via(step: usize) -> Via {
+    if step % 4 == 3 {
+        Via::Batch
+    } else {
+        Via::Decide
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Step {
     limit: Limit,
@@ -277,7 +281,8 @@ struct Step {
 #[derive(Debug)]
 pub(crate) struct Walk<'a> {
     check: &'static str,
-    case: String,
+    /// What is walked, for failure messages: the limit's description unless set otherwise.
+    pub(crate) case: String,
     key: &'a [u8],
     pub(crate) state: State,
     /// The quota `state` was written under.
@@ -289,18 +294,12 @@ pub(crate) struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    pub(crate) fn new(
-        check: &'static str,
-        case: String,
-        key: &'a [u8],
-        algorithm: Algorithm,
-        start: u64,
-    ) -> Self {
+    pub(crate) fn new(check: &'static str, key: &'a [u8], limit: &Limit, start: u64) -> Self {
         Self {
             check,
-            case,
+            case: describe(limit),
             key,
-            state: State::fresh(algorithm),
+            state: State::fresh(limit.algorithm()),
             written: None,
             start,
             history: Vec::new(),
@@ -343,8 +342,33 @@ impl<'a> Walk<'a> {
             ctx,
             self.recent()
         );
-        self.last_retry = (got.is_denied() && !got.is_never()).then(|| micros(got));
+        self.last_retry = (got.is_denied() && !got.is_never()).then(|| got.retry_after_us());
         got
+    }
+
+    /// `steps` random steps under `limit`: the clock moves by [`random_advance`] (or, for about
+    /// `back_percent` % of the steps, back by up to two periods), then a [`random_cost`] is sent.
+    pub(crate) async fn random<S: Store + ?Sized>(
+        &mut self,
+        store: &S,
+        clock: &ManualClock,
+        rng: &mut Rng,
+        limit: Limit,
+        steps: usize,
+        back_percent: u64,
+    ) {
+        for step in 0..steps {
+            if back_percent > 0 && rng.below(100) < back_percent {
+                let back = rng.range(1, 2 * limit.quota().period_us());
+                clock.set_us(clock.now_us().saturating_sub(back));
+            } else {
+                let advance = random_advance(rng, &limit, clock.now_us(), self.last_retry);
+                clock.advance(Duration::from_micros(advance));
+            }
+            let cost = random_cost(rng, limit.capacity());
+            self.step(store, clock.now_us(), limit, cost, via(step))
+                .await;
+        }
     }
 
     /// The last steps, for a failure message.
@@ -368,11 +392,6 @@ impl<'a> Walk<'a> {
         }
         out
     }
-}
-
-/// `retry_after` in microseconds.
-pub(crate) fn micros(d: Decision) -> u64 {
-    u64::try_from(d.retry_after().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A random time step: mostly short, sometimes to a window boundary or a denial's exact
@@ -418,4 +437,33 @@ pub(crate) fn random_cost(rng: &mut Rng, capacity: u64) -> u64 {
         85..=94 => capacity.saturating_add(rng.range(1, 3)),
         _ => u64::MAX,
     }
+}
+
+/// Runs `task(t)` for every `t` in `0..TASKS` on Tokio tasks released together by a barrier;
+/// their answers in order. An error or a panic of a task fails the check.
+pub(crate) async fn race<T, Fut>(ctx: &str, task: impl Fn(usize) -> Fut) -> Vec<T>
+where
+    T: Send + 'static,
+    Fut: Future<Output = Result<T, Error>> + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let handles: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (barrier, task) = (Arc::clone(&barrier), task(t));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                task.await
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(TASKS);
+    for (t, handle) in handles.into_iter().enumerate() {
+        match handle.await {
+            Ok(Ok(answer)) => answers.push(answer),
+            Ok(Err(e)) => panic!("{ctx}: task {t} failed: {e} ({e:?})"),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("{ctx}: task {t} failed: {e}"),
+        }
+    }
+    answers
 }

@@ -12,6 +12,15 @@ use distlimit_core::BreakerState;
 
 const COOL_OFF: u64 = 1_000;
 
+/// Runs `f` on a loom thread of its own with a handle to `breaker`.
+fn spawn<T: Send + 'static>(
+    breaker: &Arc<Breaker>,
+    f: impl FnOnce(&Breaker) -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    let breaker = breaker.clone();
+    thread::spawn(move || f(&breaker))
+}
+
 /// An open breaker whose cool-off is over at `COOL_OFF`.
 fn cooled() -> Arc<Breaker> {
     let breaker = Breaker::new(OpenRule::ConsecutiveFailures(1), COOL_OFF);
@@ -26,10 +35,7 @@ fn loom_exactly_one_of_concurrent_callers_probes() {
     loom::model(|| {
         let breaker = cooled();
         let handles: Vec<_> = (0..3)
-            .map(|_| {
-                let breaker = breaker.clone();
-                thread::spawn(move || breaker.route(COOL_OFF))
-            })
+            .map(|_| spawn(&breaker, move |breaker| breaker.route(COOL_OFF)))
             .collect();
         let routes: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         let probes = routes
@@ -56,15 +62,11 @@ fn loom_a_failed_probe_reopens_and_nobody_else_probes() {
         let breaker = cooled();
         let (probe, _) = breaker.route(COOL_OFF);
         assert!(matches!(probe, Route::Probe { .. }));
-        let prober = {
-            let breaker = breaker.clone();
-            thread::spawn(move || breaker.failed(probe, COOL_OFF + 10))
-        };
+        let prober = spawn(&breaker, move |breaker| {
+            breaker.failed(probe, COOL_OFF + 10)
+        });
         let others: Vec<_> = (0..2)
-            .map(|_| {
-                let breaker = breaker.clone();
-                thread::spawn(move || breaker.route(COOL_OFF + 10).0)
-            })
+            .map(|_| spawn(&breaker, move |breaker| breaker.route(COOL_OFF + 10).0))
             .collect();
         let reopened = prober.join().unwrap();
         assert_eq!(reopened.map(|t| t.to), Some(BreakerState::Open));
@@ -91,8 +93,9 @@ fn loom_concurrent_failures_open_once() {
         let breaker = Arc::new(Breaker::new(OpenRule::ConsecutiveFailures(2), COOL_OFF));
         let handles: Vec<_> = (0..2)
             .map(|i| {
-                let breaker = breaker.clone();
-                thread::spawn(move || breaker.failed(Route::Primary, i).is_some())
+                spawn(&breaker, move |breaker| {
+                    breaker.failed(Route::Primary, i).is_some()
+                })
             })
             .collect();
         let opened = handles
@@ -134,14 +137,8 @@ fn loom_a_successful_probe_races_routes_and_a_late_failure() {
         let opened = breaker.failed(Route::Primary, 0).unwrap();
         let (probe, half) = breaker.route(COOL_OFF);
         assert!(matches!(probe, Route::Probe { .. }));
-        let prober = {
-            let breaker = breaker.clone();
-            thread::spawn(move || breaker.succeeded(probe))
-        };
-        let other = {
-            let breaker = breaker.clone();
-            thread::spawn(move || breaker.route(COOL_OFF + 3))
-        };
+        let prober = spawn(&breaker, move |breaker| breaker.succeeded(probe));
+        let other = spawn(&breaker, move |breaker| breaker.route(COOL_OFF + 3));
         let late_failure = breaker.failed(late, COOL_OFF + 2);
         let closed = prober.join().unwrap();
         let (route, routed) = other.join().unwrap();
@@ -169,14 +166,8 @@ fn loom_an_inconclusive_probe_hands_over_to_exactly_one_caller() {
         let breaker = cooled();
         let (probe, _) = breaker.route(COOL_OFF);
         assert!(matches!(probe, Route::Probe { .. }));
-        let prober = {
-            let breaker = breaker.clone();
-            thread::spawn(move || breaker.inconclusive(probe))
-        };
-        let other = {
-            let breaker = breaker.clone();
-            thread::spawn(move || breaker.route(COOL_OFF).0)
-        };
+        let prober = spawn(&breaker, move |breaker| breaker.inconclusive(probe));
+        let other = spawn(&breaker, move |breaker| breaker.route(COOL_OFF).0);
         let mine = breaker.route(COOL_OFF).0;
         let reopened = prober.join().unwrap();
         let theirs = other.join().unwrap();
@@ -207,14 +198,8 @@ fn loom_a_success_racing_failures_resets_the_run() {
             for_at_least: Duration::from_micros(10),
         };
         let breaker = Arc::new(Breaker::new(rule, COOL_OFF));
-        let first = {
-            let breaker = breaker.clone();
-            thread::spawn(move || breaker.failed(Route::Primary, 0))
-        };
-        let success = {
-            let breaker = breaker.clone();
-            thread::spawn(move || breaker.succeeded(Route::Primary))
-        };
+        let first = spawn(&breaker, move |breaker| breaker.failed(Route::Primary, 0));
+        let success = spawn(&breaker, move |breaker| breaker.succeeded(Route::Primary));
         let second = breaker.failed(Route::Primary, 10);
         let first = first.join().unwrap();
         assert_eq!(success.join().unwrap(), None);
@@ -253,8 +238,9 @@ fn loom_failures_in_a_window_open_once_despite_a_success() {
         let breaker = Arc::new(Breaker::new(rule, COOL_OFF));
         let handles: Vec<_> = (0..2)
             .map(|i| {
-                let breaker = breaker.clone();
-                thread::spawn(move || breaker.failed(Route::Primary, i).is_some())
+                spawn(&breaker, move |breaker| {
+                    breaker.failed(Route::Primary, i).is_some()
+                })
             })
             .collect();
         assert_eq!(breaker.succeeded(Route::Primary), None);

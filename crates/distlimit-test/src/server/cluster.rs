@@ -158,12 +158,8 @@ impl Cluster {
                 "{primaries} primaries, waiting for {wanted}"
             )));
         }
-        self.probe_writes(primaries)
-    }
-
-    /// Writes (then deletes) keys through the first node, following `MOVED`, until every one of
-    /// the `primaries` has accepted a write.
-    fn probe_writes(&self, primaries: usize) -> Result<(), NotReady> {
+        // Probe writes (then deletes) through the first node, following `MOVED`, until every
+        // primary has accepted one.
         let mut accepted = BTreeSet::new();
         // Each key lands on a primary by its hash slot; 256 keys miss one of three primaries
         // with probability about 3 * (2/3)^256, i.e. never.

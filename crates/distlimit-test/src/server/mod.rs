@@ -17,13 +17,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use distlimit_test::server::{self, RedisServer, Setups, Stack};
-//!
-//! // A server of the test's own, for faults; `None` (a skip) without redis-server.
-//! let Some(mut redis) = RedisServer::start() else { return };
-//! redis.command(&["CONFIG", "RESETSTAT"]).unwrap();
-//! redis.kill();
-//! redis.restart().unwrap();
+//! use distlimit_test::server::{self, Setups, Stack};
 //!
 //! // The shared setups, as `cargo xtask test` starts them.
 //! let bin = server::server_bin().expect("redis-server on the PATH");
@@ -149,24 +143,6 @@ pub fn var(name: &str) -> Option<String> {
     }
 }
 
-/// The comma-separated list in the variable `name` (`DISTLIMIT_REDIS_CLUSTER_URLS`), with the
-/// rules of [`var`].
-///
-/// # Panics
-///
-/// As [`var`].
-pub fn var_list(name: &str) -> Option<Vec<String>> {
-    let value = var(name)?;
-    Some(
-        value
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    )
-}
-
 /// The `redis-server` binary: `DISTLIMIT_REDIS_SERVER_BIN`, else one on the `PATH`.
 pub fn server_bin() -> Option<PathBuf> {
     if let Ok(bin) = std::env::var(ENV_SERVER_BIN)
@@ -285,10 +261,13 @@ impl RedisServer {
         role: &'static str,
         mut args: impl FnMut(u16, &Path) -> Result<Vec<OsString>, String>,
     ) -> Result<Self, String> {
+        static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
         let mut last = String::new();
         for _ in 0..START_ATTEMPTS {
             let port = free_port().map_err(|e| e.to_string())?;
-            let dir = server_dir(role, port)?;
+            // A fresh directory in the scratch directory.
+            let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+            let dir = scratch()?.join(format!("{}-{port}-{n}", role.replace(' ', "-")));
             let mut server = Self {
                 bin: bin.to_owned(),
                 role,
@@ -716,13 +695,6 @@ fn start_watchdog(dir: &Path) -> Option<ChildStdin> {
 /// The file whose presence tells the watchdog that `pid` is a server of ours.
 fn pid_file(pid: u32) -> PathBuf {
     scratch().map_or_else(|_| PathBuf::new(), |dir| dir.join(format!("pid-{pid}")))
-}
-
-/// A fresh directory for a `role` server on `port` in the scratch directory.
-fn server_dir(role: &str, port: u16) -> Result<PathBuf, String> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    Ok(scratch()?.join(format!("{}-{port}-{n}", role.replace(' ', "-"))))
 }
 
 #[cfg(test)]

@@ -156,11 +156,6 @@ impl Sentinel {
         &mut self.primary
     }
 
-    /// The replica at startup, to fault.
-    pub fn replica_mut(&mut self) -> &mut RedisServer {
-        &mut self.replica
-    }
-
     /// The sentinels.
     pub fn sentinels(&self) -> &[RedisServer] {
         &self.sentinels

@@ -54,14 +54,14 @@ impl Stack {
     /// gossip. An error names the setup that failed; what did start is stopped again.
     pub fn start(setups: Setups, bin: &Path) -> Result<Self, String> {
         let (standalone, sentinel, cluster) = thread::scope(|scope| {
-            let sentinel = setups
-                .sentinel
-                .then(|| scope.spawn(|| timed("sentinel", || Sentinel::start(bin))));
-            let cluster = setups
-                .cluster
-                .then(|| scope.spawn(|| timed("cluster", || Cluster::start(bin))));
+            let sentinel = setups.sentinel.then(|| {
+                scope.spawn(|| timed("sentinel", Sentinel::describe, || Sentinel::start(bin)))
+            });
+            let cluster = setups.cluster.then(|| {
+                scope.spawn(|| timed("cluster", Cluster::describe, || Cluster::start(bin)))
+            });
             let standalone = setups.standalone.then(|| {
-                timed("standalone", || {
+                timed("standalone", RedisServer::name, || {
                     RedisServer::spawn(bin, "standalone", |_, _| Ok(Vec::new()))
                 })
             });
@@ -94,11 +94,6 @@ impl Stack {
     /// The Sentinel set.
     pub fn sentinel(&self) -> Option<&Sentinel> {
         self.sentinel.as_ref()
-    }
-
-    /// The Cluster.
-    pub fn cluster(&self) -> Option<&Cluster> {
-        self.cluster.as_ref()
     }
 
     /// How many servers run.
@@ -160,41 +155,22 @@ fn take<T>(result: Option<Setup<T>>, started: &mut Vec<String>) -> Result<Option
         .transpose()
 }
 
-/// Runs `start` for the setup `name`; on success also a line with what it started and how long
-/// it took, on failure the error prefixed with the setup's name.
-fn timed<T: Describe>(name: &str, start: impl FnOnce() -> Result<T, String>) -> Setup<T> {
+/// Runs `start` for the setup `name`; on success also a line with what it started (`describe`)
+/// and how long it took, on failure the error prefixed with the setup's name.
+fn timed<T>(
+    name: &str,
+    describe: fn(&T) -> String,
+    start: impl FnOnce() -> Result<T, String>,
+) -> Setup<T> {
     let began = Instant::now();
     match start() {
         Ok(setup) => {
-            let line = format!("{name}: {} up in {:.1?}", setup.describe(), began.elapsed());
+            let line = format!("{name}: {} up in {:.1?}", describe(&setup), began.elapsed());
             Ok((setup, line))
         }
         Err(why) => Err(format!(
             "starting the Redis {name} setup failed after {:.1?}: {why}",
             began.elapsed()
         )),
-    }
-}
-
-/// A setup's one-line description.
-trait Describe {
-    fn describe(&self) -> String;
-}
-
-impl Describe for RedisServer {
-    fn describe(&self) -> String {
-        self.name()
-    }
-}
-
-impl Describe for Sentinel {
-    fn describe(&self) -> String {
-        Sentinel::describe(self)
-    }
-}
-
-impl Describe for Cluster {
-    fn describe(&self) -> String {
-        Cluster::describe(self)
     }
 }
