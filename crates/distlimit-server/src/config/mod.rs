@@ -436,13 +436,20 @@ impl Config {
         let mut policies: Vec<(distlimit_policy::Policy, PathBuf, usize)> = Vec::new();
         // Domain line in its TOML file, to name it in a later error.
         let mut domain_lines: HashMap<String, usize> = HashMap::new();
-        let first_file = |domains: &HashMap<String, Domain>,
-                          policy_domains: &HashMap<String, PolicyDomain>,
-                          name: &str| {
-            domains
-                .get(name)
-                .map(|d| d.file.clone())
-                .or_else(|| policy_domains.get(name).map(|d| d.file.clone()))
+        // A domain of `second` already defined by an earlier file.
+        let defined_twice = |domains: &HashMap<String, Domain>,
+                             policy_domains: &HashMap<String, PolicyDomain>,
+                             name: &str,
+                             second: &Path| {
+            let first = domains.get(name).map(|d| &d.file);
+            match first.or_else(|| policy_domains.get(name).map(|d| &d.file)) {
+                Some(first) => Err(RateLimitConfigError::DuplicateDomain {
+                    domain: name.to_owned(),
+                    first: first.clone(),
+                    second: second.to_path_buf(),
+                }),
+                None => Ok(()),
+            }
         };
         for source in sources {
             if is_toml(&source.path) {
@@ -464,26 +471,14 @@ impl Config {
                     policies.push((policy, source.path.clone(), line));
                 }
                 for (name, domain, line) in file.domains {
-                    if let Some(first) = first_file(&domains, &policy_domains, &name) {
-                        return Err(RateLimitConfigError::DuplicateDomain {
-                            domain: name,
-                            first,
-                            second: source.path.clone(),
-                        });
-                    }
+                    defined_twice(&domains, &policy_domains, &name, &source.path)?;
                     domain_lines.insert(name.clone(), line);
                     policy_domains.insert(name, domain);
                 }
                 continue;
             }
             let (name, domain) = parse_file(&source.path, &source.contents)?;
-            if let Some(first) = first_file(&domains, &policy_domains, &name) {
-                return Err(RateLimitConfigError::DuplicateDomain {
-                    domain: name,
-                    first,
-                    second: source.path.clone(),
-                });
-            }
+            defined_twice(&domains, &policy_domains, &name, &source.path)?;
             domains.insert(name, domain);
         }
         for (name, domain) in &policy_domains {
