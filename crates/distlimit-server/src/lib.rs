@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use distlimit_metrics::Metrics;
 use distlimit_serve::TlsWatcher;
-use distlimit_serve::store::{RedisStatus, StoreError};
+use distlimit_serve::store::{BuiltStore, RedisStatus, StoreError};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -80,9 +80,8 @@ pub struct Server {
     checker: Arc<Checker>,
     watcher: Option<Watcher>,
     tls: Option<(Tls, TlsWatcher)>,
-    redis: Option<RedisStatus>,
-    permits: permits::Shared,
-    leases: rlqs::Leases,
+    /// Its Redis status, permits and leases (its store is the checker's).
+    store: BuiltStore,
     args: Args,
 }
 
@@ -127,7 +126,7 @@ impl Server {
         }
         let metrics = Metrics::new();
         let built = distlimit_serve::store::build(&args.store, &metrics).await?;
-        let mut checker = Checker::new(built.store, config, metrics)
+        let mut checker = Checker::new(built.store.clone(), config, metrics)
             .with_shadow_mode(args.shadow_mode)
             .with_quota_mode(args.quota_mode);
         if let Some(tls) = &tls {
@@ -165,16 +164,14 @@ impl Server {
             checker,
             watcher,
             tls,
-            redis: built.redis,
-            permits: permits::Shared(built.permits),
-            leases: rlqs::Leases(built.leases),
+            store: built,
             args: args.clone(),
         })
     }
 
     /// Where Redis stands (`None` without `--redis`).
     pub fn redis(&self) -> Option<&RedisStatus> {
-        self.redis.as_ref()
+        self.store.redis.as_ref()
     }
 
     /// The decisions.
@@ -237,7 +234,7 @@ impl Server {
             });
         }
         // Redis' state on the health service and the metrics; `/ready` reads it itself.
-        let _status = self.redis.clone().map(|redis| {
+        let _status = self.store.redis.clone().map(|redis| {
             let health = health.clone();
             let checker = self.checker.clone();
             AbortOnDrop(tokio::spawn(async move {
@@ -278,7 +275,7 @@ impl Server {
         let rls = rls.into_server();
         let quota = QuotaService::new(
             self.checker.clone(),
-            self.leases.0.clone(),
+            self.store.leases.clone(),
             &args.quota,
             stop_rx.clone(),
         );
@@ -301,9 +298,9 @@ impl Server {
             checker: self.checker.clone(),
             headers: args.response_settings().headers,
             ready,
-            redis: self.redis.clone(),
+            redis: self.store.redis.clone(),
             timeout: args.request_timeout(),
-            permits: self.permits.0.clone(),
+            permits: self.store.permits.clone(),
         });
         let http_stopped = stopped(stop_rx.clone());
         let http_server = async move {

@@ -159,16 +159,6 @@ fn answer((status, message): Refusal) -> Response {
     error(status, &message)
 }
 
-/// The server's permit store, named in its `Debug` output only.
-#[derive(Clone)]
-pub(crate) struct Shared(pub(crate) std::sync::Arc<dyn distlimit_core::PermitStore>);
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PermitStore")
-    }
-}
-
 type Body = Result<Json<JsonPermit>, JsonRejection>;
 
 pub(crate) async fn acquire(State(state): State<HttpState>, body: Body) -> Response {

@@ -159,15 +159,6 @@ impl QuotaMetrics {
     }
 }
 
-/// The server's lease store, held until it serves.
-pub(crate) struct Leases(pub(crate) Arc<dyn LeaseStore>);
-
-impl std::fmt::Debug for Leases {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leases").finish_non_exhaustive()
-    }
-}
-
 /// The service: `StreamRateLimitQuotas` on a [`Checker`]'s configuration and a lease store.
 #[derive(Clone)]
 pub struct QuotaService(Arc<Shared>);
