@@ -1036,17 +1036,19 @@ async fn assign(
         let needed = need(base + rate * cover - lease.known_lost);
         (sent, rate, base, needed, fresh)
     };
-    let (mut sent, mut rate, mut base, needed, mut fresh) = plan(per_fill);
-    let request = request_of(&lease.key, &lease.state, lease.limit)?;
-    if per_fill == 0 {
-        // Nothing to assign: deny, holding what the last assignment may still admit.
-        (sent, rate, base, fresh) = (Sent::Blanket(BlanketRule::DenyAll), 0.0, replaced, true);
-    }
-    let needed = if per_fill == 0 {
-        need(replaced - lease.known_lost)
-    } else {
-        needed
+    // Nothing to assign: deny, holding what the last assignment may still admit.
+    let deny = (
+        Sent::Blanket(BlanketRule::DenyAll),
+        0.0,
+        replaced,
+        need(replaced - lease.known_lost),
+        true,
+    );
+    let (mut sent, mut rate, mut base, mut needed, mut fresh) = match per_fill {
+        0 => deny,
+        _ => plan(per_fill),
     };
+    let request = request_of(&lease.key, &lease.state, lease.limit)?;
     let (give, want) = (
         lease.held.saturating_sub(needed),
         needed.saturating_sub(lease.held),
@@ -1075,27 +1077,23 @@ async fn assign(
     if usable < needed {
         // The budget is short: the largest token bucket the units held pay for, else deny.
         let mut fit = per_fill;
-        loop {
+        (sent, rate, base, needed, fresh) = loop {
             fit = fit.saturating_sub((fit / 16).max(1));
-            let planned = plan(fit);
             if fit == 0 {
-                (sent, rate, base, fresh) =
-                    (Sent::Blanket(BlanketRule::DenyAll), 0.0, replaced, true);
-                break;
+                break deny;
             }
+            let planned = plan(fit);
             if planned.3 <= usable {
-                (sent, rate, base, _, fresh) = planned;
-                break;
+                break planned;
             }
-        }
-        let keep = if rate > 0.0 {
-            need(base + rate * cover - lease.known_lost)
-        } else {
-            need(replaced - lease.known_lost)
         };
-        if lease.held > keep {
-            match shared.leases.exchange(&request, lease.held - keep, 0).await {
-                Ok(_) => lease.held = keep,
+        if lease.held > needed {
+            match shared
+                .leases
+                .exchange(&request, lease.held - needed, 0)
+                .await
+            {
+                Ok(_) => lease.held = needed,
                 Err(error) => tracing::warn!(%error, "rlqs: giving back units failed"),
             }
         }
@@ -1111,9 +1109,8 @@ async fn assign(
             _ => 0.0,
         };
     }
-    let assigned = rate;
-    shared.set_assigned(lease, assigned);
-    lease.assigned = assigned;
+    shared.set_assigned(lease, rate);
+    lease.assigned = rate;
     state.sent = sent;
     Some(assignment(&state.id, strategy_of(sent)?, ttl))
 }
