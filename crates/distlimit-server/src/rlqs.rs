@@ -781,16 +781,17 @@ fn size_shares(members: &mut HashMap<u64, Member>, total: f64) {
     }
 }
 
+/// A bucket id's entries in key order.
+fn sorted_entries(id: &BucketId) -> Vec<(&str, &str)> {
+    let mut entries: Vec<_> = id.bucket.iter().map(|(k, v)| (&**k, &**v)).collect();
+    entries.sort_unstable();
+    entries
+}
+
 /// The stable name of a bucket id: its entries in key order, each length-prefixed.
 fn bucket_name(id: &BucketId) -> String {
-    let mut entries: Vec<(&str, &str)> = id
-        .bucket
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    entries.sort_unstable();
     let mut name = String::new();
-    for (k, v) in entries {
+    for (k, v) in sorted_entries(id) {
         name.push_str(&format!("{}:{k}{}:{v};", k.len(), v.len()));
     }
     name
@@ -802,12 +803,7 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
     let Some(id) = &usage.bucket_id else {
         return Target::Blanket(BlanketRule::AllowAll);
     };
-    let mut entries: Vec<(&str, &str)> = id
-        .bucket
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    entries.sort_unstable();
+    let entries = sorted_entries(id);
     let limited = |label: String, tier: &str, key: Vec<u8>, per_unit: u64, unit_secs: u64| {
         let digest = hex(&Sha256::digest(format!("{}:{domain}{tier}", domain.len())));
         // The rate is in the name: a reload that changes the limit starts a new budget (full).
