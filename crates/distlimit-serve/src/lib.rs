@@ -786,29 +786,21 @@ pub fn hangup_signal(what: &'static str) -> tokio::sync::watch::Receiver<u64> {
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        async fn next(signal: Option<&mut Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
         let mut interrupt = signal(SignalKind::interrupt()).ok();
         let mut terminate = signal(SignalKind::terminate()).ok();
         async move {
-            let interrupt = async {
-                match &mut interrupt {
-                    Some(signal) => {
-                        signal.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let terminate = async {
-                match &mut terminate {
-                    Some(signal) => {
-                        signal.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
             tokio::select! {
-                () = interrupt => {}
-                () = terminate => {}
+                () = next(interrupt.as_mut()) => {}
+                () = next(terminate.as_mut()) => {}
             }
         }
     }
