@@ -366,21 +366,18 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
     let status = Some(RedisStatus { connected, breaker });
     let permits: Arc<dyn PermitStore> = hybrid.clone();
     let leases: Arc<dyn LeaseStore> = hybrid.clone();
-    if args.lease.is_empty() {
-        return Ok(BuiltStore {
-            store: hybrid,
-            permits,
-            leases,
-            redis: status,
-        });
-    }
-    tracing::info!("token leases for the policies {:?}", args.lease);
-    let store = Arc::new(
-        Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
-            .observer(Arc::new(metrics.clone()))
-            .build(hybrid),
-    );
-    distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
+    let store: Arc<dyn Store> = if args.lease.is_empty() {
+        hybrid
+    } else {
+        tracing::info!("token leases for the policies {:?}", args.lease);
+        let leased = Arc::new(
+            Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
+                .observer(Arc::new(metrics.clone()))
+                .build(hybrid),
+        );
+        distlimit_lease::spawn_sweeper(&leased, distlimit_lease::DEFAULT_HORIZON);
+        leased
+    };
     Ok(BuiltStore {
         store,
         permits,
