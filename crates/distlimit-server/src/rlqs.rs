@@ -308,8 +308,9 @@ async fn run_stream(
 }
 
 /// What a bucket was last told.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Sent {
+    #[default]
     Nothing,
     Blanket(BlanketRule),
     Bucket {
@@ -374,6 +375,7 @@ fn need(units: f64) -> u64 {
     units.max(0.0).ceil() as u64
 }
 
+#[derive(Default)]
 struct BucketState {
     id: BucketId,
     member: u64,
@@ -469,14 +471,7 @@ impl Stream<'_> {
                     BucketState {
                         id: usage.bucket_id.clone().unwrap_or_default(),
                         member: self.shared.next_member.fetch_add(1, Ordering::Relaxed),
-                        budget: None,
-                        target: None,
-                        last_report: None,
-                        pending: 0,
-                        idle_reports: 0,
-                        admitted: 0,
-                        lease: None,
-                        sent: Sent::Nothing,
+                        ..BucketState::default()
                     }
                 }
             };
