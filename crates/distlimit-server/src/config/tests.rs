@@ -696,12 +696,10 @@ descriptors:
 /// The counter's entries and the metric name of `entries`.
 fn named(config: &Config, entries: &[(&str, &str)]) -> (Vec<(String, String)>, String) {
     let m = config.lookup("d", entries.iter().copied()).unwrap();
-    let counter = m
-        .counter_entries(entries)
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    (counter, m.metric_path(entries).into_owned())
+    (
+        owned(&m.counter_entries(entries)),
+        m.metric_path(entries).into_owned(),
+    )
 }
 
 fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
