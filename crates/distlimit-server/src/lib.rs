@@ -233,31 +233,31 @@ impl Server {
                 let _ = stop_tx.send(true);
             });
         }
-        // Redis' state on the health service and the metrics; `/ready` reads it itself.
-        let _status = self.store.redis.clone().map(|redis| {
-            let health = health.clone();
-            let checker = self.checker.clone();
-            AbortOnDrop(tokio::spawn(async move {
-                let mut last = None;
-                let mut tick = tokio::time::interval(STATUS_INTERVAL);
-                loop {
-                    tick.tick().await;
-                    let deciding = redis.is_deciding();
-                    if last != Some(deciding) {
-                        let status = if deciding {
-                            ServingStatus::Serving
-                        } else {
-                            ServingStatus::NotServing
-                        };
-                        health
-                            .set_service_status(REDIS_HEALTH_SERVICE, status)
-                            .await;
-                        checker.request_metrics().set_redis_up(deciding);
-                        last = Some(deciding);
-                    }
+        // Redis' state on the health service and the metrics while serving; `/ready` reads it
+        // itself.
+        let redis_status = async {
+            let Some(redis) = &self.store.redis else {
+                return std::future::pending().await;
+            };
+            let mut last = None;
+            let mut tick = tokio::time::interval(STATUS_INTERVAL);
+            loop {
+                tick.tick().await;
+                let deciding = redis.is_deciding();
+                if last != Some(deciding) {
+                    let status = if deciding {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    health
+                        .set_service_status(REDIS_HEALTH_SERVICE, status)
+                        .await;
+                    self.checker.request_metrics().set_redis_up(deciding);
+                    last = Some(deciding);
                 }
-            }))
-        });
+            }
+        };
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -323,6 +323,7 @@ impl Server {
         };
         tokio::select! {
             served = both => served,
+            () = redis_status => Ok(()),
             () = expired => {
                 tracing::warn!(?deadline, "requests still in flight at the shutdown deadline were dropped");
                 Ok(())
@@ -332,12 +333,3 @@ impl Server {
 }
 
 type QuotaServer = envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer<QuotaService>;
-
-/// Aborts its task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
