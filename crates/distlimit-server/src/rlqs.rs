@@ -322,11 +322,8 @@ enum Sent {
 
 /// Units withdrawn from a budget for one bucket of one stream.
 struct Lease {
-    budget: Arc<str>,
-    label: Arc<str>,
-    state: StateName,
-    key: Vec<u8>,
-    limit: Limit,
+    /// What the units are withdrawn for.
+    target: Limited,
     /// Withdrawn and not given back.
     held: u64,
     /// What the proxy may have admitted (or may admit) by `t0`, at most: every fresh bucket's
@@ -353,21 +350,11 @@ impl Lease {
         self.base + self.rate * until.saturating_duration_since(self.t0).as_secs_f64()
     }
 
-    fn request(&self) -> Option<Request<'_>> {
-        request_of(&self.key, &self.state, self.limit)
-    }
-
     /// Units to hold for the proxy to admit until `until` (what it may admit by then, less what
     /// it lost).
     fn needed(&self, until: Instant) -> u64 {
         need(self.entitled(until) - self.known_lost)
     }
-}
-
-fn request_of<'a>(key: &'a [u8], state: &'a StateName, limit: Limit) -> Option<Request<'a>> {
-    Key::new(key)
-        .ok()
-        .map(|key| Request::new(key, limit).with_state(state))
 }
 
 fn need(units: f64) -> u64 {
@@ -435,6 +422,11 @@ struct Limited {
 }
 
 impl Limited {
+    fn request(&self) -> Option<Request<'_>> {
+        let key = Key::new(&self.key).ok()?;
+        Some(Request::new(key, self.limit).with_state(&self.state))
+    }
+
     fn rate(&self) -> f64 {
         self.per_unit as f64 / self.unit_secs as f64
     }
@@ -714,7 +706,7 @@ impl Shared {
         metrics
             .assigned
             .get_or_create(&RuleLabels {
-                rule: lease.label.clone(),
+                rule: lease.target.label.clone(),
             })
             .inc_by(rate - lease.assigned);
     }
@@ -907,7 +899,7 @@ async fn close_lease(shared: &Shared, state: &mut BucketState, end: Instant) {
     lease.cover_end = lease.cover_end.min(end);
     let keep = lease.needed(end);
     if lease.held > keep
-        && let Some(request) = lease.request()
+        && let Some(request) = lease.target.request()
         && let Err(error) = shared.leases.exchange(&request, lease.held - keep, 0).await
     {
         tracing::warn!(%error, "rlqs: giving back units failed");
@@ -953,7 +945,7 @@ async fn assign(
     if state
         .lease
         .as_ref()
-        .is_some_and(|l| l.budget != target.budget)
+        .is_some_and(|l| l.target.budget != target.budget)
     {
         close_lease(shared, state, now + DELIVERY_SLACK).await;
     }
@@ -962,11 +954,7 @@ async fn assign(
         state.budget = Some(target.budget.clone());
     }
     let lease = state.lease.get_or_insert_with(|| Lease {
-        budget: target.budget.clone(),
-        label: target.label.clone(),
-        state: target.state.clone(),
-        key: target.key.clone(),
-        limit: target.limit,
+        target: target.clone(),
         held: 0,
         base: 0.0,
         rate: 0.0,
@@ -977,7 +965,7 @@ async fn assign(
         prev_max_tokens: 0.0,
         assigned: 0.0,
     });
-    lease.limit = target.limit;
+    lease.target.limit = target.limit;
     // Credit past what the proxy admitted and could still hold was lost to its full bucket.
     let lost = lease.entitled(now.checked_sub(DELIVERY_SLACK).unwrap_or(now))
         - state.admitted as f64
@@ -1039,7 +1027,7 @@ async fn assign(
         0 => deny,
         _ => plan(per_fill),
     };
-    let request = request_of(&lease.key, &lease.state, lease.limit)?;
+    let request = lease.target.request()?;
     let (give, want) = (
         lease.held.saturating_sub(needed),
         needed.saturating_sub(lease.held),
