@@ -188,17 +188,8 @@ fn metadata_value(value: serde_yaml_ng::Value) -> serde_json::Value {
     match value {
         Value::Null => Json::Null,
         Value::Bool(b) => Json::Bool(b),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                Json::from(u)
-            } else if let Some(i) = n.as_i64() {
-                Json::from(i)
-            } else {
-                n.as_f64()
-                    .and_then(serde_json::Number::from_f64)
-                    .map_or(Json::Null, Json::Number)
-            }
-        }
+        // An integer as itself, a float as a float, a float not finite as null.
+        Value::Number(n) => serde_json::to_value(n).unwrap_or(Json::Null),
         Value::String(s) => Json::String(s),
         Value::Sequence(items) => Json::Array(items.into_iter().map(metadata_value).collect()),
         Value::Mapping(m) => Json::Object(metadata_map(m)),
