@@ -663,18 +663,19 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
         let path = path.to_path_buf();
         move |source| RateLimitConfigError::Io { path, source }
     };
-    let read = |path: &Path| {
-        let bytes = distlimit_serve::read_at_most(path, MAX_CONFIG_FILE_BYTES)?;
-        String::from_utf8(bytes)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+    let read = |path: PathBuf| {
+        let text = distlimit_serve::read_at_most(&path, MAX_CONFIG_FILE_BYTES).and_then(|bytes| {
+            String::from_utf8(bytes)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+        });
+        match text {
+            Ok(contents) => Ok(Source { path, contents }),
+            Err(source) => Err(RateLimitConfigError::Io { path, source }),
+        }
     };
     let meta = std::fs::metadata(path).map_err(io(path))?;
     if !meta.is_dir() {
-        let contents = read(path).map_err(io(path))?;
-        return Ok(vec![Source {
-            path: path.to_path_buf(),
-            contents,
-        }]);
+        return Ok(vec![read(path.to_path_buf())?]);
     }
     let mut files = Vec::new();
     for entry in std::fs::read_dir(path).map_err(io(path))? {
@@ -717,16 +718,7 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
         }
     }
     files.sort();
-    files
-        .into_iter()
-        .map(|file| {
-            let contents = read(&file).map_err(io(&file))?;
-            Ok(Source {
-                path: file,
-                contents,
-            })
-        })
-        .collect()
+    files.into_iter().map(read).collect()
 }
 
 /// The largest configuration file read (each file of a directory): 16 MiB.
