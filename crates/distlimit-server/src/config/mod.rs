@@ -425,8 +425,6 @@ impl Config {
         let mut policy_domains: HashMap<String, PolicyDomain> = HashMap::new();
         // Policy name → (policy, file, line).
         let mut policies: Vec<(distlimit_policy::Policy, PathBuf, usize)> = Vec::new();
-        // Domain line in its TOML file, to name it in a later error.
-        let mut domain_lines: HashMap<String, usize> = HashMap::new();
         // A domain of `second` already defined by an earlier file.
         let defined_twice = |domains: &HashMap<String, Domain>,
                              policy_domains: &HashMap<String, PolicyDomain>,
@@ -461,9 +459,8 @@ impl Config {
                     }
                     policies.push((policy, source.path.clone(), line));
                 }
-                for (name, domain, line) in file.domains {
+                for (name, domain) in file.domains {
                     defined_twice(&domains, &policy_domains, &name, &source.path)?;
-                    domain_lines.insert(name.clone(), line);
                     policy_domains.insert(name, domain);
                 }
                 continue;
@@ -477,7 +474,7 @@ impl Config {
                 if !policies.iter().any(|(p, _, _)| p.name() == mapping.policy) {
                     return Err(RateLimitConfigError::Invalid {
                         file: domain.file.clone(),
-                        line: domain_lines.get(name).copied(),
+                        line: Some(domain.line),
                         message: format!(
                             "domain.{name}.descriptors[{i}].policy: no policy named \"{}\"",
                             mapping.policy
