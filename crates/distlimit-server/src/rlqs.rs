@@ -349,12 +349,6 @@ impl Lease {
         let until = t.min(self.cover_end);
         self.base + self.rate * until.saturating_duration_since(self.t0).as_secs_f64()
     }
-
-    /// Units to hold for the proxy to admit until `until` (what it may admit by then, less what
-    /// it lost).
-    fn needed(&self, until: Instant) -> u64 {
-        need(self.entitled(until) - self.known_lost)
-    }
 }
 
 fn need(units: f64) -> u64 {
@@ -425,10 +419,6 @@ impl Limited {
     fn request(&self) -> Option<Request<'_>> {
         let key = Key::new(&self.key).ok()?;
         Some(Request::new(key, self.limit).with_state(&self.state))
-    }
-
-    fn rate(&self) -> f64 {
-        self.per_unit as f64 / self.unit_secs as f64
     }
 }
 
@@ -897,7 +887,8 @@ async fn close_lease(shared: &Shared, state: &mut BucketState, end: Instant) {
         return;
     };
     lease.cover_end = lease.cover_end.min(end);
-    let keep = lease.needed(end);
+    // Held on: what the proxy may admit by `end`, less what it lost.
+    let keep = need(lease.entitled(end) - lease.known_lost);
     if lease.held > keep
         && let Some(request) = lease.target.request()
         && let Err(error) = shared.leases.exchange(&request, lease.held - keep, 0).await
@@ -976,7 +967,7 @@ async fn assign(
         &target.budget,
         state.member,
         demand,
-        target.rate() * ASSIGNED_PART,
+        target.per_unit as f64 / target.unit_secs as f64 * ASSIGNED_PART,
     );
     let unit = target.unit_secs;
     let mut per_fill = (share * unit as f64).floor().min(f64::from(u32::MAX)) as u32;
