@@ -41,7 +41,8 @@ fn timeout_ms() -> clap::builder::RangedU64ValueParser<u64> {
     clap::value_parser!(u64).range(1..=MAX_TIMEOUT_MS)
 }
 
-const fn millis(duration: Duration) -> u64 {
+/// `duration` in whole milliseconds, for a flag's default (here and in the store's flags).
+pub(crate) const fn millis(duration: Duration) -> u64 {
     duration.as_millis() as u64
 }
 

@@ -305,8 +305,15 @@ impl Acceptor {
                 Ok((stream, peer)) => {
                     self.backoff = MIN_ACCEPT_BACKOFF;
                     let _ = stream.set_nodelay(true);
-                    let idle = IdleCheck::new(self.idle_timeout, self.header_read_timeout);
-                    return Connection::new(stream, peer, permit, idle);
+                    return Connection {
+                        stream,
+                        info: ConnectionInfo {
+                            peer,
+                            activity: Arc::default(),
+                        },
+                        idle: IdleCheck::new(self.idle_timeout, self.header_read_timeout),
+                        _permit: permit,
+                    };
                 }
                 Err(error) if is_connection_error(&error) => {
                     tracing::debug!("accept: {error}");
@@ -386,23 +393,6 @@ pub struct Connection {
 }
 
 impl Connection {
-    fn new(
-        stream: TcpStream,
-        peer: SocketAddr,
-        permit: OwnedSemaphorePermit,
-        idle: IdleCheck,
-    ) -> Self {
-        Self {
-            stream,
-            info: ConnectionInfo {
-                peer,
-                activity: Arc::new(Activity::new()),
-            },
-            idle,
-            _permit: permit,
-        }
-    }
-
     /// The peer and the request count, to hand to the connection's requests.
     pub fn info(&self) -> ConnectionInfo {
         self.info.clone()
@@ -415,7 +405,7 @@ impl Connection {
 }
 
 /// How many requests a connection has started and ended, and how many are in progress.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Activity {
     /// Requests started and ended: a counter, not a clock, so that the hot path reads no time.
     events: AtomicU64,
@@ -423,13 +413,6 @@ struct Activity {
 }
 
 impl Activity {
-    fn new() -> Self {
-        Self {
-            events: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
-        }
-    }
-
     fn touch(&self) {
         self.events.fetch_add(1, Ordering::Relaxed);
     }
@@ -786,29 +769,21 @@ pub fn hangup_signal(what: &'static str) -> tokio::sync::watch::Receiver<u64> {
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        async fn next(signal: Option<&mut Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
         let mut interrupt = signal(SignalKind::interrupt()).ok();
         let mut terminate = signal(SignalKind::terminate()).ok();
         async move {
-            let interrupt = async {
-                match &mut interrupt {
-                    Some(signal) => {
-                        signal.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let terminate = async {
-                match &mut terminate {
-                    Some(signal) => {
-                        signal.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
             tokio::select! {
-                () = interrupt => {}
-                () = terminate => {}
+                () = next(interrupt.as_mut()) => {}
+                () = next(terminate.as_mut()) => {}
             }
         }
     }

@@ -122,7 +122,7 @@ pub struct RegionArgs {
     /// How long units leased from home stay in this region's pool before they go back home,
     /// and how long a refill aims to last, in milliseconds (1 to 60000). Keep it several times
     /// the round trip to home. Only with `--redis-home`.
-    #[arg(long, value_name = "MS", default_value_t = millis(distlimit_redis::region::DEFAULT_REGION_HORIZON), value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS), requires = "redis_home")]
+    #[arg(long, value_name = "MS", default_value_t = crate::args::millis(distlimit_redis::region::DEFAULT_REGION_HORIZON), value_parser = clap::value_parser!(u64).range(1..=MAX_REDIS_BUDGET_MS), requires = "redis_home")]
     pub region_horizon_ms: u64,
 
     /// What a request this region's pool cannot pay gets while home is unreachable: `deny`
@@ -148,10 +148,6 @@ impl From<HomeUnreachableArg> for HomeUnreachable {
             HomeUnreachableArg::Allow => HomeUnreachable::Allow,
         }
     }
-}
-
-const fn millis(duration: Duration) -> u64 {
-    duration.as_millis() as u64
 }
 
 /// `--failure-mode`: the hybrid store's [`FailureMode`] for every policy.
@@ -366,21 +362,18 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
     let status = Some(RedisStatus { connected, breaker });
     let permits: Arc<dyn PermitStore> = hybrid.clone();
     let leases: Arc<dyn LeaseStore> = hybrid.clone();
-    if args.lease.is_empty() {
-        return Ok(BuiltStore {
-            store: hybrid,
-            permits,
-            leases,
-            redis: status,
-        });
-    }
-    tracing::info!("token leases for the policies {:?}", args.lease);
-    let store = Arc::new(
-        Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
-            .observer(Arc::new(metrics.clone()))
-            .build(hybrid),
-    );
-    distlimit_lease::spawn_sweeper(&store, distlimit_lease::DEFAULT_HORIZON);
+    let store: Arc<dyn Store> = if args.lease.is_empty() {
+        hybrid
+    } else {
+        tracing::info!("token leases for the policies {:?}", args.lease);
+        let leased = Arc::new(
+            Leased::for_limiter_policies(args.lease.iter().map(String::as_str))
+                .observer(Arc::new(metrics.clone()))
+                .build(hybrid),
+        );
+        distlimit_lease::spawn_sweeper(&leased, distlimit_lease::DEFAULT_HORIZON);
+        leased
+    };
     Ok(BuiltStore {
         store,
         permits,

@@ -175,11 +175,11 @@ impl Contents {
     }
 }
 
-/// The configurations built from one version of the files, one per ALPN protocol.
+/// The configurations built from one version of the files, one per ALPN protocol (by
+/// [`Alpn::index`]).
 struct Loaded {
     contents: Contents,
-    http1: Arc<ServerConfig>,
-    h2: Arc<ServerConfig>,
+    configs: [Arc<ServerConfig>; 2],
 }
 
 /// What the last reload of a [`Tls`] did: the poller's [`Reload`](crate::Reload), whose
@@ -275,11 +275,7 @@ impl Tls {
 
     /// The rustls configuration new connections get on a port speaking `alpn`.
     pub fn server_config(&self, alpn: Alpn) -> Arc<ServerConfig> {
-        let loaded = self.inner.current.load();
-        match alpn {
-            Alpn::Http1 => loaded.http1.clone(),
-            Alpn::H2 => loaded.h2.clone(),
-        }
+        self.inner.current.load().configs[alpn.index()].clone()
     }
 
     /// Runs the TLS handshake of `connection` with the current certificate, within `timeout`.
@@ -398,22 +394,18 @@ fn build(
         .map_err(TlsError::Config)?;
     let builder = match (&files.client_ca, &contents.client_ca) {
         (Some(path), Some(pem)) => {
+            let bad_ca = |error: &dyn fmt::Display| TlsError::BadClientCa {
+                path: path.clone(),
+                message: error.to_string(),
+            };
             let mut roots = RootCertStore::empty();
             for certificate in certificates(path, pem)? {
-                roots
-                    .add(certificate)
-                    .map_err(|error| TlsError::BadClientCa {
-                        path: path.clone(),
-                        message: error.to_string(),
-                    })?;
+                roots.add(certificate).map_err(|e| bad_ca(&e))?;
             }
             let verifier =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                     .build()
-                    .map_err(|error| TlsError::BadClientCa {
-                        path: path.clone(),
-                        message: error.to_string(),
-                    })?;
+                    .map_err(|e| bad_ca(&e))?;
             builder.with_client_cert_verifier(verifier)
         }
         _ => builder.with_no_client_auth(),
@@ -426,8 +418,7 @@ fn build(
         Arc::new(config)
     };
     Ok(Loaded {
-        http1: with_alpn(Alpn::Http1),
-        h2: with_alpn(Alpn::H2),
+        configs: [with_alpn(Alpn::Http1), with_alpn(Alpn::H2)],
         contents,
     })
 }

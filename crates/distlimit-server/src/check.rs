@@ -441,14 +441,14 @@ impl Checker {
                 match (plan, answer) {
                     (Plan::Policy { cost, .. }, Some(answer)) => match answer.verdict() {
                         Some(verdict) => policy_status(verdict, *cost == 0),
-                        None => unmatched(),
+                        None => initial_status(None),
                     },
                     (Plan::Rule(rule), answer) => {
                         let status = rule.status(answer);
                         self.report_rule(rule, &status, answer, latency);
                         status
                     }
-                    _ => unmatched(),
+                    _ => initial_status(None),
                 }
             })
             .collect();
@@ -695,10 +695,6 @@ async fn decide_with_quotas(
             items[i] = items[i].shadow(true);
         }
     }
-}
-
-fn unmatched() -> DescriptorStatus {
-    initial_status(None)
 }
 
 fn validate(request: &CheckRequest<'_>) -> Result<(), CheckError> {

@@ -429,13 +429,8 @@ pub fn to_status(error: CheckError) -> Status {
 /// Writes an answer as Envoy reads it; with `headers`, the rate-limit headers under those
 /// names.
 pub fn to_response(answer: &CheckResponse, headers: Option<&HeaderNames>) -> RateLimitResponse {
-    let overall = if answer.over_limit {
-        Code::OverLimit
-    } else {
-        Code::Ok
-    };
     RateLimitResponse {
-        overall_code: overall as i32,
+        overall_code: code(answer.over_limit),
         statuses: answer.statuses.iter().map(to_status_message).collect(),
         response_headers_to_add: if let Some(names) = headers {
             answer
@@ -454,14 +449,19 @@ pub fn to_response(answer: &CheckResponse, headers: Option<&HeaderNames>) -> Rat
     }
 }
 
-fn to_status_message(status: &DescriptorStatus) -> PbStatus {
-    let code = if status.over_limit {
+/// `OVER_LIMIT` or `OK`.
+fn code(over_limit: bool) -> i32 {
+    if over_limit {
         Code::OverLimit
     } else {
         Code::Ok
-    };
+    }
+    .into()
+}
+
+fn to_status_message(status: &DescriptorStatus) -> PbStatus {
     PbStatus {
-        code: code as i32,
+        code: code(status.over_limit),
         current_limit: status.current_limit.as_ref().map(|l| RateLimit {
             name: l.name.clone(),
             requests_per_unit: l.requests_per_unit,

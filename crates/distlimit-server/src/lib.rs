@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use distlimit_metrics::Metrics;
 use distlimit_serve::TlsWatcher;
-use distlimit_serve::store::{RedisStatus, StoreError};
+use distlimit_serve::store::{BuiltStore, RedisStatus, StoreError};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -80,9 +80,8 @@ pub struct Server {
     checker: Arc<Checker>,
     watcher: Option<Watcher>,
     tls: Option<(Tls, TlsWatcher)>,
-    redis: Option<RedisStatus>,
-    permits: permits::Shared,
-    leases: rlqs::Leases,
+    /// Its Redis status, permits and leases (its store is the checker's).
+    store: BuiltStore,
     args: Args,
 }
 
@@ -127,7 +126,7 @@ impl Server {
         }
         let metrics = Metrics::new();
         let built = distlimit_serve::store::build(&args.store, &metrics).await?;
-        let mut checker = Checker::new(built.store, config, metrics)
+        let mut checker = Checker::new(built.store.clone(), config, metrics)
             .with_shadow_mode(args.shadow_mode)
             .with_quota_mode(args.quota_mode);
         if let Some(tls) = &tls {
@@ -165,16 +164,14 @@ impl Server {
             checker,
             watcher,
             tls,
-            redis: built.redis,
-            permits: permits::Shared(built.permits),
-            leases: rlqs::Leases(built.leases),
+            store: built,
             args: args.clone(),
         })
     }
 
     /// Where Redis stands (`None` without `--redis`).
     pub fn redis(&self) -> Option<&RedisStatus> {
-        self.redis.as_ref()
+        self.store.redis.as_ref()
     }
 
     /// The decisions.
@@ -236,31 +233,31 @@ impl Server {
                 let _ = stop_tx.send(true);
             });
         }
-        // Redis' state on the health service and the metrics; `/ready` reads it itself.
-        let _status = self.redis.clone().map(|redis| {
-            let health = health.clone();
-            let checker = self.checker.clone();
-            AbortOnDrop(tokio::spawn(async move {
-                let mut last = None;
-                let mut tick = tokio::time::interval(STATUS_INTERVAL);
-                loop {
-                    tick.tick().await;
-                    let deciding = redis.is_deciding();
-                    if last != Some(deciding) {
-                        let status = if deciding {
-                            ServingStatus::Serving
-                        } else {
-                            ServingStatus::NotServing
-                        };
-                        health
-                            .set_service_status(REDIS_HEALTH_SERVICE, status)
-                            .await;
-                        checker.request_metrics().set_redis_up(deciding);
-                        last = Some(deciding);
-                    }
+        // Redis' state on the health service and the metrics while serving; `/ready` reads it
+        // itself.
+        let redis_status = async {
+            let Some(redis) = &self.store.redis else {
+                return std::future::pending().await;
+            };
+            let mut last = None;
+            let mut tick = tokio::time::interval(STATUS_INTERVAL);
+            loop {
+                tick.tick().await;
+                let deciding = redis.is_deciding();
+                if last != Some(deciding) {
+                    let status = if deciding {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    health
+                        .set_service_status(REDIS_HEALTH_SERVICE, status)
+                        .await;
+                    self.checker.request_metrics().set_redis_up(deciding);
+                    last = Some(deciding);
                 }
-            }))
-        });
+            }
+        };
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
@@ -278,7 +275,7 @@ impl Server {
         let rls = rls.into_server();
         let quota = QuotaService::new(
             self.checker.clone(),
-            self.leases.0.clone(),
+            self.store.leases.clone(),
             &args.quota,
             stop_rx.clone(),
         );
@@ -301,9 +298,9 @@ impl Server {
             checker: self.checker.clone(),
             headers: args.response_settings().headers,
             ready,
-            redis: self.redis.clone(),
+            redis: self.store.redis.clone(),
             timeout: args.request_timeout(),
-            permits: self.permits.0.clone(),
+            permits: self.store.permits.clone(),
         });
         let http_stopped = stopped(stop_rx.clone());
         let http_server = async move {
@@ -326,6 +323,7 @@ impl Server {
         };
         tokio::select! {
             served = both => served,
+            () = redis_status => Ok(()),
             () = expired => {
                 tracing::warn!(?deadline, "requests still in flight at the shutdown deadline were dropped");
                 Ok(())
@@ -335,12 +333,3 @@ impl Server {
 }
 
 type QuotaServer = envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer<QuotaService>;
-
-/// Aborts its task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}

@@ -211,20 +211,6 @@ impl RequestMetrics {
             .inc();
     }
 
-    /// Counts one request of `domain` (`None`: not configured) by `protocol`.
-    pub fn on_request(
-        &self,
-        protocol: Protocol,
-        domain: Option<&str>,
-        result: RequestResult,
-        elapsed: Duration,
-    ) {
-        match domain {
-            Some(domain) => self.count(&DomainRequests::new(domain), protocol, result, elapsed),
-            None => self.count(&self.unconfigured, protocol, result, elapsed),
-        }
-    }
-
     /// Counts one request of `domain` (`None`: not configured) by `protocol`, on counters
     /// resolved beforehand.
     pub(crate) fn on_request_in(
@@ -234,21 +220,7 @@ impl RequestMetrics {
         result: RequestResult,
         elapsed: Duration,
     ) {
-        self.count(
-            domain.unwrap_or(&self.unconfigured),
-            protocol,
-            result,
-            elapsed,
-        );
-    }
-
-    fn count(
-        &self,
-        domain: &DomainRequests,
-        protocol: Protocol,
-        result: RequestResult,
-        elapsed: Duration,
-    ) {
+        let domain = domain.unwrap_or(&self.unconfigured);
         let p = match protocol {
             Protocol::grpc => 0,
             Protocol::http => 1,

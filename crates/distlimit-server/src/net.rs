@@ -114,13 +114,8 @@ pub(crate) fn incoming(
                 () = tx.closed() => return,
             };
             let Some(tls) = &tls else {
-                if tx
-                    .send(Ok(GrpcConnection(Stream::Plain(CoalesceWrites::new(
-                        connection,
-                    )))))
-                    .await
-                    .is_err()
-                {
+                let plain = Stream::Plain(CoalesceWrites::new(connection));
+                if tx.send(Ok(GrpcConnection(plain))).await.is_err() {
                     return;
                 }
                 continue;
@@ -130,12 +125,9 @@ pub(crate) fn incoming(
                 let peer = connection.info().peer;
                 match tls.accept(connection, Alpn::H2, handshake_timeout).await {
                     Ok(stream) => {
+                        let tls = Stream::Tls(Box::new(CoalesceWrites::new(stream)));
                         // The server has stopped when the stream is gone: the connection closes.
-                        let _ = tx
-                            .send(Ok(GrpcConnection(Stream::Tls(Box::new(
-                                CoalesceWrites::new(stream),
-                            )))))
-                            .await;
+                        let _ = tx.send(Ok(GrpcConnection(tls))).await;
                     }
                     Err(error) => tracing::debug!("connection from {peer}: TLS handshake: {error}"),
                 }

@@ -77,11 +77,14 @@ pub struct JsonHeld {
     pub held: bool,
 }
 
-/// The limit a call names (its state and the limit) and its key, or the 400 saying why not.
-fn parts<'b>(
+/// Why a call is not answered as asked: the status and the message of the error answer.
+type Refusal = (StatusCode, String);
+
+/// The request a call's body names (the limit's state and limit, and its key), or why not.
+fn permit_request<'b>(
     state: &HttpState,
     body: &'b JsonPermit,
-) -> Result<(&'b str, PermitLimit, Key<'b>), (StatusCode, String)> {
+) -> Result<PermitRequest<'b>, Refusal> {
     let (name, limit) = match (&body.policy, &body.name, body.max_in_flight, body.lease_ms) {
         (Some(policy), None, None, None) => {
             let config = state.checker.config();
@@ -121,27 +124,15 @@ fn parts<'b>(
         }
     };
     let key = Key::new(&body.key).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-    Ok((name, limit, key))
+    PermitRequest::new(key, limit)
+        .with_policy(name)
+        .map_err(|e| refusal(&e.into()))
 }
-
-/// Why a call is not answered as asked: the status and the message of the error answer.
-type Refusal = (StatusCode, String);
 
 /// The JSON body of a call, or why not (400, 415, 422).
 fn json_body(body: Body) -> Result<JsonPermit, Refusal> {
     body.map(|Json(body)| body)
         .map_err(|rejection| (rejection.status(), rejection.body_text()))
-}
-
-/// The request a call's body names, or why not.
-fn permit_request<'b>(
-    state: &HttpState,
-    body: &'b JsonPermit,
-) -> Result<PermitRequest<'b>, Refusal> {
-    let (name, limit, key) = parts(state, body)?;
-    PermitRequest::new(key, limit)
-        .with_policy(name)
-        .map_err(|e| refusal(&e.into()))
 }
 
 /// An error of the store: 400 for the caller's input, else 503.
@@ -157,16 +148,6 @@ fn refusal(error: &Error) -> Refusal {
 /// The error answer of a refusal.
 fn answer((status, message): Refusal) -> Response {
     error(status, &message)
-}
-
-/// The server's permit store, named in its `Debug` output only.
-#[derive(Clone)]
-pub(crate) struct Shared(pub(crate) std::sync::Arc<dyn distlimit_core::PermitStore>);
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PermitStore")
-    }
 }
 
 type Body = Result<Json<JsonPermit>, JsonRejection>;
@@ -205,10 +186,6 @@ async fn acquired(state: &HttpState, body: Body) -> Result<Response, Refusal> {
     Ok(json(status, body))
 }
 
-async fn give_back(state: HttpState, body: Body, renew: bool) -> Response {
-    given_back(&state, body, renew).await.unwrap_or_else(answer)
-}
-
 async fn given_back(state: &HttpState, body: Body, renew: bool) -> Result<Response, Refusal> {
     let body = json_body(body)?;
     let request = permit_request(state, &body)?;
@@ -241,9 +218,9 @@ async fn given_back(state: &HttpState, body: Body, renew: bool) -> Result<Respon
 }
 
 pub(crate) async fn release(State(state): State<HttpState>, body: Body) -> Response {
-    give_back(state, body, false).await
+    given_back(&state, body, false).await.unwrap_or_else(answer)
 }
 
 pub(crate) async fn renew(State(state): State<HttpState>, body: Body) -> Response {
-    give_back(state, body, true).await
+    given_back(&state, body, true).await.unwrap_or_else(answer)
 }

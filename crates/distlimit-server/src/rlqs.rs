@@ -159,15 +159,6 @@ impl QuotaMetrics {
     }
 }
 
-/// The server's lease store, held until it serves.
-pub(crate) struct Leases(pub(crate) Arc<dyn LeaseStore>);
-
-impl std::fmt::Debug for Leases {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leases").finish_non_exhaustive()
-    }
-}
-
 /// The service: `StreamRateLimitQuotas` on a [`Checker`]'s configuration and a lease store.
 #[derive(Clone)]
 pub struct QuotaService(Arc<Shared>);
@@ -317,8 +308,9 @@ async fn run_stream(
 }
 
 /// What a bucket was last told.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Sent {
+    #[default]
     Nothing,
     Blanket(BlanketRule),
     Bucket {
@@ -330,11 +322,8 @@ enum Sent {
 
 /// Units withdrawn from a budget for one bucket of one stream.
 struct Lease {
-    budget: Arc<str>,
-    label: Arc<str>,
-    state: StateName,
-    key: Vec<u8>,
-    limit: Limit,
+    /// What the units are withdrawn for.
+    target: Limited,
     /// Withdrawn and not given back.
     held: u64,
     /// What the proxy may have admitted (or may admit) by `t0`, at most: every fresh bucket's
@@ -360,22 +349,6 @@ impl Lease {
         let until = t.min(self.cover_end);
         self.base + self.rate * until.saturating_duration_since(self.t0).as_secs_f64()
     }
-
-    fn request(&self) -> Option<Request<'_>> {
-        request_of(&self.key, &self.state, self.limit)
-    }
-
-    /// Units to hold for the proxy to admit until `until` (what it may admit by then, less what
-    /// it lost).
-    fn needed(&self, until: Instant) -> u64 {
-        need(self.entitled(until) - self.known_lost)
-    }
-}
-
-fn request_of<'a>(key: &'a [u8], state: &'a StateName, limit: Limit) -> Option<Request<'a>> {
-    Key::new(key)
-        .ok()
-        .map(|key| Request::new(key, limit).with_state(state))
 }
 
 fn need(units: f64) -> u64 {
@@ -383,6 +356,7 @@ fn need(units: f64) -> u64 {
     units.max(0.0).ceil() as u64
 }
 
+#[derive(Default)]
 struct BucketState {
     id: BucketId,
     member: u64,
@@ -442,8 +416,9 @@ struct Limited {
 }
 
 impl Limited {
-    fn rate(&self) -> f64 {
-        self.per_unit as f64 / self.unit_secs as f64
+    fn request(&self) -> Option<Request<'_>> {
+        let key = Key::new(&self.key).ok()?;
+        Some(Request::new(key, self.limit).with_state(&self.state))
     }
 }
 
@@ -478,14 +453,7 @@ impl Stream<'_> {
                     BucketState {
                         id: usage.bucket_id.clone().unwrap_or_default(),
                         member: self.shared.next_member.fetch_add(1, Ordering::Relaxed),
-                        budget: None,
-                        target: None,
-                        last_report: None,
-                        pending: 0,
-                        idle_reports: 0,
-                        admitted: 0,
-                        lease: None,
-                        sent: Sent::Nothing,
+                        ..BucketState::default()
                     }
                 }
             };
@@ -728,7 +696,7 @@ impl Shared {
         metrics
             .assigned
             .get_or_create(&RuleLabels {
-                rule: lease.label.clone(),
+                rule: lease.target.label.clone(),
             })
             .inc_by(rate - lease.assigned);
     }
@@ -790,16 +758,17 @@ fn size_shares(members: &mut HashMap<u64, Member>, total: f64) {
     }
 }
 
+/// A bucket id's entries in key order.
+fn sorted_entries(id: &BucketId) -> Vec<(&str, &str)> {
+    let mut entries: Vec<_> = id.bucket.iter().map(|(k, v)| (&**k, &**v)).collect();
+    entries.sort_unstable();
+    entries
+}
+
 /// The stable name of a bucket id: its entries in key order, each length-prefixed.
 fn bucket_name(id: &BucketId) -> String {
-    let mut entries: Vec<(&str, &str)> = id
-        .bucket
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    entries.sort_unstable();
     let mut name = String::new();
-    for (k, v) in entries {
+    for (k, v) in sorted_entries(id) {
         name.push_str(&format!("{}:{k}{}:{v};", k.len(), v.len()));
     }
     name
@@ -811,12 +780,7 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
     let Some(id) = &usage.bucket_id else {
         return Target::Blanket(BlanketRule::AllowAll);
     };
-    let mut entries: Vec<(&str, &str)> = id
-        .bucket
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    entries.sort_unstable();
+    let entries = sorted_entries(id);
     let limited = |label: String, tier: &str, key: Vec<u8>, per_unit: u64, unit_secs: u64| {
         let digest = hex(&Sha256::digest(format!("{}:{domain}{tier}", domain.len())));
         // The rate is in the name: a reload that changes the limit starts a new budget (full).
@@ -923,9 +887,10 @@ async fn close_lease(shared: &Shared, state: &mut BucketState, end: Instant) {
         return;
     };
     lease.cover_end = lease.cover_end.min(end);
-    let keep = lease.needed(end);
+    // Held on: what the proxy may admit by `end`, less what it lost.
+    let keep = need(lease.entitled(end) - lease.known_lost);
     if lease.held > keep
-        && let Some(request) = lease.request()
+        && let Some(request) = lease.target.request()
         && let Err(error) = shared.leases.exchange(&request, lease.held - keep, 0).await
     {
         tracing::warn!(%error, "rlqs: giving back units failed");
@@ -971,7 +936,7 @@ async fn assign(
     if state
         .lease
         .as_ref()
-        .is_some_and(|l| l.budget != target.budget)
+        .is_some_and(|l| l.target.budget != target.budget)
     {
         close_lease(shared, state, now + DELIVERY_SLACK).await;
     }
@@ -980,11 +945,7 @@ async fn assign(
         state.budget = Some(target.budget.clone());
     }
     let lease = state.lease.get_or_insert_with(|| Lease {
-        budget: target.budget.clone(),
-        label: target.label.clone(),
-        state: target.state.clone(),
-        key: target.key.clone(),
-        limit: target.limit,
+        target: target.clone(),
         held: 0,
         base: 0.0,
         rate: 0.0,
@@ -995,7 +956,7 @@ async fn assign(
         prev_max_tokens: 0.0,
         assigned: 0.0,
     });
-    lease.limit = target.limit;
+    lease.target.limit = target.limit;
     // Credit past what the proxy admitted and could still hold was lost to its full bucket.
     let lost = lease.entitled(now.checked_sub(DELIVERY_SLACK).unwrap_or(now))
         - state.admitted as f64
@@ -1006,7 +967,7 @@ async fn assign(
         &target.budget,
         state.member,
         demand,
-        target.rate() * ASSIGNED_PART,
+        target.per_unit as f64 / target.unit_secs as f64 * ASSIGNED_PART,
     );
     let unit = target.unit_secs;
     let mut per_fill = (share * unit as f64).floor().min(f64::from(u32::MAX)) as u32;
@@ -1045,17 +1006,19 @@ async fn assign(
         let needed = need(base + rate * cover - lease.known_lost);
         (sent, rate, base, needed, fresh)
     };
-    let (mut sent, mut rate, mut base, needed, mut fresh) = plan(per_fill);
-    let request = request_of(&lease.key, &lease.state, lease.limit)?;
-    if per_fill == 0 {
-        // Nothing to assign: deny, holding what the last assignment may still admit.
-        (sent, rate, base, fresh) = (Sent::Blanket(BlanketRule::DenyAll), 0.0, replaced, true);
-    }
-    let needed = if per_fill == 0 {
-        need(replaced - lease.known_lost)
-    } else {
-        needed
+    // Nothing to assign: deny, holding what the last assignment may still admit.
+    let deny = (
+        Sent::Blanket(BlanketRule::DenyAll),
+        0.0,
+        replaced,
+        need(replaced - lease.known_lost),
+        true,
+    );
+    let (mut sent, mut rate, mut base, mut needed, mut fresh) = match per_fill {
+        0 => deny,
+        _ => plan(per_fill),
     };
+    let request = lease.target.request()?;
     let (give, want) = (
         lease.held.saturating_sub(needed),
         needed.saturating_sub(lease.held),
@@ -1084,27 +1047,23 @@ async fn assign(
     if usable < needed {
         // The budget is short: the largest token bucket the units held pay for, else deny.
         let mut fit = per_fill;
-        loop {
+        (sent, rate, base, needed, fresh) = loop {
             fit = fit.saturating_sub((fit / 16).max(1));
-            let planned = plan(fit);
             if fit == 0 {
-                (sent, rate, base, fresh) =
-                    (Sent::Blanket(BlanketRule::DenyAll), 0.0, replaced, true);
-                break;
+                break deny;
             }
+            let planned = plan(fit);
             if planned.3 <= usable {
-                (sent, rate, base, _, fresh) = planned;
-                break;
+                break planned;
             }
-        }
-        let keep = if rate > 0.0 {
-            need(base + rate * cover - lease.known_lost)
-        } else {
-            need(replaced - lease.known_lost)
         };
-        if lease.held > keep {
-            match shared.leases.exchange(&request, lease.held - keep, 0).await {
-                Ok(_) => lease.held = keep,
+        if lease.held > needed {
+            match shared
+                .leases
+                .exchange(&request, lease.held - needed, 0)
+                .await
+            {
+                Ok(_) => lease.held = needed,
                 Err(error) => tracing::warn!(%error, "rlqs: giving back units failed"),
             }
         }
@@ -1120,9 +1079,8 @@ async fn assign(
             _ => 0.0,
         };
     }
-    let assigned = rate;
-    shared.set_assigned(lease, assigned);
-    lease.assigned = assigned;
+    shared.set_assigned(lease, rate);
+    lease.assigned = rate;
     state.sent = sent;
     Some(assignment(&state.id, strategy_of(sent)?, ttl))
 }

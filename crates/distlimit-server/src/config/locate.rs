@@ -63,33 +63,8 @@ impl<'de> Visitor<'de> for Walk<'_, '_> {
         f.write_str("any YAML node")
     }
 
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-        Err(found())
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-        Err(found())
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-        Err(found())
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-        Err(found())
-    }
-
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
-        Err(found())
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        Err(found())
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<(), E> {
-        Err(found())
-    }
+    // A scalar or null: the path ends here, and serde's default `visit_*` answers an error
+    // (never shown) at the parser's position, as `found` does.
 
     fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
         deserializer.deserialize_any(self)

@@ -188,17 +188,8 @@ fn metadata_value(value: serde_yaml_ng::Value) -> serde_json::Value {
     match value {
         Value::Null => Json::Null,
         Value::Bool(b) => Json::Bool(b),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                Json::from(u)
-            } else if let Some(i) = n.as_i64() {
-                Json::from(i)
-            } else {
-                n.as_f64()
-                    .and_then(serde_json::Number::from_f64)
-                    .map_or(Json::Null, Json::Number)
-            }
-        }
+        // An integer as itself, a float as a float, a float not finite as null.
+        Value::Number(n) => serde_json::to_value(n).unwrap_or(Json::Null),
         Value::String(s) => Json::String(s),
         Value::Sequence(items) => Json::Array(items.into_iter().map(metadata_value).collect()),
         Value::Mapping(m) => Json::Object(metadata_map(m)),
@@ -434,15 +425,20 @@ impl Config {
         let mut policy_domains: HashMap<String, PolicyDomain> = HashMap::new();
         // Policy name → (policy, file, line).
         let mut policies: Vec<(distlimit_policy::Policy, PathBuf, usize)> = Vec::new();
-        // Domain line in its TOML file, to name it in a later error.
-        let mut domain_lines: HashMap<String, usize> = HashMap::new();
-        let first_file = |domains: &HashMap<String, Domain>,
-                          policy_domains: &HashMap<String, PolicyDomain>,
-                          name: &str| {
-            domains
-                .get(name)
-                .map(|d| d.file.clone())
-                .or_else(|| policy_domains.get(name).map(|d| d.file.clone()))
+        // A domain of `second` already defined by an earlier file.
+        let defined_twice = |domains: &HashMap<String, Domain>,
+                             policy_domains: &HashMap<String, PolicyDomain>,
+                             name: &str,
+                             second: &Path| {
+            let first = domains.get(name).map(|d| &d.file);
+            match first.or_else(|| policy_domains.get(name).map(|d| &d.file)) {
+                Some(first) => Err(RateLimitConfigError::DuplicateDomain {
+                    domain: name.to_owned(),
+                    first: first.clone(),
+                    second: second.to_path_buf(),
+                }),
+                None => Ok(()),
+            }
         };
         for source in sources {
             if is_toml(&source.path) {
@@ -463,27 +459,14 @@ impl Config {
                     }
                     policies.push((policy, source.path.clone(), line));
                 }
-                for (name, domain, line) in file.domains {
-                    if let Some(first) = first_file(&domains, &policy_domains, &name) {
-                        return Err(RateLimitConfigError::DuplicateDomain {
-                            domain: name,
-                            first,
-                            second: source.path.clone(),
-                        });
-                    }
-                    domain_lines.insert(name.clone(), line);
+                for (name, domain) in file.domains {
+                    defined_twice(&domains, &policy_domains, &name, &source.path)?;
                     policy_domains.insert(name, domain);
                 }
                 continue;
             }
             let (name, domain) = parse_file(&source.path, &source.contents)?;
-            if let Some(first) = first_file(&domains, &policy_domains, &name) {
-                return Err(RateLimitConfigError::DuplicateDomain {
-                    domain: name,
-                    first,
-                    second: source.path.clone(),
-                });
-            }
+            defined_twice(&domains, &policy_domains, &name, &source.path)?;
             domains.insert(name, domain);
         }
         for (name, domain) in &policy_domains {
@@ -491,7 +474,7 @@ impl Config {
                 if !policies.iter().any(|(p, _, _)| p.name() == mapping.policy) {
                     return Err(RateLimitConfigError::Invalid {
                         file: domain.file.clone(),
-                        line: domain_lines.get(name).copied(),
+                        line: Some(domain.line),
                         message: format!(
                             "domain.{name}.descriptors[{i}].policy: no policy named \"{}\"",
                             mapping.policy
@@ -677,18 +660,19 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
         let path = path.to_path_buf();
         move |source| RateLimitConfigError::Io { path, source }
     };
-    let read = |path: &Path| {
-        let bytes = distlimit_serve::read_at_most(path, MAX_CONFIG_FILE_BYTES)?;
-        String::from_utf8(bytes)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+    let read = |path: PathBuf| {
+        let text = distlimit_serve::read_at_most(&path, MAX_CONFIG_FILE_BYTES).and_then(|bytes| {
+            String::from_utf8(bytes)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+        });
+        match text {
+            Ok(contents) => Ok(Source { path, contents }),
+            Err(source) => Err(RateLimitConfigError::Io { path, source }),
+        }
     };
     let meta = std::fs::metadata(path).map_err(io(path))?;
     if !meta.is_dir() {
-        let contents = read(path).map_err(io(path))?;
-        return Ok(vec![Source {
-            path: path.to_path_buf(),
-            contents,
-        }]);
+        return Ok(vec![read(path.to_path_buf())?]);
     }
     let mut files = Vec::new();
     for entry in std::fs::read_dir(path).map_err(io(path))? {
@@ -731,16 +715,7 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
         }
     }
     files.sort();
-    files
-        .into_iter()
-        .map(|file| {
-            let contents = read(&file).map_err(io(&file))?;
-            Ok(Source {
-                path: file,
-                contents,
-            })
-        })
-        .collect()
+    files.into_iter().map(read).collect()
 }
 
 /// The largest configuration file read (each file of a directory): 16 MiB.

@@ -34,6 +34,8 @@ use crate::check::MAX_ENTRIES;
 #[derive(Clone, Debug)]
 pub(crate) struct PolicyDomain {
     pub(crate) file: PathBuf,
+    /// Where its section starts in the file, to name it in a later error.
+    pub(crate) line: usize,
     pub(crate) mappings: Vec<Mapping>,
 }
 
@@ -63,7 +65,7 @@ impl PolicyDomain {
 /// What one TOML file holds.
 pub(crate) struct PolicyFile {
     pub(crate) policies: Vec<(Policy, usize)>,
-    pub(crate) domains: Vec<(String, PolicyDomain, usize)>,
+    pub(crate) domains: Vec<(String, PolicyDomain)>,
 }
 
 #[derive(Deserialize)]
@@ -156,9 +158,9 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<PolicyFile, RateLimitConf
             name,
             PolicyDomain {
                 file: file.to_path_buf(),
+                line,
                 mappings,
             },
-            line,
         ));
     }
     Ok(PolicyFile { policies, domains })

@@ -619,7 +619,7 @@ fn envoyproxy_fields_bom_merge_keys_and_empty_lists_are_read() {
 descriptors:
   - key: a
     quota_mode: true
-    metadata: { owner: { team: [x, y] }, 1: 2 }
+    metadata: { owner: { team: [x, y] }, 1: 2, i: -3, f: 1.5, n: .nan }
     rate_limit: &defaults
       unit: minute
       requests_per_unit: 7
@@ -638,7 +638,7 @@ descriptors:
     let metadata = serde_json::Value::Object((**a.rule.metadata.as_ref().unwrap()).clone());
     assert_eq!(
         metadata,
-        serde_json::json!({ "owner": { "team": ["x", "y"] }, "1": 2 })
+        serde_json::json!({ "owner": { "team": ["x", "y"] }, "1": 2, "i": -3, "f": 1.5, "n": null })
     );
     let b = config.lookup("d", [("b", "1")]).unwrap();
     assert_eq!(b.rule.metadata, None);
@@ -696,12 +696,10 @@ descriptors:
 /// The counter's entries and the metric name of `entries`.
 fn named(config: &Config, entries: &[(&str, &str)]) -> (Vec<(String, String)>, String) {
     let m = config.lookup("d", entries.iter().copied()).unwrap();
-    let counter = m
-        .counter_entries(entries)
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    (counter, m.metric_path(entries).into_owned())
+    (
+        owned(&m.counter_entries(entries)),
+        m.metric_path(entries).into_owned(),
+    )
 }
 
 fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
