@@ -1,6 +1,5 @@
 //! [`Decision`]: the answer to one rate-limit request.
 
-use std::fmt;
 use std::time::Duration;
 
 /// `retry_after` of a request that can never pass because its cost exceeds the capacity.
@@ -17,7 +16,7 @@ pub const NEVER: Duration = Duration::from_micros(u64::MAX);
 /// * `retry_after`: for a denial, the time after which the same request is admitted if nothing
 ///   else consumes meanwhile (exactly: a microsecond earlier it would still be denied). Zero when
 ///   allowed, [`NEVER`] when the cost exceeds the capacity.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Decision {
     allowed: bool,
     source: Source,
@@ -32,14 +31,7 @@ impl Decision {
     /// at `limit`.
     #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
-        Self {
-            allowed: true,
-            source: Source::Primary,
-            limit,
-            remaining: remaining.min(limit),
-            reset_after_us: micros(reset_after),
-            retry_after_us: 0,
-        }
+        Self::from_micros(true, limit, remaining, micros(reset_after), 0)
     }
 
     /// A denied request. Store drivers build their answers with this; `remaining` is capped at
@@ -51,14 +43,13 @@ impl Decision {
         reset_after: Duration,
         retry_after: Duration,
     ) -> Self {
-        Self {
-            allowed: false,
-            source: Source::Primary,
+        Self::from_micros(
+            false,
             limit,
-            remaining: remaining.min(limit),
-            reset_after_us: micros(reset_after),
-            retry_after_us: micros(retry_after).max(1),
-        }
+            remaining,
+            micros(reset_after),
+            micros(retry_after),
+        )
     }
 
     /// A decision from its fields in microseconds (what a store driver that computes in
@@ -197,19 +188,6 @@ impl Decision {
             acc.retry_after_us = acc.retry_after_us.max(d.retry_after_us);
         }
         Some(acc)
-    }
-}
-
-impl fmt::Debug for Decision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Decision")
-            .field("allowed", &self.is_allowed())
-            .field("source", &self.source())
-            .field("limit", &self.limit)
-            .field("remaining", &self.remaining)
-            .field("reset_after_us", &self.reset_after_us)
-            .field("retry_after_us", &self.retry_after_us)
-            .finish()
     }
 }
 
