@@ -440,59 +440,38 @@ pub trait Store: Send + Sync {
     }
 }
 
-#[async_trait]
-impl<S: Store + ?Sized> Store for Arc<S> {
-    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        (**self).decide(request).await
-    }
+/// `Arc<S>` and `Box<S>` are stores: every method forwarded, so none falls back to a default.
+macro_rules! forward_store {
+    ($($ptr:ident),*) => {$(
+        #[async_trait]
+        impl<S: Store + ?Sized> Store for $ptr<S> {
+            async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+                (**self).decide(request).await
+            }
 
-    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        (**self).decide_all(requests).await
-    }
+            async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+                (**self).decide_all(requests).await
+            }
 
-    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
-        (**self).decide_now(request)
-    }
+            fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+                (**self).decide_now(request)
+            }
 
-    fn decide_all_now(
-        &self,
-        requests: &[Request<'_>],
-        decisions: &mut [Decision],
-    ) -> Option<Result<(), Error>> {
-        (**self).decide_all_now(requests, decisions)
-    }
+            fn decide_all_now(
+                &self,
+                requests: &[Request<'_>],
+                decisions: &mut [Decision],
+            ) -> Option<Result<(), Error>> {
+                (**self).decide_all_now(requests, decisions)
+            }
 
-    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
-        (**self).settle_all(settles).await
-    }
+            async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+                (**self).settle_all(settles).await
+            }
+        }
+    )*};
 }
-
-#[async_trait]
-impl<S: Store + ?Sized> Store for Box<S> {
-    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        (**self).decide(request).await
-    }
-
-    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        (**self).decide_all(requests).await
-    }
-
-    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
-        (**self).decide_now(request)
-    }
-
-    fn decide_all_now(
-        &self,
-        requests: &[Request<'_>],
-        decisions: &mut [Decision],
-    ) -> Option<Result<(), Error>> {
-        (**self).decide_all_now(requests, decisions)
-    }
-
-    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
-        (**self).settle_all(settles).await
-    }
-}
+forward_store!(Arc, Box);
 
 /// Conveniences for calling any [`Store`] with a plain key.
 pub trait StoreExt: Store {
