@@ -1,8 +1,4 @@
-//! Token leases: a store hands out several units of a key's budget at once ([`LeaseStore`]), so
-//! a client can spend them locally and give back what it did not spend.
-//!
-//! The reference model is [`Limit::take`] and [`Limit::give_back`]; a store that leases decides
-//! exactly as they do on the (policy, key) state that [`Store::decide`] uses.
+//! Token leases ([`LeaseStore`]): several units of a key's budget handed out at once.
 
 use std::sync::Arc;
 

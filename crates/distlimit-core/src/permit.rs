@@ -1,11 +1,5 @@
 //! Concurrency limits: at most N requests in flight per key ([`PermitStore`]), with the
 //! reference model ([`Permits`]).
-//!
-//! A permit is taken when a request starts ([`PermitStore::acquire`]) and given back when it
-//! ends ([`PermitStore::release`]). It is a lease, not a count: every permit expires
-//! [`PermitLimit::lease`] after it was taken or last [renewed](PermitStore::renew), so the
-//! permits of a holder that crashed (or lost its connection) come back by themselves. A request
-//! longer than the lease renews its permit before it runs out.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -397,7 +391,8 @@ impl Permits {
 }
 
 /// A store of concurrency permits: at most N requests in flight per key, across every
-/// instance that shares the store.
+/// instance that shares the store. A permit is taken when a request starts and released when it
+/// ends; a request longer than the lease [renews](Self::renew) its permit before it runs out.
 ///
 /// # Contract
 ///

@@ -56,17 +56,10 @@ pub const WINDOW_STEPS: u64 = 1 << 20;
 ///
 /// # Bounds
 ///
-/// So that every algorithm computes exactly in integers below 2^53 (see [`MAX_SCALED`]), a quota
-/// needs:
-///
-/// * `period_us ≤ 2^50` ([`MAX_PERIOD_US`], about 35.7 years);
-/// * `limit ≤ 2^32` ([`MAX_LIMIT`]);
-/// * `burst × period_us / gcd(limit, period_us) ≤ 2^52` ([`MAX_SCALED`]): a limit that shares
-///   many factors with the period (a round one) allows a large burst. `per_day(100_000)`,
-///   `per_day(10_000_000)` and `per_second(4_000_000_000)` fit; `per_day(1_234_567)` (gcd 1)
-///   only with a burst of at most 52 124.
-///
-/// Anything else is a [`QuotaError`].
+/// So that every algorithm computes exactly in integers below 2^53, a quota needs
+/// `period_us ≤` [`MAX_PERIOD_US`], `limit ≤` [`MAX_LIMIT`] and
+/// `burst × period_us / gcd(limit, period_us) ≤` [`MAX_SCALED`] (a round limit allows a large
+/// burst: see the examples there). Anything else is a [`QuotaError`].
 ///
 /// ```
 /// use distlimit_core::{Quota, QuotaError};

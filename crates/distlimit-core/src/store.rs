@@ -98,10 +98,6 @@ pub struct Request<'a> {
 /// Usage settled after the response, applied whatever is left ([`Store::settle_all`]; see
 /// [`Store`], "Settling"): the request's cost is the units reported or given back.
 ///
-/// Reserve, then settle: reserve an estimate with a normal request; once the actual cost is
-/// known, give back `reserved − actual` or report `actual − reserved`. A request already served
-/// without a reservation reports its whole cost.
-///
 /// ```
 /// use distlimit_core::{Key, Limit, Quota, Request, Settle};
 ///
@@ -323,8 +319,9 @@ pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize
 /// decision: a wrapper forwards `settle_all` explicitly, or it refuses to settle.
 ///
 /// Reserve, then settle: a normal request reserves an estimate; the settle gives back
-/// `reserved − actual` or reports `actual − reserved`. What a key is charged is then exactly
-/// the sum of the actual costs, and a key in debt is denied until the debt has refilled.
+/// `reserved − actual` or reports `actual − reserved` (a request served without a reservation
+/// reports its whole cost). What a key is charged is then exactly the sum of the actual costs,
+/// and a key in debt is denied until the debt has refilled.
 ///
 /// A store SHOULD forget state after it expires, so memory stays bounded, and document how it
 /// reads time (its own clock, or a server's).
