@@ -107,23 +107,16 @@ pub fn api_limits_with(
 pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
     let (data, generate) = match limits {
         Some(limits) => {
-            let generate = match (limits.generate, limits.in_flight) {
-                (None, None) => None,
-                (tokens, in_flight) => {
-                    let route = get(generate);
-                    let route = match tokens {
-                        Some(layer) => route.route_layer(layer),
-                        None => route,
-                    };
-                    // The last layer runs first: a request over the concurrency limit
-                    // reserves no tokens.
-                    Some(match in_flight {
-                        Some(layer) => route.route_layer(layer),
-                        None => route,
-                    })
-                }
-            };
-            (get(data).route_layer(limits.layer), generate)
+            let served = limits.generate.is_some() || limits.in_flight.is_some();
+            let mut route = get(generate);
+            if let Some(layer) = limits.generate {
+                route = route.route_layer(layer);
+            }
+            // The last layer runs first: a request over the concurrency limit reserves no tokens.
+            if let Some(layer) = limits.in_flight {
+                route = route.route_layer(layer);
+            }
+            (get(data).route_layer(limits.layer), served.then_some(route))
         }
         None => (get(data), Some(get(generate))),
     };
@@ -131,11 +124,10 @@ pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
         .route("/metrics", get(exposition))
         .route("/healthz", get(healthz))
         .with_state(metrics);
-    let api = Router::new().route("/api/data", data);
-    let api = match generate {
-        Some(generate) => api.route("/api/generate", generate),
-        None => api,
-    };
+    let mut api = Router::new().route("/api/data", data);
+    if let Some(generate) = generate {
+        api = api.route("/api/generate", generate);
+    }
     api.merge(ops)
 }
 
