@@ -347,26 +347,20 @@ impl Permits {
     /// was never taken (nothing changes then, but expired permits are dropped).
     pub fn release(&mut self, now: u64, id: PermitId) -> bool {
         self.sweep(now);
-        match self.held.iter().position(|&(h, _)| h == id) {
-            Some(i) => {
-                self.held.swap_remove(i);
-                true
-            }
-            None => false,
-        }
+        let before = self.held.len();
+        self.held.retain(|&(h, _)| h != id);
+        self.held.len() < before
     }
 
     /// Extends live permit `id` to expire at `now + limit.lease()`: `true` if it was live;
     /// `false` if it had expired (its holder lost it: another request may hold its place).
     pub fn renew(&mut self, now: u64, limit: &PermitLimit, id: PermitId) -> bool {
         self.sweep(now);
-        match self.held.iter_mut().find(|(h, _)| *h == id) {
-            Some(held) => {
-                held.1 = now.saturating_add(limit.lease_us());
-                true
-            }
-            None => false,
-        }
+        let Some(held) = self.held.iter_mut().find(|(h, _)| *h == id) else {
+            return false;
+        };
+        held.1 = now.saturating_add(limit.lease_us());
+        true
     }
 
     /// The live permits at `now`.
