@@ -8,14 +8,6 @@ pub const NEVER: Duration = Duration::from_micros(u64::MAX);
 /// The answer to one request: admitted or not, and what the client may do next.
 ///
 /// A denial is a value, not an error: `Err` from a store means the store failed to decide.
-///
-/// * `limit`: the capacity (the burst for the token bucket and GCRA, the limit per window for the
-///   window algorithms): the largest `remaining` can be.
-/// * `remaining`: units that could still be spent right now, after this request.
-/// * `reset_after`: time until the key is back to its full capacity if nothing else is consumed.
-/// * `retry_after`: for a denial, the time after which the same request is admitted if nothing
-///   else consumes meanwhile (exactly: a microsecond earlier it would still be denied). Zero when
-///   allowed, [`NEVER`] when the cost exceeds the capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Decision {
     allowed: bool,
@@ -123,13 +115,14 @@ impl Decision {
         !self.is_allowed()
     }
 
-    /// The capacity: the largest value [`remaining`](Self::remaining) can take.
+    /// The capacity (the burst for the token bucket and GCRA, the limit per window for the
+    /// window algorithms): the largest value [`remaining`](Self::remaining) can take.
     #[inline]
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
-    /// Units that could still be spent right now.
+    /// Units that could still be spent right now, after this request.
     #[inline]
     pub fn remaining(&self) -> u64 {
         self.remaining
@@ -154,7 +147,8 @@ impl Decision {
     }
 
     /// For a denial, the time after which the same request would be admitted if nothing else is
-    /// consumed meanwhile; zero when allowed; [`NEVER`] when it can never pass.
+    /// consumed meanwhile (exactly: a microsecond earlier it would still be denied); zero when
+    /// allowed; [`NEVER`] when it can never pass.
     #[inline]
     pub fn retry_after(&self) -> Duration {
         Duration::from_micros(self.retry_after_us)

@@ -186,17 +186,6 @@ impl<'a> PermitRequest<'a> {
 
 /// The answer to an [`acquire`](PermitStore::acquire): a permit, or a denial (a value, like a
 /// denied [`Decision`](crate::Decision)).
-///
-/// * `permit`: the permit taken, when admitted;
-/// * `in_flight`: the key's live permits after this call (this one included), at most `max`;
-/// * `retry_after`: for a denial, the time until the key's earliest live permit expires (the
-///   latest a permit comes back if nobody releases one; a release frees one sooner); zero when
-///   admitted;
-/// * `expired`: how many permits this call found expired and dropped (permits whose holder
-///   neither released nor renewed them in time: a crash, or a request that outlived its lease).
-///   A store forgets a key once all its permits expired, so permits that expired together with
-///   the key's last one are never found, and not counted: `expired` is a lower bound, for
-///   metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PermitDecision {
     permit: Option<PermitId>,
@@ -249,7 +238,7 @@ impl PermitDecision {
         self.permit
     }
 
-    /// The key's live permits after this call.
+    /// The key's live permits after this call (this one included), at most the limit.
     #[inline]
     pub fn in_flight(&self) -> u32 {
         self.in_flight
@@ -267,13 +256,17 @@ impl PermitDecision {
         self.max.saturating_sub(self.in_flight)
     }
 
-    /// For a denial, the time until the earliest live permit expires; zero when admitted.
+    /// For a denial, the time until the key's earliest live permit expires (the latest a permit
+    /// comes back if nobody releases one; a release frees one sooner); zero when admitted.
     #[inline]
     pub fn retry_after(&self) -> Duration {
         Duration::from_micros(self.retry_after_us)
     }
 
-    /// Permits found expired (and dropped) by this call.
+    /// Permits this call found expired and dropped (their holder neither released nor renewed
+    /// them in time: a crash, or a request that outlived its lease). A lower bound, for
+    /// metrics: a store forgets a key once all its permits expired, so those that expired
+    /// together with its last one are never found.
     #[inline]
     pub fn expired(&self) -> u32 {
         self.expired

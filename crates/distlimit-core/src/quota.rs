@@ -114,16 +114,12 @@ pub enum QuotaError {
     /// The burst was zero: nothing could ever be admitted.
     #[error("invalid quota: the burst must be at least 1")]
     ZeroBurst,
-    /// A part of the quota is beyond the exact integer range (see [`Quota`]'s bounds):
-    ///
-    /// * `what: "period"`: the period in µs exceeds [`MAX_PERIOD_US`];
-    /// * `what: "limit"`: the limit exceeds [`MAX_LIMIT`];
-    /// * `what: "burst"`: `burst × period_us / gcd(limit, period_us)` exceeds [`MAX_SCALED`];
-    ///   `max` is then the largest burst this limit and period allow,
-    ///   `MAX_SCALED / (period_us / gcd(limit, period_us))`.
+    /// A part of the quota is beyond the exact integer range (see [`Quota`]'s bounds). For the
+    /// burst, `max` is the largest burst this limit and period allow,
+    /// `MAX_SCALED / (period_us / gcd(limit, period_us))`.
     #[error("invalid quota: {}", too_large_message(.what, *.value, *.max))]
     TooLarge {
-        /// `"period"`, `"limit"` or `"burst"`.
+        /// `"period"` ([`MAX_PERIOD_US`]), `"limit"` ([`MAX_LIMIT`]) or `"burst"` ([`MAX_SCALED`]).
         what: &'static str,
         /// The offending period (µs), limit or burst.
         value: u64,

@@ -40,13 +40,9 @@ pub struct ApiLimits {
     /// so a user over their own limit spends nothing of the address they share with others.
     pub layer: RateLimitLayer,
     /// Policy [`TOKENS_POLICY`] on `/api/generate`, keyed by `X-User-ID` (else the client IP),
-    /// charged from the response: each request reserves 1 token, settled with the
-    /// [`USAGE_HEADER`] of its response when the body ends (the excess charged past the limit,
-    /// as debt the user then waits out); a streamed answer (`stream=1`, no header) is metered
-    /// as it streams, one token per `data:` line, covered by blocks of `--stream-block` tokens
-    /// reserved before they are sent, and stopped at the budget with an `event: limit` (the
-    /// policy's `overrun = "debt"` runs it on as debt instead). `None` when the policy set
-    /// does not define the policy (a `--policy` file without it): the route is not served.
+    /// charged from the response: 1 token reserved, settled with the [`USAGE_HEADER`], or a
+    /// streamed answer metered as it streams (the crate docs say how). `None` when the policy
+    /// set does not define the policy (a `--policy` file without it): the route is not served.
     pub generate: Option<RateLimitLayer>,
     /// The concurrency limit of `/api/generate` ([`generate_limit`](crate::generate_limit)),
     /// checked before the tokens are reserved (a request over it reserves nothing); `None`
