@@ -200,18 +200,8 @@ pub enum Source {
     FailOpen,
 }
 
-impl Source {
-    /// A stable lowercase name, for metric labels: `primary`, `fallback`, `blocked_cache`,
-    /// `fail_open`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Primary => "primary",
-            Source::Fallback => "fallback",
-            Source::BlockedCache => "blocked_cache",
-            Source::FailOpen => "fail_open",
-        }
-    }
-}
+crate::observe::labels!(Source: Primary => "primary", Fallback => "fallback",
+    BlockedCache => "blocked_cache", FailOpen => "fail_open");
 
 impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -15,6 +15,21 @@ use std::time::Duration;
 
 use crate::{Decision, Error};
 
+/// `as_str` for each enum of metric labels: a stable lowercase name per variant.
+macro_rules! labels {
+    ($ty:ident: $($variant:ident => $name:literal),+) => {
+        impl $ty {
+            #[doc = concat!("A stable lowercase name, for metric labels:", $(" `", $name, "`"),+, ".")]
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+    };
+}
+pub(crate) use labels;
+
 /// What a request's decision meant for the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -27,16 +42,7 @@ pub enum Outcome {
     ShadowDenied,
 }
 
-impl Outcome {
-    /// A stable lowercase name, for metric labels: `allowed`, `denied`, `shadow_denied`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Denied => "denied",
-            Outcome::ShadowDenied => "shadow_denied",
-        }
-    }
-}
+labels!(Outcome: Allowed => "allowed", Denied => "denied", ShadowDenied => "shadow_denied");
 
 /// What happened to concurrency permits (see [`PermitStore`](crate::PermitStore)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,18 +59,8 @@ pub enum PermitEvent {
     Expired,
 }
 
-impl PermitEvent {
-    /// A stable lowercase name, for metric labels: `acquired`, `rejected`, `released`,
-    /// `expired`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PermitEvent::Acquired => "acquired",
-            PermitEvent::Rejected => "rejected",
-            PermitEvent::Released => "released",
-            PermitEvent::Expired => "expired",
-        }
-    }
-}
+labels!(PermitEvent: Acquired => "acquired", Rejected => "rejected", Released => "released",
+    Expired => "expired");
 
 /// What happened to a response body metered as it streams (`distlimit-tower`'s streaming
 /// settlement): reported with a number of units.
@@ -81,18 +77,8 @@ pub enum StreamEvent {
     Returned,
 }
 
-impl StreamEvent {
-    /// A stable lowercase name, for metric labels: `metered`, `stopped`, `reserved`,
-    /// `returned`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StreamEvent::Metered => "metered",
-            StreamEvent::Stopped => "stopped",
-            StreamEvent::Reserved => "reserved",
-            StreamEvent::Returned => "returned",
-        }
-    }
-}
+labels!(StreamEvent: Metered => "metered", Stopped => "stopped", Reserved => "reserved",
+    Returned => "returned");
 
 /// The state of a circuit breaker in front of a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -106,16 +92,7 @@ pub enum BreakerState {
     HalfOpen,
 }
 
-impl BreakerState {
-    /// A stable lowercase name, for metric labels: `closed`, `open`, `half_open`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-        }
-    }
-}
+labels!(BreakerState: Closed => "closed", Open => "open", HalfOpen => "half_open");
 
 /// Receives what the limiter and the stores report. Every method defaults to doing nothing.
 ///
