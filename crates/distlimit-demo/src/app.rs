@@ -1,7 +1,6 @@
 //! The HTTP side: routes, the rate-limit layer, the shutdown signal.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{IP_POLICY, POLICY, TOKENS_POLICY, USAGE_HEADER, USER_HEADER};
 use axum::Router;
@@ -10,6 +9,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use distlimit_core::{Clock, SystemClock};
 use distlimit_metrics::Metrics;
 use distlimit_policy::Limiter;
 use distlimit_tower::{
@@ -134,7 +134,7 @@ pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
 /// spread over the `M` ms, one `data:` line per token, then `event: done`. A bad value is a 400
 /// problem document naming it (charged the reserved token).
 async fn generate(uri: Uri) -> axum::response::Response {
-    let entered = now_us();
+    let entered = SystemClock.now_us();
     let mut tokens = 0;
     let mut delay_ms = 0;
     let mut stream = 0;
@@ -175,7 +175,7 @@ async fn generate(uri: Uri) -> axum::response::Response {
     if delay_ms > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
     }
-    let left = now_us();
+    let left = SystemClock.now_us();
     (
         [
             (CONTENT_TYPE, "application/json".to_owned()),
@@ -195,12 +195,6 @@ const HANDLER_ENTERED: HeaderName = HeaderName::from_static("x-handler-entered-u
 
 /// The response header of `/api/generate` saying when the handler was left.
 const HANDLER_LEFT: HeaderName = HeaderName::from_static("x-handler-left-us");
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
 
 /// The 400 answer to a parameter of `/api/generate` that is not an integer up to `max`.
 fn bad_parameter(name: &str, max: u64) -> axum::response::Response {
