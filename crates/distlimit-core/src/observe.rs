@@ -4,11 +4,10 @@
 //! circuit breakers, evictions), and the Redis store's and the lease client's own
 //! ([`RedisObserver`], [`LeaseObserver`], re-exported by `distlimit-redis` and
 //! `distlimit-lease`), so that `distlimit-metrics` depends on core alone. It turns them into
-//! Prometheus series, and anything else
-//! (a `tracing` bridge, a test recorder) can implement the traits too. Every method
-//! has an empty default, so an observer implements only what it needs, and new events can be
-//! added without breaking it. Observers are called on the decision path: they must be cheap and
-//! must never block.
+//! Prometheus series; anything else (a `tracing` bridge, a test recorder) can implement the
+//! traits too. Every method has an empty default, so an observer implements only what it needs,
+//! and new events can be added without breaking it. Observers are called on the decision path:
+//! they must be cheap and must never block.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -327,7 +327,6 @@ mod tests {
     use super::gcd;
 
     #[test]
-    #[inline]
     fn gcd_of_small_numbers() {
         assert_eq!(gcd(12, 18), 6);
         assert_eq!(gcd(18, 12), 6);

@@ -176,10 +176,7 @@ impl<'a> Request<'a> {
 
     /// A request of cost 0: it reports whether one unit would pass now and changes nothing.
     pub fn peek(key: Key<'a>, limit: Limit) -> Self {
-        Self {
-            cost: 0,
-            ..Self::new(key, limit)
-        }
+        Self::new(key, limit).with_cost(0)
     }
 
     /// The same request with another cost (a weighted request).
