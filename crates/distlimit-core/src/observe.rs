@@ -16,12 +16,13 @@ use crate::{Decision, Error};
 
 /// `as_str` for each enum of metric labels: a stable lowercase name per variant.
 macro_rules! labels {
-    ($ty:ident: $($variant:ident => $name:literal),+) => {
+    ($ty:ident: $v0:ident => $n0:literal $(, $variant:ident => $name:literal)*) => {
         impl $ty {
-            #[doc = concat!("A stable lowercase name, for metric labels:", $(" `", $name, "`"),+, ".")]
+            #[doc = concat!("A stable lowercase name, for metric labels: `", $n0, "`", $(", `", $name, "`",)* ".")]
             pub fn as_str(self) -> &'static str {
                 match self {
-                    $($ty::$variant => $name,)+
+                    $ty::$v0 => $n0,
+                    $($ty::$variant => $name,)*
                 }
             }
         }
