@@ -321,18 +321,3 @@ impl Quota {
         self.emission_us
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::gcd;
-
-    #[test]
-    fn gcd_of_small_numbers() {
-        assert_eq!(gcd(12, 18), 6);
-        assert_eq!(gcd(18, 12), 6);
-        assert_eq!(gcd(7, 1), 1);
-        assert_eq!(gcd(1, 7), 1);
-        assert_eq!(gcd(1 << 32, 1 << 50), 1 << 32);
-        assert_eq!(gcd(1_234_567, 86_400_000_000), 1);
-    }
-}
