@@ -1,6 +1,5 @@
 //! [`Decision`]: the answer to one rate-limit request.
 
-use std::fmt;
 use std::time::Duration;
 
 /// `retry_after` of a request that can never pass because its cost exceeds the capacity.
@@ -9,15 +8,7 @@ pub const NEVER: Duration = Duration::from_micros(u64::MAX);
 /// The answer to one request: admitted or not, and what the client may do next.
 ///
 /// A denial is a value, not an error: `Err` from a store means the store failed to decide.
-///
-/// * `limit`: the capacity (the burst for the token bucket and GCRA, the limit per window for the
-///   window algorithms): the largest `remaining` can be.
-/// * `remaining`: units that could still be spent right now, after this request.
-/// * `reset_after`: time until the key is back to its full capacity if nothing else is consumed.
-/// * `retry_after`: for a denial, the time after which the same request is admitted if nothing
-///   else consumes meanwhile (exactly: a microsecond earlier it would still be denied). Zero when
-///   allowed, [`NEVER`] when the cost exceeds the capacity.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Decision {
     allowed: bool,
     source: Source,
@@ -32,14 +23,7 @@ impl Decision {
     /// at `limit`.
     #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
-        Self {
-            allowed: true,
-            source: Source::Primary,
-            limit,
-            remaining: remaining.min(limit),
-            reset_after_us: micros(reset_after),
-            retry_after_us: 0,
-        }
+        Self::from_micros(true, limit, remaining, micros(reset_after), 0)
     }
 
     /// A denied request. Store drivers build their answers with this; `remaining` is capped at
@@ -51,14 +35,13 @@ impl Decision {
         reset_after: Duration,
         retry_after: Duration,
     ) -> Self {
-        Self {
-            allowed: false,
-            source: Source::Primary,
+        Self::from_micros(
+            false,
             limit,
-            remaining: remaining.min(limit),
-            reset_after_us: micros(reset_after),
-            retry_after_us: micros(retry_after).max(1),
-        }
+            remaining,
+            micros(reset_after),
+            micros(retry_after),
+        )
     }
 
     /// A decision from its fields in microseconds (what a store driver that computes in
@@ -132,13 +115,14 @@ impl Decision {
         !self.is_allowed()
     }
 
-    /// The capacity: the largest value [`remaining`](Self::remaining) can take.
+    /// The capacity (the burst for the token bucket and GCRA, the limit per window for the
+    /// window algorithms): the largest value [`remaining`](Self::remaining) can take.
     #[inline]
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
-    /// Units that could still be spent right now.
+    /// Units that could still be spent right now, after this request.
     #[inline]
     pub fn remaining(&self) -> u64 {
         self.remaining
@@ -163,7 +147,8 @@ impl Decision {
     }
 
     /// For a denial, the time after which the same request would be admitted if nothing else is
-    /// consumed meanwhile; zero when allowed; [`NEVER`] when it can never pass.
+    /// consumed meanwhile (exactly: a microsecond earlier it would still be denied); zero when
+    /// allowed; [`NEVER`] when it can never pass.
     #[inline]
     pub fn retry_after(&self) -> Duration {
         Duration::from_micros(self.retry_after_us)
@@ -200,19 +185,6 @@ impl Decision {
     }
 }
 
-impl fmt::Debug for Decision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Decision")
-            .field("allowed", &self.is_allowed())
-            .field("source", &self.source())
-            .field("limit", &self.limit)
-            .field("remaining", &self.remaining)
-            .field("reset_after_us", &self.reset_after_us)
-            .field("retry_after_us", &self.retry_after_us)
-            .finish()
-    }
-}
-
 /// Where a [`Decision`] came from, for metrics and logs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
@@ -228,18 +200,8 @@ pub enum Source {
     FailOpen,
 }
 
-impl Source {
-    /// A stable lowercase name, for metric labels: `primary`, `fallback`, `blocked_cache`,
-    /// `fail_open`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Primary => "primary",
-            Source::Fallback => "fallback",
-            Source::BlockedCache => "blocked_cache",
-            Source::FailOpen => "fail_open",
-        }
-    }
-}
+crate::observe::labels!(Source: Primary => "primary", Fallback => "fallback",
+    BlockedCache => "blocked_cache", FailOpen => "fail_open");
 
 impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

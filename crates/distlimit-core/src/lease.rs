@@ -1,8 +1,4 @@
-//! Token leases: a store hands out several units of a key's budget at once ([`LeaseStore`]), so
-//! a client can spend them locally and give back what it did not spend.
-//!
-//! The reference model is [`Limit::take`] and [`Limit::give_back`]; a store that leases decides
-//! exactly as they do on the (policy, key) state that [`Store::decide`] uses.
+//! Token leases ([`LeaseStore`]): several units of a key's budget handed out at once.
 
 use std::sync::Arc;
 
@@ -11,18 +7,15 @@ use async_trait::async_trait;
 use crate::{Algorithm, Decision, Error, Request, Store};
 
 /// What a [`take`](crate::Limit::take) granted.
-///
-/// * `granted`: the units withdrawn, from 0 to the `want` asked for; they are spent in the store
-///   already, and belong to the taker until it gives them back.
-/// * `decision`: when units were granted, what [`Limit::decide`](crate::Limit::decide) answered
-///   for a request of `granted` units (allowed; `remaining` and `reset_after` after the
-///   withdrawal); when nothing was granted, the answer to a peek (cost 0): denied with the exact
-///   `retry_after` until one unit is available when the key is empty.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
-    /// The units withdrawn.
+    /// The units withdrawn, from 0 to the `want` asked for; they are spent in the store
+    /// already, and belong to the taker until it gives them back.
     pub granted: u64,
-    /// The decision facts at the withdrawal.
+    /// When units were granted, what [`Limit::decide`](crate::Limit::decide) answered for a
+    /// request of `granted` units (allowed; `remaining` and `reset_after` after the
+    /// withdrawal); when nothing was granted, the answer to a peek (cost 0): denied with the
+    /// exact `retry_after` until one unit is available when the key is empty.
     pub decision: Decision,
 }
 

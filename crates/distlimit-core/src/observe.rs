@@ -4,16 +4,31 @@
 //! circuit breakers, evictions), and the Redis store's and the lease client's own
 //! ([`RedisObserver`], [`LeaseObserver`], re-exported by `distlimit-redis` and
 //! `distlimit-lease`), so that `distlimit-metrics` depends on core alone. It turns them into
-//! Prometheus series, and anything else
-//! (a `tracing` bridge, a test recorder) can implement the traits too. Every method
-//! has an empty default, so an observer implements only what it needs, and new events can be
-//! added without breaking it. Observers are called on the decision path: they must be cheap and
-//! must never block.
+//! Prometheus series; anything else (a `tracing` bridge, a test recorder) can implement the
+//! traits too. Every method has an empty default, so an observer implements only what it needs,
+//! and new events can be added without breaking it. Observers are called on the decision path:
+//! they must be cheap and must never block.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{Decision, Error};
+
+/// `as_str` for each enum of metric labels: a stable lowercase name per variant.
+macro_rules! labels {
+    ($ty:ident: $v0:ident => $n0:literal $(, $variant:ident => $name:literal)*) => {
+        impl $ty {
+            #[doc = concat!("A stable lowercase name, for metric labels: `", $n0, "`", $(", `", $name, "`",)* ".")]
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $ty::$v0 => $n0,
+                    $($ty::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+pub(crate) use labels;
 
 /// What a request's decision meant for the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -27,16 +42,7 @@ pub enum Outcome {
     ShadowDenied,
 }
 
-impl Outcome {
-    /// A stable lowercase name, for metric labels: `allowed`, `denied`, `shadow_denied`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Denied => "denied",
-            Outcome::ShadowDenied => "shadow_denied",
-        }
-    }
-}
+labels!(Outcome: Allowed => "allowed", Denied => "denied", ShadowDenied => "shadow_denied");
 
 /// What happened to concurrency permits (see [`PermitStore`](crate::PermitStore)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,18 +59,8 @@ pub enum PermitEvent {
     Expired,
 }
 
-impl PermitEvent {
-    /// A stable lowercase name, for metric labels: `acquired`, `rejected`, `released`,
-    /// `expired`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PermitEvent::Acquired => "acquired",
-            PermitEvent::Rejected => "rejected",
-            PermitEvent::Released => "released",
-            PermitEvent::Expired => "expired",
-        }
-    }
-}
+labels!(PermitEvent: Acquired => "acquired", Rejected => "rejected", Released => "released",
+    Expired => "expired");
 
 /// What happened to a response body metered as it streams (`distlimit-tower`'s streaming
 /// settlement): reported with a number of units.
@@ -81,18 +77,8 @@ pub enum StreamEvent {
     Returned,
 }
 
-impl StreamEvent {
-    /// A stable lowercase name, for metric labels: `metered`, `stopped`, `reserved`,
-    /// `returned`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StreamEvent::Metered => "metered",
-            StreamEvent::Stopped => "stopped",
-            StreamEvent::Reserved => "reserved",
-            StreamEvent::Returned => "returned",
-        }
-    }
-}
+labels!(StreamEvent: Metered => "metered", Stopped => "stopped", Reserved => "reserved",
+    Returned => "returned");
 
 /// The state of a circuit breaker in front of a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -106,16 +92,7 @@ pub enum BreakerState {
     HalfOpen,
 }
 
-impl BreakerState {
-    /// A stable lowercase name, for metric labels: `closed`, `open`, `half_open`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-        }
-    }
-}
+labels!(BreakerState: Closed => "closed", Open => "open", HalfOpen => "half_open");
 
 /// Receives what the limiter and the stores report. Every method defaults to doing nothing.
 ///

@@ -1,11 +1,5 @@
 //! Concurrency limits: at most N requests in flight per key ([`PermitStore`]), with the
 //! reference model ([`Permits`]).
-//!
-//! A permit is taken when a request starts ([`PermitStore::acquire`]) and given back when it
-//! ends ([`PermitStore::release`]). It is a lease, not a count: every permit expires
-//! [`PermitLimit::lease`] after it was taken or last [renewed](PermitStore::renew), so the
-//! permits of a holder that crashed (or lost its connection) come back by themselves. A request
-//! longer than the lease renews its permit before it runs out.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,17 +186,6 @@ impl<'a> PermitRequest<'a> {
 
 /// The answer to an [`acquire`](PermitStore::acquire): a permit, or a denial (a value, like a
 /// denied [`Decision`](crate::Decision)).
-///
-/// * `permit`: the permit taken, when admitted;
-/// * `in_flight`: the key's live permits after this call (this one included), at most `max`;
-/// * `retry_after`: for a denial, the time until the key's earliest live permit expires (the
-///   latest a permit comes back if nobody releases one; a release frees one sooner); zero when
-///   admitted;
-/// * `expired`: how many permits this call found expired and dropped (permits whose holder
-///   neither released nor renewed them in time: a crash, or a request that outlived its lease).
-///   A store forgets a key once all its permits expired, so permits that expired together with
-///   the key's last one are never found, and not counted: `expired` is a lower bound, for
-///   metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PermitDecision {
     permit: Option<PermitId>,
@@ -255,7 +238,7 @@ impl PermitDecision {
         self.permit
     }
 
-    /// The key's live permits after this call.
+    /// The key's live permits after this call (this one included), at most the limit.
     #[inline]
     pub fn in_flight(&self) -> u32 {
         self.in_flight
@@ -273,13 +256,17 @@ impl PermitDecision {
         self.max.saturating_sub(self.in_flight)
     }
 
-    /// For a denial, the time until the earliest live permit expires; zero when admitted.
+    /// For a denial, the time until the key's earliest live permit expires (the latest a permit
+    /// comes back if nobody releases one; a release frees one sooner); zero when admitted.
     #[inline]
     pub fn retry_after(&self) -> Duration {
         Duration::from_micros(self.retry_after_us)
     }
 
-    /// Permits found expired (and dropped) by this call.
+    /// Permits this call found expired and dropped (their holder neither released nor renewed
+    /// them in time: a crash, or a request that outlived its lease). A lower bound, for
+    /// metrics: a store forgets a key once all its permits expired, so those that expired
+    /// together with its last one are never found.
     #[inline]
     pub fn expired(&self) -> u32 {
         self.expired
@@ -353,26 +340,20 @@ impl Permits {
     /// was never taken (nothing changes then, but expired permits are dropped).
     pub fn release(&mut self, now: u64, id: PermitId) -> bool {
         self.sweep(now);
-        match self.held.iter().position(|&(h, _)| h == id) {
-            Some(i) => {
-                self.held.swap_remove(i);
-                true
-            }
-            None => false,
-        }
+        let before = self.held.len();
+        self.held.retain(|&(h, _)| h != id);
+        self.held.len() < before
     }
 
     /// Extends live permit `id` to expire at `now + limit.lease()`: `true` if it was live;
     /// `false` if it had expired (its holder lost it: another request may hold its place).
     pub fn renew(&mut self, now: u64, limit: &PermitLimit, id: PermitId) -> bool {
         self.sweep(now);
-        match self.held.iter_mut().find(|(h, _)| *h == id) {
-            Some(held) => {
-                held.1 = now.saturating_add(limit.lease_us());
-                true
-            }
-            None => false,
-        }
+        let Some(held) = self.held.iter_mut().find(|(h, _)| *h == id) else {
+            return false;
+        };
+        held.1 = now.saturating_add(limit.lease_us());
+        true
     }
 
     /// The live permits at `now`.
@@ -397,7 +378,8 @@ impl Permits {
 }
 
 /// A store of concurrency permits: at most N requests in flight per key, across every
-/// instance that shares the store.
+/// instance that shares the store. A permit is taken when a request starts and released when it
+/// ends; a request longer than the lease [renews](Self::renew) its permit before it runs out.
 ///
 /// # Contract
 ///

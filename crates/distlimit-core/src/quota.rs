@@ -56,17 +56,10 @@ pub const WINDOW_STEPS: u64 = 1 << 20;
 ///
 /// # Bounds
 ///
-/// So that every algorithm computes exactly in integers below 2^53 (see [`MAX_SCALED`]), a quota
-/// needs:
-///
-/// * `period_us ≤ 2^50` ([`MAX_PERIOD_US`], about 35.7 years);
-/// * `limit ≤ 2^32` ([`MAX_LIMIT`]);
-/// * `burst × period_us / gcd(limit, period_us) ≤ 2^52` ([`MAX_SCALED`]): a limit that shares
-///   many factors with the period (a round one) allows a large burst. `per_day(100_000)`,
-///   `per_day(10_000_000)` and `per_second(4_000_000_000)` fit; `per_day(1_234_567)` (gcd 1)
-///   only with a burst of at most 52 124.
-///
-/// Anything else is a [`QuotaError`].
+/// So that every algorithm computes exactly in integers below 2^53, a quota needs
+/// `period_us ≤` [`MAX_PERIOD_US`], `limit ≤` [`MAX_LIMIT`] and
+/// `burst × period_us / gcd(limit, period_us) ≤` [`MAX_SCALED`] (a round limit allows a large
+/// burst: see the examples there). Anything else is a [`QuotaError`].
 ///
 /// ```
 /// use distlimit_core::{Quota, QuotaError};
@@ -121,16 +114,12 @@ pub enum QuotaError {
     /// The burst was zero: nothing could ever be admitted.
     #[error("invalid quota: the burst must be at least 1")]
     ZeroBurst,
-    /// A part of the quota is beyond the exact integer range (see [`Quota`]'s bounds):
-    ///
-    /// * `what: "period"`: the period in µs exceeds [`MAX_PERIOD_US`];
-    /// * `what: "limit"`: the limit exceeds [`MAX_LIMIT`];
-    /// * `what: "burst"`: `burst × period_us / gcd(limit, period_us)` exceeds [`MAX_SCALED`];
-    ///   `max` is then the largest burst this limit and period allow,
-    ///   `MAX_SCALED / (period_us / gcd(limit, period_us))`.
+    /// A part of the quota is beyond the exact integer range (see [`Quota`]'s bounds). For the
+    /// burst, `max` is the largest burst this limit and period allow,
+    /// `MAX_SCALED / (period_us / gcd(limit, period_us))`.
     #[error("invalid quota: {}", too_large_message(.what, *.value, *.max))]
     TooLarge {
-        /// `"period"`, `"limit"` or `"burst"`.
+        /// `"period"` ([`MAX_PERIOD_US`]), `"limit"` ([`MAX_LIMIT`]) or `"burst"` ([`MAX_SCALED`]).
         what: &'static str,
         /// The offending period (µs), limit or burst.
         value: u64,
@@ -330,21 +319,5 @@ impl Quota {
     #[inline]
     pub fn emission_interval_us(&self) -> u64 {
         self.emission_us
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::gcd;
-
-    #[test]
-    #[inline]
-    fn gcd_of_small_numbers() {
-        assert_eq!(gcd(12, 18), 6);
-        assert_eq!(gcd(18, 12), 6);
-        assert_eq!(gcd(7, 1), 1);
-        assert_eq!(gcd(1, 7), 1);
-        assert_eq!(gcd(1 << 32, 1 << 50), 1 << 32);
-        assert_eq!(gcd(1_234_567, 86_400_000_000), 1);
     }
 }

@@ -54,14 +54,9 @@ impl StateName {
     ///
     /// [`KeyError::PolicyTooLong`] when the storage name is longer than [`MAX_POLICY_LEN`].
     pub fn of_tier(policy: &str, tier: &str) -> Result<Self, KeyError> {
-        let len = policy.len().saturating_add(1).saturating_add(tier.len());
-        check_len(len)?;
-        let mut full = String::with_capacity(len);
-        full.push_str(policy);
-        full.push('/');
-        full.push_str(tier);
+        check_len(policy.len().saturating_add(1).saturating_add(tier.len()))?;
         Ok(Self {
-            full: full.into_boxed_str(),
+            full: format!("{policy}/{tier}").into_boxed_str(),
             policy_len: policy.len(),
         })
     }

@@ -98,10 +98,6 @@ pub struct Request<'a> {
 /// Usage settled after the response, applied whatever is left ([`Store::settle_all`]; see
 /// [`Store`], "Settling"): the request's cost is the units reported or given back.
 ///
-/// Reserve, then settle: reserve an estimate with a normal request; once the actual cost is
-/// known, give back `reserved − actual` or report `actual − reserved`. A request already served
-/// without a reservation reports its whole cost.
-///
 /// ```
 /// use distlimit_core::{Key, Limit, Quota, Request, Settle};
 ///
@@ -180,10 +176,7 @@ impl<'a> Request<'a> {
 
     /// A request of cost 0: it reports whether one unit would pass now and changes nothing.
     pub fn peek(key: Key<'a>, limit: Limit) -> Self {
-        Self {
-            cost: 0,
-            ..Self::new(key, limit)
-        }
+        Self::new(key, limit).with_cost(0)
     }
 
     /// The same request with another cost (a weighted request).
@@ -323,8 +316,9 @@ pub fn merge_batch<'a>(requests: &[Request<'a>]) -> (Vec<Request<'a>>, Vec<usize
 /// decision: a wrapper forwards `settle_all` explicitly, or it refuses to settle.
 ///
 /// Reserve, then settle: a normal request reserves an estimate; the settle gives back
-/// `reserved − actual` or reports `actual − reserved`. What a key is charged is then exactly
-/// the sum of the actual costs, and a key in debt is denied until the debt has refilled.
+/// `reserved − actual` or reports `actual − reserved` (a request served without a reservation
+/// reports its whole cost). What a key is charged is then exactly the sum of the actual costs,
+/// and a key in debt is denied until the debt has refilled.
 ///
 /// A store SHOULD forget state after it expires, so memory stays bounded, and document how it
 /// reads time (its own clock, or a server's).
@@ -440,59 +434,38 @@ pub trait Store: Send + Sync {
     }
 }
 
-#[async_trait]
-impl<S: Store + ?Sized> Store for Arc<S> {
-    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        (**self).decide(request).await
-    }
+/// `Arc<S>` and `Box<S>` are stores: every method forwarded, so none falls back to a default.
+macro_rules! forward_store {
+    ($($ptr:ident),*) => {$(
+        #[async_trait]
+        impl<S: Store + ?Sized> Store for $ptr<S> {
+            async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
+                (**self).decide(request).await
+            }
 
-    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        (**self).decide_all(requests).await
-    }
+            async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
+                (**self).decide_all(requests).await
+            }
 
-    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
-        (**self).decide_now(request)
-    }
+            fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
+                (**self).decide_now(request)
+            }
 
-    fn decide_all_now(
-        &self,
-        requests: &[Request<'_>],
-        decisions: &mut [Decision],
-    ) -> Option<Result<(), Error>> {
-        (**self).decide_all_now(requests, decisions)
-    }
+            fn decide_all_now(
+                &self,
+                requests: &[Request<'_>],
+                decisions: &mut [Decision],
+            ) -> Option<Result<(), Error>> {
+                (**self).decide_all_now(requests, decisions)
+            }
 
-    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
-        (**self).settle_all(settles).await
-    }
+            async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
+                (**self).settle_all(settles).await
+            }
+        }
+    )*};
 }
-
-#[async_trait]
-impl<S: Store + ?Sized> Store for Box<S> {
-    async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        (**self).decide(request).await
-    }
-
-    async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        (**self).decide_all(requests).await
-    }
-
-    fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
-        (**self).decide_now(request)
-    }
-
-    fn decide_all_now(
-        &self,
-        requests: &[Request<'_>],
-        decisions: &mut [Decision],
-    ) -> Option<Result<(), Error>> {
-        (**self).decide_all_now(requests, decisions)
-    }
-
-    async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
-        (**self).settle_all(settles).await
-    }
-}
+forward_store!(Arc, Box);
 
 /// Conveniences for calling any [`Store`] with a plain key.
 pub trait StoreExt: Store {

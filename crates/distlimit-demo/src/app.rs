@@ -1,7 +1,6 @@
 //! The HTTP side: routes, the rate-limit layer, the shutdown signal.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{IP_POLICY, POLICY, TOKENS_POLICY, USAGE_HEADER, USER_HEADER};
 use axum::Router;
@@ -10,6 +9,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use distlimit_core::{Clock, SystemClock};
 use distlimit_metrics::Metrics;
 use distlimit_policy::Limiter;
 use distlimit_tower::{
@@ -40,13 +40,9 @@ pub struct ApiLimits {
     /// so a user over their own limit spends nothing of the address they share with others.
     pub layer: RateLimitLayer,
     /// Policy [`TOKENS_POLICY`] on `/api/generate`, keyed by `X-User-ID` (else the client IP),
-    /// charged from the response: each request reserves 1 token, settled with the
-    /// [`USAGE_HEADER`] of its response when the body ends (the excess charged past the limit,
-    /// as debt the user then waits out); a streamed answer (`stream=1`, no header) is metered
-    /// as it streams, one token per `data:` line, covered by blocks of `--stream-block` tokens
-    /// reserved before they are sent, and stopped at the budget with an `event: limit` (the
-    /// policy's `overrun = "debt"` runs it on as debt instead). `None` when the policy set
-    /// does not define the policy (a `--policy` file without it): the route is not served.
+    /// charged from the response: 1 token reserved, settled with the [`USAGE_HEADER`], or a
+    /// streamed answer metered as it streams (the crate docs say how). `None` when the policy
+    /// set does not define the policy (a `--policy` file without it): the route is not served.
     pub generate: Option<RateLimitLayer>,
     /// The concurrency limit of `/api/generate` ([`generate_limit`](crate::generate_limit)),
     /// checked before the tokens are reserved (a request over it reserves nothing); `None`
@@ -107,23 +103,16 @@ pub fn api_limits_with(
 pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
     let (data, generate) = match limits {
         Some(limits) => {
-            let generate = match (limits.generate, limits.in_flight) {
-                (None, None) => None,
-                (tokens, in_flight) => {
-                    let route = get(generate);
-                    let route = match tokens {
-                        Some(layer) => route.route_layer(layer),
-                        None => route,
-                    };
-                    // The last layer runs first: a request over the concurrency limit
-                    // reserves no tokens.
-                    Some(match in_flight {
-                        Some(layer) => route.route_layer(layer),
-                        None => route,
-                    })
-                }
-            };
-            (get(data).route_layer(limits.layer), generate)
+            let served = limits.generate.is_some() || limits.in_flight.is_some();
+            let mut route = get(generate);
+            if let Some(layer) = limits.generate {
+                route = route.route_layer(layer);
+            }
+            // The last layer runs first: a request over the concurrency limit reserves no tokens.
+            if let Some(layer) = limits.in_flight {
+                route = route.route_layer(layer);
+            }
+            (get(data).route_layer(limits.layer), served.then_some(route))
         }
         None => (get(data), Some(get(generate))),
     };
@@ -131,11 +120,10 @@ pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
         .route("/metrics", get(exposition))
         .route("/healthz", get(healthz))
         .with_state(metrics);
-    let api = Router::new().route("/api/data", data);
-    let api = match generate {
-        Some(generate) => api.route("/api/generate", generate),
-        None => api,
-    };
+    let mut api = Router::new().route("/api/data", data);
+    if let Some(generate) = generate {
+        api = api.route("/api/generate", generate);
+    }
     api.merge(ops)
 }
 
@@ -146,7 +134,7 @@ pub fn router(limits: Option<ApiLimits>, metrics: Metrics) -> Router {
 /// spread over the `M` ms, one `data:` line per token, then `event: done`. A bad value is a 400
 /// problem document naming it (charged the reserved token).
 async fn generate(uri: Uri) -> axum::response::Response {
-    let entered = now_us();
+    let entered = SystemClock.now_us();
     let mut tokens = 0;
     let mut delay_ms = 0;
     let mut stream = 0;
@@ -187,7 +175,7 @@ async fn generate(uri: Uri) -> axum::response::Response {
     if delay_ms > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
     }
-    let left = now_us();
+    let left = SystemClock.now_us();
     (
         [
             (CONTENT_TYPE, "application/json".to_owned()),
@@ -207,12 +195,6 @@ const HANDLER_ENTERED: HeaderName = HeaderName::from_static("x-handler-entered-u
 
 /// The response header of `/api/generate` saying when the handler was left.
 const HANDLER_LEFT: HeaderName = HeaderName::from_static("x-handler-left-us");
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
 
 /// The 400 answer to a parameter of `/api/generate` that is not an integer up to `max`.
 fn bad_parameter(name: &str, max: u64) -> axum::response::Response {

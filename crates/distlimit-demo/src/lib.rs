@@ -160,18 +160,10 @@ impl Demo {
             .policy
             .as_ref()
             .map(|path| watch_policy(limiter.clone(), path.clone(), hangup, (generate, flags)));
-        let mut limits = api_limits_with(
-            limiter.clone(),
-            TrustedProxies::new(args.trusted_proxies.iter().copied()),
-            args.stream_block,
-        );
-        let in_flight = generate_limit(
-            built.permits,
-            generate,
-            TrustedProxies::new(args.trusted_proxies.iter().copied()),
-            Arc::new(metrics.clone()),
-        )
-        .map_err(StartError::ConcurrencyLimit)?;
+        let trusted = TrustedProxies::new(args.trusted_proxies.iter().copied());
+        let mut limits = api_limits_with(limiter.clone(), trusted.clone(), args.stream_block);
+        let in_flight = generate_limit(built.permits, generate, trusted, Arc::new(metrics.clone()))
+            .map_err(StartError::ConcurrencyLimit)?;
         limits.in_flight = Some(in_flight);
         Ok(Self {
             router: router(Some(limits), metrics.clone()),
