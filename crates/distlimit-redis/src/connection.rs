@@ -181,10 +181,14 @@ impl Backend {
                     .create_timeout(Some(timeouts.connect))
                     .build()
                     .map_err(|e| config_error(format!("cannot build the connection pool: {e}")))?;
+                // Connect once now, so a wrong address or password fails here.
+                within(after, async {
+                    pool.get().await.map(drop).map_err(|e| pool_error(e, after))
+                })
+                .await?;
                 Backend::Pool(pool)
             }
         };
-        // Connects (the pool its first connection), so a wrong address or password fails here.
         backend.preload(timeouts).await?;
         Ok(backend)
     }
