@@ -117,6 +117,18 @@ impl Default for MemoryStore {
     }
 }
 
+/// The shards, built one by one on the heap: `Box::new` of the whole array would first build
+/// it on the stack, more than a loom thread's stack holds.
+fn new_shards() -> Box<[Padded<RwLock<Table>>; SHARDS]> {
+    let shards: Box<[_]> = (0..SHARDS)
+        .map(|_| Padded(RwLock::new(Table::default())))
+        .collect();
+    match shards.try_into() {
+        Ok(shards) => shards,
+        Err(_) => unreachable!("exactly SHARDS shards were collected"),
+    }
+}
+
 impl<C, S> Builder<C, S> {
     /// The most keys the store holds (default [`DEFAULT_MAX_KEYS`]), rounded up to a multiple of
     /// [`SHARDS`]. Each shard holds at most `max_keys / 64`; when a shard is full, inserting a new
@@ -160,9 +172,7 @@ impl<C, S> Builder<C, S> {
     /// Builds the store.
     pub fn build(self) -> MemoryStore<C, S> {
         MemoryStore {
-            shards: Box::new(std::array::from_fn(|_| {
-                Padded(RwLock::new(Table::default()))
-            })),
+            shards: new_shards(),
             hasher: self.hasher,
             clock: self.clock,
             max_keys_per_shard: self.max_keys.div_ceil(SHARDS).max(1),
