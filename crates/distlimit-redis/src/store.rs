@@ -219,11 +219,7 @@ impl RedisStore {
 
     /// The Redis key of the state of `key` under `policy`, built in place (see [`KeyLayout`]).
     pub(crate) fn state_key(&self, policy: &str, key: &[u8]) -> KeyBuf {
-        let mut buf = KeyBuf::new();
-        self.inner
-            .layout
-            .write_key(policy.as_bytes(), key, &mut buf);
-        buf
+        self.inner.layout.key_buf(policy.as_bytes(), key)
     }
 
     /// Where permit ids come from.
