@@ -308,11 +308,6 @@ impl RegionStore<()> {
 }
 
 impl<H> RegionStore<H> {
-    /// The home store.
-    pub fn home(&self) -> &H {
-        &self.shared.home
-    }
-
     /// The region's own Redis.
     pub fn region(&self) -> &RedisStore {
         &self.shared.region
@@ -663,25 +658,17 @@ impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
         request.limit().check_lease()?;
         let want = want.min(request.limit().capacity());
         let step = self.spend(request, give_back, want, 1).await?;
-        let decision = if step.granted > 0 {
-            self.decision(request.limit(), step.granted, &step)
-        } else if step.denied_until > step.now || step.failing {
-            self.decision(request.limit(), 1, &step)
-        } else {
+        let mut decision = self.decision(request.limit(), step.granted.max(1), &step);
+        if step.granted == 0 && step.denied_until <= step.now && !step.failing {
             // An empty pool home has not said is out of units: a refill is on its way (or the
             // next step claims one). A lease waits out `retry_after` without asking, so it is
             // short here, not the limit's refill time (an hour on a capped limit), which would
             // keep the lease from the units the refill brings.
-            let denied = self.decision(request.limit(), 1, &step);
-            let retry = denied.retry_after_us().min(PENDING_REFILL_RETRY_US);
-            Decision::from_micros(
-                false,
-                denied.limit(),
-                denied.remaining(),
-                denied.reset_after_us(),
-                retry,
-            )
-        };
+            let retry = decision.retry_after_us().min(PENDING_REFILL_RETRY_US);
+            let (limit, remaining) = (decision.limit(), decision.remaining());
+            decision =
+                Decision::from_micros(false, limit, remaining, decision.reset_after_us(), retry);
+        }
         Ok(Grant {
             granted: step.granted,
             decision,
