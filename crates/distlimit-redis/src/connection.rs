@@ -154,9 +154,9 @@ impl Backend {
     ) -> Result<Backend, Error> {
         let info = connection_info(url, auth)?;
         let after = timeouts.connect;
+        let client = redis::Client::open(info).map_err(|e| classify(e, after))?;
         let backend = match pool_size {
             None => {
-                let client = redis::Client::open(info).map_err(|e| classify(e, after))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeouts.connect))
                     .set_response_timeout(None)
@@ -171,7 +171,7 @@ impl Backend {
             }
             Some(max_size) => {
                 let manager = PoolManager {
-                    client: redis::Client::open(info).map_err(|e| classify(e, after))?,
+                    client,
                     config: node_config(timeouts),
                     epoch: AtomicU64::new(0),
                 };
@@ -786,12 +786,9 @@ struct Asking<'a> {
 impl ConnectionLike for Asking<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let mut pipeline = Pipeline::with_capacity(2);
-            pipeline.cmd("ASKING").add_command(cmd.clone());
-            let mut replies = self
-                .conn
-                .route_pipeline(pipeline, 1, 1, self.node.clone())
-                .await?;
+            let mut pipeline = Pipeline::with_capacity(1);
+            pipeline.add_command(cmd.clone());
+            let mut replies = self.req_packed_commands(&pipeline, 0, 1).await?;
             match (replies.pop(), replies.is_empty()) {
                 (Some(reply), true) => Ok(reply),
                 _ => Err(RedisError::from((
