@@ -27,7 +27,7 @@ pub use store::{Mode, RedisStore};
 #[doc(hidden)]
 pub mod test_hook {
     pub use crate::script::{
-        CLIENT_TTL_SLACK, MAX_CLIENT_TIME_US, POOL_REPLY, ScriptRequest, TimeSource, decide,
-        decide_all, load_scripts, pool_step, script_sha1, script_source, settle, single_argument,
+        CLIENT_TTL_SLACK, ENTRY_SCRIPT, ENTRY_SHA, MAX_CLIENT_TIME_US, POOL_REPLY, ScriptRequest,
+        TimeSource, decide, decide_all, load_scripts, pool_step, settle, single_argument,
     };
 }

@@ -243,8 +243,9 @@ impl Expect {
     }
 }
 
-/// The entry script, put together as the module documentation's "Sources" says.
-const ENTRY_SCRIPT: &str = concat!(
+/// The text of the entry script, as sent with `EVAL`, put together as the module documentation's
+/// "Sources" says.
+pub const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/prelude.lua"),
     "-- One algorithm's decision function, built alone: for the call of one request.\n",
     "local function one_algorithm(a)\nif a == 1 then\n",
@@ -274,24 +275,14 @@ const ENTRY_SCRIPT: &str = concat!(
 );
 
 /// The entry script's SHA-1, as `EVALSHA` names it.
-static ENTRY_SHA: LazyLock<String> =
+pub static ENTRY_SHA: LazyLock<String> =
     LazyLock::new(|| redis::Script::new(ENTRY_SCRIPT).get_hash().to_owned());
-
-/// The text of the entry script, as sent with `EVAL`.
-pub fn script_source() -> &'static str {
-    ENTRY_SCRIPT
-}
-
-/// The SHA-1 of the entry script, as sent with `EVALSHA`.
-pub fn script_sha1() -> &'static str {
-    &ENTRY_SHA
-}
 
 /// `ARGV[1]` of a call of one request of `cost` units under `limit` (for tools that send the
 /// script themselves, such as `redis-benchmark`).
 pub fn single_argument(limit: &Limit, cost: u64, time: TimeSource) -> Result<Vec<u8>, Error> {
     let group = Group::single(b"", limit, cost, time)?;
-    Ok(Call::one(&group).arguments())
+    Ok(Call::new(vec![&group]).arguments())
 }
 
 /// The most units one lease exchange gives back (exact as a Lua number); the script caps them
@@ -850,13 +841,6 @@ impl<'a> Call<'a> {
         Self { groups }
     }
 
-    /// A call of one group.
-    pub(crate) fn one(group: &'a Group) -> Self {
-        Self {
-            groups: vec![group],
-        }
-    }
-
     /// Sends the call (`EVALSHA`, then `EVAL` on `NOSCRIPT`) and reads every group's answer.
     /// The call fails as a whole on a failure of the call itself; a group fails alone on a bad
     /// value at its keys, except in a call of one group, where its error is the call's (as if
@@ -1073,7 +1057,7 @@ pub async fn decide(
     time: TimeSource,
 ) -> Result<Decision, Error> {
     let group = Group::single(redis_key, limit, cost, time)?;
-    only(Call::one(&group).run(conn, None).await?)?.decision()
+    only(Call::new(vec![&group]).run(conn, None).await?)?.decision()
 }
 
 /// One step of the regional pool at `redis_key` (see `pool.lua`), as the region store sends it:
@@ -1099,7 +1083,7 @@ pub async fn pool_step(
         _ => PoolAction::Deposit { units, wait_us, ok },
     };
     let group = Group::keyed(redis_key, &[], Op::Pool(params, action), time)?;
-    let r = only(Call::one(&group).run(conn, None).await?)?.pool()?;
+    let r = only(Call::new(vec![&group]).run(conn, None).await?)?.pool()?;
     let (failing, until) = (u64::from(r.failing), r.denied_until);
     Ok([r.granted, r.units, r.back, r.want, until, failing, r.now])
 }
@@ -1114,7 +1098,7 @@ pub async fn settle(
     time: TimeSource,
 ) -> Result<Vec<Decision>, Error> {
     let group = Group::settle(requests, reports, time)?;
-    only(Call::one(&group).run(conn, None).await?)?.decisions()
+    only(Call::new(vec![&group]).run(conn, None).await?)?.decisions()
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.
@@ -1124,7 +1108,7 @@ pub async fn decide_all(
     time: TimeSource,
 ) -> Result<Vec<Decision>, Error> {
     let group = Group::batch(requests, time, Batch::Commit)?;
-    only(Call::one(&group).run(conn, None).await?)?.decisions()
+    only(Call::new(vec![&group]).run(conn, None).await?)?.decisions()
 }
 
 /// The answer of a call of one group.
@@ -1178,7 +1162,7 @@ fn parse_reply(reply: Value, expect: &[Expect]) -> Result<Vec<Decision>, Error> 
         .collect();
     group.ends = vec![0; expect.len()];
     let reply = Value::BulkString([b"o", bytes.as_slice()].concat());
-    only(Call::one(&group).parse(reply)?)?.decisions()
+    only(Call::new(vec![&group]).parse(reply)?)?.decisions()
 }
 
 /// The first `N` doubles of `part` (at least `8 N` bytes), each an integer in `[0, 2^53)`.
@@ -1329,9 +1313,9 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
         };
     }
     match err.kind() {
-        ErrorKind::Server(ServerErrorKind::NoPerm)
-        | ErrorKind::AuthenticationFailed
-        | ErrorKind::InvalidClientConfig => config_error(err.to_string()),
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
+            config_error(err.to_string())
+        }
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
             protocol(format!("unreadable reply: {err}"))
         }
@@ -1364,7 +1348,7 @@ mod tests {
 
     #[test]
     fn the_script_is_built_from_its_parts() {
-        let source = script_source();
+        let source = ENTRY_SCRIPT;
         assert!(source.starts_with(include_str!("scripts/prelude.lua")));
         assert!(source.ends_with(include_str!("scripts/entry_groups.lua")));
         for name in [
@@ -1377,7 +1361,7 @@ mod tests {
             assert!(source.contains(&format!("local function decide_{name}(")));
         }
         assert!(!source.contains("replicate_commands"));
-        assert_eq!(script_sha1().len(), 40);
+        assert_eq!(ENTRY_SHA.len(), 40);
     }
 
     #[test]

@@ -212,7 +212,7 @@ impl RedisStore {
         only(
             inner
                 .backend
-                .call(&Call::one(&group), inner.timeouts)
+                .call(&Call::new(vec![&group]), inner.timeouts)
                 .await?,
         )
     }
