@@ -357,14 +357,15 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
             url.escape_default()
         )));
     };
-    let (base, kind) = match scheme.to_ascii_lowercase().as_str() {
+    // The scheme of the nodes' URLs, and whether they are sentinels (else Cluster nodes).
+    let (base, sentinel) = match scheme.to_ascii_lowercase().as_str() {
         "redis" | "rediss" | "unix" | "redis+unix" | "valkey" | "valkeys" => {
             return Ok(Topology::Standalone(url.to_owned()));
         }
-        "redis+sentinel" => ("redis", Kind::Sentinel),
-        "rediss+sentinel" => ("rediss", Kind::Sentinel),
-        "redis+cluster" => ("redis", Kind::Cluster),
-        "rediss+cluster" => ("rediss", Kind::Cluster),
+        "redis+sentinel" => ("redis", true),
+        "rediss+sentinel" => ("rediss", true),
+        "redis+cluster" => ("redis", false),
+        "rediss+cluster" => ("rediss", false),
         other => {
             return Err(config_error(format!(
                 "invalid Redis URL: unknown scheme \"{}\" (expected redis, rediss, unix, \
@@ -375,14 +376,12 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
     };
     let bad = |why: &str| config_error(format!("invalid {scheme} URL: {why}"));
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let (path, fragment) = match path.split_once('#') {
-        Some((p, f)) => (p, Some(f)),
-        None => (path, None),
-    };
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
+    let (path, fragment) = path
+        .split_once('#')
+        .map_or((path, None), |(p, f)| (p, Some(f)));
+    let (userinfo, hosts) = authority
+        .rsplit_once('@')
+        .map_or((None, authority), |(u, h)| (Some(u), h));
     let hosts: Vec<&str> = hosts.split(',').collect();
     if hosts.iter().any(|h| h.is_empty()) {
         return Err(bad("expected host:port[,host:port…]"));
@@ -391,70 +390,58 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
         return Err(bad("a host contains an invalid character"));
     }
     let suffix = fragment.map(|f| format!("/#{f}")).unwrap_or_default();
-    match kind {
-        Kind::Sentinel => {
-            // redis+sentinel://[user[:password]@]host:port[,…]/service[/db]
-            let mut parts = path.split('/');
-            let service = parts.next().unwrap_or_default();
-            if service.is_empty() {
-                return Err(bad("no service name: expected …/service[/db]"));
-            }
-            let service = percent_decode(service).ok_or_else(|| bad("bad percent-escape"))?;
-            let db = match parts.next() {
-                None | Some("") => None,
-                Some(db) => Some(
-                    db.parse::<i64>()
-                        .map_err(|_| bad("the database is no number"))?,
-                ),
-            };
-            if parts.next().is_some_and(|p| !p.is_empty()) {
-                return Err(bad("a path after the database"));
-            }
-            // The URL's credentials and database are the primary's (the sentinels get none).
-            let mut auth = NodeAuth {
-                db,
-                ..NodeAuth::default()
-            };
-            if let Some(userinfo) = userinfo {
-                let (user, password) = match userinfo.split_once(':') {
-                    Some((u, p)) => (u, Some(p)),
-                    None => (userinfo, None),
-                };
-                let decode = |s: &str| percent_decode(s).ok_or_else(|| bad("bad percent-escape"));
-                if !user.is_empty() {
-                    auth.username = Some(decode(user)?);
-                }
-                auth.password = password.map(decode).transpose()?;
-            }
-            Ok(Topology::Sentinel {
-                sentinels: hosts
-                    .iter()
-                    .map(|h| format!("{base}://{h}{suffix}"))
-                    .collect(),
-                service,
-                auth,
-            })
+    if sentinel {
+        // redis+sentinel://[user[:password]@]host:port[,…]/service[/db]
+        let mut parts = path.split('/');
+        let service = parts.next().unwrap_or_default();
+        if service.is_empty() {
+            return Err(bad("no service name: expected …/service[/db]"));
         }
-        Kind::Cluster => {
-            // redis+cluster://[user[:password]@]host:port[,…]
-            if !path.is_empty() && path != "0" {
-                return Err(bad("a cluster has only database 0"));
-            }
-            let cred = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-            Ok(Topology::Cluster(
-                hosts
-                    .iter()
-                    .map(|h| format!("{base}://{cred}{h}{suffix}"))
-                    .collect(),
-            ))
+        let decode = |s: &str| percent_decode(s).ok_or_else(|| bad("bad percent-escape"));
+        let service = decode(service)?;
+        let db = parts.next().filter(|db| !db.is_empty());
+        let db = db
+            .map(str::parse::<i64>)
+            .transpose()
+            .map_err(|_| bad("the database is no number"))?;
+        if parts.next().is_some_and(|p| !p.is_empty()) {
+            return Err(bad("a path after the database"));
         }
+        // The URL's credentials and database are the primary's (the sentinels get none).
+        let mut auth = NodeAuth {
+            db,
+            ..NodeAuth::default()
+        };
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo
+                .split_once(':')
+                .map_or((userinfo, None), |(u, p)| (u, Some(p)));
+            if !user.is_empty() {
+                auth.username = Some(decode(user)?);
+            }
+            auth.password = password.map(decode).transpose()?;
+        }
+        Ok(Topology::Sentinel {
+            sentinels: hosts
+                .iter()
+                .map(|h| format!("{base}://{h}{suffix}"))
+                .collect(),
+            service,
+            auth,
+        })
+    } else {
+        // redis+cluster://[user[:password]@]host:port[,…]
+        if !path.is_empty() && path != "0" {
+            return Err(bad("a cluster has only database 0"));
+        }
+        let cred = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        Ok(Topology::Cluster(
+            hosts
+                .iter()
+                .map(|h| format!("{base}://{cred}{h}{suffix}"))
+                .collect(),
+        ))
     }
-}
-
-#[derive(Clone, Copy)]
-enum Kind {
-    Sentinel,
-    Cluster,
 }
 
 fn percent_decode(s: &str) -> Option<String> {
