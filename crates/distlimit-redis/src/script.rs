@@ -24,10 +24,7 @@
 //! `Call::run` is the one place a call is sent: `EVALSHA` and, when the server answers `NOSCRIPT`
 //! (a restart, a failover, `SCRIPT FLUSH`), the same call once more as `EVAL` with the script's
 //! text, which also caches it again. A `NOSCRIPT` reply means the script did not run, so
-//! re-sending it cannot charge twice. Nothing else is ever retried. With durable decisions
-//! (`durable.rs`) the script is followed by `WAIT` in one pipeline on the same connection, and
-//! the answers of the groups that admitted become a `NotDurable` error when too few replicas
-//! acknowledged. (`redis::Script` answers
+//! re-sending it cannot charge twice. Nothing else is ever retried. (`redis::Script` answers
 //! `NOSCRIPT` with a `SCRIPT LOAD` and a second `EVALSHA`: a third round trip, a keyless command
 //! that a Cluster routes apart from the call and that the `ASK` path here would have to wrap too,
 //! and a copy of every key and argument into its own buffers.)
@@ -39,19 +36,14 @@
 //!
 //! # Time
 //!
-//! [`TimeSource::Server`] (the default) reads Redis' `TIME` inside the script (see the crate
-//! documentation, "Time"); Redis 7 replicates a script's effects, not the script, so reading the
-//! time before writing is safe. [`TimeSource::Client`] passes the caller's time instead, for
-//! deterministic tests only. Each group carries its own time.
+//! Each group carries its [`TimeSource`]. Redis 7 replicates a script's effects, not the script,
+//! so reading `TIME` inside it before writing is safe.
 //!
 //! # Arguments
 //!
 //! `KEYS` are every group's keys in turn; `ARGV[1]` is one string of big-endian IEEE-754 doubles
-//! holding integers below 2^53 (`entry.lua` documents it field by field): the format's version
-//! (0), the distinct limits
-//! (algorithm id and four parameter slots), then per group its time, op and request count, then
-//! per request the index of its limit and its values. Quota parameters are computed in Rust, so
-//! the script does no gcd:
+//! holding integers below 2^53, laid out field by field in `entry.lua`. A limit is its
+//! algorithm's id and four parameter slots, computed in Rust, so the script does no gcd:
 //!
 //! | algorithm | id | parameters |
 //! |---|---|---|
@@ -66,14 +58,12 @@
 //!
 //! # Reply
 //!
-//! One string: per group a status byte and its payload (a decision is five doubles, `allowed` (1
-//! or 0), `limit`, `remaining`, `reset_after` µs, `retry_after` µs: 40 bytes; a failed group's
-//! error message, after its length). A string rather than an array of integers
-//! because Redis 7.0 converts a Lua array into a reply for about 0.45 µs, a tenth of a decision's
-//! cost inside Redis, and a string for next to nothing. It is parsed strictly: a reply of another
-//! type or length, a value that is not an integer in `[0, 2^53)`, or fields that contradict each
-//! other are an [`Error::Protocol`]. A group that fails (a bad value at one of its keys) fails
-//! alone, with the error its keys' value gives; in a call of one group that error is the call's.
+//! One string: per group a status byte and its payload (`entry.lua`); a decision is five doubles,
+//! `allowed` (1 or 0), `limit`, `remaining`, `reset_after` µs, `retry_after` µs. A string rather
+//! than an array of integers because Redis 7.0 converts a Lua array into a reply for about
+//! 0.45 µs, a tenth of a decision's cost inside Redis, and a string for next to nothing. It is
+//! parsed strictly: a reply of another type or length, a value that is not an integer in
+//! `[0, 2^53)`, or fields that contradict each other are an [`Error::Protocol`].
 //!
 //! # State encoding (a storage format)
 //!
@@ -133,11 +123,8 @@
 //! `decide_<algorithm>`, `algorithms.lua` (their table and the general path's helpers),
 //! `refund.lua`, `lease.lua`, `pool.lua`, `permit.lua` and `settle.lua` (one function each), and
 //! the main in two parts, `entry.lua` (the call of one request alone, the common one) and
-//! `entry_groups.lua` (the general path).
-//! The script text is put together at compile time (`concat!(include_str!(…))`); the call of
-//! one request builds only its own algorithm's functions (each algorithm's file is included a
-//! second time inside `one_algorithm`), since Lua builds every closure of the chunk it runs
-//! through on each call.
+//! `entry_groups.lua` (the general path), put together at compile time (`concat!(include_str!(…))`;
+//! each algorithm's file a second time inside `one_algorithm`: see `entry.lua` for why).
 
 use std::sync::LazyLock;
 use std::time::Duration;
