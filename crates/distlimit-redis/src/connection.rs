@@ -1138,54 +1138,41 @@ mod tests {
 
     #[test]
     fn errors_are_classified() {
-        let after = Duration::from_millis(200);
-        let is = |e: Error, want: &str| {
-            let e = refine(e, after);
-            let got = match &e {
-                Error::Timeout { .. } => "timeout",
-                Error::Unavailable { .. } => "unavailable",
-                Error::Config { .. } => "config",
-                Error::Protocol { .. } => "protocol",
-                Error::BadState { .. } => "bad_state",
-                Error::Backend {
-                    transient: true, ..
-                } => "transient",
-                Error::Backend { .. } => "permanent",
-                _ => "other",
-            };
-            assert_eq!(got, want, "{e:?}");
-        };
-        is(
-            script::map_error(
-                RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)),
-                &[],
-            ),
-            "timeout",
-        );
-        is(parsed("ERR something else"), "permanent");
-        for transient in [
+        let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let no_primary = RedisError::from((ErrorKind::MasterNameNotFoundBySentinel, "no master"));
+        let bad_config = RedisError::from((ErrorKind::InvalidClientConfig, "bad"));
+        let unavailable = [
             "LOADING Redis is loading the dataset in memory",
             "MASTERDOWN Link with MASTER is down",
             "CLUSTERDOWN The cluster is down",
             "TRYAGAIN Multiple keys request during rehashing of slot",
             "READONLY You can't write against a read only replica.",
-        ] {
-            is(parsed(transient), "unavailable");
+        ];
+        let cases = [
+            (timed_out, "timeout"),
+            (no_primary, "unavailable"),
+            (bad_config, "config"),
+        ];
+        let cases = cases
+            .into_iter()
+            .map(|(e, want)| (script::map_error(e, &[]), want));
+        let replies = unavailable.iter().map(|r| (parsed(r), "unavailable"));
+        for (e, want) in cases
+            .chain(replies)
+            .chain([(parsed("ERR other"), "permanent")])
+        {
+            let e = refine(e, Duration::from_millis(200));
+            let got = match &e {
+                Error::Timeout { .. } => "timeout",
+                Error::Unavailable { .. } => "unavailable",
+                Error::Config { .. } => "config",
+                Error::Backend {
+                    transient: false, ..
+                } => "permanent",
+                _ => "other",
+            };
+            assert_eq!(got, want, "{e:?}");
         }
-        is(
-            script::map_error(
-                RedisError::from((ErrorKind::MasterNameNotFoundBySentinel, "no master")),
-                &[],
-            ),
-            "unavailable",
-        );
-        is(
-            script::map_error(
-                RedisError::from((ErrorKind::InvalidClientConfig, "bad")),
-                &[],
-            ),
-            "config",
-        );
     }
 
     #[test]
