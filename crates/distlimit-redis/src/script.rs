@@ -221,15 +221,6 @@ pub(crate) struct Expect {
     pub(crate) never: bool,
 }
 
-impl Expect {
-    /// The expectation for `limit` and `cost`, and the cost to send.
-    pub(crate) fn new(limit: &Limit, cost: u64) -> (Self, u64) {
-        let capacity = limit.capacity();
-        let never = cost > capacity;
-        (Self { capacity, never }, if never { 0 } else { cost })
-    }
-}
-
 /// The text of the entry script, as sent with `EVAL`, put together as the module documentation's
 /// "Sources" says.
 pub const ENTRY_SCRIPT: &str = concat!(
@@ -517,7 +508,13 @@ impl Group {
         let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
         let mut group = Group::with_capacity(time, op, bytes, requests.len())?;
         for r in requests {
-            group.push(r.redis_key, &r.limit, r.cost)?;
+            let (row, capacity) = (row(&r.limit)?, r.limit.capacity());
+            let never = r.cost > capacity;
+            let cost = if never { 0 } else { r.cost };
+            let expect = Expect { capacity, never };
+            group.keys.extend_from_slice(r.redis_key);
+            group.ends.push(group.keys.len());
+            group.entries.push(Entry { row, cost, expect });
         }
         Ok(group)
     }
@@ -610,15 +607,6 @@ impl Group {
             peeks.push(ScriptRequest { cost: 0, ..*r });
         }
         Group::of(&peeks, time, Op::Settle(units))
-    }
-
-    fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
-        let row = row(limit)?;
-        let (expect, cost) = Expect::new(limit, cost);
-        self.keys.extend_from_slice(redis_key);
-        self.ends.push(self.keys.len());
-        self.entries.push(Entry { row, cost, expect });
-        Ok(())
     }
 
     /// The op's code in `entry.lua`; `put` is given per request its limit and its values.
