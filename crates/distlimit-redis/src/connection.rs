@@ -272,22 +272,18 @@ impl Backend {
             .iter()
             .map(|u| connection_info(u, auth))
             .collect::<Result<Vec<_>, Error>>()?;
-        let mut builder = ClusterClientBuilder::new(infos)
+        // The credentials are the nodes' (`connection_info` gave each `auth`'s).
+        let builder = ClusterClientBuilder::new(infos)
             // Every error comes back to `cluster_call`, which retries only what did not run.
             .retries(0)
             .connection_timeout(timeouts.connect)
             .response_timeout(timeouts.response)
             .overall_response_timeout(None);
-        if let Some(user) = &auth.username {
-            builder = builder.username(user);
-        }
-        if let Some(password) = &auth.password {
-            builder = builder.password(password);
-        }
         #[cfg(feature = "tls")]
-        if let Some(certs) = &auth.certs {
-            builder = builder.certs(tls_certificates(certs));
-        }
+        let builder = match &auth.certs {
+            Some(certs) => builder.certs(tls_certificates(certs)),
+            None => builder,
+        };
         let client = builder.build().map_err(|e| classify(e, after))?;
         let conn = within(after, async {
             client
