@@ -280,13 +280,10 @@ mod tests {
             b"user:{42}",
         ];
         let policies = ["", "b", ":b", "}:b", "x", "{x}", "%7Bx%7D", "per-day", "é"];
-        let mut out = Vec::new();
-        for id in &identities {
-            for p in policies {
-                out.push((id.to_vec(), p.to_owned()));
-            }
-        }
-        out
+        let pairs = identities
+            .iter()
+            .flat_map(|id| policies.map(|p| (id.to_vec(), p.to_owned())));
+        pairs.collect()
     }
 
     #[test]

@@ -466,7 +466,13 @@ pub(crate) struct Group {
 
 impl Group {
     fn with_capacity(time: TimeSource, op: Op, keys: usize, n: usize) -> Result<Self, Error> {
-        check_time(time)?;
+        if let TimeSource::Client(now) = time
+            && now > MAX_CLIENT_TIME_US
+        {
+            return Err(Error::InvalidRequest(
+                "client time beyond 2^52 µs (the year 2112), where the scripts are no longer exact",
+            ));
+        }
         Ok(Group {
             keys: Vec::with_capacity(keys),
             ends: Vec::with_capacity(n),
@@ -1093,15 +1099,6 @@ pub(crate) fn only(mut answers: Vec<Result<Answer, Error>>) -> Result<Answer, Er
         _ => Err(protocol(
             "expected the answer of exactly one group".to_owned(),
         )),
-    }
-}
-
-pub(crate) fn check_time(time: TimeSource) -> Result<(), Error> {
-    match time {
-        TimeSource::Client(now) if now > MAX_CLIENT_TIME_US => Err(Error::InvalidRequest(
-            "client time beyond 2^52 µs (the year 2112), where the scripts are no longer exact",
-        )),
-        _ => Ok(()),
     }
 }
 
