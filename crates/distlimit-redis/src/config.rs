@@ -180,16 +180,12 @@ impl RedisStoreBuilder {
     }
 
     /// Durable decisions (off by default): a decision that admits (charges units, or grants a
-    /// lease) is answered only once `replicas` replicas acknowledge its write, by `WAIT replicas
-    /// timeout` right after the script in one pipeline on the same connection, in every mode
-    /// (in a Cluster, to the slot's primary). When fewer acknowledge within `timeout`, the
-    /// call's admissions are answered with an [`Error::Unavailable`] whose source is a
-    /// [`NotDurable`](crate::NotDurable) (transient: pair it with fail-closed in a hybrid store
-    /// for a hard quota); denials as they are. See the
-    /// [crate documentation](crate#durable-decisions). [`connect`](Self::connect) answers an
-    /// [`Error::Config`] for 0 replicas, a zero timeout, or a timeout not below the
-    /// [`response_timeout`](Self::response_timeout) (the call's deadline must leave room for
-    /// `WAIT`).
+    /// lease) is answered only once `replicas` replicas acknowledge its write (`WAIT` right after
+    /// the script), else, after `timeout`, with an [`Error::Unavailable`] whose source is a
+    /// [`NotDurable`](crate::NotDurable); see the [crate documentation](crate#durable-decisions).
+    /// [`connect`](Self::connect) answers an [`Error::Config`] for 0 replicas, a zero timeout, or
+    /// a timeout not below the [`response_timeout`](Self::response_timeout) (the call's deadline
+    /// must leave room for `WAIT`).
     pub fn durable(mut self, replicas: u32, timeout: Duration) -> Self {
         self.durable = Some(Durable { replicas, timeout });
         self

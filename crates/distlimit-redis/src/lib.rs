@@ -15,8 +15,7 @@ pub use config::{
     DEFAULT_COALESCE_IN_FLIGHT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT,
     RedisStoreBuilder,
 };
-pub use distlimit_core::NotDurable;
-pub use distlimit_core::RedisObserver;
+pub use distlimit_core::{NotDurable, RedisObserver};
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
 pub use permits::PERMIT_SUFFIX;
 pub use region::{HomeUnreachable, RegionBuilder, RegionStats, RegionStore};

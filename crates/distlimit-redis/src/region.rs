@@ -646,7 +646,8 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
 /// Instances may lease from their region's pool (`Leased<RegionStore<_>>`): an exchange gives
 /// back units to the pool and takes up to `want` of those it holds, as one step.
 /// A pool found empty while home has units (a refill pending) answers `retry_after` 1 ms, not
-/// the limit's refill time, since a lease does not ask again before `retry_after`.
+/// the limit's refill time (an hour on a capped limit), since a lease does not ask again before
+/// `retry_after` and would miss the units the refill brings.
 #[async_trait]
 impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
     async fn exchange(
@@ -660,10 +661,7 @@ impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
         let step = self.spend(request, give_back, want, 1).await?;
         let mut decision = self.decision(request.limit(), step.granted.max(1), &step);
         if step.granted == 0 && step.denied_until <= step.now && !step.failing {
-            // An empty pool home has not said is out of units: a refill is on its way (or the
-            // next step claims one). A lease waits out `retry_after` without asking, so it is
-            // short here, not the limit's refill time (an hour on a capped limit), which would
-            // keep the lease from the units the refill brings.
+            // Home has units (a refill is on its way, or the next step claims one): see the doc.
             let retry = decision.retry_after_us().min(PENDING_REFILL_RETRY_US);
             let (limit, remaining) = (decision.limit(), decision.remaining());
             decision =
