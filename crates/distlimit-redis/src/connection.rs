@@ -112,9 +112,7 @@ impl Backend {
                 within(after, async {
                     let mut conn = manager.clone();
                     match call.run(&mut conn, timeouts.durable).await {
-                        // The manager answered with the failure of its last reconnection (made
-                        // while the server was down), and has just started another one: nothing
-                        // was sent, so the call waits for the new connection and runs on it.
+                        // Nothing was sent: once more, on the new connection (module docs).
                         Err(e) if refused(&e) => call.run(&mut conn, timeouts.durable).await,
                         result => result,
                     }
@@ -126,14 +124,12 @@ impl Backend {
                     let mut pooled = Box::pin(pool.get())
                         .await
                         .map_err(|e| not_sent_if_transient(pool_error(e, after)))?;
-                    // Broken until the call completes: a call the deadline cuts short leaves it
-                    // so, and the pool replaces the connection at its next checkout.
+                    // Broken until the call completes (see `PoolManager`).
                     pooled.broken = true;
                     let result = call.run(&mut pooled.conn, timeouts.durable).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
                     if matches!(&result, Err(e) if lost_connection(e)) {
-                        // The server went away (a restart, a crash): every connection opened
-                        // before this one is as dead, and is replaced at its next checkout.
+                        // The server went away: so are the connections opened before this one.
                         pool.manager().lost(pooled.epoch);
                     }
                     result
@@ -1011,8 +1007,7 @@ mod tests {
 
     #[test]
     fn a_call_future_stays_small() {
-        // Every decision moves this future into a box (the store's `async_trait` methods):
-        // rare paths with large futures (deadpool's checkout, a sentinel lookup) box their own.
+        // See `Backend::call`: every decision moves this future into a box.
         let timeouts = Timeouts {
             connect: Duration::from_secs(1),
             response: Duration::from_secs(1),
