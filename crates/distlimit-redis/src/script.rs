@@ -1120,23 +1120,6 @@ pub(crate) fn protocol(message: String) -> Error {
 /// The bytes of one decision in a reply: five big-endian doubles.
 pub(crate) const DECISION_BYTES: usize = 40;
 
-#[cfg(test)]
-/// Parses a script's reply to one request per `expect` as the reply of one group would be.
-fn parse_reply(reply: Value, expect: &[Expect]) -> Result<Vec<Decision>, Error> {
-    let Value::BulkString(bytes) = reply else {
-        return Err(protocol(format!("not a string: {}", describe(&reply))));
-    };
-    let mut group = Group::with_capacity(TimeSource::Server, Op::One, 0, 0)?;
-    let (row, cost) = ([0; 5], 1);
-    group.entries = expect
-        .iter()
-        .map(|&expect| Entry { row, cost, expect })
-        .collect();
-    group.ends = vec![0; expect.len()];
-    let reply = Value::BulkString([b"o", bytes.as_slice()].concat());
-    only(Call::new(vec![&group]).parse(reply)?)?.decisions()
-}
-
 /// The first `N` doubles of `part` (at least `8 N` bytes), each an integer in `[0, 2^53)`.
 fn integers<const N: usize>(part: &[u8]) -> Result<[u64; N], Error> {
     let mut n = [0; N];
@@ -1313,10 +1296,20 @@ mod tests {
         doubles(&values.iter().map(|&i| i as f64).collect::<Vec<_>>())
     }
 
-    const E: Expect = Expect {
-        capacity: 10,
-        never: false,
-    };
+    /// Parses a script's reply to `n` requests of capacity 10 as the reply of one group would be.
+    fn parse_reply(reply: Value, n: usize) -> Result<Vec<Decision>, Error> {
+        let limit = Limit::gcra(Quota::per_second(10).unwrap());
+        let group = Group::of(
+            &vec![ScriptRequest::new(b"", limit, 1); n],
+            TimeSource::Server,
+            Op::One,
+        )?;
+        let reply = match reply {
+            Value::BulkString(bytes) => Value::BulkString([b"o", bytes.as_slice()].concat()),
+            other => other,
+        };
+        only(Call::new(vec![&group]).parse(reply)?)?.decisions()
+    }
 
     #[test]
     fn the_script_is_built_from_its_parts() {
@@ -1338,15 +1331,15 @@ mod tests {
 
     #[test]
     fn parses_allowed_and_denied() {
-        let d = parse_reply(ints(&[1, 10, 7, 300, 0]), &[E]).unwrap();
+        let d = parse_reply(ints(&[1, 10, 7, 300, 0]), 1).unwrap();
         assert_eq!(
             d,
             vec![Decision::allowed(10, 7, Duration::from_micros(300))]
         );
         let top = (1i64 << 53) - 1;
-        let d = parse_reply(ints(&[1, 10, 7, top, 0]), &[E]).unwrap();
+        let d = parse_reply(ints(&[1, 10, 7, top, 0]), 1).unwrap();
         assert_eq!(d[0].reset_after(), Duration::from_micros(top as u64));
-        let d = parse_reply(ints(&[0, 10, 0, 300, 25, 1, 10, 3, 0, 0]), &[E, E]).unwrap();
+        let d = parse_reply(ints(&[0, 10, 0, 300, 25, 1, 10, 3, 0, 0]), 2).unwrap();
         assert_eq!(
             d,
             vec![
@@ -1383,13 +1376,13 @@ mod tests {
         ];
         for reply in bad {
             let shown = format!("{reply:?}");
-            match parse_reply(reply, &[E]) {
+            match parse_reply(reply, 1) {
                 Err(Error::Protocol { .. }) => {}
                 other => panic!("{shown}: expected a protocol error, got {other:?}"),
             }
         }
         assert!(matches!(
-            parse_reply(ints(&[1, 10, 7, 300, 0]), &[E, E]),
+            parse_reply(ints(&[1, 10, 7, 300, 0]), 2),
             Err(Error::Protocol { .. })
         ));
     }
