@@ -1021,13 +1021,6 @@ mod tests {
         assert!(size <= 4096, "Backend::call's future is {size} bytes");
     }
 
-    fn server(code: &str, detail: &str) -> Error {
-        script::map_error(
-            redis::make_extension_error(code.to_owned(), Some(detail.to_owned())),
-            &[],
-        )
-    }
-
     fn parsed(text: &str) -> Error {
         // A server error as the client parses it from the wire.
         let value = redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
@@ -1113,8 +1106,8 @@ mod tests {
             let e = refine(e, after);
             assert!(!e.is_not_sent() && e.is_transient(), "{kind:?}: {e:?}");
         }
-        assert_eq!(did_not_run(&server("BUSY", "script running")), None);
-        assert_eq!(did_not_run(&server("DISTLIMIT_CORRUPT", "x")), None);
+        assert_eq!(did_not_run(&parsed("BUSY script running")), None);
+        assert_eq!(did_not_run(&parsed("DISTLIMIT_CORRUPT x")), None);
         assert_eq!(did_not_run(&timeout(Duration::from_millis(1))), None);
         // A reply came: the command was sent (even when it proves the script did not run).
         for reply in [
