@@ -545,26 +545,21 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
             let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
             let mut denied = false;
             for (request, decision) in requests.iter().zip(&mut decisions) {
-                if !Self::regional(request) || denied {
-                    continue;
-                }
-                let decided = self.decide(request).await?;
-                if decided.is_allowed() && request.cost() > 0 {
-                    spent.push(request);
-                }
-                denied |= decided.is_denied();
-                *decision = Some(decided);
-            }
-            // Regional requests after a denial: answered as peeks.
-            for (request, decision) in requests.iter().zip(&mut decisions) {
-                if decision.is_none() && Self::regional(request) {
-                    *decision = Some(self.decide(&request.with_cost(0)).await?);
+                if Self::regional(request) {
+                    // Regional requests after a denial: answered as peeks.
+                    let sent = request.with_cost(if denied { 0 } else { request.cost() });
+                    let decided = self.decide(&sent).await?;
+                    if decided.is_allowed() && sent.cost() > 0 {
+                        spent.push(request);
+                    }
+                    denied |= decided.is_denied();
+                    *decision = Some(decided);
                 }
             }
             let rest: Vec<Request<'_>> = requests
                 .iter()
                 .filter(|r| !Self::regional(r))
-                .map(|r| if denied { r.with_cost(0) } else { *r })
+                .map(|r| r.with_cost(if denied { 0 } else { r.cost() }))
                 .collect();
             if !rest.is_empty() {
                 let mut answered = self.shared.home.decide_all(&rest).await?.into_iter();
