@@ -685,7 +685,7 @@ async fn serial_comparison(
         Serial::Ours(Algorithm::Gcra, false),
         Serial::Raw(
             Some(Algorithm::Gcra),
-            load(&mut conn, script::script_source()).await,
+            load(&mut conn, script::ENTRY_SCRIPT).await,
         ),
     ];
     let mut results: Vec<(Vec<u64>, usize, Duration)> = series

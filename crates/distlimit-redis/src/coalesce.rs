@@ -7,7 +7,7 @@
 //! queued (up to [`MAX_DECISIONS`] requests and [`MAX_BYTES`], leaving out callers that gave up)
 //! and sends it as one call, on a task of its own, so a caller that stops waiting never cancels
 //! the decisions of the others. A failure of that call fails every group of it alike
-//! ([`Copies`]); it is never resent.
+//! ([`copy`]); it is never resent.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -233,9 +233,9 @@ impl Coalescer {
                 }
             }
             Err(error) => {
-                let mut copies = Copies::new(error);
+                let error = Arc::new(error);
                 for waiter in batch {
-                    let _ = waiter.reply.send(Err(copies.next()));
+                    let _ = waiter.reply.send(Err(copy(&error)));
                 }
             }
         }
@@ -283,67 +283,56 @@ fn take(waiting: &mut VecDeque<Waiter>) -> Vec<Waiter> {
     batch
 }
 
-/// One error for every group of a failed call: the same variant, classification and message.
-struct Copies {
-    error: Arc<Error>,
-}
-
-impl Copies {
-    fn new(error: Error) -> Self {
-        Self {
-            error: Arc::new(error),
-        }
+/// A copy of a failed call's `error` for one of its groups: the same variant, classification
+/// and message.
+fn copy(error: &Arc<Error>) -> Error {
+    // Too few replicas for every caller alike: each gets the typed source (`NotDurable::of`).
+    if let Some(not) = NotDurable::of(error) {
+        return Error::Unavailable {
+            store: STORE,
+            source: Box::new(not.clone()),
+        };
     }
-
-    fn next(&mut self) -> Error {
-        // Too few replicas for every caller alike: each gets the typed source (`NotDurable::of`).
-        if let Some(not) = NotDurable::of(&self.error) {
-            return Error::Unavailable {
-                store: STORE,
-                source: Box::new(not.clone()),
-            };
-        }
-        let source = || -> distlimit_core::BoxError { Box::new(Shared(Arc::clone(&self.error))) };
-        match &*self.error {
-            Error::Timeout { store, after } => Error::Timeout {
-                store,
-                after: *after,
-            },
-            // A call that was never sent was not sent for any of its callers.
-            Error::Unavailable { store, .. } if self.error.is_not_sent() => Error::Unavailable {
-                store,
-                source: Box::new(NotSent(source())),
-            },
-            Error::Unavailable { store, .. } => Error::Unavailable {
-                store,
-                source: source(),
-            },
-            Error::Backend {
-                store, transient, ..
-            } => Error::Backend {
-                store,
-                transient: *transient,
-                source: source(),
-            },
-            Error::Protocol { store, message } => Error::Protocol {
-                store,
-                message: message.clone(),
-            },
-            Error::BadState { store, message } => Error::BadState {
-                store,
-                message: message.clone(),
-            },
-            Error::Config { store, message } => Error::Config {
-                store,
-                message: message.clone(),
-            },
-            Error::InvalidRequest(why) => Error::InvalidRequest(why),
-            // Not produced by a call; kept transient and unknown, like a lost connection.
-            _ => Error::Unavailable {
-                store: STORE,
-                source: source(),
-            },
-        }
+    let source = || -> distlimit_core::BoxError { Box::new(Shared(Arc::clone(error))) };
+    match &**error {
+        Error::Timeout { store, after } => Error::Timeout {
+            store,
+            after: *after,
+        },
+        // A call that was never sent was not sent for any of its callers.
+        Error::Unavailable { store, .. } if error.is_not_sent() => Error::Unavailable {
+            store,
+            source: Box::new(NotSent(source())),
+        },
+        Error::Unavailable { store, .. } => Error::Unavailable {
+            store,
+            source: source(),
+        },
+        Error::Backend {
+            store, transient, ..
+        } => Error::Backend {
+            store,
+            transient: *transient,
+            source: source(),
+        },
+        Error::Protocol { store, message } => Error::Protocol {
+            store,
+            message: message.clone(),
+        },
+        Error::BadState { store, message } => Error::BadState {
+            store,
+            message: message.clone(),
+        },
+        Error::Config { store, message } => Error::Config {
+            store,
+            message: message.clone(),
+        },
+        Error::InvalidRequest(why) => Error::InvalidRequest(why),
+        // Not produced by a call; kept transient and unknown, like a lost connection.
+        _ => Error::Unavailable {
+            store: STORE,
+            source: source(),
+        },
     }
 }
 
@@ -385,9 +374,9 @@ mod tests {
             replicas: 2,
             timeout: Duration::from_millis(5),
         };
-        let mut copies = Copies::new(durable.shortfall(1));
+        let error = Arc::new(durable.shortfall(1));
         for _ in 0..3 {
-            let e = copies.next();
+            let e = copy(&error);
             let not = NotDurable::of(&e);
             assert!(not.is_some_and(|n| n.acknowledged == 1), "{e:?}");
             assert!(e.is_transient() && !e.is_not_sent());

@@ -180,16 +180,12 @@ impl RedisStoreBuilder {
     }
 
     /// Durable decisions (off by default): a decision that admits (charges units, or grants a
-    /// lease) is answered only once `replicas` replicas acknowledge its write, by `WAIT replicas
-    /// timeout` right after the script in one pipeline on the same connection, in every mode
-    /// (in a Cluster, to the slot's primary). When fewer acknowledge within `timeout`, the
-    /// call's admissions are answered with an [`Error::Unavailable`] whose source is a
-    /// [`NotDurable`](crate::NotDurable) (transient: pair it with fail-closed in a hybrid store
-    /// for a hard quota); denials as they are. See the
-    /// [crate documentation](crate#durable-decisions). [`connect`](Self::connect) answers an
-    /// [`Error::Config`] for 0 replicas, a zero timeout, or a timeout not below the
-    /// [`response_timeout`](Self::response_timeout) (the call's deadline must leave room for
-    /// `WAIT`).
+    /// lease) is answered only once `replicas` replicas acknowledge its write (`WAIT` right after
+    /// the script), else, after `timeout`, with an [`Error::Unavailable`] whose source is a
+    /// [`NotDurable`](crate::NotDurable); see the [crate documentation](crate#durable-decisions).
+    /// [`connect`](Self::connect) answers an [`Error::Config`] for 0 replicas, a zero timeout, or
+    /// a timeout not below the [`response_timeout`](Self::response_timeout) (the call's deadline
+    /// must leave room for `WAIT`).
     pub fn durable(mut self, replicas: u32, timeout: Duration) -> Self {
         self.durable = Some(Durable { replicas, timeout });
         self
@@ -357,14 +353,15 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
             url.escape_default()
         )));
     };
-    let (base, kind) = match scheme.to_ascii_lowercase().as_str() {
+    // The scheme of the nodes' URLs, and whether they are sentinels (else Cluster nodes).
+    let (base, sentinel) = match scheme.to_ascii_lowercase().as_str() {
         "redis" | "rediss" | "unix" | "redis+unix" | "valkey" | "valkeys" => {
             return Ok(Topology::Standalone(url.to_owned()));
         }
-        "redis+sentinel" => ("redis", Kind::Sentinel),
-        "rediss+sentinel" => ("rediss", Kind::Sentinel),
-        "redis+cluster" => ("redis", Kind::Cluster),
-        "rediss+cluster" => ("rediss", Kind::Cluster),
+        "redis+sentinel" => ("redis", true),
+        "rediss+sentinel" => ("rediss", true),
+        "redis+cluster" => ("redis", false),
+        "rediss+cluster" => ("rediss", false),
         other => {
             return Err(config_error(format!(
                 "invalid Redis URL: unknown scheme \"{}\" (expected redis, rediss, unix, \
@@ -375,14 +372,12 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
     };
     let bad = |why: &str| config_error(format!("invalid {scheme} URL: {why}"));
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let (path, fragment) = match path.split_once('#') {
-        Some((p, f)) => (p, Some(f)),
-        None => (path, None),
-    };
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
+    let (path, fragment) = path
+        .split_once('#')
+        .map_or((path, None), |(p, f)| (p, Some(f)));
+    let (userinfo, hosts) = authority
+        .rsplit_once('@')
+        .map_or((None, authority), |(u, h)| (Some(u), h));
     let hosts: Vec<&str> = hosts.split(',').collect();
     if hosts.iter().any(|h| h.is_empty()) {
         return Err(bad("expected host:port[,host:port…]"));
@@ -391,70 +386,58 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
         return Err(bad("a host contains an invalid character"));
     }
     let suffix = fragment.map(|f| format!("/#{f}")).unwrap_or_default();
-    match kind {
-        Kind::Sentinel => {
-            // redis+sentinel://[user[:password]@]host:port[,…]/service[/db]
-            let mut parts = path.split('/');
-            let service = parts.next().unwrap_or_default();
-            if service.is_empty() {
-                return Err(bad("no service name: expected …/service[/db]"));
-            }
-            let service = percent_decode(service).ok_or_else(|| bad("bad percent-escape"))?;
-            let db = match parts.next() {
-                None | Some("") => None,
-                Some(db) => Some(
-                    db.parse::<i64>()
-                        .map_err(|_| bad("the database is no number"))?,
-                ),
-            };
-            if parts.next().is_some_and(|p| !p.is_empty()) {
-                return Err(bad("a path after the database"));
-            }
-            // The URL's credentials and database are the primary's (the sentinels get none).
-            let mut auth = NodeAuth {
-                db,
-                ..NodeAuth::default()
-            };
-            if let Some(userinfo) = userinfo {
-                let (user, password) = match userinfo.split_once(':') {
-                    Some((u, p)) => (u, Some(p)),
-                    None => (userinfo, None),
-                };
-                let decode = |s: &str| percent_decode(s).ok_or_else(|| bad("bad percent-escape"));
-                if !user.is_empty() {
-                    auth.username = Some(decode(user)?);
-                }
-                auth.password = password.map(decode).transpose()?;
-            }
-            Ok(Topology::Sentinel {
-                sentinels: hosts
-                    .iter()
-                    .map(|h| format!("{base}://{h}{suffix}"))
-                    .collect(),
-                service,
-                auth,
-            })
+    if sentinel {
+        // redis+sentinel://[user[:password]@]host:port[,…]/service[/db]
+        let mut parts = path.split('/');
+        let service = parts.next().unwrap_or_default();
+        if service.is_empty() {
+            return Err(bad("no service name: expected …/service[/db]"));
         }
-        Kind::Cluster => {
-            // redis+cluster://[user[:password]@]host:port[,…]
-            if !path.is_empty() && path != "0" {
-                return Err(bad("a cluster has only database 0"));
-            }
-            let cred = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-            Ok(Topology::Cluster(
-                hosts
-                    .iter()
-                    .map(|h| format!("{base}://{cred}{h}{suffix}"))
-                    .collect(),
-            ))
+        let decode = |s: &str| percent_decode(s).ok_or_else(|| bad("bad percent-escape"));
+        let service = decode(service)?;
+        let db = parts.next().filter(|db| !db.is_empty());
+        let db = db
+            .map(str::parse::<i64>)
+            .transpose()
+            .map_err(|_| bad("the database is no number"))?;
+        if parts.next().is_some_and(|p| !p.is_empty()) {
+            return Err(bad("a path after the database"));
         }
+        // The URL's credentials and database are the primary's (the sentinels get none).
+        let mut auth = NodeAuth {
+            db,
+            ..NodeAuth::default()
+        };
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo
+                .split_once(':')
+                .map_or((userinfo, None), |(u, p)| (u, Some(p)));
+            if !user.is_empty() {
+                auth.username = Some(decode(user)?);
+            }
+            auth.password = password.map(decode).transpose()?;
+        }
+        Ok(Topology::Sentinel {
+            sentinels: hosts
+                .iter()
+                .map(|h| format!("{base}://{h}{suffix}"))
+                .collect(),
+            service,
+            auth,
+        })
+    } else {
+        // redis+cluster://[user[:password]@]host:port[,…]
+        if !path.is_empty() && path != "0" {
+            return Err(bad("a cluster has only database 0"));
+        }
+        let cred = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        Ok(Topology::Cluster(
+            hosts
+                .iter()
+                .map(|h| format!("{base}://{cred}{h}{suffix}"))
+                .collect(),
+        ))
     }
-}
-
-#[derive(Clone, Copy)]
-enum Kind {
-    Sentinel,
-    Cluster,
 }
 
 fn percent_decode(s: &str) -> Option<String> {

@@ -112,9 +112,7 @@ impl Backend {
                 within(after, async {
                     let mut conn = manager.clone();
                     match call.run(&mut conn, timeouts.durable).await {
-                        // The manager answered with the failure of its last reconnection (made
-                        // while the server was down), and has just started another one: nothing
-                        // was sent, so the call waits for the new connection and runs on it.
+                        // Nothing was sent: once more, on the new connection (module docs).
                         Err(e) if refused(&e) => call.run(&mut conn, timeouts.durable).await,
                         result => result,
                     }
@@ -126,14 +124,12 @@ impl Backend {
                     let mut pooled = Box::pin(pool.get())
                         .await
                         .map_err(|e| not_sent_if_transient(pool_error(e, after)))?;
-                    // Broken until the call completes: a call the deadline cuts short leaves it
-                    // so, and the pool replaces the connection at its next checkout.
+                    // Broken until the call completes (see `PoolManager`).
                     pooled.broken = true;
                     let result = call.run(&mut pooled.conn, timeouts.durable).await;
                     pooled.broken = matches!(&result, Err(e) if breaks_connection(e));
                     if matches!(&result, Err(e) if lost_connection(e)) {
-                        // The server went away (a restart, a crash): every connection opened
-                        // before this one is as dead, and is replaced at its next checkout.
+                        // The server went away: so are the connections opened before this one.
                         pool.manager().lost(pooled.epoch);
                     }
                     result
@@ -154,9 +150,9 @@ impl Backend {
     ) -> Result<Backend, Error> {
         let info = connection_info(url, auth)?;
         let after = timeouts.connect;
+        let client = redis::Client::open(info).map_err(|e| classify(e, after))?;
         let backend = match pool_size {
             None => {
-                let client = redis::Client::open(info).map_err(|e| classify(e, after))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeouts.connect))
                     .set_response_timeout(None)
@@ -171,7 +167,7 @@ impl Backend {
             }
             Some(max_size) => {
                 let manager = PoolManager {
-                    client: redis::Client::open(info).map_err(|e| classify(e, after))?,
+                    client,
                     config: node_config(timeouts),
                     epoch: AtomicU64::new(0),
                 };
@@ -272,22 +268,18 @@ impl Backend {
             .iter()
             .map(|u| connection_info(u, auth))
             .collect::<Result<Vec<_>, Error>>()?;
-        let mut builder = ClusterClientBuilder::new(infos)
+        // The credentials are the nodes' (`connection_info` gave each `auth`'s).
+        let builder = ClusterClientBuilder::new(infos)
             // Every error comes back to `cluster_call`, which retries only what did not run.
             .retries(0)
             .connection_timeout(timeouts.connect)
             .response_timeout(timeouts.response)
             .overall_response_timeout(None);
-        if let Some(user) = &auth.username {
-            builder = builder.username(user);
-        }
-        if let Some(password) = &auth.password {
-            builder = builder.password(password);
-        }
         #[cfg(feature = "tls")]
-        if let Some(certs) = &auth.certs {
-            builder = builder.certs(tls_certificates(certs));
-        }
+        let builder = match &auth.certs {
+            Some(certs) => builder.certs(tls_certificates(certs)),
+            None => builder,
+        };
         let client = builder.build().map_err(|e| classify(e, after))?;
         let conn = within(after, async {
             client
@@ -786,12 +778,9 @@ struct Asking<'a> {
 impl ConnectionLike for Asking<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let mut pipeline = Pipeline::with_capacity(2);
-            pipeline.cmd("ASKING").add_command(cmd.clone());
-            let mut replies = self
-                .conn
-                .route_pipeline(pipeline, 1, 1, self.node.clone())
-                .await?;
+            let mut pipeline = Pipeline::with_capacity(1);
+            pipeline.add_command(cmd.clone());
+            let mut replies = self.req_packed_commands(&pipeline, 0, 1).await?;
             match (replies.pop(), replies.is_empty()) {
                 (Some(reply), true) => Ok(reply),
                 _ => Err(RedisError::from((
@@ -1018,8 +1007,7 @@ mod tests {
 
     #[test]
     fn a_call_future_stays_small() {
-        // Every decision moves this future into a box (the store's `async_trait` methods):
-        // rare paths with large futures (deadpool's checkout, a sentinel lookup) box their own.
+        // See `Backend::call`: every decision moves this future into a box.
         let timeouts = Timeouts {
             connect: Duration::from_secs(1),
             response: Duration::from_secs(1),
@@ -1031,13 +1019,6 @@ mod tests {
             },
         );
         assert!(size <= 4096, "Backend::call's future is {size} bytes");
-    }
-
-    fn server(code: &str, detail: &str) -> Error {
-        script::map_error(
-            redis::make_extension_error(code.to_owned(), Some(detail.to_owned())),
-            &[],
-        )
     }
 
     fn parsed(text: &str) -> Error {
@@ -1125,8 +1106,8 @@ mod tests {
             let e = refine(e, after);
             assert!(!e.is_not_sent() && e.is_transient(), "{kind:?}: {e:?}");
         }
-        assert_eq!(did_not_run(&server("BUSY", "script running")), None);
-        assert_eq!(did_not_run(&server("DISTLIMIT_CORRUPT", "x")), None);
+        assert_eq!(did_not_run(&parsed("BUSY script running")), None);
+        assert_eq!(did_not_run(&parsed("DISTLIMIT_CORRUPT x")), None);
         assert_eq!(did_not_run(&timeout(Duration::from_millis(1))), None);
         // A reply came: the command was sent (even when it proves the script did not run).
         for reply in [
@@ -1141,54 +1122,41 @@ mod tests {
 
     #[test]
     fn errors_are_classified() {
-        let after = Duration::from_millis(200);
-        let is = |e: Error, want: &str| {
-            let e = refine(e, after);
-            let got = match &e {
-                Error::Timeout { .. } => "timeout",
-                Error::Unavailable { .. } => "unavailable",
-                Error::Config { .. } => "config",
-                Error::Protocol { .. } => "protocol",
-                Error::BadState { .. } => "bad_state",
-                Error::Backend {
-                    transient: true, ..
-                } => "transient",
-                Error::Backend { .. } => "permanent",
-                _ => "other",
-            };
-            assert_eq!(got, want, "{e:?}");
-        };
-        is(
-            script::map_error(
-                RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)),
-                &[],
-            ),
-            "timeout",
-        );
-        is(parsed("ERR something else"), "permanent");
-        for transient in [
+        let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let no_primary = RedisError::from((ErrorKind::MasterNameNotFoundBySentinel, "no master"));
+        let bad_config = RedisError::from((ErrorKind::InvalidClientConfig, "bad"));
+        let unavailable = [
             "LOADING Redis is loading the dataset in memory",
             "MASTERDOWN Link with MASTER is down",
             "CLUSTERDOWN The cluster is down",
             "TRYAGAIN Multiple keys request during rehashing of slot",
             "READONLY You can't write against a read only replica.",
-        ] {
-            is(parsed(transient), "unavailable");
+        ];
+        let cases = [
+            (timed_out, "timeout"),
+            (no_primary, "unavailable"),
+            (bad_config, "config"),
+        ];
+        let cases = cases
+            .into_iter()
+            .map(|(e, want)| (script::map_error(e, &[]), want));
+        let replies = unavailable.iter().map(|r| (parsed(r), "unavailable"));
+        for (e, want) in cases
+            .chain(replies)
+            .chain([(parsed("ERR other"), "permanent")])
+        {
+            let e = refine(e, Duration::from_millis(200));
+            let got = match &e {
+                Error::Timeout { .. } => "timeout",
+                Error::Unavailable { .. } => "unavailable",
+                Error::Config { .. } => "config",
+                Error::Backend {
+                    transient: false, ..
+                } => "permanent",
+                _ => "other",
+            };
+            assert_eq!(got, want, "{e:?}");
         }
-        is(
-            script::map_error(
-                RedisError::from((ErrorKind::MasterNameNotFoundBySentinel, "no master")),
-                &[],
-            ),
-            "unavailable",
-        );
-        is(
-            script::map_error(
-                RedisError::from((ErrorKind::InvalidClientConfig, "bad")),
-                &[],
-            ),
-            "config",
-        );
     }
 
     #[test]

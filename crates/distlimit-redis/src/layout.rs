@@ -105,11 +105,6 @@ impl KeyLayout {
         &self.prefix
     }
 
-    /// Whether identities are replaced by their SHA-256.
-    pub fn hashes_identities(&self) -> bool {
-        self.hash_identities
-    }
-
     /// The Redis key holding the state of `key` under `policy`.
     pub fn redis_key(&self, policy: &str, key: Key<'_>) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.prefix.len() + key.len() + policy.len() + 8);
@@ -119,9 +114,7 @@ impl KeyLayout {
 
     /// The Cluster hash slot of every policy of `key` (see [`hash_slot`]).
     pub fn slot(&self, key: Key<'_>) -> u16 {
-        let mut buf = KeyBuf::new();
-        self.write_key(b"", key.as_bytes(), &mut buf);
-        hash_slot(buf.as_bytes())
+        hash_slot(self.key_buf(b"", key.as_bytes()).as_bytes())
     }
 
     /// Appends the Redis key of (`policy`, `key`) to `out`.
@@ -137,11 +130,17 @@ impl KeyLayout {
         escape(policy, out);
     }
 
-    /// Writes the Redis key of (`policy`, `key`) into a stack buffer (spilling to the heap only
-    /// for long keys).
-    pub(crate) fn write_key(&self, policy: &[u8], key: &[u8], buf: &mut KeyBuf) {
-        buf.clear();
-        self.write(policy, key, buf);
+    /// The Redis key of (`policy`, `key`) in a stack buffer (spilling to the heap only for long
+    /// keys).
+    pub(crate) fn key_buf(&self, policy: &[u8], key: &[u8]) -> KeyBuf {
+        let mut buf = KeyBuf {
+            inline: [0; INLINE_KEY],
+            len: 0,
+            heap: Vec::new(),
+            spilled: false,
+        };
+        self.write(policy, key, &mut buf);
+        buf
     }
 }
 
@@ -166,21 +165,6 @@ pub(crate) struct KeyBuf {
 }
 
 impl KeyBuf {
-    pub(crate) fn new() -> Self {
-        Self {
-            inline: [0; INLINE_KEY],
-            len: 0,
-            heap: Vec::new(),
-            spilled: false,
-        }
-    }
-
-    fn clear(&mut self) {
-        self.len = 0;
-        self.heap.clear();
-        self.spilled = false;
-    }
-
     pub(crate) fn as_bytes(&self) -> &[u8] {
         if self.spilled {
             &self.heap
@@ -250,26 +234,15 @@ pub fn hash_slot(redis_key: &[u8]) -> u16 {
     crc16(hash_tag(redis_key).unwrap_or(redis_key)) % CLUSTER_SLOTS
 }
 
+fn crc16(bytes: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(bytes)
+}
+
 fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     let open = key.iter().position(|&b| b == b'{')?;
     let close = key[open + 1..].iter().position(|&b| b == b'}')?;
     let tag = &key[open + 1..open + 1 + close];
     (!tag.is_empty()).then_some(tag)
-}
-
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
 }
 
 #[cfg(test)]
@@ -307,30 +280,10 @@ mod tests {
             b"user:{42}",
         ];
         let policies = ["", "b", ":b", "}:b", "x", "{x}", "%7Bx%7D", "per-day", "é"];
-        let mut out = Vec::new();
-        for id in &identities {
-            for p in policies {
-                out.push((id.to_vec(), p.to_owned()));
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn escaping_is_injective_on_tricky_pairs() {
-        for hash in [false, true] {
-            let layout = KeyLayout::new("dl", hash).unwrap();
-            let mut seen = HashSet::new();
-            for (id, policy) in pairs() {
-                let k = layout.redis_key(&policy, key(&id));
-                assert!(
-                    seen.insert(k.clone()),
-                    "hash {hash}: {:?} under {policy:?} collides: {}",
-                    id.escape_ascii(),
-                    k.escape_ascii()
-                );
-            }
-        }
+        let pairs = identities
+            .iter()
+            .flat_map(|id| policies.map(|p| (id.to_vec(), p.to_owned())));
+        pairs.collect()
     }
 
     #[test]
@@ -351,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn layout_can_be_parsed_back() {
+    fn layout_is_injective_and_parses_back() {
         fn unescape(s: &[u8]) -> Vec<u8> {
             let mut out = Vec::new();
             let mut i = 0;
@@ -366,15 +319,21 @@ mod tests {
             }
             out
         }
-        let layout = KeyLayout::new("p:x", false).unwrap();
-        for (id, policy) in pairs() {
-            let k = layout.redis_key(&policy, key(&id));
-            let rest = k.strip_prefix(b"p:x:{".as_slice()).unwrap();
-            let close = rest.iter().position(|&b| b == b'}').unwrap();
-            assert_eq!(unescape(&rest[..close]), id);
-            let tail = rest[close..].strip_prefix(b"}:".as_slice()).unwrap();
-            assert!(!tail.contains(&b'{') && !tail.contains(&b'}'));
-            assert_eq!(unescape(tail), policy.as_bytes());
+        for hash in [false, true] {
+            let layout = KeyLayout::new("p:x", hash).unwrap();
+            let mut seen = HashSet::new();
+            for (id, policy) in pairs() {
+                let k = layout.redis_key(&policy, key(&id));
+                assert!(seen.insert(k.clone()), "{hash}: {} twice", k.escape_ascii());
+                let rest = k.strip_prefix(b"p:x:{".as_slice()).unwrap();
+                let close = rest.iter().position(|&b| b == b'}').unwrap();
+                if !hash {
+                    assert_eq!(unescape(&rest[..close]), id);
+                }
+                let tail = rest[close..].strip_prefix(b"}:".as_slice()).unwrap();
+                assert!(!tail.contains(&b'{') && !tail.contains(&b'}'));
+                assert_eq!(unescape(tail), policy.as_bytes());
+            }
         }
     }
 
@@ -447,12 +406,8 @@ mod tests {
         let layout = KeyLayout::default();
         for len in [1, 100, 170, 180, 181, 190, 200, 1024] {
             let id = vec![b'{'; len];
-            let mut buf = KeyBuf::new();
-            layout.write_key(b"policy", &id, &mut buf);
+            let buf = layout.key_buf(b"policy", &id);
             assert_eq!(buf.as_bytes(), layout.redis_key("policy", key(&id)));
-            // Reused buffers start over.
-            layout.write_key(b"", b"k", &mut buf);
-            assert_eq!(buf.as_bytes(), b"distlimit:{k}:");
         }
     }
 }

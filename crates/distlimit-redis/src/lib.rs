@@ -15,8 +15,7 @@ pub use config::{
     DEFAULT_COALESCE_IN_FLIGHT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT,
     RedisStoreBuilder,
 };
-pub use distlimit_core::NotDurable;
-pub use distlimit_core::RedisObserver;
+pub use distlimit_core::{NotDurable, RedisObserver};
 pub use layout::{CLUSTER_SLOTS, DEFAULT_PREFIX, KeyLayout, MAX_PREFIX_LEN, hash_slot};
 pub use permits::PERMIT_SUFFIX;
 pub use region::{HomeUnreachable, RegionBuilder, RegionStats, RegionStore};
@@ -27,7 +26,7 @@ pub use store::{Mode, RedisStore};
 #[doc(hidden)]
 pub mod test_hook {
     pub use crate::script::{
-        CLIENT_TTL_SLACK, MAX_CLIENT_TIME_US, POOL_REPLY, ScriptRequest, TimeSource, decide,
-        decide_all, load_scripts, pool_step, script_sha1, script_source, settle, single_argument,
+        CLIENT_TTL_SLACK, ENTRY_SCRIPT, ENTRY_SHA, MAX_CLIENT_TIME_US, POOL_REPLY, ScriptRequest,
+        TimeSource, decide, decide_all, load_scripts, pool_step, settle, single_argument,
     };
 }

@@ -308,11 +308,6 @@ impl RegionStore<()> {
 }
 
 impl<H> RegionStore<H> {
-    /// The home store.
-    pub fn home(&self) -> &H {
-        &self.shared.home
-    }
-
     /// The region's own Redis.
     pub fn region(&self) -> &RedisStore {
         &self.shared.region
@@ -550,26 +545,21 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
             let mut decisions: Vec<Option<Decision>> = vec![None; requests.len()];
             let mut denied = false;
             for (request, decision) in requests.iter().zip(&mut decisions) {
-                if !Self::regional(request) || denied {
-                    continue;
-                }
-                let decided = self.decide(request).await?;
-                if decided.is_allowed() && request.cost() > 0 {
-                    spent.push(request);
-                }
-                denied |= decided.is_denied();
-                *decision = Some(decided);
-            }
-            // Regional requests after a denial: answered as peeks.
-            for (request, decision) in requests.iter().zip(&mut decisions) {
-                if decision.is_none() && Self::regional(request) {
-                    *decision = Some(self.decide(&request.with_cost(0)).await?);
+                if Self::regional(request) {
+                    // Regional requests after a denial: answered as peeks.
+                    let sent = request.with_cost(if denied { 0 } else { request.cost() });
+                    let decided = self.decide(&sent).await?;
+                    if decided.is_allowed() && sent.cost() > 0 {
+                        spent.push(request);
+                    }
+                    denied |= decided.is_denied();
+                    *decision = Some(decided);
                 }
             }
             let rest: Vec<Request<'_>> = requests
                 .iter()
                 .filter(|r| !Self::regional(r))
-                .map(|r| if denied { r.with_cost(0) } else { *r })
+                .map(|r| r.with_cost(if denied { 0 } else { r.cost() }))
                 .collect();
             if !rest.is_empty() {
                 let mut answered = self.shared.home.decide_all(&rest).await?.into_iter();
@@ -651,7 +641,8 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
 /// Instances may lease from their region's pool (`Leased<RegionStore<_>>`): an exchange gives
 /// back units to the pool and takes up to `want` of those it holds, as one step.
 /// A pool found empty while home has units (a refill pending) answers `retry_after` 1 ms, not
-/// the limit's refill time, since a lease does not ask again before `retry_after`.
+/// the limit's refill time (an hour on a capped limit), since a lease does not ask again before
+/// `retry_after` and would miss the units the refill brings.
 #[async_trait]
 impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
     async fn exchange(
@@ -663,25 +654,14 @@ impl<H: LeaseStore + 'static> LeaseStore for RegionStore<H> {
         request.limit().check_lease()?;
         let want = want.min(request.limit().capacity());
         let step = self.spend(request, give_back, want, 1).await?;
-        let decision = if step.granted > 0 {
-            self.decision(request.limit(), step.granted, &step)
-        } else if step.denied_until > step.now || step.failing {
-            self.decision(request.limit(), 1, &step)
-        } else {
-            // An empty pool home has not said is out of units: a refill is on its way (or the
-            // next step claims one). A lease waits out `retry_after` without asking, so it is
-            // short here, not the limit's refill time (an hour on a capped limit), which would
-            // keep the lease from the units the refill brings.
-            let denied = self.decision(request.limit(), 1, &step);
-            let retry = denied.retry_after_us().min(PENDING_REFILL_RETRY_US);
-            Decision::from_micros(
-                false,
-                denied.limit(),
-                denied.remaining(),
-                denied.reset_after_us(),
-                retry,
-            )
-        };
+        let mut decision = self.decision(request.limit(), step.granted.max(1), &step);
+        if step.granted == 0 && step.denied_until <= step.now && !step.failing {
+            // Home has units (a refill is on its way, or the next step claims one): see the doc.
+            let retry = decision.retry_after_us().min(PENDING_REFILL_RETRY_US);
+            let (limit, remaining) = (decision.limit(), decision.remaining());
+            decision =
+                Decision::from_micros(false, limit, remaining, decision.reset_after_us(), retry);
+        }
         Ok(Grant {
             granted: step.granted,
             decision,

@@ -24,10 +24,7 @@
 //! `Call::run` is the one place a call is sent: `EVALSHA` and, when the server answers `NOSCRIPT`
 //! (a restart, a failover, `SCRIPT FLUSH`), the same call once more as `EVAL` with the script's
 //! text, which also caches it again. A `NOSCRIPT` reply means the script did not run, so
-//! re-sending it cannot charge twice. Nothing else is ever retried. With durable decisions
-//! (`durable.rs`) the script is followed by `WAIT` in one pipeline on the same connection, and
-//! the answers of the groups that admitted become a `NotDurable` error when too few replicas
-//! acknowledged. (`redis::Script` answers
+//! re-sending it cannot charge twice. Nothing else is ever retried. (`redis::Script` answers
 //! `NOSCRIPT` with a `SCRIPT LOAD` and a second `EVALSHA`: a third round trip, a keyless command
 //! that a Cluster routes apart from the call and that the `ASK` path here would have to wrap too,
 //! and a copy of every key and argument into its own buffers.)
@@ -39,19 +36,14 @@
 //!
 //! # Time
 //!
-//! [`TimeSource::Server`] (the default) reads Redis' `TIME` inside the script (see the crate
-//! documentation, "Time"); Redis 7 replicates a script's effects, not the script, so reading the
-//! time before writing is safe. [`TimeSource::Client`] passes the caller's time instead, for
-//! deterministic tests only. Each group carries its own time.
+//! Each group carries its [`TimeSource`]. Redis 7 replicates a script's effects, not the script,
+//! so reading `TIME` inside it before writing is safe.
 //!
 //! # Arguments
 //!
 //! `KEYS` are every group's keys in turn; `ARGV[1]` is one string of big-endian IEEE-754 doubles
-//! holding integers below 2^53 (`entry.lua` documents it field by field): the format's version
-//! (0), the distinct limits
-//! (algorithm id and four parameter slots), then per group its time, op and request count, then
-//! per request the index of its limit and its values. Quota parameters are computed in Rust, so
-//! the script does no gcd:
+//! holding integers below 2^53, laid out field by field in `entry.lua`. A limit is its
+//! algorithm's id and four parameter slots, computed in Rust, so the script does no gcd:
 //!
 //! | algorithm | id | parameters |
 //! |---|---|---|
@@ -66,14 +58,12 @@
 //!
 //! # Reply
 //!
-//! One string: per group a status byte and its payload (a decision is five doubles, `allowed` (1
-//! or 0), `limit`, `remaining`, `reset_after` µs, `retry_after` µs: 40 bytes; a failed group's
-//! error message, after its length). A string rather than an array of integers
-//! because Redis 7.0 converts a Lua array into a reply for about 0.45 µs, a tenth of a decision's
-//! cost inside Redis, and a string for next to nothing. It is parsed strictly: a reply of another
-//! type or length, a value that is not an integer in `[0, 2^53)`, or fields that contradict each
-//! other are an [`Error::Protocol`]. A group that fails (a bad value at one of its keys) fails
-//! alone, with the error its keys' value gives; in a call of one group that error is the call's.
+//! One string: per group a status byte and its payload (`entry.lua`); a decision is five doubles,
+//! `allowed` (1 or 0), `limit`, `remaining`, `reset_after` µs, `retry_after` µs. A string rather
+//! than an array of integers because Redis 7.0 converts a Lua array into a reply for about
+//! 0.45 µs, a tenth of a decision's cost inside Redis, and a string for next to nothing. It is
+//! parsed strictly: a reply of another type or length, a value that is not an integer in
+//! `[0, 2^53)`, or fields that contradict each other are an [`Error::Protocol`].
 //!
 //! # State encoding (a storage format)
 //!
@@ -133,11 +123,8 @@
 //! `decide_<algorithm>`, `algorithms.lua` (their table and the general path's helpers),
 //! `refund.lua`, `lease.lua`, `pool.lua`, `permit.lua` and `settle.lua` (one function each), and
 //! the main in two parts, `entry.lua` (the call of one request alone, the common one) and
-//! `entry_groups.lua` (the general path).
-//! The script text is put together at compile time (`concat!(include_str!(…))`); the call of
-//! one request builds only its own algorithm's functions (each algorithm's file is included a
-//! second time inside `one_algorithm`), since Lua builds every closure of the chunk it runs
-//! through on each call.
+//! `entry_groups.lua` (the general path), put together at compile time (`concat!(include_str!(…))`;
+//! each algorithm's file a second time inside `one_algorithm`: see `entry.lua` for why).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -234,17 +221,9 @@ pub(crate) struct Expect {
     pub(crate) never: bool,
 }
 
-impl Expect {
-    /// The expectation for `limit` and `cost`, and the cost to send.
-    pub(crate) fn new(limit: &Limit, cost: u64) -> (Self, u64) {
-        let capacity = limit.capacity();
-        let never = cost > capacity;
-        (Self { capacity, never }, if never { 0 } else { cost })
-    }
-}
-
-/// The entry script, put together as the module documentation's "Sources" says.
-const ENTRY_SCRIPT: &str = concat!(
+/// The text of the entry script, as sent with `EVAL`, put together as the module documentation's
+/// "Sources" says.
+pub const ENTRY_SCRIPT: &str = concat!(
     include_str!("scripts/prelude.lua"),
     "-- One algorithm's decision function, built alone: for the call of one request.\n",
     "local function one_algorithm(a)\nif a == 1 then\n",
@@ -274,24 +253,14 @@ const ENTRY_SCRIPT: &str = concat!(
 );
 
 /// The entry script's SHA-1, as `EVALSHA` names it.
-static ENTRY_SHA: LazyLock<String> =
+pub static ENTRY_SHA: LazyLock<String> =
     LazyLock::new(|| redis::Script::new(ENTRY_SCRIPT).get_hash().to_owned());
-
-/// The text of the entry script, as sent with `EVAL`.
-pub fn script_source() -> &'static str {
-    ENTRY_SCRIPT
-}
-
-/// The SHA-1 of the entry script, as sent with `EVALSHA`.
-pub fn script_sha1() -> &'static str {
-    &ENTRY_SHA
-}
 
 /// `ARGV[1]` of a call of one request of `cost` units under `limit` (for tools that send the
 /// script themselves, such as `redis-benchmark`).
 pub fn single_argument(limit: &Limit, cost: u64, time: TimeSource) -> Result<Vec<u8>, Error> {
     let group = Group::single(b"", limit, cost, time)?;
-    Ok(Call::one(&group).arguments())
+    Ok(Call::new(vec![&group]).arguments())
 }
 
 /// The most units one lease exchange gives back (exact as a Lua number); the script caps them
@@ -497,7 +466,13 @@ pub(crate) struct Group {
 
 impl Group {
     fn with_capacity(time: TimeSource, op: Op, keys: usize, n: usize) -> Result<Self, Error> {
-        check_time(time)?;
+        if let TimeSource::Client(now) = time
+            && now > MAX_CLIENT_TIME_US
+        {
+            return Err(Error::InvalidRequest(
+                "client time beyond 2^52 µs (the year 2112), where the scripts are no longer exact",
+            ));
+        }
         Ok(Group {
             keys: Vec::with_capacity(keys),
             ends: Vec::with_capacity(n),
@@ -539,7 +514,13 @@ impl Group {
         let bytes = requests.iter().map(|r| r.redis_key.len()).sum();
         let mut group = Group::with_capacity(time, op, bytes, requests.len())?;
         for r in requests {
-            group.push(r.redis_key, &r.limit, r.cost)?;
+            let (row, capacity) = (row(&r.limit)?, r.limit.capacity());
+            let never = r.cost > capacity;
+            let cost = if never { 0 } else { r.cost };
+            let expect = Expect { capacity, never };
+            group.keys.extend_from_slice(r.redis_key);
+            group.ends.push(group.keys.len());
+            group.entries.push(Entry { row, cost, expect });
         }
         Ok(group)
     }
@@ -632,15 +613,6 @@ impl Group {
             peeks.push(ScriptRequest { cost: 0, ..*r });
         }
         Group::of(&peeks, time, Op::Settle(units))
-    }
-
-    fn push(&mut self, redis_key: &[u8], limit: &Limit, cost: u64) -> Result<(), Error> {
-        let row = row(limit)?;
-        let (expect, cost) = Expect::new(limit, cost);
-        self.keys.extend_from_slice(redis_key);
-        self.ends.push(self.keys.len());
-        self.entries.push(Entry { row, cost, expect });
-        Ok(())
     }
 
     /// The op's code in `entry.lua`; `put` is given per request its limit and its values.
@@ -848,13 +820,6 @@ impl<'a> Call<'a> {
     /// A call of `groups` (at least one).
     pub(crate) fn new(groups: Vec<&'a Group>) -> Self {
         Self { groups }
-    }
-
-    /// A call of one group.
-    pub(crate) fn one(group: &'a Group) -> Self {
-        Self {
-            groups: vec![group],
-        }
     }
 
     /// Sends the call (`EVALSHA`, then `EVAL` on `NOSCRIPT`) and reads every group's answer.
@@ -1073,7 +1038,7 @@ pub async fn decide(
     time: TimeSource,
 ) -> Result<Decision, Error> {
     let group = Group::single(redis_key, limit, cost, time)?;
-    only(Call::one(&group).run(conn, None).await?)?.decision()
+    only(Call::new(vec![&group]).run(conn, None).await?)?.decision()
 }
 
 /// One step of the regional pool at `redis_key` (see `pool.lua`), as the region store sends it:
@@ -1099,7 +1064,7 @@ pub async fn pool_step(
         _ => PoolAction::Deposit { units, wait_us, ok },
     };
     let group = Group::keyed(redis_key, &[], Op::Pool(params, action), time)?;
-    let r = only(Call::one(&group).run(conn, None).await?)?.pool()?;
+    let r = only(Call::new(vec![&group]).run(conn, None).await?)?.pool()?;
     let (failing, until) = (u64::from(r.failing), r.denied_until);
     Ok([r.granted, r.units, r.back, r.want, until, failing, r.now])
 }
@@ -1114,7 +1079,7 @@ pub async fn settle(
     time: TimeSource,
 ) -> Result<Vec<Decision>, Error> {
     let group = Group::settle(requests, reports, time)?;
-    only(Call::one(&group).run(conn, None).await?)?.decisions()
+    only(Call::new(vec![&group]).run(conn, None).await?)?.decisions()
 }
 
 /// Decides a batch all-or-nothing, as the store does: one call of one group.
@@ -1124,7 +1089,7 @@ pub async fn decide_all(
     time: TimeSource,
 ) -> Result<Vec<Decision>, Error> {
     let group = Group::batch(requests, time, Batch::Commit)?;
-    only(Call::one(&group).run(conn, None).await?)?.decisions()
+    only(Call::new(vec![&group]).run(conn, None).await?)?.decisions()
 }
 
 /// The answer of a call of one group.
@@ -1134,15 +1099,6 @@ pub(crate) fn only(mut answers: Vec<Result<Answer, Error>>) -> Result<Answer, Er
         _ => Err(protocol(
             "expected the answer of exactly one group".to_owned(),
         )),
-    }
-}
-
-pub(crate) fn check_time(time: TimeSource) -> Result<(), Error> {
-    match time {
-        TimeSource::Client(now) if now > MAX_CLIENT_TIME_US => Err(Error::InvalidRequest(
-            "client time beyond 2^52 µs (the year 2112), where the scripts are no longer exact",
-        )),
-        _ => Ok(()),
     }
 }
 
@@ -1163,23 +1119,6 @@ pub(crate) fn protocol(message: String) -> Error {
 
 /// The bytes of one decision in a reply: five big-endian doubles.
 pub(crate) const DECISION_BYTES: usize = 40;
-
-#[cfg(test)]
-/// Parses a script's reply to one request per `expect` as the reply of one group would be.
-fn parse_reply(reply: Value, expect: &[Expect]) -> Result<Vec<Decision>, Error> {
-    let Value::BulkString(bytes) = reply else {
-        return Err(protocol(format!("not a string: {}", describe(&reply))));
-    };
-    let mut group = Group::with_capacity(TimeSource::Server, Op::One, 0, 0)?;
-    let (row, cost) = ([0; 5], 1);
-    group.entries = expect
-        .iter()
-        .map(|&expect| Entry { row, cost, expect })
-        .collect();
-    group.ends = vec![0; expect.len()];
-    let reply = Value::BulkString([b"o", bytes.as_slice()].concat());
-    only(Call::one(&group).parse(reply)?)?.decisions()
-}
 
 /// The first `N` doubles of `part` (at least `8 N` bytes), each an integer in `[0, 2^53)`.
 fn integers<const N: usize>(part: &[u8]) -> Result<[u64; N], Error> {
@@ -1329,9 +1268,9 @@ pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
         };
     }
     match err.kind() {
-        ErrorKind::Server(ServerErrorKind::NoPerm)
-        | ErrorKind::AuthenticationFailed
-        | ErrorKind::InvalidClientConfig => config_error(err.to_string()),
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
+            config_error(err.to_string())
+        }
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
             protocol(format!("unreadable reply: {err}"))
         }
@@ -1357,14 +1296,24 @@ mod tests {
         doubles(&values.iter().map(|&i| i as f64).collect::<Vec<_>>())
     }
 
-    const E: Expect = Expect {
-        capacity: 10,
-        never: false,
-    };
+    /// Parses a script's reply to `n` requests of capacity 10 as the reply of one group would be.
+    fn parse_reply(reply: Value, n: usize) -> Result<Vec<Decision>, Error> {
+        let limit = Limit::gcra(Quota::per_second(10).unwrap());
+        let group = Group::of(
+            &vec![ScriptRequest::new(b"", limit, 1); n],
+            TimeSource::Server,
+            Op::One,
+        )?;
+        let reply = match reply {
+            Value::BulkString(bytes) => Value::BulkString([b"o", bytes.as_slice()].concat()),
+            other => other,
+        };
+        only(Call::new(vec![&group]).parse(reply)?)?.decisions()
+    }
 
     #[test]
     fn the_script_is_built_from_its_parts() {
-        let source = script_source();
+        let source = ENTRY_SCRIPT;
         assert!(source.starts_with(include_str!("scripts/prelude.lua")));
         assert!(source.ends_with(include_str!("scripts/entry_groups.lua")));
         for name in [
@@ -1377,20 +1326,20 @@ mod tests {
             assert!(source.contains(&format!("local function decide_{name}(")));
         }
         assert!(!source.contains("replicate_commands"));
-        assert_eq!(script_sha1().len(), 40);
+        assert_eq!(ENTRY_SHA.len(), 40);
     }
 
     #[test]
     fn parses_allowed_and_denied() {
-        let d = parse_reply(ints(&[1, 10, 7, 300, 0]), &[E]).unwrap();
+        let d = parse_reply(ints(&[1, 10, 7, 300, 0]), 1).unwrap();
         assert_eq!(
             d,
             vec![Decision::allowed(10, 7, Duration::from_micros(300))]
         );
         let top = (1i64 << 53) - 1;
-        let d = parse_reply(ints(&[1, 10, 7, top, 0]), &[E]).unwrap();
+        let d = parse_reply(ints(&[1, 10, 7, top, 0]), 1).unwrap();
         assert_eq!(d[0].reset_after(), Duration::from_micros(top as u64));
-        let d = parse_reply(ints(&[0, 10, 0, 300, 25, 1, 10, 3, 0, 0]), &[E, E]).unwrap();
+        let d = parse_reply(ints(&[0, 10, 0, 300, 25, 1, 10, 3, 0, 0]), 2).unwrap();
         assert_eq!(
             d,
             vec![
@@ -1427,13 +1376,13 @@ mod tests {
         ];
         for reply in bad {
             let shown = format!("{reply:?}");
-            match parse_reply(reply, &[E]) {
+            match parse_reply(reply, 1) {
                 Err(Error::Protocol { .. }) => {}
                 other => panic!("{shown}: expected a protocol error, got {other:?}"),
             }
         }
         assert!(matches!(
-            parse_reply(ints(&[1, 10, 7, 300, 0]), &[E, E]),
+            parse_reply(ints(&[1, 10, 7, 300, 0]), 2),
             Err(Error::Protocol { .. })
         ));
     }

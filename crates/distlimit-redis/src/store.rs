@@ -92,11 +92,10 @@ impl RedisStore {
     /// with the sentinels' own credentials if they need any) name for `service_name`. Give the
     /// primary's credentials with [`RedisStoreBuilder::node_auth`]. The primary speaks TLS when
     /// the sentinel URLs are `rediss://`.
-    pub fn sentinel<I, S>(sentinel_urls: I, service_name: impl Into<String>) -> RedisStoreBuilder
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
+    pub fn sentinel(
+        sentinel_urls: impl IntoIterator<Item = impl Into<String>>,
+        service_name: impl Into<String>,
+    ) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Topology::Sentinel {
             sentinels: sentinel_urls.into_iter().map(Into::into).collect(),
             service: service_name.into(),
@@ -106,11 +105,7 @@ impl RedisStore {
 
     /// A builder for the Redis Cluster that `node_urls` (`redis://host:port`, some or all of
     /// its nodes, with one set of credentials) belong to.
-    pub fn cluster<I, S>(node_urls: I) -> RedisStoreBuilder
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
+    pub fn cluster(node_urls: impl IntoIterator<Item = impl Into<String>>) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Topology::Cluster(
             node_urls.into_iter().map(Into::into).collect(),
         ))
@@ -212,18 +207,14 @@ impl RedisStore {
         only(
             inner
                 .backend
-                .call(&Call::one(&group), inner.timeouts)
+                .call(&Call::new(vec![&group]), inner.timeouts)
                 .await?,
         )
     }
 
     /// The Redis key of the state of `key` under `policy`, built in place (see [`KeyLayout`]).
     pub(crate) fn state_key(&self, policy: &str, key: &[u8]) -> KeyBuf {
-        let mut buf = KeyBuf::new();
-        self.inner
-            .layout
-            .write_key(policy.as_bytes(), key, &mut buf);
-        buf
+        self.inner.layout.key_buf(policy.as_bytes(), key)
     }
 
     /// Where permit ids come from.

@@ -585,7 +585,7 @@ fn noscript_falls_back_to_eval() {
             let mut state = State::fresh(algorithm);
             let mut other_state = State::fresh(algorithm);
             let now = 1_700_000_000_000_000;
-            let sha = script::script_sha1();
+            let sha = script::ENTRY_SHA.as_str();
 
             // Another test sharing the server may load the script again right after the flush:
             // try until the fallback is seen.

@@ -1,9 +1,7 @@
 -- The one entry script (see script.rs, "The call"), first part (then refund.lua, lease.lua,
 -- pool.lua, permit.lua, settle.lua and entry_groups.lua, so that the common call below builds
--- none of their closures): every call carries one or more groups, decided one after the other
--- in the order given, each alone (a single request, an all-or-nothing batch, a refund, a lease
--- exchange, a regional pool's step, a permit or a settling). A group that fails (a bad value at
--- one of its keys) fails alone; the groups after it are still decided.
+-- none of their closures). A group that fails (a bad value at one of its keys) fails alone; the
+-- groups after it are still decided.
 -- KEYS: every group's keys in turn.
 -- ARGV[1]: one string of big-endian doubles holding integers (one argument instead of several per
 -- decision: Redis turns every argument into a Lua string, about 0.1 µs each):

@@ -1,6 +1,4 @@
 -- Fixed window (distlimit_core::algorithm::FixedWindow). Parameters: limit, period (µs).
--- State: tag 3, then the window start (µs), its count and the period it was written under (a
--- 17-byte value without it reads as written under the current one).
 local function decide_fixed_window(key, now, cost, limit, period)
   local start, count, wp = 0, 0, period
   local v = redis.call('GET', key)

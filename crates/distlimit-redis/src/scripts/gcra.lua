@@ -1,6 +1,5 @@
 -- GCRA (distlimit_core::algorithm::Gcra). Parameters: burst, T = ceil(period / limit) (µs per
--- unit). State: tag 2, then the theoretical arrival time (µs), then the burst and T it was
--- written under (a 9-byte value without them reads as written under the current ones).
+-- unit).
 -- Reads `v`, the value at `key` (nil when there is none), as a GCRA state under burst and T at
 -- `now`: its arrival time, carried over first when it was written under another burst or T
 -- (State::carried: the whole units spent then, rounded up, capped at the burst, are spent now),

@@ -76,10 +76,7 @@ local function lease(key, algorithm, p1, p2, p3, now, back, want, slack)
   if not a then
     return nil, l
   end
-  local granted = want
-  if granted > r then
-    granted = r
-  end
+  local granted = math.min(want, r)
   if granted > 0 then
     local reply, err = settle(key, decide, now, granted, slack, p1, p2, p3)
     if not reply then

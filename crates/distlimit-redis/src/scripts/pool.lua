@@ -46,24 +46,9 @@ local function pool(key, now, horizon, capacity, claim_ttl, keep, action, a, b, 
     local expired = units > 0 and now >= expires and failing == 0
     if now >= claim and (now >= denied or expired)
         and (units * 2 < target or granted < b or expired) then
-      local elapsed = now - since
-      if elapsed < 1000 then
-        elapsed = 1000
-      end
-      local span = 3 * lag
-      if span < 20000 then
-        span = 20000
-      end
-      if span > horizon then
-        span = horizon
-      end
-      local t = math.ceil(demand * span / elapsed)
-      if t < b then
-        t = b
-      end
-      if t > capacity then
-        t = capacity
-      end
+      local elapsed = math.max(now - since, 1000)
+      local span = math.min(math.max(3 * lag, 20000), horizon)
+      local t = math.min(math.max(math.ceil(demand * span / elapsed), b), capacity)
       if expired then
         back = units
         units = 0

@@ -7,10 +7,7 @@
 -- state of the key's algorithm is left alone. Writes keep the key's TTL (the charge's, at least
 -- what the refunded state needs).
 local function refund(key, algorithm, p1, p2, p3, cost, at, now)
-  local elapsed = now - at
-  if elapsed < 0 then
-    elapsed = 0
-  end
+  local elapsed = math.max(now - at, 0)
   local v = redis.pcall('GET', key)
   local new
   if type(v) == 'string' and cost > 0 then

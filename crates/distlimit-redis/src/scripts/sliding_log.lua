@@ -1,7 +1,5 @@
--- Sliding log (distlimit_core::algorithm::SlidingLog). Parameters: limit, period (µs). State:
--- tag 4, then one (instant µs, cost) pair per admitted instant, instants strictly increasing,
--- costs at least 1. An entry counts while instant + period > now; a commit drops the expired
--- prefix, and merges a request into the newest entry when that entry is not older than now.
+-- Sliding log (distlimit_core::algorithm::SlidingLog). Parameters: limit, period (µs). An
+-- entry counts while instant + period > now.
 local function decide_sliding_log(key, now, cost, limit, period)
   -- used: the live entries' cost; live: byte offset of the first live entry (0: none); len: the
   -- value's length; last_t, last_c: the newest entry.

@@ -1,7 +1,5 @@
 -- Sliding window counter (distlimit_core::algorithm::SlidingWindow). Parameters: limit,
--- period (µs), granule gr and steps, from Quota::window_granule. State: tag 5, then the current
--- window's start (µs), the previous window's count and the current one's, and the period it
--- was written under (a 25-byte value without it reads as written under the current one).
+-- period (µs), granule gr and steps, from Quota::window_granule.
 -- Moves a state to the window of `period` holding `now`: the current count becomes the previous
 -- one after exactly one window, both reset after a longer gap. Also the time elapsed in that
 -- window, clamped to [0, period] (before the start, the clock went back: the start's weight).

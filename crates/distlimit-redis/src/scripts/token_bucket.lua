@@ -1,7 +1,5 @@
 -- Token bucket (distlimit_core::algorithm::TokenBucket). Parameters: burst, L' (units refilled
--- per µs), P' (units per token), from Quota::refill_units. State: tag 1, then the deficit
--- (units below full) and the last update (µs), then the burst, L' and P' it was written under
--- (a 17-byte value without them reads as written under the current ones).
+-- per µs), P' (units per token), from Quota::refill_units.
 -- Reads `v`, the value at `key` (nil when there is none), as a token bucket state under burst,
 -- L' = rate and P' = unit at `now`: its deficit and last update, carried over first when it was
 -- written under other parameters (State::carried: the whole tokens spent then at `now`, refilled
