@@ -37,6 +37,17 @@ pub(crate) enum Rejection {
 }
 
 impl Rejection {
+    /// The answer to a request whose key needs the client IP when no peer address is known
+    /// (logged).
+    pub(crate) fn no_peer() -> Self {
+        tracing::error!(
+            "distlimit-tower: no peer address on the request; serve with ConnectInfo \
+             (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
+        );
+        let detail = "The rate limiter cannot identify the client.";
+        Rejection::Misconfigured { detail }
+    }
+
     /// The answer, as a gRPC status when `grpc`.
     pub(crate) fn into_response<B>(self, grpc: bool) -> Response<RateLimitBody<B>> {
         if grpc { self.grpc() } else { self.http() }
@@ -186,19 +197,6 @@ fn problem(
     }
     s.push('}');
     (status, Bytes::from(s))
-}
-
-impl Rejection {
-    /// The answer to a request whose key needs the client IP when no peer address is known
-    /// (logged).
-    pub(crate) fn no_peer() -> Self {
-        tracing::error!(
-            "distlimit-tower: no peer address on the request; serve with ConnectInfo \
-             (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
-        );
-        let detail = "The rate limiter cannot identify the client.";
-        Rejection::Misconfigured { detail }
-    }
 }
 
 #[cfg(test)]

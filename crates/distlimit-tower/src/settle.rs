@@ -197,18 +197,13 @@ impl Settle {
         self.with(|spec| spec.refund_on_drop = refund)
     }
 
-    fn with(self, change: impl FnOnce(&mut Spec)) -> Self {
-        let spec = match Arc::try_unwrap(self.spec) {
-            Ok(mut spec) => {
-                change(&mut spec);
-                spec
-            }
-            // Built once per layer, never shared before it is built: not reached.
-            Err(shared) => return Self { spec: shared },
-        };
-        Self {
-            spec: Arc::new(spec),
+    fn with(mut self, change: impl FnOnce(&mut Spec)) -> Self {
+        // A clone shares the spec: its builder methods change nothing (not reached: a settle is
+        // configured, then given to a layer).
+        if let Some(spec) = Arc::get_mut(&mut self.spec) {
+            change(spec);
         }
+        self
     }
 
     /// The estimate of one request.
