@@ -31,19 +31,11 @@ pub struct Usage(pub u64);
 /// known only after it (the tokens an LLM answer used); see the crate documentation, "Costs
 /// known after the response".
 ///
-/// The request reserves an estimate ([`estimate`](Self::estimate), 1 by default, or
-/// [`estimate_with`](Self::estimate_with)) in the layer's all-or-nothing batch. When the body
-/// ends, the actual cost read from the response head ([`from_header`](Self::from_header),
-/// [`from_extension`](Self::from_extension), [`actual`](Self::actual); missing: the estimate
-/// stands) settles it: the difference goes back, or the excess is charged past the limit as debt
-/// later requests wait out. A 5xx, and a response dropped before its end, give the estimate back
-/// ([`refund_on_server_error`](Self::refund_on_server_error),
-/// [`refund_on_drop`](Self::refund_on_drop)). A body can instead be metered as it streams
-/// ([`streamed`](Self::streamed), [`metered`](Self::metered)).
-///
-/// The settle is a store call on a Tokio task after the body ends; a failed one is logged
-/// (`WARN`) and lost. The policy's tiers must be token buckets or GCRA (window algorithms cannot
-/// carry debt).
+/// The request reserves an [`estimate`](Self::estimate); the actual cost read from the response
+/// head ([`from_header`](Self::from_header), [`from_extension`](Self::from_extension),
+/// [`actual`](Self::actual)) settles it when the body ends, or the body is metered as it streams
+/// ([`streamed`](Self::streamed), [`metered`](Self::metered)). A failed settle is logged
+/// (`WARN`) and lost.
 ///
 /// ```
 /// use distlimit_tower::Settle;
@@ -127,17 +119,11 @@ impl Settle {
     }
 
     /// Meters the response body as it streams when the head gives no actual cost (a head that
-    /// does, and a refunded 5xx, settle unmetered; see the crate documentation, "Streaming
-    /// settlement"): each data frame passes once its units (`meter`) are covered by units
-    /// reserved for the request, the estimate first, then [blocks](Self::block) decided by the
-    /// store. A refused block is asked again for what is left (at least the frame's units), up
-    /// to three asks per frame; then the budget is exhausted ([`on_exhausted`](Self::on_exhausted),
-    /// with the last refusal's `retry_after`). When the stream ends, is dropped or fails, unused
-    /// units go back and a debt-mode overrun is reported. A store failure or timeout while
-    /// reserving follows the layer's [`OnError`](crate::OnError): fail closed stops the stream
-    /// ([`StopReason::Unavailable`](crate::StopReason)), fail open lets the rest through
-    /// unmetered. In stop mode, concurrent streams of one key on any number of instances never
-    /// pass the budget: every unit sent was reserved by a store decision.
+    /// does, and a refunded 5xx, settle unmetered): each data frame passes once its units
+    /// (`meter`) are covered by units reserved for the request, the estimate first, then
+    /// [blocks](Self::block); a refused block is asked again for what is left, up to three asks
+    /// per frame, then the budget is exhausted ([`on_exhausted`](Self::on_exhausted)). The crate
+    /// documentation's "Streaming settlement" says what ending, failing and store errors do.
     #[must_use]
     pub fn metered(self, meter: Meter) -> Self {
         self.with(|spec| spec.meter = Some(meter))
