@@ -176,7 +176,7 @@ impl<S: Store + ?Sized + 'static> Config<S> {
             return Err(Rejection::no_peer());
         };
         let cost = match (&limit.settle, &limit.cost) {
-            (Some(settle), _) => Settle::estimate_of(settle, info),
+            (Some(settle), _) => settle.estimate,
             (None, Some(cost)) => cost(info),
             (None, None) => *shared_cost
                 .get_or_insert_with(|| self.cost.as_deref().map_or(1, |cost| cost(info))),

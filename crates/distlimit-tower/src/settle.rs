@@ -12,11 +12,7 @@ use http::HeaderName;
 use http::response::Parts;
 use smallvec::SmallVec;
 
-use crate::RequestInfo;
 use crate::stream::{DEFAULT_BLOCK, Exhausted, Meter, ReserveFuture, StreamConfig, Streaming};
-
-/// The estimate a settled limit reserves per request (see [`Settle::estimate`]).
-type EstimateFn = dyn Fn(&RequestInfo<'_>) -> u64 + Send + Sync;
 
 /// The actual cost a settled limit reads from the response head (see [`Settle::actual`]).
 type ActualFn = dyn Fn(&Parts) -> Option<u64> + Send + Sync;
@@ -31,7 +27,7 @@ pub struct Usage(pub u64);
 /// known only after it (the tokens an LLM answer used); see the crate documentation, "Costs
 /// known after the response".
 ///
-/// The request reserves an [`estimate`](Self::estimate); the actual cost read from the response
+/// The request reserves an [`estimate`](Self::estimate) (1 by default); the actual cost read from the response
 /// head ([`from_header`](Self::from_header), [`from_extension`](Self::from_extension),
 /// [`actual`](Self::actual)) settles it when the body ends, or the body is metered as it streams
 /// ([`streamed`](Self::streamed), [`metered`](Self::metered)). A failed settle is logged
@@ -50,7 +46,8 @@ pub struct Settle {
 }
 
 pub(crate) struct Spec {
-    estimate: Estimate,
+    /// The units reserved per request.
+    pub(crate) estimate: u64,
     actual: Box<ActualFn>,
     refund_on_server_error: bool,
     refund_on_drop: bool,
@@ -62,19 +59,10 @@ pub(crate) struct Spec {
     pub(crate) exhausted: Exhausted,
 }
 
-enum Estimate {
-    Fixed(u64),
-    With(Box<EstimateFn>),
-}
-
 impl fmt::Debug for Settle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let estimate = match &self.spec.estimate {
-            Estimate::Fixed(n) => Some(*n),
-            Estimate::With(_) => None,
-        };
         f.debug_struct("Settle")
-            .field("estimate", &estimate)
+            .field("estimate", &self.spec.estimate)
             .field("refund_on_server_error", &self.spec.refund_on_server_error)
             .field("refund_on_drop", &self.spec.refund_on_drop)
             .field("metered", &self.spec.meter.is_some())
@@ -93,7 +81,7 @@ impl Settle {
     {
         Self {
             spec: Arc::new(Spec {
-                estimate: Estimate::Fixed(1),
+                estimate: 1,
                 actual: Box::new(actual),
                 refund_on_server_error: true,
                 refund_on_drop: true,
@@ -158,16 +146,7 @@ impl Settle {
     /// Reserves `estimate` units per request (default: 1).
     #[must_use]
     pub fn estimate(self, estimate: u64) -> Self {
-        self.with(|spec| spec.estimate = Estimate::Fixed(estimate))
-    }
-
-    /// Reserves the units `estimate` computes from the request's head.
-    #[must_use]
-    pub fn estimate_with<F>(self, estimate: F) -> Self
-    where
-        F: Fn(&RequestInfo<'_>) -> u64 + Send + Sync + 'static,
-    {
-        self.with(|spec| spec.estimate = Estimate::With(Box::new(estimate)))
+        self.with(|spec| spec.estimate = estimate)
     }
 
     /// Whether a 5xx response gives the whole estimate back (default: yes).
@@ -190,14 +169,6 @@ impl Settle {
             change(spec);
         }
         self
-    }
-
-    /// The estimate of one request.
-    pub(crate) fn estimate_of(spec: &Spec, info: &RequestInfo<'_>) -> u64 {
-        match &spec.estimate {
-            Estimate::Fixed(n) => *n,
-            Estimate::With(f) => f(info),
-        }
     }
 }
 
