@@ -304,28 +304,16 @@ impl Check<'_> {
 /// `Server::builder().layer(..)`, or to any tower stack (`ServiceBuilder`, then hyper-util's
 /// `TowerToHyperService` for plain hyper).
 ///
-/// # Per request
-///
-/// 1. The client is resolved from the socket peer (a [`PeerAddr`](crate::PeerAddr) extension,
-///    axum's `ConnectInfo<SocketAddr>` with feature `axum`, tonic's `TcpConnectInfo` with
-///    feature `tonic`) and, through trusted proxies only, the forwarding header
-///    ([`ClientIpResolver`]).
-/// 2. The [`PolicySelector`] names the policy; none lets the request through unchecked. With
-///    several limits ([`RateLimitLayerBuilder::and`]), each limit's selector, and a limit whose
-///    selector names none does not apply.
-/// 3. The [`KeyExtractor`] names the key. When the key needs the client IP and no peer address
-///    is known (the server was not set up to record it), the request is answered 500 (gRPC
-///    `INTERNAL`): a limiter that cannot tell clients apart must not quietly share one bucket.
-/// 4. The limiter charges the request's [cost](RateLimitLayerBuilder::cost) (one unit unless
-///    configured) and decides, within the timeout; several limits are one all-or-nothing batch
-///    ([`Limiter::check_all`]). Allowed: the inner service is called (with
-///    rate-limit headers added to its response under [`RateLimitHeaders::Always`]). Denied:
-///    429 with a problem document and `Retry-After`, or gRPC `RESOURCE_EXHAUSTED`. A store error
-///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
-///    `tracing`.
-///
-/// What this costs per request (allocations, clones of the inner service): the crate
-/// documentation's "Cost per request".
+/// Per request: the client is resolved from the socket peer (a [`PeerAddr`](crate::PeerAddr)
+/// extension, axum's `ConnectInfo<SocketAddr>` with feature `axum`, tonic's `TcpConnectInfo`
+/// with feature `tonic`) and, through trusted proxies only, the forwarding header
+/// ([`ClientIpResolver`]); each limit's [`PolicySelector`] names its policy (none: the limit
+/// does not apply) and its [`KeyExtractor`] the key; the limiter charges every limit's
+/// [cost](RateLimitLayerBuilder::cost) in one all-or-nothing batch, within the timeout. A key
+/// that needs the client IP when no peer address is known is answered 500 (gRPC `INTERNAL`): a
+/// limiter that cannot tell clients apart must not quietly share one bucket. The crate
+/// documentation's "What the layer answers" lists every answer, its "Cost per request" what a
+/// request costs (allocations, clones of the inner service).
 #[derive(Clone)]
 pub struct RateLimitLayer {
     config: Arc<dyn Decide>,
@@ -455,15 +443,8 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     }
 
     /// Adds a limit: requests are also checked against the policy `policy` picks, keyed by
-    /// `key`, charged the layer's [cost](Self::cost) (the crate documentation's "Several limits,
-    /// one decision" has an example).
-    ///
-    /// Every limit that applies to a request (its selector names a policy) is decided in one
-    /// all-or-nothing batch ([`Limiter::check_all`]): the request is admitted and charged under
-    /// all of them, or denied and charged under none, so one user over their own limit cannot
-    /// use up the limit of the address they share with others. A denial's headers and problem
-    /// document name the limits that denied; an admitted request's headers (under
-    /// [`RateLimitHeaders::Always`]) list every limit's tiers.
+    /// `key`, charged the layer's [cost](Self::cost), in the one all-or-nothing batch of every
+    /// limit that applies (the crate documentation's "Several limits, one decision").
     #[must_use]
     pub fn and(self, policy: impl Into<PolicySelector>, key: KeyExtractor) -> Self {
         self.limit(LimitSpec::new(policy.into(), key))
@@ -548,10 +529,9 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     /// more than others: a batch endpoint charged per item, an upload per megabyte declared in
     /// `content-length`, a GraphQL query by its complexity.
     ///
-    /// Every tier of the policy (of every limit without a cost of its own,
-    /// [`and_with_cost`](Self::and_with_cost)) is charged `cost`, all or nothing. A cost of 0 charges nothing
-    /// and is denied only when not even one unit is left. A cost above a tier's burst can never
-    /// pass: it is answered 429 without `Retry-After`, like a deny-listed client.
+    /// Every tier of every limit without a cost of its own ([`and_with_cost`](Self::and_with_cost))
+    /// is charged `cost`, all or nothing. A cost of 0 charges nothing (denied only when not one
+    /// unit is left); a cost above a tier's burst is answered 429 without `Retry-After`.
     ///
     /// ```
     /// use std::sync::Arc;
