@@ -337,30 +337,17 @@ mod tests {
     #[test]
     fn overrun_parses_and_round_trips() {
         let text = "[[policy]]\nname = \"tokens\"\noverrun = \"debt\"\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n";
+        let overrun =
+            |text: &str| PolicySet::from_toml_str(text).map(|s| s.policies()[0].overrun());
         let set = PolicySet::from_toml_str(text).unwrap();
+        assert_eq!(overrun(text), Ok(Some(crate::Overrun::Debt)));
         assert_eq!(
-            set.get("tokens").unwrap().overrun(),
-            Some(crate::Overrun::Debt)
+            overrun(&set.to_toml_string()),
+            Ok(Some(crate::Overrun::Debt))
         );
-        let again = PolicySet::from_toml_str(&set.to_toml_string()).unwrap();
-        assert_eq!(
-            again.get("tokens").unwrap().overrun(),
-            Some(crate::Overrun::Debt)
-        );
-        let unset = text.replace("overrun = \"debt\"\n", "");
-        assert_eq!(
-            PolicySet::from_toml_str(&unset)
-                .unwrap()
-                .get("tokens")
-                .unwrap()
-                .overrun(),
-            None
-        );
-        let bad = text.replace("\"debt\"", "\"later\"");
-        assert_eq!(
-            PolicySet::from_toml_str(&bad).unwrap_err().field(),
-            Field::Toml
-        );
+        assert_eq!(overrun(&text.replace("overrun = \"debt\"\n", "")), Ok(None));
+        let bad = overrun(&text.replace("\"debt\"", "\"later\""));
+        assert_eq!(bad.unwrap_err().field(), Field::Toml);
     }
 
     #[test]

@@ -511,32 +511,25 @@ impl Policy {
         limit: u64,
         window: Duration,
     ) -> Result<(), PolicyConfigError> {
-        let index = match tier {
+        let count = self.tiers.len();
+        let t = match tier {
             Some(name) => self
                 .tiers
-                .iter()
-                .position(|t| &*t.name == name)
+                .iter_mut()
+                .find(|t| &*t.name == name)
                 .ok_or_else(|| {
                     PolicyConfigError::new(Field::Tiers, format!("no tier named {name:?}"))
                         .in_policy(&self.name)
                 })?,
-            None if self.tiers.len() == 1 => 0,
-            None => {
-                return Err(PolicyConfigError::new(
-                    Field::Tiers,
-                    format!(
-                        "{} tiers: name one as \"{}/<tier>\"",
-                        self.tiers.len(),
-                        self.name
-                    ),
-                )
-                .in_policy(&self.name));
-            }
+            None => match self.tiers.first_mut() {
+                Some(t) if count == 1 => t,
+                _ => {
+                    let message = format!("{count} tiers: name one as \"{}/<tier>\"", self.name);
+                    return Err(PolicyConfigError::new(Field::Tiers, message).in_policy(&self.name));
+                }
+            },
         };
         let policy = &self.name;
-        let Some(t) = self.tiers.get_mut(index) else {
-            return Ok(());
-        };
         let old = t.limit.quota();
         let burst = if old.burst() == old.limit() {
             limit
