@@ -156,11 +156,6 @@ impl TrustedProxies {
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.networks.iter().any(|n| n.contains(ip))
     }
-
-    /// Whether no proxy is trusted.
-    pub fn is_empty(&self) -> bool {
-        self.networks.is_empty()
-    }
 }
 
 /// Which forwarding header the trusted proxies write.
@@ -243,11 +238,6 @@ impl ClientIpResolver {
     pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
         self.ipv6_prefix = prefix.min(128);
         self
-    }
-
-    /// The trusted proxies.
-    pub fn trusted(&self) -> &TrustedProxies {
-        &self.trusted
     }
 
     /// The client of a request that arrived from the socket peer `peer` with `headers`.
