@@ -564,22 +564,23 @@ impl Policy {
             .collect();
         self.rules = Rules::default();
         self.override_applied.clear();
-        self.applied = Arc::new(Applied {
-            policy: name.clone(),
-            shadow: self.shadow,
-            is_override: false,
-            tiers: self.tiers.clone().into(),
-            observed: Observed::default(),
-        });
-        for key in &self.allow {
-            self.rules
-                .list(key, Rule::Allow, Field::Allow)
-                .map_err(located)?;
-        }
-        for key in &self.deny {
-            self.rules
-                .list(key, Rule::Deny, Field::Deny)
-                .map_err(located)?;
+        let applied = |is_override, tiers: Vec<Tier>| {
+            Arc::new(Applied {
+                policy: name.clone(),
+                shadow: self.shadow,
+                is_override,
+                tiers: tiers.into(),
+                observed: Observed::default(),
+            })
+        };
+        self.applied = applied(false, self.tiers.clone());
+        let allow = self
+            .allow
+            .iter()
+            .map(|key| (key, Rule::Allow, Field::Allow));
+        let deny = self.deny.iter().map(|key| (key, Rule::Deny, Field::Deny));
+        for (key, rule, field) in allow.chain(deny) {
+            self.rules.list(key, rule, field).map_err(located)?;
         }
         for (i, o) in self.overrides.iter_mut().enumerate() {
             let in_override = |e: PolicyConfigError| e.in_override(&o.key).in_policy(&name);
@@ -602,14 +603,7 @@ impl Policy {
             tiers.extend(o.tiers.iter().cloned());
             validate_tiers(&mut tiers, &name).map_err(in_override)?;
             o.tiers = tiers.get(globals.len()..).unwrap_or_default().to_vec();
-            let applied = Applied {
-                policy: name.clone(),
-                shadow: self.shadow,
-                is_override: true,
-                tiers: tiers.into(),
-                observed: Observed::default(),
-            };
-            self.override_applied.push(Arc::new(applied));
+            self.override_applied.push(applied(true, tiers));
             self.rules
                 .exact(&o.key, Rule::Override(i), Field::Override)
                 .map_err(located)?;
