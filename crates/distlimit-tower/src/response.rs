@@ -263,6 +263,9 @@ mod tests {
     /// legacy headers, a listed key, gRPC.
     #[test]
     fn answers_are_byte_for_byte() {
+        let unavailable = || Rejection::Unavailable {
+            retry_after: Duration::from_millis(1500),
+        };
         let cases = [
             render(denial("api", "second", false, true, false), false),
             render(denial("api", "second", false, false, false), false),
@@ -273,18 +276,8 @@ mod tests {
             ),
             render(denial("api", "second", true, true, true), false),
             render(denial("api", "second", false, true, true), true),
-            render(
-                Rejection::Unavailable {
-                    retry_after: Duration::from_millis(1500),
-                },
-                false,
-            ),
-            render(
-                Rejection::Unavailable {
-                    retry_after: Duration::from_millis(1500),
-                },
-                true,
-            ),
+            render(unavailable(), false),
+            render(unavailable(), true),
             render(
                 Rejection::Misconfigured {
                     detail: "The rate limiter cannot identify the client.",
