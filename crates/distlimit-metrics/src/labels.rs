@@ -1,5 +1,6 @@
 //! The label sets of every family. Only bounded values: policy names (capped by
-//! [`Metrics`](crate::Metrics)), and `&'static str`s from code; never a key.
+//! [`Metrics`](crate::Metrics) for decisions; from configuration, never requests, for permits
+//! and streams), and `&'static str`s from code; never a key.
 
 use std::sync::Arc;
 

@@ -1,26 +1,24 @@
 #![doc = include_str!("../README.md")]
 
 mod labels;
-mod lease;
-mod permits;
 mod policy;
-mod redis;
-mod stream;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlimit_core::observe::{BreakerState, Observer, Outcome, PolicyObserver};
-use distlimit_core::{Decision, Error};
+use distlimit_core::{Decision, Error, PermitEvent, StreamEvent};
 use prometheus_client::encoding::text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::labels::{BreakerLabels, StoreErrorLabels, StoreLabels, TransitionLabels};
-use crate::lease::LeaseFamilies;
+use crate::labels::{
+    BreakerLabels, EventLabels, PolicyLabels, StoreErrorLabels, StoreLabels, TransitionLabels,
+};
 use crate::policy::{Buckets, PolicyCache, PolicyFamilies};
 
 /// The `Content-Type` of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
@@ -53,6 +51,10 @@ const BREAKER_STATES: [BreakerState; 3] = [
     BreakerState::HalfOpen,
 ];
 
+/// The upper bounds of `distlimit_store_call_decisions`' buckets: 1, 2, 4, … 128 (the Redis
+/// store's largest coalesced call).
+const CALL_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
 /// The distlimit metrics: an [`Observer`] and its registry. Clones share the same series (the
 /// handle is an `Arc`).
 #[derive(Clone, Debug)]
@@ -60,6 +62,7 @@ pub struct Metrics {
     inner: Arc<Inner>,
 }
 
+/// Every family; the `help` texts of [`Inner::register`] say what each counts.
 #[derive(Debug)]
 struct Inner {
     registry: Registry,
@@ -69,10 +72,19 @@ struct Inner {
     breaker_state: Family<BreakerLabels, Gauge>,
     breaker_transitions: Family<TransitionLabels, Counter>,
     evictions: Family<StoreLabels, Counter>,
-    lease: LeaseFamilies,
-    permits: permits::PermitFamilies,
-    stream: stream::StreamFamilies,
-    calls: redis::CallFamilies,
+    lease_takes: Family<StoreLabels, Counter>,
+    lease_taken: Family<StoreLabels, Counter>,
+    lease_returned: Family<StoreLabels, Counter>,
+    lease_held: Family<StoreLabels, Gauge>,
+    permits: Family<EventLabels, Counter>,
+    permits_held: Family<PolicyLabels, Gauge>,
+    stream_units: Family<PolicyLabels, Counter>,
+    stream_stopped: Family<PolicyLabels, Counter>,
+    stream_blocks: Family<EventLabels, Counter>,
+    stream_block_units: Family<EventLabels, Counter>,
+    call_decisions: Family<StoreLabels, Histogram, fn() -> Histogram>,
+    calls_in_flight: Family<StoreLabels, Gauge>,
+    callers_waiting: Family<StoreLabels, Gauge>,
 }
 
 /// Configures [`Metrics`]: see [`Metrics::builder`].
@@ -118,10 +130,19 @@ impl MetricsBuilder {
             breaker_state: Family::default(),
             breaker_transitions: Family::default(),
             evictions: Family::default(),
-            lease: LeaseFamilies::default(),
-            permits: permits::PermitFamilies::default(),
-            stream: stream::StreamFamilies::default(),
-            calls: redis::CallFamilies::new(),
+            lease_takes: Family::default(),
+            lease_taken: Family::default(),
+            lease_returned: Family::default(),
+            lease_held: Family::default(),
+            permits: Family::default(),
+            permits_held: Family::default(),
+            stream_units: Family::default(),
+            stream_stopped: Family::default(),
+            stream_blocks: Family::default(),
+            stream_block_units: Family::default(),
+            call_decisions: Family::new_with_constructor(|| Histogram::new(CALL_BUCKETS)),
+            calls_in_flight: Family::default(),
+            callers_waiting: Family::default(),
         };
         let mut registry = std::mem::take(&mut inner.registry);
         inner.register(&mut registry);
@@ -141,49 +162,69 @@ impl Default for MetricsBuilder {
     }
 }
 
+/// Registers each family (shared, not copied) under its name, with its help text.
+macro_rules! register {
+    ($registry:expr, $($family:expr => $name:literal, $help:literal;)*) => {
+        $($registry.register($name, $help, $family.clone());)*
+    };
+}
+
 impl Inner {
     fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "decisions",
-            "Rate-limit decisions by policy, outcome and the source that decided",
-            self.policy.decisions.clone(),
-        );
+        register! { registry,
+            self.policy.decisions => "decisions",
+                "Rate-limit decisions by policy, outcome and the source that decided";
+        }
         registry.register_with_unit(
             "decision_duration",
             "Time taken by one rate-limit decision",
             Unit::Seconds,
             self.policy.duration.clone(),
         );
-        registry.register(
-            "near_limit",
-            "Admitted decisions that left less than 20% of the capacity",
-            self.policy.near_limit.clone(),
-        );
-        registry.register(
-            "store_errors",
-            "Store failures by store and error kind, including those a fallback absorbed",
-            self.store_errors.clone(),
-        );
-        registry.register(
-            "breaker_state",
-            "Circuit breaker state: 1 for the current state, 0 for the others",
-            self.breaker_state.clone(),
-        );
-        registry.register(
-            "breaker_transitions",
-            "Circuit breaker state changes",
-            self.breaker_transitions.clone(),
-        );
-        registry.register(
-            "evictions",
-            "Live keys a store dropped to stay within its key cap; each starts over as fresh",
-            self.evictions.clone(),
-        );
-        self.lease.register(registry);
-        self.permits.register(registry);
-        self.stream.register(registry);
-        self.calls.register(registry);
+        register! { registry,
+            self.policy.near_limit => "near_limit",
+                "Admitted decisions that left less than 20% of the capacity";
+            self.store_errors => "store_errors",
+                "Store failures by store and error kind, including those a fallback absorbed";
+            self.breaker_state => "breaker_state",
+                "Circuit breaker state: 1 for the current state, 0 for the others";
+            self.breaker_transitions => "breaker_transitions", "Circuit breaker state changes";
+            self.evictions => "evictions",
+                "Live keys a store dropped to stay within its key cap; each starts over as fresh";
+            self.lease_takes => "lease_takes",
+                "Store calls of a lease client that withdrew units (leases taken)";
+            self.lease_taken => "lease_taken_units", "Units a lease client withdrew from its store";
+            self.lease_returned => "lease_returned_units",
+                "Unspent units a lease client gave back when its leases ended";
+            self.lease_held => "lease_held_units",
+                "Units a lease client holds in leases now, all keys together";
+            self.permits => "permits",
+                "Concurrency permits by policy and event: acquired, rejected (the key was full), \
+                 released, expired (found expired: a crashed or too slow holder)";
+            self.permits_held => "permits_held",
+                "Concurrency permits this process holds now (requests in flight), by policy";
+            self.stream_units => "stream_units",
+                "Units streamed responses passed on (metered as they streamed), by policy";
+            self.stream_stopped => "stream_stopped",
+                "Streamed responses stopped at their budget, by policy";
+            self.stream_blocks => "stream_blocks",
+                "Blocks of units reserved for streamed responses, and unused remainders returned \
+                 when they ended, by policy and event";
+            self.stream_block_units => "stream_block_units",
+                "Units of the blocks of distlimit_stream_blocks_total, by policy and event";
+            self.call_decisions => "store_call_decisions",
+                "Decisions carried by one coalesced call to a store's server";
+            self.calls_in_flight => "store_calls_in_flight",
+                "Calls in flight on a store's connections (at most its pool size or call limit)";
+            self.callers_waiting => "store_callers_waiting",
+                "Decisions queued for a store's next call";
+        }
     }
+}
+
+/// `n` as a gauge value, saturating.
+fn gauge(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
 }
 
 impl Metrics {
@@ -304,27 +345,81 @@ impl Observer for Metrics {
             .inc_by(evicted);
     }
 
-    fn on_permits(&self, policy: &str, event: distlimit_core::PermitEvent, count: u64) {
-        self.inner.permits.on_permits(policy, event, count);
+    fn on_permits(&self, policy: &str, event: PermitEvent, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let policy: Arc<str> = policy.into();
+        let event_labels = EventLabels {
+            policy: policy.clone(),
+            event: event.as_str(),
+        };
+        self.inner
+            .permits
+            .get_or_create(&event_labels)
+            .inc_by(count);
+        let held = match event {
+            PermitEvent::Acquired => gauge(count),
+            PermitEvent::Released => -gauge(count),
+            _ => return,
+        };
+        let labels = PolicyLabels { policy };
+        self.inner.permits_held.get_or_create(&labels).inc_by(held);
     }
 
-    fn on_stream(&self, policy: &str, event: distlimit_core::StreamEvent, units: u64) {
-        self.inner.stream.on_stream(policy, event, units);
+    fn on_stream(&self, policy: &str, event: StreamEvent, units: u64) {
+        let policy: Arc<str> = policy.into();
+        let inner = &*self.inner;
+        match event {
+            StreamEvent::Metered => {
+                let labels = PolicyLabels { policy };
+                inner.stream_units.get_or_create(&labels).inc_by(units);
+            }
+            StreamEvent::Stopped => {
+                inner
+                    .stream_stopped
+                    .get_or_create(&PolicyLabels { policy })
+                    .inc();
+            }
+            _ => {
+                let labels = EventLabels {
+                    policy,
+                    event: event.as_str(),
+                };
+                inner.stream_blocks.get_or_create(&labels).inc();
+                inner
+                    .stream_block_units
+                    .get_or_create(&labels)
+                    .inc_by(units);
+            }
+        }
     }
 }
 
 /// The lease client's events: `distlimit_lease_*`.
 impl distlimit_core::LeaseObserver for Metrics {
     fn on_lease_taken(&self, store: &'static str, _policy: &str, units: u64) {
-        self.inner.lease.taken(store, units);
+        if units > 0 {
+            let labels = StoreLabels { store };
+            self.inner.lease_takes.get_or_create(&labels).inc();
+            self.inner.lease_taken.get_or_create(&labels).inc_by(units);
+        }
     }
 
     fn on_lease_returned(&self, store: &'static str, _policy: &str, units: u64) {
-        self.inner.lease.returned(store, units);
+        let labels = StoreLabels { store };
+        self.inner
+            .lease_returned
+            .get_or_create(&labels)
+            .inc_by(units);
     }
 
     fn on_lease_units(&self, store: &'static str, held: u64) {
-        self.inner.lease.held(store, held);
+        let labels = StoreLabels { store };
+        self.inner
+            .lease_held
+            .get_or_create(&labels)
+            .set(gauge(held));
     }
 }
 
@@ -332,11 +427,25 @@ impl distlimit_core::LeaseObserver for Metrics {
 /// `distlimit_store_callers_waiting`.
 impl distlimit_core::RedisObserver for Metrics {
     fn on_coalesced(&self, store: &'static str, decisions: usize) {
-        self.inner.calls.on_coalesced(store, decisions);
+        #[allow(clippy::cast_precision_loss)] // at most a few hundred: exact in an f64
+        let decisions = decisions as f64;
+        let labels = StoreLabels { store };
+        self.inner
+            .call_decisions
+            .get_or_create(&labels)
+            .observe(decisions);
     }
 
     fn on_connections(&self, store: &'static str, in_use: usize, waiting: usize) {
-        self.inner.calls.on_connections(store, in_use, waiting);
+        let labels = StoreLabels { store };
+        self.inner
+            .calls_in_flight
+            .get_or_create(&labels)
+            .set(gauge(in_use));
+        self.inner
+            .callers_waiting
+            .get_or_create(&labels)
+            .set(gauge(waiting));
     }
 }
 
@@ -415,5 +524,23 @@ mod tests {
     fn buckets_are_sorted_finite_and_unique() {
         let builder = Metrics::builder().latency_buckets([0.5, f64::NAN, 0.1, 0.5, f64::INFINITY]);
         assert_eq!(builder.buckets, vec![0.1, 0.5]);
+    }
+
+    #[test]
+    fn coalesced_calls_and_connections_are_exported() {
+        use distlimit_core::RedisObserver;
+        let metrics = Metrics::new();
+        metrics.on_coalesced("redis", 3);
+        metrics.on_coalesced("redis", 100);
+        metrics.on_connections("redis", 2, 5);
+        let text = metrics.encode();
+        for line in [
+            r#"distlimit_store_call_decisions_count{store="redis"} 2"#,
+            r#"distlimit_store_call_decisions_sum{store="redis"} 103.0"#,
+            r#"distlimit_store_calls_in_flight{store="redis"} 2"#,
+            r#"distlimit_store_callers_waiting{store="redis"} 5"#,
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
     }
 }

@@ -519,8 +519,8 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         &self,
         item: &Resolved<'_, '_>,
     ) -> Option<Result<Answer, CheckError>> {
-        let answer = match (&item.kind, item.len()) {
-            (_, 0) => item.answer(Cow::Borrowed(&[])),
+        let request = match (&item.kind, item.len()) {
+            (_, 0) => None,
             (
                 ResolvedKind::Policy {
                     applied,
@@ -530,19 +530,16 @@ impl<S: Store + ?Sized> Engine<'_, S> {
                     ..
                 },
                 1,
-            ) => {
-                let tier = applied.tiers.first()?;
-                let request = tier_request(tier, *key, *cost);
-                match self.store.decide_now(&request)? {
-                    Ok(d) => item.answer(Cow::Borrowed(&[d])),
-                    Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),
-                }
-            }
-            (ResolvedKind::Request(request), _) => match self.store.decide_now(request)? {
+            ) => Some(tier_request(applied.tiers.first()?, *key, *cost)),
+            (ResolvedKind::Request(request), _) => Some(**request),
+            _ => return None,
+        };
+        let answer = match request.map(|request| self.store.decide_now(&request)) {
+            None => item.answer(Cow::Borrowed(&[])),
+            Some(decided) => match decided? {
                 Ok(d) => item.answer(Cow::Borrowed(&[d])),
                 Err(e) => return Some(Err(self.failed(std::slice::from_ref(item), e))),
             },
-            _ => return None,
         };
         self.report(item, &answer);
         Some(Ok(answer))
@@ -564,20 +561,11 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         let mut decisions: SmallVec<[Decision; 1]> = match count {
             0 => SmallVec::new(),
             1 => {
-                let Some(request) = items
-                    .iter()
-                    .filter(enforced)
-                    .flat_map(|item| item.requests(denied))
-                    .next()
-                else {
-                    return Err(MISMATCH.into());
-                };
-                let decision = self
-                    .store
-                    .decide(&request)
+                let requests = items.iter().filter(enforced);
+                let requests = requests.flat_map(|item| item.requests(denied));
+                self.ask(requests)
                     .await
-                    .map_err(|e| self.failed(items, e))?;
-                smallvec![decision]
+                    .map_err(|e| self.failed(items, e))?
             }
             _ => {
                 let mut all = Vec::new();
@@ -643,31 +631,34 @@ impl<S: Store + ?Sized> Engine<'_, S> {
         }
         // Shadow mode: each apart, after the rest, charging nothing once the batch is denied.
         for (i, item) in items.iter().enumerate().filter(|(_, item)| item.shadow) {
-            let answer = match item.len() {
-                0 => item.answer(Cow::Borrowed(&[])),
-                1 => {
-                    let Some(request) = item.requests(denied).next() else {
-                        return Err(MISMATCH.into());
-                    };
-                    let decision = self
-                        .store
-                        .decide(&request)
-                        .await
-                        .map_err(|e| self.failed(std::slice::from_ref(item), e))?;
-                    item.answer(Cow::Borrowed(&[decision]))
-                }
-                _ => {
-                    let decisions = self
-                        .decide_all(item.requests(denied).collect())
-                        .await
-                        .map_err(|e| self.failed(std::slice::from_ref(item), e))?;
-                    item.answer(Cow::Owned(decisions))
-                }
+            let decisions = match item.len() {
+                0 => SmallVec::new(),
+                _ => (self.ask(item.requests(denied)).await)
+                    .map_err(|e| self.failed(std::slice::from_ref(item), e))?,
+            };
+            // Several: the verdict keeps the store's `Vec`.
+            let answer = match decisions.spilled() {
+                true => item.answer(Cow::Owned(decisions.into_vec())),
+                false => item.answer(Cow::Borrowed(&decisions)),
             };
             self.report(item, &answer);
             out(i, answer);
         }
         Ok(())
+    }
+
+    /// The decisions of `requests` (at least one): one `decide` for one, one
+    /// [`decide_all`](Self::decide_all) for several.
+    async fn ask<'r>(
+        &self,
+        mut requests: impl Iterator<Item = Request<'r>>,
+    ) -> Result<SmallVec<[Decision; 1]>, Error> {
+        let first = requests.next().ok_or(MISMATCH)?;
+        let Some(second) = requests.next() else {
+            return Ok(smallvec![self.store.decide(&first).await?]);
+        };
+        let all = [first, second].into_iter().chain(requests).collect();
+        Ok(SmallVec::from_vec(self.decide_all(all).await?))
     }
 
     /// Settles `items` (policy items that all settle; else an [`Error::InvalidRequest`]):

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use distlimit_core::{Algorithm, Limit, Quota};
+use distlimit_core::{Algorithm, Limit, Quota, UnknownAlgorithm};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Field;
@@ -23,7 +23,7 @@ struct File {
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
     name: String,
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     shadow: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     allow: Vec<String>,
@@ -44,14 +44,16 @@ struct RawPolicy {
 #[serde(deny_unknown_fields)]
 struct RawTier {
     name: String,
-    #[serde(default = "default_algorithm")]
-    algorithm: String,
+    /// `None`: a token bucket.
+    #[serde(default)]
+    algorithm: Option<String>,
     limit: u64,
     per: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     burst: Option<u64>,
-    #[serde(default = "default_scope", skip_serializing_if = "is_key_scope")]
-    scope: String,
+    /// `None`: per key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scope: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -59,22 +61,6 @@ struct RawTier {
 struct RawOverride {
     key: String,
     tiers: Vec<RawTier>,
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
-fn default_algorithm() -> String {
-    Algorithm::TokenBucket.name().to_owned()
-}
-
-fn default_scope() -> String {
-    Scope::Key.name().to_owned()
-}
-
-fn is_key_scope(scope: &str) -> bool {
-    scope == Scope::Key.name()
 }
 
 impl PolicySet {
@@ -235,13 +221,14 @@ fn lossy(key: &[u8]) -> String {
 impl RawTier {
     fn into_tier(self) -> Result<Tier, PolicyConfigError> {
         let in_tier = |e: PolicyConfigError| e.in_tier(&self.name);
-        let algorithm: Algorithm =
-            self.algorithm
-                .parse()
-                .map_err(|e: distlimit_core::UnknownAlgorithm| {
-                    in_tier(PolicyConfigError::new(Field::Algorithm, e.to_string()))
-                })?;
-        let scope = match self.scope.as_str() {
+        let algorithm = self
+            .algorithm
+            .as_deref()
+            .unwrap_or(Algorithm::TokenBucket.name());
+        let algorithm: Algorithm = algorithm.parse().map_err(|e: UnknownAlgorithm| {
+            in_tier(PolicyConfigError::new(Field::Algorithm, e.to_string()))
+        })?;
+        let scope = match self.scope.as_deref().unwrap_or("key") {
             "key" => Scope::Key,
             "global" => Scope::Global,
             other => {
@@ -262,11 +249,11 @@ impl RawTier {
         let quota = tier.quota();
         Self {
             name: tier.name().to_owned(),
-            algorithm: tier.algorithm().name().to_owned(),
+            algorithm: Some(tier.algorithm().name().to_owned()),
             limit: quota.limit(),
             per: format_duration(quota.period_us()),
             burst: (quota.burst() != quota.limit()).then_some(quota.burst()),
-            scope: tier.scope().name().to_owned(),
+            scope: (tier.scope() != Scope::Key).then(|| tier.scope().name().to_owned()),
         }
     }
 }
@@ -350,30 +337,17 @@ mod tests {
     #[test]
     fn overrun_parses_and_round_trips() {
         let text = "[[policy]]\nname = \"tokens\"\noverrun = \"debt\"\ntiers = [{ name = \"t\", limit = 1, per = \"1s\" }]\n";
+        let overrun =
+            |text: &str| PolicySet::from_toml_str(text).map(|s| s.policies()[0].overrun());
         let set = PolicySet::from_toml_str(text).unwrap();
+        assert_eq!(overrun(text), Ok(Some(crate::Overrun::Debt)));
         assert_eq!(
-            set.get("tokens").unwrap().overrun(),
-            Some(crate::Overrun::Debt)
+            overrun(&set.to_toml_string()),
+            Ok(Some(crate::Overrun::Debt))
         );
-        let again = PolicySet::from_toml_str(&set.to_toml_string()).unwrap();
-        assert_eq!(
-            again.get("tokens").unwrap().overrun(),
-            Some(crate::Overrun::Debt)
-        );
-        let unset = text.replace("overrun = \"debt\"\n", "");
-        assert_eq!(
-            PolicySet::from_toml_str(&unset)
-                .unwrap()
-                .get("tokens")
-                .unwrap()
-                .overrun(),
-            None
-        );
-        let bad = text.replace("\"debt\"", "\"later\"");
-        assert_eq!(
-            PolicySet::from_toml_str(&bad).unwrap_err().field(),
-            Field::Toml
-        );
+        assert_eq!(overrun(&text.replace("overrun = \"debt\"\n", "")), Ok(None));
+        let bad = overrun(&text.replace("\"debt\"", "\"later\""));
+        assert_eq!(bad.unwrap_err().field(), Field::Toml);
     }
 
     #[test]

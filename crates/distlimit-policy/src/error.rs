@@ -64,9 +64,8 @@ pub enum Field {
 }
 
 impl Field {
-    /// The name used in configuration and messages: `name`, `tiers`, `algorithm`, `limit`,
-    /// `per`, `burst`, `scope`, `allow`, `deny`, `override`, `policy`, `toml`, `file`,
-    /// `runtime` or `max_in_flight`.
+    /// The name used in configuration and messages: the variant's in snake case (`per`,
+    /// `max_in_flight`).
     pub fn name(self) -> &'static str {
         match self {
             Field::Name => "name",

@@ -18,12 +18,9 @@ use crate::{CheckError, PolicyConfigError, PolicySet, Scope};
 ///
 /// The active [`PolicySet`] is published through an [`ArcSwap`]: [`replace`](Self::replace) and
 /// [`update_policy`](Self::update_policy) publish a new one atomically, and a check decides
-/// with the one set it loaded, the old one or the new one, never a mix.
-///
-/// Every check is one all-or-nothing batch ([`decide_batch`](Limiter::decide_batch)), each tier
-/// of a policy one [`Request`](distlimit_core::Request) in the state [`Tier::state`]
-/// (`"<policy>/<tier>"`): one request goes to [`Store::decide_now`] or else
-/// [`Store::decide`], several to [`Store::decide_all`] together.
+/// with the one set it loaded, the old one or the new one, never a mix. Every check is one
+/// all-or-nothing batch ([`decide_batch`](Limiter::decide_batch)), each tier of a policy one
+/// [`Request`](distlimit_core::Request) in the state [`Tier::state`] (`"<policy>/<tier>"`).
 pub struct Limiter<S: ?Sized = dyn Store> {
     policies: ArcSwap<PolicySet>,
     /// The policies every published set must define ([`Limiter::declare`]); held while a set
@@ -207,11 +204,8 @@ impl<S: Store + ?Sized> Limiter<S> {
     ///
     /// The request is admitted, and was charged, if and only if every answer
     /// [`is_allowed`](Answer::is_allowed); a denied batch charges nothing, its other items
-    /// answered what they alone would have been. Requests on the same state and key are one
-    /// store request costing the sum. A deny-listed key and an [`Item::deny`] deny the batch
-    /// without the store; an allow-listed key is admitted, charged nothing. An item in shadow
-    /// mode is decided afterwards on its own, charged nothing when the batch was denied, and
-    /// denies nothing. The observer sees each policy item as a check made alone.
+    /// answered what they alone would have been. The observer sees each policy item as a check
+    /// made alone.
     ///
     /// # All or nothing, and its one limit
     ///

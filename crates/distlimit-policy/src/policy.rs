@@ -511,32 +511,25 @@ impl Policy {
         limit: u64,
         window: Duration,
     ) -> Result<(), PolicyConfigError> {
-        let index = match tier {
+        let count = self.tiers.len();
+        let t = match tier {
             Some(name) => self
                 .tiers
-                .iter()
-                .position(|t| &*t.name == name)
+                .iter_mut()
+                .find(|t| &*t.name == name)
                 .ok_or_else(|| {
                     PolicyConfigError::new(Field::Tiers, format!("no tier named {name:?}"))
                         .in_policy(&self.name)
                 })?,
-            None if self.tiers.len() == 1 => 0,
-            None => {
-                return Err(PolicyConfigError::new(
-                    Field::Tiers,
-                    format!(
-                        "{} tiers: name one as \"{}/<tier>\"",
-                        self.tiers.len(),
-                        self.name
-                    ),
-                )
-                .in_policy(&self.name));
-            }
+            None => match self.tiers.first_mut() {
+                Some(t) if count == 1 => t,
+                _ => {
+                    let message = format!("{count} tiers: name one as \"{}/<tier>\"", self.name);
+                    return Err(PolicyConfigError::new(Field::Tiers, message).in_policy(&self.name));
+                }
+            },
         };
         let policy = &self.name;
-        let Some(t) = self.tiers.get_mut(index) else {
-            return Ok(());
-        };
         let old = t.limit.quota();
         let burst = if old.burst() == old.limit() {
             limit
@@ -571,22 +564,23 @@ impl Policy {
             .collect();
         self.rules = Rules::default();
         self.override_applied.clear();
-        self.applied = Arc::new(Applied {
-            policy: name.clone(),
-            shadow: self.shadow,
-            is_override: false,
-            tiers: self.tiers.clone().into(),
-            observed: Observed::default(),
-        });
-        for key in &self.allow {
-            self.rules
-                .list(key, Rule::Allow, Field::Allow)
-                .map_err(located)?;
-        }
-        for key in &self.deny {
-            self.rules
-                .list(key, Rule::Deny, Field::Deny)
-                .map_err(located)?;
+        let applied = |is_override, tiers: Vec<Tier>| {
+            Arc::new(Applied {
+                policy: name.clone(),
+                shadow: self.shadow,
+                is_override,
+                tiers: tiers.into(),
+                observed: Observed::default(),
+            })
+        };
+        self.applied = applied(false, self.tiers.clone());
+        let allow = self
+            .allow
+            .iter()
+            .map(|key| (key, Rule::Allow, Field::Allow));
+        let deny = self.deny.iter().map(|key| (key, Rule::Deny, Field::Deny));
+        for (key, rule, field) in allow.chain(deny) {
+            self.rules.list(key, rule, field).map_err(located)?;
         }
         for (i, o) in self.overrides.iter_mut().enumerate() {
             let in_override = |e: PolicyConfigError| e.in_override(&o.key).in_policy(&name);
@@ -609,14 +603,7 @@ impl Policy {
             tiers.extend(o.tiers.iter().cloned());
             validate_tiers(&mut tiers, &name).map_err(in_override)?;
             o.tiers = tiers.get(globals.len()..).unwrap_or_default().to_vec();
-            let applied = Applied {
-                policy: name.clone(),
-                shadow: self.shadow,
-                is_override: true,
-                tiers: tiers.into(),
-                observed: Observed::default(),
-            };
-            self.override_applied.push(Arc::new(applied));
+            self.override_applied.push(applied(true, tiers));
             self.rules
                 .exact(&o.key, Rule::Override(i), Field::Override)
                 .map_err(located)?;

@@ -253,6 +253,7 @@ mod tests {
         reads: Mutex<Vec<Result<u32, String>>>,
         applied: Mutex<Vec<u32>>,
         running: Option<u32>,
+        gone: bool,
     }
 
     impl Script {
@@ -261,6 +262,7 @@ mod tests {
                 reads: Mutex::new(reads),
                 applied: Mutex::new(Vec::new()),
                 running,
+                gone: false,
             }
         }
     }
@@ -288,6 +290,10 @@ mod tests {
 
         fn running(&self) -> Option<u32> {
             self.running
+        }
+
+        fn is_gone(&self) -> bool {
+            self.gone
         }
     }
 
@@ -372,21 +378,11 @@ mod tests {
 
     #[tokio::test]
     async fn polling_ends_when_the_target_is_gone() {
-        struct Gone;
-        impl Reloadable for Gone {
-            type Contents = ();
-            type Error = String;
-            fn read(&self) -> Result<(), String> {
-                Ok(())
-            }
-            fn apply(&self, (): &()) -> Result<bool, String> {
-                Ok(true)
-            }
-            fn is_gone(&self) -> bool {
-                true
-            }
-        }
-        let watcher = start(Gone, Duration::from_millis(5), None);
+        let gone = Script {
+            gone: true,
+            ..Script::new(Vec::new(), None)
+        };
+        let watcher = start(Arc::new(gone), Duration::from_millis(5), None);
         let started = std::time::Instant::now();
         while !watcher.is_finished() && started.elapsed() < Duration::from_secs(20) {
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -1,6 +1,4 @@
-//! Hot reload of a policy file: [`watch`] runs a [`PolicyFile`] through the one file poller
-//! ([`poll_files`]), which publishes each valid new version into a [`Limiter`]; an invalid
-//! version keeps the running set and is reported.
+//! Hot reload of a policy file: [`watch`], a [`PolicyFile`] run through [`poll_files`].
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -100,14 +98,11 @@ impl<S: Store + ?Sized + 'static> Reloadable for PolicyFile<S> {
     }
 }
 
-/// Watches the TOML file at `path`: reads it now and then every `interval`, and whenever its
-/// content changed, parses it and [`replace`](Limiter::replace)s the limiter's set with it
-/// (a [`PolicyFile`] run through the one file poller, [`poll_files`]).
-///
-/// A version [`PolicyFile`] refuses changes nothing: the limiter keeps its set, the refusal is
-/// logged once at ERROR level and reported ([`Reload::Rejected`](crate::Reload::Rejected))
-/// until the file is fixed. The file is compared by content, so an edit that keeps its size and
-/// modification time is seen. Polling stops when the watcher or the limiter is dropped.
+/// Watches the TOML file at `path`: reads it now and then every `interval`, and applies each
+/// changed version to `limiter` (a [`PolicyFile`] run through [`poll_files`], which says what
+/// is logged and reported). A refused version changes nothing: the limiter keeps its set, and
+/// [`Reload::Rejected`](crate::Reload::Rejected) says why until the file is fixed. Polling stops
+/// when the watcher or the limiter is dropped.
 ///
 /// Must be called inside a Tokio runtime (it spawns a task there); outside one it returns a
 /// [`Field::Runtime`] error.

@@ -61,10 +61,7 @@ impl<B> RateLimitBody<B> {
 
     /// An empty body.
     pub fn empty() -> Self {
-        Self {
-            kind: Kind::Full { data: None },
-            settle: None,
-        }
+        Self::full(Bytes::new())
     }
 }
 

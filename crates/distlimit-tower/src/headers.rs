@@ -2,9 +2,6 @@
 //! (draft-ietf-httpapi-ratelimit-headers-10/-11), `Retry-After`, and the legacy `X-RateLimit-*`,
 //! one item per tier named `"<policy>/<tier>"` (the crate documentation's "Headers" says what
 //! each value means).
-//!
-//! [`push_ratelimit_item`] and [`push_ratelimit_policy_item`] write one item of each field, with
-//! the one escaping of names ([`push_sf_string`]), for any server (no HTTP types involved).
 
 use std::time::Duration;
 

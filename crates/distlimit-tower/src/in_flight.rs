@@ -239,29 +239,24 @@ where
             return Box::pin(async move { Ok(response) });
         };
         Box::pin(async move {
-            match config.acquire(&key).await {
-                Acquired::Permit(permit) => {
-                    let guard = PermitGuard::start(config, key, permit);
-                    let response = inner.call(req).await?;
-                    Ok(response.map(|body| InFlightBody {
-                        body: RateLimitBody::inner(body),
-                        guard: Some(guard),
-                    }))
-                }
+            let guard = match config.acquire(&key).await {
+                Acquired::Permit(permit) => Some(PermitGuard::start(config, key, permit)),
                 Acquired::Full => {
                     config.report(PermitEvent::Rejected, 1);
-                    Ok(reject(Rejection::Full))
+                    return Ok(reject(Rejection::Full));
                 }
                 Acquired::Failed => match config.on_error {
-                    OnError::FailOpen => Ok(inner
-                        .call(req)
-                        .await?
-                        .map(|body| InFlightBody::plain(RateLimitBody::inner(body)))),
+                    OnError::FailOpen => None,
                     OnError::FailClosed { retry_after } => {
-                        Ok(reject(Rejection::Unavailable { retry_after }))
+                        return Ok(reject(Rejection::Unavailable { retry_after }));
                     }
                 },
-            }
+            };
+            let response = inner.call(req).await?;
+            Ok(response.map(|body| InFlightBody {
+                body: RateLimitBody::inner(body),
+                guard,
+            }))
         })
     }
 }

@@ -76,6 +76,18 @@ struct LimitSpec {
     settle: Option<Arc<Spec>>,
 }
 
+impl LimitSpec {
+    /// A limit charged the layer's cost, not settled.
+    fn new(policy: PolicySelector, key: KeyExtractor) -> Self {
+        Self {
+            policy,
+            key,
+            cost: None,
+            settle: None,
+        }
+    }
+}
+
 impl fmt::Debug for LimitSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limit")
@@ -164,7 +176,7 @@ impl<S: Store + ?Sized + 'static> Config<S> {
             return Err(Rejection::no_peer());
         };
         let cost = match (&limit.settle, &limit.cost) {
-            (Some(settle), _) => Settle::estimate_of(settle, info),
+            (Some(settle), _) => settle.estimate,
             (None, Some(cost)) => cost(info),
             (None, None) => *shared_cost
                 .get_or_insert_with(|| self.cost.as_deref().map_or(1, |cost| cost(info))),
@@ -215,34 +227,41 @@ pub(crate) fn key_of<'r>(key: &KeyExtractor, info: &RequestInfo<'r>) -> Option<R
     let found = match &key.0 {
         KeyKind::ClientIp => None,
         KeyKind::Header { name, max_len } => {
-            header_key(info, name, *max_len).map(RequestKey::Header)
+            header_key(info, name, *max_len).map(|value| RequestKey::Header(Cow::Borrowed(value)))
         }
-        KeyKind::Custom(f) => f(info).map(|key| RequestKey::Owned(OwnedKey::Custom(key))),
+        KeyKind::Custom(f) => f(info).map(RequestKey::Custom),
     };
-    let ip = info.client_ip();
-    found.or_else(|| ip.map(|ip| RequestKey::Owned(OwnedKey::Ip(ip.key()))))
+    found.or_else(|| Some(RequestKey::Ip(info.client_ip()?.key())))
 }
 
-/// A request's key while its check is decided: a header's value borrowed from the request, or
-/// an owned key.
+/// A request's key: a header value (borrowed from the request while its check is decided in
+/// `call`; an owned clone shares its bytes, as the values hyper parses share the request's
+/// buffer), an IP key on the stack, or a custom extractor's bytes.
+#[derive(Clone)]
 pub(crate) enum RequestKey<'r> {
-    Header(&'r HeaderValue),
-    Owned(OwnedKey),
+    Header(Cow<'r, HeaderValue>),
+    Ip(IpKey),
+    Custom(Bytes),
 }
+
+/// A request's key, owned by its check.
+pub(crate) type OwnedKey = RequestKey<'static>;
 
 impl RequestKey<'_> {
-    fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         match self {
             RequestKey::Header(value) => value.as_bytes(),
-            RequestKey::Owned(key) => key.as_bytes(),
+            RequestKey::Ip(key) => key.as_bytes(),
+            RequestKey::Custom(bytes) => bytes,
         }
     }
 
     /// The key owned (a header value's clone shares its bytes).
     pub(crate) fn into_owned(self) -> OwnedKey {
         match self {
-            RequestKey::Header(value) => OwnedKey::Header(value.clone()),
-            RequestKey::Owned(key) => key,
+            RequestKey::Header(value) => RequestKey::Header(Cow::Owned(value.into_owned())),
+            RequestKey::Ip(key) => RequestKey::Ip(key),
+            RequestKey::Custom(bytes) => RequestKey::Custom(bytes),
         }
     }
 }
@@ -270,28 +289,9 @@ impl Check<'_> {
     fn into_owned(self) -> Check<'static> {
         Check {
             policy: Cow::Owned(self.policy.into_owned()),
-            key: RequestKey::Owned(self.key.into_owned()),
+            key: self.key.into_owned(),
             cost: self.cost,
             settle: self.settle.map(|spec| Cow::Owned(spec.into_owned())),
-        }
-    }
-}
-
-/// A request's key, owned by its check: a header value (a cheap clone: the values hyper parses
-/// share the request's buffer), an IP key on the stack, or a custom extractor's bytes.
-#[derive(Clone)]
-pub(crate) enum OwnedKey {
-    Header(HeaderValue),
-    Ip(IpKey),
-    Custom(Bytes),
-}
-
-impl OwnedKey {
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        match self {
-            OwnedKey::Header(value) => value.as_bytes(),
-            OwnedKey::Ip(key) => key.as_bytes(),
-            OwnedKey::Custom(bytes) => bytes,
         }
     }
 }
@@ -304,28 +304,16 @@ impl OwnedKey {
 /// `Server::builder().layer(..)`, or to any tower stack (`ServiceBuilder`, then hyper-util's
 /// `TowerToHyperService` for plain hyper).
 ///
-/// # Per request
-///
-/// 1. The client is resolved from the socket peer (a [`PeerAddr`](crate::PeerAddr) extension,
-///    axum's `ConnectInfo<SocketAddr>` with feature `axum`, tonic's `TcpConnectInfo` with
-///    feature `tonic`) and, through trusted proxies only, the forwarding header
-///    ([`ClientIpResolver`]).
-/// 2. The [`PolicySelector`] names the policy; none lets the request through unchecked. With
-///    several limits ([`RateLimitLayerBuilder::and`]), each limit's selector, and a limit whose
-///    selector names none does not apply.
-/// 3. The [`KeyExtractor`] names the key. When the key needs the client IP and no peer address
-///    is known (the server was not set up to record it), the request is answered 500 (gRPC
-///    `INTERNAL`): a limiter that cannot tell clients apart must not quietly share one bucket.
-/// 4. The limiter charges the request's [cost](RateLimitLayerBuilder::cost) (one unit unless
-///    configured) and decides, within the timeout; several limits are one all-or-nothing batch
-///    ([`Limiter::check_all`]). Allowed: the inner service is called (with
-///    rate-limit headers added to its response under [`RateLimitHeaders::Always`]). Denied:
-///    429 with a problem document and `Retry-After`, or gRPC `RESOURCE_EXHAUSTED`. A store error
-///    or timeout: [`OnError`]. An unknown policy name: 500 (gRPC `INTERNAL`), logged with
-///    `tracing`.
-///
-/// What this costs per request (allocations, clones of the inner service): the crate
-/// documentation's "Cost per request".
+/// Per request: the client is resolved from the socket peer (a [`PeerAddr`](crate::PeerAddr)
+/// extension, axum's `ConnectInfo<SocketAddr>` with feature `axum`, tonic's `TcpConnectInfo`
+/// with feature `tonic`) and, through trusted proxies only, the forwarding header
+/// ([`ClientIpResolver`]); each limit's [`PolicySelector`] names its policy (none: the limit
+/// does not apply) and its [`KeyExtractor`] the key; the limiter charges every limit's
+/// [cost](RateLimitLayerBuilder::cost) in one all-or-nothing batch, within the timeout. A key
+/// that needs the client IP when no peer address is known is answered 500 (gRPC `INTERNAL`): a
+/// limiter that cannot tell clients apart must not quietly share one bucket. The crate
+/// documentation's "What the layer answers" lists every answer, its "Cost per request" what a
+/// request costs (allocations, clones of the inner service).
 #[derive(Clone)]
 pub struct RateLimitLayer {
     config: Arc<dyn Decide>,
@@ -371,12 +359,7 @@ impl RateLimitLayer {
             config: Config {
                 limiter,
                 sink,
-                limits: vec![LimitSpec {
-                    policy: policy.into(),
-                    key: KeyExtractor::default(),
-                    cost: None,
-                    settle: None,
-                }],
+                limits: vec![LimitSpec::new(policy.into(), KeyExtractor::default())],
                 cost: None,
                 client_ip: ClientIpResolver::default(),
                 headers: RateLimitHeaders::default(),
@@ -460,24 +443,11 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     }
 
     /// Adds a limit: requests are also checked against the policy `policy` picks, keyed by
-    /// `key`, charged the layer's [cost](Self::cost) (the crate documentation's "Several limits,
-    /// one decision" has an example).
-    ///
-    /// Every limit that applies to a request (its selector names a policy) is decided in one
-    /// all-or-nothing batch ([`Limiter::check_all`]): the request is admitted and charged under
-    /// all of them, or denied and charged under none, so one user over their own limit cannot
-    /// use up the limit of the address they share with others. A denial's headers and problem
-    /// document name the limits that denied; an admitted request's headers (under
-    /// [`RateLimitHeaders::Always`]) list every limit's tiers.
+    /// `key`, charged the layer's [cost](Self::cost), in the one all-or-nothing batch of every
+    /// limit that applies (the crate documentation's "Several limits, one decision").
     #[must_use]
-    pub fn and(mut self, policy: impl Into<PolicySelector>, key: KeyExtractor) -> Self {
-        self.config.limits.push(LimitSpec {
-            policy: policy.into(),
-            key,
-            cost: None,
-            settle: None,
-        });
-        self
+    pub fn and(self, policy: impl Into<PolicySelector>, key: KeyExtractor) -> Self {
+        self.limit(LimitSpec::new(policy.into(), key))
     }
 
     /// Adds a limit charged from the response ([`Settle`]): each request reserves the estimate
@@ -519,25 +489,23 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     /// ```
     #[must_use]
     pub fn and_settled(
-        mut self,
+        self,
         policy: impl Into<PolicySelector>,
         key: KeyExtractor,
         settle: Settle,
     ) -> Self {
-        self.config.limits.push(LimitSpec {
-            policy: policy.into(),
-            key,
-            cost: None,
-            settle: Some(settle.spec),
-        });
-        self
+        let settle = Some(settle.spec);
+        self.limit(LimitSpec {
+            settle,
+            ..LimitSpec::new(policy.into(), key)
+        })
     }
 
     /// Adds a limit, like [`and`](Self::and), charging `cost` units per request instead of the
     /// layer's cost: a per-request limit next to a per-byte one, say.
     #[must_use]
     pub fn and_with_cost<F>(
-        mut self,
+        self,
         policy: impl Into<PolicySelector>,
         key: KeyExtractor,
         cost: F,
@@ -545,12 +513,15 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     where
         F: Fn(&RequestInfo<'_>) -> u64 + Send + Sync + 'static,
     {
-        self.config.limits.push(LimitSpec {
-            policy: policy.into(),
-            key,
-            cost: Some(Box::new(cost)),
-            settle: None,
-        });
+        let cost: Option<Box<CostFn>> = Some(Box::new(cost));
+        self.limit(LimitSpec {
+            cost,
+            ..LimitSpec::new(policy.into(), key)
+        })
+    }
+
+    fn limit(mut self, limit: LimitSpec) -> Self {
+        self.config.limits.push(limit);
         self
     }
 
@@ -558,10 +529,9 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     /// more than others: a batch endpoint charged per item, an upload per megabyte declared in
     /// `content-length`, a GraphQL query by its complexity.
     ///
-    /// Every tier of the policy (of every limit without a cost of its own,
-    /// [`and_with_cost`](Self::and_with_cost)) is charged `cost`, all or nothing. A cost of 0 charges nothing
-    /// and is denied only when not even one unit is left. A cost above a tier's burst can never
-    /// pass: it is answered 429 without `Retry-After`, like a deny-listed client.
+    /// Every tier of every limit without a cost of its own ([`and_with_cost`](Self::and_with_cost))
+    /// is charged `cost`, all or nothing. A cost of 0 charges nothing (denied only when not one
+    /// unit is left); a cost above a tier's burst is answered 429 without `Retry-After`.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -683,19 +653,10 @@ impl<Inner> Layer<Inner> for RateLimitLayer {
 
 /// The service [`RateLimitLayer`] wraps around `Inner`: checks each request, then calls
 /// `Inner` or answers itself.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RateLimit<Inner> {
     inner: Inner,
     config: Arc<dyn Decide>,
-}
-
-impl<Inner: fmt::Debug> fmt::Debug for RateLimit<Inner> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit")
-            .field("inner", &self.inner)
-            .field("config", &self.config)
-            .finish()
-    }
 }
 
 impl<Inner, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<Inner>

@@ -71,12 +71,7 @@ impl PolicySelector {
         }
     }
 
-    /// The policy for a request (cloning an `Arc`: no allocation for fixed and routed policies).
-    pub fn select(&self, req: &RequestInfo<'_>) -> Option<Arc<str>> {
-        self.select_ref(req).map(Cow::into_owned)
-    }
-
-    /// [`select`](Self::select), borrowing a fixed or routed policy's name.
+    /// The policy for a request, borrowing a fixed or routed policy's name.
     pub(crate) fn select_ref(&self, req: &RequestInfo<'_>) -> Option<Cow<'_, Arc<str>>> {
         match &self.0 {
             Kind::Fixed(p) => Some(Cow::Borrowed(p)),

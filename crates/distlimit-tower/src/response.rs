@@ -37,6 +37,17 @@ pub(crate) enum Rejection {
 }
 
 impl Rejection {
+    /// The answer to a request whose key needs the client IP when no peer address is known
+    /// (logged).
+    pub(crate) fn no_peer() -> Self {
+        tracing::error!(
+            "distlimit-tower: no peer address on the request; serve with ConnectInfo \
+             (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
+        );
+        let detail = "The rate limiter cannot identify the client.";
+        Rejection::Misconfigured { detail }
+    }
+
     /// The answer, as a gRPC status when `grpc`.
     pub(crate) fn into_response<B>(self, grpc: bool) -> Response<RateLimitBody<B>> {
         if grpc { self.grpc() } else { self.http() }
@@ -188,19 +199,6 @@ fn problem(
     (status, Bytes::from(s))
 }
 
-impl Rejection {
-    /// The answer to a request whose key needs the client IP when no peer address is known
-    /// (logged).
-    pub(crate) fn no_peer() -> Self {
-        tracing::error!(
-            "distlimit-tower: no peer address on the request; serve with ConnectInfo \
-             (axum), TcpConnectInfo (tonic) or insert a PeerAddr extension"
-        );
-        let detail = "The rate limiter cannot identify the client.";
-        Rejection::Misconfigured { detail }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -265,6 +263,9 @@ mod tests {
     /// legacy headers, a listed key, gRPC.
     #[test]
     fn answers_are_byte_for_byte() {
+        let unavailable = || Rejection::Unavailable {
+            retry_after: Duration::from_millis(1500),
+        };
         let cases = [
             render(denial("api", "second", false, true, false), false),
             render(denial("api", "second", false, false, false), false),
@@ -275,18 +276,8 @@ mod tests {
             ),
             render(denial("api", "second", true, true, true), false),
             render(denial("api", "second", false, true, true), true),
-            render(
-                Rejection::Unavailable {
-                    retry_after: Duration::from_millis(1500),
-                },
-                false,
-            ),
-            render(
-                Rejection::Unavailable {
-                    retry_after: Duration::from_millis(1500),
-                },
-                true,
-            ),
+            render(unavailable(), false),
+            render(unavailable(), true),
             render(
                 Rejection::Misconfigured {
                     detail: "The rate limiter cannot identify the client.",

@@ -12,11 +12,7 @@ use http::HeaderName;
 use http::response::Parts;
 use smallvec::SmallVec;
 
-use crate::RequestInfo;
 use crate::stream::{DEFAULT_BLOCK, Exhausted, Meter, ReserveFuture, StreamConfig, Streaming};
-
-/// The estimate a settled limit reserves per request (see [`Settle::estimate`]).
-type EstimateFn = dyn Fn(&RequestInfo<'_>) -> u64 + Send + Sync;
 
 /// The actual cost a settled limit reads from the response head (see [`Settle::actual`]).
 type ActualFn = dyn Fn(&Parts) -> Option<u64> + Send + Sync;
@@ -31,19 +27,11 @@ pub struct Usage(pub u64);
 /// known only after it (the tokens an LLM answer used); see the crate documentation, "Costs
 /// known after the response".
 ///
-/// The request reserves an estimate ([`estimate`](Self::estimate), 1 by default, or
-/// [`estimate_with`](Self::estimate_with)) in the layer's all-or-nothing batch. When the body
-/// ends, the actual cost read from the response head ([`from_header`](Self::from_header),
-/// [`from_extension`](Self::from_extension), [`actual`](Self::actual); missing: the estimate
-/// stands) settles it: the difference goes back, or the excess is charged past the limit as debt
-/// later requests wait out. A 5xx, and a response dropped before its end, give the estimate back
-/// ([`refund_on_server_error`](Self::refund_on_server_error),
-/// [`refund_on_drop`](Self::refund_on_drop)). A body can instead be metered as it streams
-/// ([`streamed`](Self::streamed), [`metered`](Self::metered)).
-///
-/// The settle is a store call on a Tokio task after the body ends; a failed one is logged
-/// (`WARN`) and lost. The policy's tiers must be token buckets or GCRA (window algorithms cannot
-/// carry debt).
+/// The request reserves an [`estimate`](Self::estimate) (1 by default); the actual cost read from the response
+/// head ([`from_header`](Self::from_header), [`from_extension`](Self::from_extension),
+/// [`actual`](Self::actual)) settles it when the body ends, or the body is metered as it streams
+/// ([`streamed`](Self::streamed), [`metered`](Self::metered)). A failed settle is logged
+/// (`WARN`) and lost.
 ///
 /// ```
 /// use distlimit_tower::Settle;
@@ -58,7 +46,8 @@ pub struct Settle {
 }
 
 pub(crate) struct Spec {
-    estimate: Estimate,
+    /// The units reserved per request.
+    pub(crate) estimate: u64,
     actual: Box<ActualFn>,
     refund_on_server_error: bool,
     refund_on_drop: bool,
@@ -70,19 +59,10 @@ pub(crate) struct Spec {
     pub(crate) exhausted: Exhausted,
 }
 
-enum Estimate {
-    Fixed(u64),
-    With(Box<EstimateFn>),
-}
-
 impl fmt::Debug for Settle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let estimate = match &self.spec.estimate {
-            Estimate::Fixed(n) => Some(*n),
-            Estimate::With(_) => None,
-        };
         f.debug_struct("Settle")
-            .field("estimate", &estimate)
+            .field("estimate", &self.spec.estimate)
             .field("refund_on_server_error", &self.spec.refund_on_server_error)
             .field("refund_on_drop", &self.spec.refund_on_drop)
             .field("metered", &self.spec.meter.is_some())
@@ -101,7 +81,7 @@ impl Settle {
     {
         Self {
             spec: Arc::new(Spec {
-                estimate: Estimate::Fixed(1),
+                estimate: 1,
                 actual: Box::new(actual),
                 refund_on_server_error: true,
                 refund_on_drop: true,
@@ -127,17 +107,11 @@ impl Settle {
     }
 
     /// Meters the response body as it streams when the head gives no actual cost (a head that
-    /// does, and a refunded 5xx, settle unmetered; see the crate documentation, "Streaming
-    /// settlement"): each data frame passes once its units (`meter`) are covered by units
-    /// reserved for the request, the estimate first, then [blocks](Self::block) decided by the
-    /// store. A refused block is asked again for what is left (at least the frame's units), up
-    /// to three asks per frame; then the budget is exhausted ([`on_exhausted`](Self::on_exhausted),
-    /// with the last refusal's `retry_after`). When the stream ends, is dropped or fails, unused
-    /// units go back and a debt-mode overrun is reported. A store failure or timeout while
-    /// reserving follows the layer's [`OnError`](crate::OnError): fail closed stops the stream
-    /// ([`StopReason::Unavailable`](crate::StopReason)), fail open lets the rest through
-    /// unmetered. In stop mode, concurrent streams of one key on any number of instances never
-    /// pass the budget: every unit sent was reserved by a store decision.
+    /// does, and a refunded 5xx, settle unmetered): each data frame passes once its units
+    /// (`meter`) are covered by units reserved for the request, the estimate first, then
+    /// [blocks](Self::block); a refused block is asked again for what is left, up to three asks
+    /// per frame, then the budget is exhausted ([`on_exhausted`](Self::on_exhausted)). The crate
+    /// documentation's "Streaming settlement" says what ending, failing and store errors do.
     #[must_use]
     pub fn metered(self, meter: Meter) -> Self {
         self.with(|spec| spec.meter = Some(meter))
@@ -172,16 +146,7 @@ impl Settle {
     /// Reserves `estimate` units per request (default: 1).
     #[must_use]
     pub fn estimate(self, estimate: u64) -> Self {
-        self.with(|spec| spec.estimate = Estimate::Fixed(estimate))
-    }
-
-    /// Reserves the units `estimate` computes from the request's head.
-    #[must_use]
-    pub fn estimate_with<F>(self, estimate: F) -> Self
-    where
-        F: Fn(&RequestInfo<'_>) -> u64 + Send + Sync + 'static,
-    {
-        self.with(|spec| spec.estimate = Estimate::With(Box::new(estimate)))
+        self.with(|spec| spec.estimate = estimate)
     }
 
     /// Whether a 5xx response gives the whole estimate back (default: yes).
@@ -197,26 +162,13 @@ impl Settle {
         self.with(|spec| spec.refund_on_drop = refund)
     }
 
-    fn with(self, change: impl FnOnce(&mut Spec)) -> Self {
-        let spec = match Arc::try_unwrap(self.spec) {
-            Ok(mut spec) => {
-                change(&mut spec);
-                spec
-            }
-            // Built once per layer, never shared before it is built: not reached.
-            Err(shared) => return Self { spec: shared },
-        };
-        Self {
-            spec: Arc::new(spec),
+    fn with(mut self, change: impl FnOnce(&mut Spec)) -> Self {
+        // A clone shares the spec: its builder methods change nothing (not reached: a settle is
+        // configured, then given to a layer).
+        if let Some(spec) = Arc::get_mut(&mut self.spec) {
+            change(spec);
         }
-    }
-
-    /// The estimate of one request.
-    pub(crate) fn estimate_of(spec: &Spec, info: &RequestInfo<'_>) -> u64 {
-        match &spec.estimate {
-            Estimate::Fixed(n) => *n,
-            Estimate::With(f) => f(info),
-        }
+        self
     }
 }
 

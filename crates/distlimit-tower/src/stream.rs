@@ -293,17 +293,6 @@ enum End {
     Done,
 }
 
-impl fmt::Debug for Streaming {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Streaming")
-            .field("flows", &self.flows)
-            .field("held", &self.held.is_some())
-            .field("reserving", &self.reserving.is_some())
-            .field("end", &self.end)
-            .finish_non_exhaustive()
-    }
-}
-
 /// What the next step of a stream is.
 enum Cover {
     /// Every flow covers the held frame.
