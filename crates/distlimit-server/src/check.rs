@@ -2,7 +2,6 @@
 //! with one [`DescriptorStatus`] per descriptor.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -746,10 +745,9 @@ fn resolve<'c>(
             .map(|(k, _)| *k)
             .collect::<Vec<_>>()
             .join(".");
-        let label = label(domain, &path);
         return Some(Applied {
+            label: [domain, &path].join("/"),
             name: path,
-            label,
             limit: RuleLimit::PerUnit {
                 requests_per_unit: o.requests_per_unit,
                 unit: o.unit,
@@ -762,7 +760,7 @@ fn resolve<'c>(
     }
     let m = config.lookup(domain, descriptor.entries.iter().copied())?;
     Some(Applied {
-        label: label(domain, &m.metric_path(&descriptor.entries)),
+        label: [domain, &m.metric_path(&descriptor.entries)].join("/"),
         name: m.rule.name.clone().unwrap_or_else(|| m.path.to_owned()),
         limit: m.rule.limit,
         shadow: m.rule.shadow_mode,
@@ -770,15 +768,6 @@ fn resolve<'c>(
         rule: Some(m.rule),
         key: state_key(&m.counter_entries(&descriptor.entries)),
     })
-}
-
-/// `<domain>/<path>`: a rule's metrics label.
-fn label(domain: &str, path: &str) -> String {
-    let mut label = String::with_capacity(domain.len() + 1 + path.len());
-    label.push_str(domain);
-    label.push('/');
-    label.push_str(path);
-    label
 }
 
 fn initial_status(applied: Option<&Applied<'_>>) -> DescriptorStatus {
@@ -827,7 +816,7 @@ pub(crate) fn policy_key(entries: &[(&str, &str)]) -> Vec<u8> {
     if key.len() <= MAX_KEY_LEN {
         key
     } else {
-        format!("sha256:{}", hex(&Sha256::digest(&key))).into_bytes()
+        format!("sha256:{:x}", Sha256::digest(&key)).into_bytes()
     }
 }
 
@@ -943,35 +932,17 @@ fn rule_state(domain: &str, entries: &[(&str, &str)], unit: Unit) -> Result<Stat
     }
     // 4 + 6 + 8 + 64 bytes at most: within MAX_POLICY_LEN.
     let digest = format!(
-        "{unit}/sha256:{}",
-        hex(&Sha256::digest(&tier.as_bytes()[rest..]))
+        "{unit}/sha256:{:x}",
+        Sha256::digest(&tier.as_bytes()[rest..])
     );
     StateName::of_tier("rls", &digest).map_err(|e| CheckError::InvalidArgument(e.to_string()))
 }
 
 /// Appends `<len>:<text>`.
 fn push_len_prefixed(out: &mut String, text: &str) {
-    push_decimal(out, text.len());
+    out.push_str(itoa::Buffer::new().format(text.len()));
     out.push(':');
     out.push_str(text);
-}
-
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut String, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        // A digit: below 10.
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &digit in &digits[at..] {
-        out.push(char::from(digit));
-    }
 }
 
 /// The store key of a descriptor: its values, each prefixed by its length (so no two lists of
@@ -989,15 +960,8 @@ pub(crate) fn state_key(entries: &[(&str, &str)]) -> Vec<u8> {
     if key.len() <= MAX_KEY_LEN {
         key.into_bytes()
     } else {
-        format!("sha256:{}", hex(&Sha256::digest(key.as_bytes()))).into_bytes()
+        format!("sha256:{:x}", Sha256::digest(key.as_bytes())).into_bytes()
     }
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
-use crate::check::{Checker, MAX_ENTRIES, MAX_ENTRY_LEN, hex, policy_key, state_key};
+use crate::check::{Checker, MAX_ENTRIES, MAX_ENTRY_LEN, policy_key, state_key};
 use crate::config::{Config, RuleLimit};
 
 /// The most bytes of one bucket id's keys and values together.
@@ -782,10 +782,10 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
     };
     let entries = sorted_entries(id);
     let limited = |label: String, tier: &str, key: Vec<u8>, per_unit: u64, unit_secs: u64| {
-        let digest = hex(&Sha256::digest(format!("{}:{domain}{tier}", domain.len())));
+        let digest = Sha256::digest(format!("{}:{domain}{tier}", domain.len()));
         // The rate is in the name: a reload that changes the limit starts a new budget (full).
         let state =
-            StateName::of_tier("rlqs", &format!("{unit_secs}s/{per_unit}/{digest}")).ok()?;
+            StateName::of_tier("rlqs", &format!("{unit_secs}s/{per_unit}/{digest:x}")).ok()?;
         let rate = per_unit as f64 / unit_secs as f64;
         // The store's burst: what the assignments of one TTL and slack ask for at once.
         let burst = need(rate * 4.0).max(1);
