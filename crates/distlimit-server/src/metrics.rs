@@ -221,16 +221,8 @@ impl RequestMetrics {
         elapsed: Duration,
     ) {
         let domain = domain.unwrap_or(&self.unconfigured);
-        let p = match protocol {
-            Protocol::grpc => 0,
-            Protocol::http => 1,
-        };
-        let r = match result {
-            RequestResult::ok => 0,
-            RequestResult::over_limit => 1,
-            RequestResult::invalid => 2,
-            RequestResult::unavailable => 3,
-        };
+        // The variants' declaration order: protocols 0 and 1, results 0 to 3.
+        let (p, r) = (protocol as usize, result as usize);
         let labels = || RequestLabels {
             domain: domain.domain.clone(),
             protocol,
