@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use distlimit_metrics::Metrics;
 use distlimit_serve::TlsWatcher;
-use distlimit_serve::store::{BuiltStore, RedisStatus, StoreError};
+use distlimit_serve::store::{BuiltStore, StoreError};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -96,24 +96,20 @@ impl Server {
     /// Redis refuses. A Redis that does not answer is connected in the background while the
     /// failure mode (`--failure-mode`) answers.
     pub async fn build(args: &Args) -> Result<Self, StartError> {
-        let tls = match args.tls_files() {
-            Some(files) => {
-                let tls = Tls::load(files)?;
-                tracing::info!(
-                    cert = %tls.files().cert_chain.display(),
-                    mutual = tls.files().client_ca.is_some(),
-                    "TLS on both ports"
-                );
-                Some(tls)
-            }
-            None => None,
-        };
+        let tls = args.tls_files().map(Tls::load).transpose()?;
+        if let Some(tls) = &tls {
+            tracing::info!(
+                cert = %tls.files().cert_chain.display(),
+                mutual = tls.files().client_ca.is_some(),
+                "TLS on both ports"
+            );
+        }
         let (config, sources) = match &args.config {
             Some(path) => {
                 let sources = config::read_sources(path)?;
                 (Config::from_sources(&sources)?, sources)
             }
-            None => (Config::empty(), Vec::new()),
+            None => (Config::default(), Vec::new()),
         };
         tracing::info!(domains = config.domains().count(), "configuration loaded");
         for name in &args.store.lease {
@@ -167,11 +163,6 @@ impl Server {
             store: built,
             args: args.clone(),
         })
-    }
-
-    /// Where Redis stands (`None` without `--redis`).
-    pub fn redis(&self) -> Option<&RedisStatus> {
-        self.store.redis.as_ref()
     }
 
     /// The decisions.

@@ -323,7 +323,8 @@ impl<'c> Match<'c> {
     }
 }
 
-/// A loaded configuration: every domain of every file.
+/// A loaded configuration: every domain of every file (the default: none, every descriptor
+/// unmatched).
 #[derive(Clone, Debug, Default)]
 pub struct Config {
     domains: HashMap<String, Domain>,
@@ -398,11 +399,6 @@ fn walk<'c, 'e>(
 }
 
 impl Config {
-    /// An empty configuration: every descriptor is unmatched.
-    pub fn empty() -> Self {
-        Self::default()
-    }
-
     /// Reads `path`: one YAML file, or every `.yaml`/`.yml` file of a directory (dot files
     /// skipped, symbolic links followed, as a Kubernetes ConfigMap volume lays them out).
     ///
