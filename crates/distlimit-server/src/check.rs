@@ -70,8 +70,8 @@ pub struct CheckRequest<'a> {
     pub hits: u64,
 }
 
-/// The answer for one descriptor.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The answer for one descriptor (the default: unmatched).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DescriptorStatus {
     /// Over its limit (never for a rule in shadow mode).
     pub over_limit: bool,
@@ -121,12 +121,10 @@ impl CheckResponse {
         let tightest = self
             .statuses
             .iter()
-            .filter(|s| s.current_limit.is_some() && s.limit_remaining != u32::MAX)
-            .min_by_key(|s| (!s.over_limit, s.limit_remaining));
-        let Some(status) = tightest else {
-            return Vec::new();
-        };
-        let Some(limit) = &status.current_limit else {
+            .filter(|s| s.limit_remaining != u32::MAX)
+            .filter_map(|s| Some((s, s.current_limit.as_ref()?)))
+            .min_by_key(|(s, _)| (!s.over_limit, s.limit_remaining));
+        let Some((status, limit)) = tightest else {
             return Vec::new();
         };
         let reset = status.duration_until_reset.unwrap_or_default();
@@ -438,16 +436,16 @@ impl Checker {
             .map(|(plan, item)| {
                 let answer = item.and_then(|i| answers.get(i));
                 match (plan, answer) {
-                    (Plan::Policy { cost, .. }, Some(answer)) => match answer.verdict() {
-                        Some(verdict) => policy_status(verdict, *cost == 0),
-                        None => initial_status(None),
-                    },
+                    (Plan::Policy { cost, .. }, Some(answer)) => answer
+                        .verdict()
+                        .map(|verdict| policy_status(verdict, *cost == 0))
+                        .unwrap_or_default(),
                     (Plan::Rule(rule), answer) => {
                         let status = rule.status(answer);
                         self.report_rule(rule, &status, answer, latency);
                         status
                     }
-                    _ => initial_status(None),
+                    _ => DescriptorStatus::default(),
                 }
             })
             .collect();
@@ -578,7 +576,6 @@ struct RulePlan<'c> {
     applied: Applied<'c>,
     /// The state name, key and limit of a rule with a non-zero limit.
     request: Option<(StateName, Vec<u8>, Limit)>,
-    unit: Option<Unit>,
     cost: u64,
 }
 
@@ -589,26 +586,20 @@ impl<'c> RulePlan<'c> {
         descriptor: &Descriptor<'_>,
         cost: u64,
     ) -> Result<Self, CheckError> {
-        let (request, unit) = match applied.limit {
-            RuleLimit::PerUnit {
-                requests_per_unit: 0,
-                unit,
-            } => (None, Some(unit)),
+        let request = match applied.limit {
             RuleLimit::PerUnit {
                 requests_per_unit,
                 unit,
-            } => {
+            } if requests_per_unit > 0 => {
                 let state = rule_state(domain, &descriptor.entries, unit)?;
                 let limit = fixed_window(requests_per_unit, unit)?;
-                let key = std::mem::take(&mut applied.key);
-                (Some((state, key, limit)), Some(unit))
+                Some((state, std::mem::take(&mut applied.key), limit))
             }
-            RuleLimit::Unlimited => (None, None),
+            _ => None,
         };
         Ok(Self {
             applied,
             request,
-            unit,
             cost,
         })
     }
@@ -624,7 +615,7 @@ impl<'c> RulePlan<'c> {
     fn item(&self, quota_apart: bool) -> Option<Item<'_>> {
         // A descriptor spending nothing is decided apart, never denying the batch.
         let apart = self.applied.shadow || self.cost == 0 || quota_apart;
-        match (&self.request, self.unit) {
+        match (&self.request, self.applied.limit) {
             (Some((state, key, limit)), _) => {
                 let key = Key::new(key).ok()?;
                 let request = Request::new(key, *limit)
@@ -632,26 +623,43 @@ impl<'c> RulePlan<'c> {
                     .with_cost(self.cost);
                 Some(Item::request(request).shadow(apart))
             }
-            (None, Some(_)) => Some(Item::deny().shadow(apart)),
-            (None, None) => None,
+            (None, RuleLimit::PerUnit { .. }) => Some(Item::deny().shadow(apart)),
+            (None, RuleLimit::Unlimited) => None,
         }
     }
 
     fn status(&self, answer: Option<&Answer>) -> DescriptorStatus {
-        let mut status = initial_status(Some(&self.applied));
-        let Some(unit) = self.unit else {
-            return status;
+        let a = &self.applied;
+        let RuleLimit::PerUnit {
+            requests_per_unit,
+            unit,
+        } = a.limit
+        else {
+            return DescriptorStatus {
+                limit_remaining: u32::MAX,
+                ..DescriptorStatus::default()
+            };
+        };
+        // The store's decision (none for a zero limit, decided without the store).
+        let decision = answer
+            .map(Answer::decision)
+            .filter(|_| self.request.is_some());
+        let mut status = DescriptorStatus {
+            current_limit: Some(CurrentLimit {
+                name: a.name.clone(),
+                requests_per_unit,
+                unit: Some(unit),
+                window: Duration::from_secs(unit.seconds()),
+                metadata: a.rule.and_then(|r| r.metadata.clone()),
+            }),
+            limit_remaining: decision
+                .map_or(0, |d| u32::try_from(d.remaining()).unwrap_or(u32::MAX)),
+            duration_until_reset: Some(
+                decision.map_or_else(|| window_left(unit), |d| reset_of(d, unit)),
+            ),
+            ..DescriptorStatus::default()
         };
         let denied = answer.is_none_or(|a| a.decision().is_denied());
-        let decision = answer.map(Answer::decision);
-        status.duration_until_reset = Some(match decision {
-            Some(d) if self.request.is_some() => reset_of(d, unit),
-            _ => window_left(unit),
-        });
-        status.limit_remaining = match decision {
-            Some(d) if self.request.is_some() => u32::try_from(d.remaining()).unwrap_or(u32::MAX),
-            _ => 0,
-        };
         // Spending nothing never exceeds the limit (Envoy: over only when the count would).
         if denied && self.cost > 0 {
             if self.applied.shadow {
@@ -770,39 +778,6 @@ fn resolve<'c>(
     })
 }
 
-fn initial_status(applied: Option<&Applied<'_>>) -> DescriptorStatus {
-    let unmatched = DescriptorStatus {
-        over_limit: false,
-        current_limit: None,
-        limit_remaining: 0,
-        duration_until_reset: None,
-        shadow_denied: false,
-    };
-    match applied.map(|a| (a, a.limit)) {
-        None => unmatched,
-        Some((_, RuleLimit::Unlimited)) => DescriptorStatus {
-            limit_remaining: u32::MAX,
-            ..unmatched
-        },
-        Some((
-            a,
-            RuleLimit::PerUnit {
-                requests_per_unit,
-                unit,
-            },
-        )) => DescriptorStatus {
-            current_limit: Some(CurrentLimit {
-                name: a.name.clone(),
-                requests_per_unit,
-                unit: Some(unit),
-                window: Duration::from_secs(unit.seconds()),
-                metadata: a.rule.and_then(|r| r.metadata.clone()),
-            }),
-            ..unmatched
-        },
-    }
-}
-
 /// The limiter key of a descriptor decided by a TOML policy: its value (several: the values
 /// joined by `|`), or a digest of that past [`MAX_KEY_LEN`].
 pub(crate) fn policy_key(entries: &[(&str, &str)]) -> Vec<u8> {
@@ -836,10 +811,9 @@ fn policy_status(verdict: &Verdict, spends_nothing: bool) -> DescriptorStatus {
         // An allow- or deny-listed key: decided without a tier.
         return DescriptorStatus {
             over_limit,
-            current_limit: None,
             limit_remaining: if over_limit { 0 } else { u32::MAX },
-            duration_until_reset: None,
             shadow_denied,
+            ..DescriptorStatus::default()
         };
     };
     let window = tier.period();
@@ -1002,7 +976,6 @@ mod tests {
     #[test]
     fn structured_field_names_are_quoted() {
         let status = DescriptorStatus {
-            over_limit: false,
             current_limit: Some(CurrentLimit {
                 name: r#"a"b\c é"#.to_owned(),
                 requests_per_unit: 10,
@@ -1012,7 +985,7 @@ mod tests {
             }),
             limit_remaining: 3,
             duration_until_reset: Some(Duration::from_millis(200)),
-            shadow_denied: false,
+            ..DescriptorStatus::default()
         };
         let response = CheckResponse {
             over_limit: false,
