@@ -404,17 +404,15 @@ fn override_unit(unit: i32) -> Option<Unit> {
 }
 
 fn response_unit(unit: Option<Unit>) -> ResponseUnit {
-    let Some(unit) = unit else {
-        return ResponseUnit::Unknown;
-    };
     match unit {
-        Unit::Second => ResponseUnit::Second,
-        Unit::Minute => ResponseUnit::Minute,
-        Unit::Hour => ResponseUnit::Hour,
-        Unit::Day => ResponseUnit::Day,
-        Unit::Week => ResponseUnit::Week,
-        Unit::Month => ResponseUnit::Month,
-        Unit::Year => ResponseUnit::Year,
+        None => ResponseUnit::Unknown,
+        Some(Unit::Second) => ResponseUnit::Second,
+        Some(Unit::Minute) => ResponseUnit::Minute,
+        Some(Unit::Hour) => ResponseUnit::Hour,
+        Some(Unit::Day) => ResponseUnit::Day,
+        Some(Unit::Week) => ResponseUnit::Week,
+        Some(Unit::Month) => ResponseUnit::Month,
+        Some(Unit::Year) => ResponseUnit::Year,
     }
 }
 
@@ -432,19 +430,16 @@ pub fn to_response(answer: &CheckResponse, headers: Option<&HeaderNames>) -> Rat
     RateLimitResponse {
         overall_code: code(answer.over_limit),
         statuses: answer.statuses.iter().map(to_status_message).collect(),
-        response_headers_to_add: if let Some(names) = headers {
-            answer
-                .headers()
-                .into_iter()
+        response_headers_to_add: headers.map_or_else(Vec::new, |names| {
+            let headers = answer.headers().into_iter();
+            headers
                 .map(|(key, value)| HeaderValue {
                     key: names.name(key).to_owned(),
                     value,
                     ..HeaderValue::default()
                 })
                 .collect()
-        } else {
-            Vec::new()
-        },
+        }),
         ..RateLimitResponse::default()
     }
 }
