@@ -1,21 +1,6 @@
 //! Concurrency limits over JSON: `POST /v1/permits/acquire`, `/v1/permits/release` and
-//! `/v1/permits/renew`, on the server's store (the memory store, or the hybrid of Redis and
-//! memory), for callers in any language.
-//!
-//! Each call names the limit one of two ways: itself, with `name` (the state, at most 128
-//! bytes), `max_in_flight` (1 to 65 536) and `lease_ms` (1 to 86 400 000); or by `policy`, a
-//! TOML policy of the configuration whose `max_in_flight` and `in_flight_lease` are the limit
-//! (the state is the policy's name; a reload of the configuration applies to the next call).
-//! Both at once, a policy that does not exist or has no `max_in_flight`, is a 400 naming what
-//! is wrong. Every call has a `key` (1 to 1024 bytes); release and renew add the `permit`
-//! acquire answered, and name the limit the same way as the acquire. The caller releases when its request ends and renews
-//! every third of the lease while it runs; a caller that crashes loses its permits after the
-//! lease.
-//!
-//! Envoy's rate limit service (RLS v3) cannot express this: it has one call, before the
-//! request, and nothing when the request ends, so it can count requests (a rate) but never give
-//! a permit back. A concurrency limit needs the application (or a filter with a call at the end
-//! of the stream) to call release.
+//! `/v1/permits/renew` on the server's store, each call naming its limit itself or by a TOML
+//! policy (the crate documentation, "Concurrency limits", describes the calls and answers).
 
 use std::time::Duration;
 

@@ -1,35 +1,7 @@
-//! envoyproxy/ratelimit's YAML configuration, read as is, and its matching rules.
-//!
-//! One file holds one domain:
-//!
-//! ```yaml
-//! domain: messaging
-//! descriptors:
-//!   - key: message_type
-//!     value: marketing
-//!     descriptors:
-//!       - key: to_number
-//!         rate_limit:
-//!           unit: day
-//!           requests_per_unit: 5
-//!   - key: to_number
-//!     rate_limit:
-//!       unit: day
-//!       requests_per_unit: 100
-//! ```
-//!
-//! A request's descriptor (an ordered list of key/value entries) is matched level by level: at
-//! each level the exact `key`/`value` first, then the values with a `*` wildcard in the order
-//! they were written, then the `key` without a value. A limit applies only where the request's
-//! last entry lands; a descriptor that matches nothing, or lands on a node without a limit, is
-//! not limited.
-//!
-//! Every field envoyproxy/ratelimit reads is read: `quota_mode`, `share_threshold`,
-//! `value_to_metric` and `detailed_metric` are exposed on the [`Match`] for the decision;
-//! `metadata` (a mapping) is kept on the [`Rule`] for the response's dynamic metadata. YAML merge keys (`<<: *anchor`) and a UTF-8 byte order
-//! mark are accepted (an error in a file with merge keys names the field's path and its line,
-//! found again in the text). Loading is linear in the file's size; flow nesting deeper than
-//! [`MAX_FLOW_DEPTH`] is refused before parsing.
+//! envoyproxy/ratelimit's YAML configuration, read as is, and its matching rules (the crate
+//! documentation, "Configuration", describes the format, the matching and the TOML policies).
+//! Loading is linear in a file's size: flow nesting deeper than [`MAX_FLOW_DEPTH`] is refused
+//! before parsing; an error in a file with merge keys is found again in the text for its line.
 
 mod policies;
 mod scan;

@@ -1,24 +1,6 @@
-//! distlimit's own TOML policies in the server: `distlimit-policy`'s `[[policy]]` tables as
-//! they are (every algorithm, bursts, tiers, overrides, allow and deny lists, shadow mode), and
-//! `[domain.NAME]` sections that say which descriptors of an RLS request a policy decides.
-//!
-//! ```toml
-//! [[policy]]
-//! name = "per_user"
-//! tiers = [
-//!   { name = "second", algorithm = "token_bucket", limit = 10, per = "1s", burst = 20 },
-//!   { name = "day", algorithm = "sliding_window", limit = 10000, per = "1d" },
-//! ]
-//!
-//! [domain.api]
-//! descriptors = [
-//!   { keys = ["user"], policy = "per_user" },
-//! ]
-//! ```
-//!
-//! A descriptor of domain `api` whose entries' keys are exactly `keys`, in order, is decided
-//! by `policy`, under the key made of its values (one entry: its value; several: the values
-//! joined by `|`).
+//! distlimit's own TOML policies in the server: `[[policy]]` tables as `distlimit-policy` reads
+//! them, and `[domain.NAME]` sections mapping a descriptor's entry keys, in order, to the policy
+//! that decides it (the crate documentation, "distlimit's TOML policies", shows a file).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
