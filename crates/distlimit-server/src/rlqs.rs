@@ -465,23 +465,16 @@ impl Stream<'_> {
             } else {
                 0
             };
-            let demand = match state.last_report {
-                None => {
-                    state.last_report = Some(now);
-                    None
-                }
-                Some(last) => {
-                    let elapsed = now.saturating_duration_since(last).as_secs_f64();
-                    if elapsed >= 0.1 {
-                        let demand = state.pending as f64 / elapsed;
-                        state.pending = 0;
-                        state.last_report = Some(now);
-                        Some(demand)
-                    } else {
-                        None
-                    }
-                }
-            };
+            // Over at least 0.1 s since the report it was last measured at (none at the first).
+            let elapsed = state
+                .last_report
+                .map(|last| now.saturating_duration_since(last).as_secs_f64());
+            let demand = elapsed
+                .filter(|&elapsed| elapsed >= 0.1)
+                .map(|elapsed| std::mem::take(&mut state.pending) as f64 / elapsed);
+            if elapsed.is_none() || demand.is_some() {
+                state.last_report = Some(now);
+            }
             if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
                 metrics.buckets.dec();
                 jobs.push(Job {
@@ -707,18 +700,12 @@ impl Shared {
         let now = Instant::now();
         let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
         let shares = budgets.entry(budget.clone()).or_default();
-        let entry = match shares.members.entry(member) {
-            Entry::Occupied(entry) => entry.into_mut(),
-            Entry::Vacant(entry) => {
-                shares.sized = None;
-                entry.insert(Member::default())
-            }
-        };
+        let entry = shares.members.entry(member).or_insert_with(|| {
+            shares.sized = None;
+            Member::default()
+        });
         if let Some(demand) = demand {
-            entry.demand = Some(match entry.demand {
-                Some(old) => 0.5 * old + 0.5 * demand,
-                None => demand,
-            });
+            entry.demand = Some(entry.demand.map_or(demand, |old| 0.5 * old + 0.5 * demand));
         }
         let fresh = shares
             .sized
@@ -1023,27 +1010,24 @@ async fn assign(
         lease.held.saturating_sub(needed),
         needed.saturating_sub(lease.held),
     );
-    // A token bucket already assigned leaves the budget's reserve to the buckets that have
-    // none (a proxy that joins is served by its first report); they may spend it.
-    let established = matches!(state.sent, Sent::Bucket { .. });
-    let usable = match shared.leases.exchange(&request, give, want).await {
-        Ok(grant) => {
-            lease.held = lease.held - give + grant.granted;
-            let into_reserve = if established {
-                target
-                    .reserve
-                    .saturating_sub(grant.decision.remaining())
-                    .min(grant.granted)
-            } else {
-                0
-            };
-            lease.held - into_reserve
-        }
+    let grant = match shared.leases.exchange(&request, give, want).await {
+        Ok(grant) => grant,
         Err(error) => {
             tracing::warn!(%error, "rlqs: withdrawing units failed");
             return None;
         }
     };
+    lease.held = lease.held - give + grant.granted;
+    // A token bucket already assigned leaves the budget's reserve to the buckets that have
+    // none (a proxy that joins is served by its first report); they may spend it.
+    let into_reserve = match state.sent {
+        Sent::Bucket { .. } => target
+            .reserve
+            .saturating_sub(grant.decision.remaining())
+            .min(grant.granted),
+        _ => 0,
+    };
+    let usable = lease.held - into_reserve;
     if usable < needed {
         // The budget is short: the largest token bucket the units held pay for, else deny.
         let mut fit = per_fill;
