@@ -128,17 +128,12 @@ impl Args {
         Duration::from_millis(self.request_timeout_ms)
     }
 
-    /// The shutdown deadline.
-    pub fn shutdown_timeout(&self) -> Duration {
-        self.serve.shutdown_timeout()
-    }
-
-    /// The serving limits of the gRPC port: those of [`serve_config`](Self::serve_config)
-    /// with the gRPC idle timeout.
+    /// The serving limits of the gRPC port: those of the HTTP port (`serve`'s) with the gRPC
+    /// idle timeout.
     pub fn grpc_serve_config(&self) -> distlimit_serve::ServeConfig {
         distlimit_serve::ServeConfig {
             idle_timeout: Duration::from_millis(self.grpc_idle_timeout_ms),
-            ..self.serve_config()
+            ..self.serve.serve_config()
         }
     }
 
@@ -152,11 +147,6 @@ impl Args {
             }),
             _ => None,
         }
-    }
-
-    /// The serving limits of the HTTP port.
-    pub fn serve_config(&self) -> distlimit_serve::ServeConfig {
-        self.serve.serve_config()
     }
 
     /// How answers are completed: the headers (with `--response-headers`) under their names,
@@ -363,17 +353,10 @@ fn redis_url(
         "SINGLE" => match socket.to_ascii_lowercase().as_str() {
             "tcp" => Ok(format!("{scheme}://{userinfo}{url}")),
             "unix" => {
-                let mut query = Vec::new();
-                if let Some(user) = user {
-                    query.push(format!("user={user}"));
-                }
-                if let Some(password) = password {
-                    query.push(format!("pass={password}"));
-                }
-                let query = if query.is_empty() {
-                    String::new()
-                } else {
-                    format!("?{}", query.join("&"))
+                let query = match (user, password) {
+                    (Some(user), Some(password)) => format!("?user={user}&pass={password}"),
+                    (_, Some(password)) => format!("?pass={password}"),
+                    _ => String::new(),
                 };
                 Ok(format!("unix://{url}{query}"))
             }

@@ -256,7 +256,7 @@ impl Server {
         let rls = RateLimitGrpc::new(self.checker.clone(), args.response_settings());
         // Both ports: the same connection cap, first request deadline and shutdown deadline;
         // each its own idle timeout.
-        let serve_config = args.serve_config();
+        let serve_config = args.serve.serve_config();
         let tls = self.tls().cloned();
         let grpc_connections = net::incoming(
             distlimit_serve::Acceptor::new(grpc, &args.grpc_serve_config()),
@@ -307,7 +307,7 @@ impl Server {
             grpc.map_err(io::Error::other)?;
             http
         };
-        let deadline = args.shutdown_timeout();
+        let deadline = args.serve.shutdown_timeout();
         let expired = async {
             stopped(stop_rx).await;
             tokio::time::sleep(deadline).await;
