@@ -21,10 +21,10 @@ use std::time::Duration;
 use distlimit_metrics::Metrics;
 use distlimit_serve::TlsWatcher;
 use distlimit_serve::store::{BuiltStore, StoreError};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic_health::ServingStatus;
+use tonic::server::NamedService;
+use tonic_health::ServingStatus::{NotServing, Serving};
 
 pub use crate::args::{Args, DEFAULT_GRPC_IDLE_TIMEOUT_MS, EnvError};
 pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
@@ -201,10 +201,10 @@ impl Server {
         let args = &self.args;
         let ready = Arc::new(AtomicBool::new(true));
         let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_serving::<RateLimitServiceServer<RateLimitGrpc>>()
-            .await;
-        health.set_serving::<QuotaServer>().await;
+        let services = [grpc::RlsServer::NAME, QuotaServer::NAME];
+        for service in services {
+            health.set_service_status(service, Serving).await;
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         {
             let ready = ready.clone();
@@ -213,14 +213,10 @@ impl Server {
                 shutdown.await;
                 tracing::info!("shutting down");
                 ready.store(false, Ordering::Release);
-                health
-                    .set_not_serving::<RateLimitServiceServer<RateLimitGrpc>>()
-                    .await;
-                health.set_not_serving::<QuotaServer>().await;
                 // The overall service too: a probe of `""` must see the shutdown as well.
-                health
-                    .set_service_status("", ServingStatus::NotServing)
-                    .await;
+                for service in services.into_iter().chain([""]) {
+                    health.set_service_status(service, NotServing).await;
+                }
                 let _ = stop_tx.send(true);
             });
         }
@@ -236,11 +232,7 @@ impl Server {
                 tick.tick().await;
                 let deciding = redis.is_deciding();
                 if last != Some(deciding) {
-                    let status = if deciding {
-                        ServingStatus::Serving
-                    } else {
-                        ServingStatus::NotServing
-                    };
+                    let status = if deciding { Serving } else { NotServing };
                     health
                         .set_service_status(REDIS_HEALTH_SERVICE, status)
                         .await;
