@@ -186,23 +186,10 @@ impl Args {
     /// The command line `args` (the program name first) over the settings envoyproxy/ratelimit
     /// reads from its environment (through `env`, [`std::env::var`] in the binary), so that
     /// an existing deployment's variables keep working: a flag given on the command line wins
-    /// over its variable. The variables and their flags:
-    ///
-    /// | variables | flag |
-    /// |---|---|
-    /// | `GRPC_HOST` (default `0.0.0.0`), `GRPC_PORT` | `--grpc HOST:PORT` |
-    /// | `HOST` (default `0.0.0.0`), `PORT` | `--http HOST:PORT` |
-    /// | `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` (default `config`) | `--config ROOT/SUBDIRECTORY/APPDIRECTORY` |
-    /// | `REDIS_URL`, `REDIS_SOCKET_TYPE` (`tcp`, `unix`), `REDIS_TYPE` (`SINGLE`, `SENTINEL`: `name,host:port,…`; `CLUSTER`: `host:port,…`), `REDIS_AUTH` (`password` or `user:password`), `REDIS_TLS` | `--redis URL` (a `REDIS_URL` with a scheme is taken as is) |
-    /// | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
-    /// | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `--limit-header`, `--remaining-header`, `--reset-header` |
-    /// | `RESPONSE_DYNAMIC_METADATA` | `--response-dynamic-metadata` |
-    /// | `SHADOW_MODE`, `QUOTA_MODE` | `--shadow-mode`, `--quota-mode` |
-    /// | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT` | `--tls-cert`, `--tls-key`, `--tls-client-ca` (both ports) |
-    ///
-    /// A group is used only when one of its variables is set (`--grpc` from `GRPC_HOST` or
-    /// `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY`), `--redis` only
-    /// when `BACKEND_TYPE` is unset or `redis`. `LOG_LEVEL` is read by the logging setup.
+    /// over its variable. The crate documentation ("From envoyproxy/ratelimit") lists the
+    /// variables and their flags. A group is used only when one of its variables is set
+    /// (`--grpc` from `GRPC_HOST` or `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or
+    /// `RUNTIME_SUBDIRECTORY`), `--redis` only when `BACKEND_TYPE` is unset or `redis`.
     ///
     /// # Errors
     ///

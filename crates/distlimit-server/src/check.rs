@@ -476,10 +476,8 @@ impl Checker {
         any
     }
 
-    /// The request's verdict from its descriptors', as envoyproxy/ratelimit decides it: over
-    /// the limit when a descriptor outside quota mode is, or when every quota descriptor is
-    /// (a rule's `quota_mode`; with the global quota mode every YAML descriptor, unmatched
-    /// ones included, unlimited ones excluded); never in the global shadow mode.
+    /// The request's verdict from its descriptors', as [`Checker::check`] says; never in the
+    /// global shadow mode.
     fn overall(&self, plans: &[Plan<'_>], statuses: &[DescriptorStatus]) -> bool {
         if self.shadow_mode {
             return false;

@@ -63,9 +63,8 @@ pub enum StartError {
     #[error("config: {0}")]
     Config(#[from] RateLimitConfigError),
     /// The store's configuration was refused: Redis refused it (an invalid URL, rejected
-    /// credentials; the error names Redis itself) or the hybrid store did. An unreachable Redis
-    /// is no error: the binary starts, the failure mode answers, and Redis is connected in the
-    /// background.
+    /// credentials; the error names Redis itself) or the hybrid store did (an unreachable Redis
+    /// is no error, see [`Server::build`]).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A TLS file (`--tls-cert`, `--tls-key`, `--tls-client-ca`) is missing or unusable; the

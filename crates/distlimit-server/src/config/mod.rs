@@ -652,10 +652,8 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
         if name.starts_with('.') || !known {
             continue;
         }
-        // Follows symbolic links: a ConfigMap's files are links into its `..data` directory.
-        // An entry that cannot be read is an error, never a file left out: leaving out a
-        // dangling link (a ConfigMap whose `..data` vanished) would load a configuration
-        // without its domains and answer every descriptor OK.
+        // Follows symbolic links: a ConfigMap's files are links into its `..data` directory. A
+        // dangling one (its `..data` vanished) is an error, never left out (see above).
         match std::fs::metadata(&file) {
             Ok(meta) if meta.is_file() => files.push(file),
             Ok(_) => {
