@@ -95,11 +95,6 @@ pub struct QuotaArgs {
 }
 
 impl QuotaArgs {
-    /// The report interval.
-    pub fn report_interval(&self) -> Duration {
-        Duration::from_millis(self.rlqs_report_interval_ms)
-    }
-
     /// An assignment's time to live: two report intervals, in whole seconds (at least 2).
     pub fn ttl(&self) -> Duration {
         Duration::from_secs((2 * self.rlqs_report_interval_ms).div_ceil(1000).max(2))
@@ -107,7 +102,7 @@ impl QuotaArgs {
 
     /// How long a stream may stay silent.
     fn silence(&self) -> Duration {
-        3 * self.report_interval() + Duration::from_secs(2)
+        3 * Duration::from_millis(self.rlqs_report_interval_ms) + Duration::from_secs(2)
     }
 }
 

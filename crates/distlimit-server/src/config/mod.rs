@@ -663,18 +663,13 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
                 )));
             }
             Err(error) => {
-                let dangling = error.kind() == std::io::ErrorKind::NotFound
-                    && std::fs::symlink_metadata(&file).is_ok();
-                let error = if dangling {
-                    let target = std::fs::read_link(&file)
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_default();
-                    std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        format!("symbolic link to a missing file ({target})"),
-                    )
-                } else {
-                    error
+                let error = match std::fs::read_link(&file) {
+                    Ok(target) if error.kind() == std::io::ErrorKind::NotFound => {
+                        let missing =
+                            format!("symbolic link to a missing file ({})", target.display());
+                        std::io::Error::new(std::io::ErrorKind::NotFound, missing)
+                    }
+                    _ => error,
                 };
                 return Err(io(&file)(error));
             }
