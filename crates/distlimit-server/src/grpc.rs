@@ -155,18 +155,15 @@ impl RlsServer {
         B: Body + Send + 'static,
         B::Error: Into<StdError> + Send + 'static,
     {
-        let message = match read_unary(request).await {
-            Ok(message) => message,
-            Err(status) => return status.into_http(),
+        let answer = async {
+            let message = read_unary(request).await?;
+            let raw =
+                <RawRequest as prost::Message>::decode(&message[PREFIX..]).map_err(|error| {
+                    Status::internal(format!("failed to decode the request: {error}"))
+                })?;
+            self.0.should_rate_limit(Request::new(raw.into())).await
         };
-        let request = match <RawRequest as prost::Message>::decode(&message[PREFIX..]) {
-            Ok(raw) => Request::new(RateLimitRequest::from(raw)),
-            Err(error) => {
-                return Status::internal(format!("failed to decode the request: {error}"))
-                    .into_http();
-            }
-        };
-        match self.0.should_rate_limit(request).await {
+        match answer.await {
             Ok(response) => unary_response(response.get_ref()),
             Err(status) => status.into_http(),
         }
@@ -317,13 +314,7 @@ impl RateLimitService for RateLimitGrpc {
                 started.elapsed(),
             );
         };
-        let check = match to_check(&request) {
-            Ok(check) => check,
-            Err(status) => {
-                observe(RequestResult::invalid);
-                return Err(status);
-            }
-        };
+        let check = to_check(&request).inspect_err(|_| observe(RequestResult::invalid))?;
         let answer = self.checker.check(&check).await;
         observe(RequestResult::of(&answer));
         let answer = answer.map_err(to_status)?;
