@@ -177,10 +177,9 @@ async fn decide<const REPORT: bool>(
         hits: u64::from(body.hits),
     };
     let decided = tokio::time::timeout(state.timeout, state.checker.check(&request)).await;
-    let result = match &decided {
-        Err(_) => RequestResult::unavailable,
-        Ok(answer) => RequestResult::of(answer),
-    };
+    let result = decided
+        .as_ref()
+        .map_or(RequestResult::unavailable, RequestResult::of);
     state
         .checker
         .observe_request(Protocol::http, &body.domain, result, started.elapsed());

@@ -22,7 +22,8 @@ pub(crate) struct PolicyDomain {
 }
 
 /// `{ keys = [...], policy = "..." }`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Mapping {
     pub(crate) keys: Vec<String>,
     pub(crate) policy: String,
@@ -62,14 +63,7 @@ struct RawFile {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDomain {
-    descriptors: Vec<Spanned<RawMapping>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawMapping {
-    keys: Vec<String>,
-    policy: String,
+    descriptors: Vec<Spanned<Mapping>>,
 }
 
 /// The 1-based line of byte `offset` in `text`.
@@ -124,10 +118,6 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<PolicyFile, RateLimitConf
                     ),
                 ));
             }
-            let mapping = Mapping {
-                keys: mapping.keys,
-                policy: mapping.policy,
-            };
             if mappings.iter().any(|m: &Mapping| m.keys == mapping.keys) {
                 return Err(invalid(
                     Some(line),
