@@ -415,15 +415,9 @@ impl Config {
                     if let Some((_, first, _)) =
                         policies.iter().find(|(p, _, _)| p.name() == policy.name())
                     {
-                        return Err(RateLimitConfigError::Invalid {
-                            file: source.path.clone(),
-                            line: Some(line),
-                            message: format!(
-                                "policy \"{}\" is also defined in {}",
-                                policy.name(),
-                                first.display()
-                            ),
-                        });
+                        let (name, first) = (policy.name(), first.display());
+                        let message = format!("policy \"{name}\" is also defined in {first}");
+                        return Err(invalid(&source.path, Some(line), message));
                     }
                     policies.push((policy, source.path.clone(), line));
                 }
@@ -440,27 +434,19 @@ impl Config {
         for (name, domain) in &policy_domains {
             for (i, mapping) in domain.mappings.iter().enumerate() {
                 if !policies.iter().any(|(p, _, _)| p.name() == mapping.policy) {
-                    return Err(RateLimitConfigError::Invalid {
-                        file: domain.file.clone(),
-                        line: Some(domain.line),
-                        message: format!(
-                            "domain.{name}.descriptors[{i}].policy: no policy named \"{}\"",
-                            mapping.policy
-                        ),
-                    });
+                    let policy = &mapping.policy;
+                    let message = format!(
+                        "domain.{name}.descriptors[{i}].policy: no policy named \"{policy}\""
+                    );
+                    return Err(invalid(&domain.file, Some(domain.line), message));
                 }
             }
         }
         let policies = if policies.is_empty() {
             None
         } else {
-            let set = PolicySet::new(policies.into_iter().map(|(p, _, _)| p)).map_err(|error| {
-                RateLimitConfigError::Invalid {
-                    file: PathBuf::new(),
-                    line: None,
-                    message: error.to_string(),
-                }
-            })?;
+            let set = PolicySet::new(policies.into_iter().map(|(p, _, _)| p))
+                .map_err(|error| invalid(Path::new(""), None, error.to_string()))?;
             Some(Arc::new(set))
         };
         Ok(Self {
@@ -677,6 +663,16 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
     }
     files.sort();
     files.into_iter().map(read).collect()
+}
+
+/// [`RateLimitConfigError::Invalid`]: `file`, at `line`, is not valid: `message`.
+fn invalid(file: &Path, line: Option<usize>, message: String) -> RateLimitConfigError {
+    let file = file.to_path_buf();
+    RateLimitConfigError::Invalid {
+        file,
+        line,
+        message,
+    }
 }
 
 /// The largest configuration file read (each file of a directory): 16 MiB.
@@ -908,50 +904,38 @@ impl TryFrom<RawRateLimitFields> for RawRateLimit {
 }
 
 fn parse_file(file: &Path, yaml: &str) -> Result<(String, Domain), RateLimitConfigError> {
-    let invalid = |error: serde_yaml_ng::Error| RateLimitConfigError::Invalid {
-        file: file.to_path_buf(),
-        line: error.location().map(|l| l.line()),
-        message: error.to_string(),
+    let yaml_error = |error: serde_yaml_ng::Error| {
+        invalid(file, error.location().map(|l| l.line()), error.to_string())
     };
     // A byte order mark is no part of the document (libyaml misreads some files starting with
     // one as several documents).
     let yaml = yaml.strip_prefix('\u{feff}').unwrap_or(yaml);
     if let Some(line) = scan::too_deep(yaml) {
-        return Err(RateLimitConfigError::Invalid {
-            file: file.to_path_buf(),
-            line: Some(line),
-            message: format!("flow collections ([ ], {{ }}) nested deeper than {MAX_FLOW_DEPTH}"),
-        });
+        let message = format!("flow collections ([ ], {{ }}) nested deeper than {MAX_FLOW_DEPTH}");
+        return Err(invalid(file, Some(line), message));
     }
     let raw: RawFile = if yaml.contains("<<") {
         // Merge keys (`<<: *defaults`) are resolved on the document's tree; an error past this
         // point knows the field's path, which is looked up in the text for its line.
-        let mut value: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).map_err(invalid)?;
-        value.apply_merge().map_err(invalid)?;
+        let mut value: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).map_err(yaml_error)?;
+        value.apply_merge().map_err(yaml_error)?;
         serde_path_to_error::deserialize(value).map_err(|error| {
             let path = error.path().clone();
             let inner = error.into_inner();
             let line = locate::line_of(yaml, &path, &inner.to_string());
             let path = path.to_string();
-            RateLimitConfigError::Invalid {
-                file: file.to_path_buf(),
-                line: inner.location().map(|l| l.line()).or(line),
-                message: if path == "." {
-                    inner.to_string()
-                } else {
-                    format!("{path}: {inner}")
-                },
-            }
+            let message = if path == "." {
+                inner.to_string()
+            } else {
+                format!("{path}: {inner}")
+            };
+            invalid(file, inner.location().map(|l| l.line()).or(line), message)
         })?
     } else {
-        serde_yaml_ng::from_str(yaml).map_err(invalid)?
+        serde_yaml_ng::from_str(yaml).map_err(yaml_error)?
     };
     if raw.domain.is_empty() {
-        return Err(RateLimitConfigError::Invalid {
-            file: file.to_path_buf(),
-            line: None,
-            message: "domain: must not be empty".into(),
-        });
+        return Err(invalid(file, None, "domain: must not be empty".into()));
     }
     let root = build_level(raw.descriptors.0, "");
     Ok((

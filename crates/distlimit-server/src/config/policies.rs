@@ -73,11 +73,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 /// Parses one TOML file: its policies and domains, each with the line it starts on.
 pub(crate) fn parse(file: &Path, text: &str) -> Result<PolicyFile, RateLimitConfigError> {
-    let invalid = |line: Option<usize>, message: String| RateLimitConfigError::Invalid {
-        file: file.to_path_buf(),
-        line,
-        message,
-    };
+    let invalid = |line, message| super::invalid(file, line, message);
     let raw: RawFile = toml::from_str(text).map_err(|error| {
         let line = error.span().map(|span| line_of(text, span.start));
         invalid(line, error.message().trim_end().to_owned())
