@@ -377,14 +377,9 @@ struct Stream<'s> {
     buckets: HashMap<String, BucketState>,
 }
 
-/// One reported bucket's store work.
-struct Job {
-    name: String,
-    state: BucketState,
-    /// What it lands on, its usage and demand; `None`: idle too long, its units given back and
-    /// `AbandonAction` sent.
-    assign: Option<(Target, BucketQuotaUsage, Option<f64>)>,
-}
+/// A reported bucket's store work: what it lands on, its usage and demand; `None`: idle too
+/// long, its units given back and `AbandonAction` sent.
+type Work = Option<(Target, BucketQuotaUsage, Option<f64>)>;
 
 /// A job's bucket to keep (`None`: abandoned) and its answer.
 type Done = (Option<(String, BucketState)>, Option<BucketAction>);
@@ -441,17 +436,14 @@ impl Stream<'_> {
         // What each bucket's report changes here, in the report's order; the store calls after.
         let mut jobs = Vec::with_capacity(usages.len());
         for (name, usage) in usages {
-            let mut state = match self.buckets.remove(&name) {
-                Some(state) => state,
-                None => {
-                    metrics.buckets.inc();
-                    BucketState {
-                        id: usage.bucket_id.clone().unwrap_or_default(),
-                        member: self.shared.next_member.fetch_add(1, Ordering::Relaxed),
-                        ..BucketState::default()
-                    }
+            let mut state = self.buckets.remove(&name).unwrap_or_else(|| {
+                metrics.buckets.inc();
+                BucketState {
+                    id: usage.bucket_id.clone().unwrap_or_default(),
+                    member: self.shared.next_member.fetch_add(1, Ordering::Relaxed),
+                    ..BucketState::default()
                 }
-            };
+            });
             let requests = usage.num_requests_allowed + usage.num_requests_denied;
             state.admitted = state.admitted.saturating_add(usage.num_requests_allowed);
             state.pending = state.pending.saturating_add(requests);
@@ -470,35 +462,23 @@ impl Stream<'_> {
             if elapsed.is_none() || demand.is_some() {
                 state.last_report = Some(now);
             }
-            if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
+            let work: Work = if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
                 metrics.buckets.dec();
-                jobs.push(Job {
-                    name,
-                    state,
-                    assign: None,
-                });
-                continue;
-            }
-            let target = match state.target.take() {
-                Some(target) => target,
-                None => resolve(&config, domain, &usage),
+                None
+            } else {
+                let target = state
+                    .target
+                    .take()
+                    .unwrap_or_else(|| resolve(&config, domain, &usage));
+                Some((target, usage, demand))
             };
-            jobs.push(Job {
-                name,
-                state,
-                assign: Some((target, usage, demand)),
-            });
+            jobs.push((name, state, work));
         }
         // The buckets' store calls run concurrently (a store that coalesces, as Redis does,
         // packs them into a few calls), their answers in the report's order.
         let shared = self.shared;
         let done: Vec<Done> = futures_util::stream::iter(jobs)
-            .map(|job| async move {
-                let Job {
-                    name,
-                    mut state,
-                    assign: work,
-                } = job;
+            .map(|(name, mut state, work)| async move {
                 match work {
                     None => {
                         close_lease(shared, &mut state, now + DELIVERY_SLACK).await;
