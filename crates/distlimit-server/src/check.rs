@@ -306,20 +306,16 @@ impl Checker {
     /// descriptor with [`with_quota_mode`](Self::with_quota_mode)) is. Unlike envoyproxy (which
     /// charges every descriptor of every request), a request denied is charged nothing, also
     /// when every quota descriptor denied it; an admitted one charges its quota descriptors
-    /// that passed. A rule's state is keyed by [`Match::counter_entries`](crate::config::Match::counter_entries),
-    /// its metrics by [`Match::metric_path`](crate::config::Match::metric_path).
+    /// that passed. The crate documentation ("Decisions") says how states and metrics are named.
     ///
     /// # Reports
     ///
-    /// A request whose descriptors are reports ([`SettleKind::Report`]: Envoy's
-    /// `apply_on_stream_done` request marked with [`REPORT_ENTRY`], or `POST /v1/report`) or
-    /// give-backs (`is_negative_hits`) charges each descriptor's hits even past the limit (the
-    /// excess is debt later checks wait out) or returns them; every one is applied, and each
-    /// status says whether its key is over the limit now. Only TOML policies of the token
-    /// bucket or GCRA carry debt: a report matching a YAML rule (a fixed window), a limit
-    /// override or a window policy is [`CheckError::InvalidArgument`], charging nothing; an
-    /// unmatched descriptor charges nothing. A request mixing decided and settled descriptors is
-    /// [`CheckError::InvalidArgument`].
+    /// Reports ([`SettleKind::Report`]: marked with [`REPORT_ENTRY`], or `POST /v1/report`) and
+    /// give-backs (`is_negative_hits`) are each applied even past the limit (the crate
+    /// documentation's "Reports"), each status saying whether its key is over the limit now;
+    /// an unmatched descriptor charges nothing. A report or give-back matching a YAML rule, a
+    /// limit override or a window policy (no debt), or a request mixing them with decided
+    /// descriptors, is [`CheckError::InvalidArgument`], charging nothing.
     ///
     /// # Errors
     ///

@@ -1,13 +1,9 @@
-//! Envoy's Rate Limit Quota Service (`envoy.service.rate_limit_quota.v3`,
-//! `StreamRateLimitQuotas`): each proxy reports its usage per bucket on one stream, and is
-//! answered per bucket with `ALLOW_ALL`, `DENY_ALL` or a token bucket it enforces itself.
-//!
-//! A bucket's limit is the rule (or TOML policy) that an RLS request of the stream's domain with
-//! the bucket id's entries, in key order, as one descriptor lands on. Each proxy's token bucket
-//! is its share of that limit, and every unit a share may admit is withdrawn from the store's
-//! budget (a token bucket of the rule's rate, [`LeaseStore::exchange`]) before the assignment is
-//! sent, so proxies on one or several server instances sharing one Redis admit together at most
-//! the limit plus one burst (the README states the bound and its terms).
+//! Envoy's Rate Limit Quota Service (`StreamRateLimitQuotas`): each proxy reports its usage per
+//! bucket on one stream and is answered per bucket with `ALLOW_ALL`, `DENY_ALL` or a token bucket
+//! it enforces itself. A bucket's limit is what an RLS descriptor of its entries, in key order,
+//! lands on; each proxy's token bucket is its share of it, every unit of which is withdrawn from
+//! the store's budget ([`LeaseStore::exchange`]) before it is sent, so proxies sharing one Redis
+//! admit together at most the limit plus one burst (the crate documentation states the terms).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
