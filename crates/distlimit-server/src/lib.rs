@@ -244,7 +244,6 @@ impl Server {
             let _ = rx.wait_for(|stop| *stop).await;
         };
 
-        let rls = RateLimitGrpc::new(self.checker.clone(), args.response_settings());
         // Both ports: the same connection cap, first request deadline and shutdown deadline;
         // each its own idle timeout.
         let serve_config = args.serve.serve_config();
@@ -254,7 +253,7 @@ impl Server {
             tls.clone(),
             serve_config.header_read_timeout,
         );
-        let rls = rls.into_server();
+        let rls = RateLimitGrpc::new(self.checker.clone(), args.response_settings()).into_server();
         let quota = QuotaService::new(
             self.checker.clone(),
             self.store.leases.clone(),

@@ -555,10 +555,9 @@ impl Level {
                 .get(i)
                 .is_some_and(|node| node.key == key && wildcard_match(&node.value, value))
         });
-        match wildcard {
-            Some(i) => Some((i, Landed::Wildcard)),
-            None => self.key_only.get(key).map(|&i| (i, Landed::KeyOnly)),
-        }
+        wildcard
+            .map(|i| (i, Landed::Wildcard))
+            .or_else(|| self.key_only.get(key).map(|&i| (i, Landed::KeyOnly)))
     }
 }
 
