@@ -391,8 +391,8 @@ impl Config {
     pub fn from_sources(sources: &[Source]) -> Result<Self, RateLimitConfigError> {
         let mut domains: HashMap<String, Domain> = HashMap::new();
         let mut policy_domains: HashMap<String, PolicyDomain> = HashMap::new();
-        // Policy name → (policy, file, line).
-        let mut policies: Vec<(distlimit_policy::Policy, PathBuf, usize)> = Vec::new();
+        // Every policy, with the file defining it.
+        let mut policies: Vec<(distlimit_policy::Policy, PathBuf)> = Vec::new();
         // A domain of `second` already defined by an earlier file.
         let defined_twice = |domains: &HashMap<String, Domain>,
                              policy_domains: &HashMap<String, PolicyDomain>,
@@ -412,14 +412,14 @@ impl Config {
             if is_toml(&source.path) {
                 let file = policies::parse(&source.path, &source.contents)?;
                 for (policy, line) in file.policies {
-                    if let Some((_, first, _)) =
-                        policies.iter().find(|(p, _, _)| p.name() == policy.name())
+                    if let Some((_, first)) =
+                        policies.iter().find(|(p, _)| p.name() == policy.name())
                     {
                         let (name, first) = (policy.name(), first.display());
                         let message = format!("policy \"{name}\" is also defined in {first}");
                         return Err(invalid(&source.path, Some(line), message));
                     }
-                    policies.push((policy, source.path.clone(), line));
+                    policies.push((policy, source.path.clone()));
                 }
                 for (name, domain) in file.domains {
                     defined_twice(&domains, &policy_domains, &name, &source.path)?;
@@ -433,7 +433,7 @@ impl Config {
         }
         for (name, domain) in &policy_domains {
             for (i, mapping) in domain.mappings.iter().enumerate() {
-                if !policies.iter().any(|(p, _, _)| p.name() == mapping.policy) {
+                if !policies.iter().any(|(p, _)| p.name() == mapping.policy) {
                     let policy = &mapping.policy;
                     let message = format!(
                         "domain.{name}.descriptors[{i}].policy: no policy named \"{policy}\""
@@ -445,7 +445,7 @@ impl Config {
         let policies = if policies.is_empty() {
             None
         } else {
-            let set = PolicySet::new(policies.into_iter().map(|(p, _, _)| p))
+            let set = PolicySet::new(policies.into_iter().map(|(p, _)| p))
                 .map_err(|error| invalid(Path::new(""), None, error.to_string()))?;
             Some(Arc::new(set))
         };
