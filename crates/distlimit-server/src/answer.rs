@@ -96,17 +96,9 @@ pub struct ResponseSettings {
     pub dynamic_metadata: bool,
 }
 
-/// The response's dynamic metadata as envoyproxy/ratelimit writes it:
-///
-/// * `domain`: the request's domain;
-/// * `descriptors`: one struct per descriptor, with `entries` (a list of `key=value` strings),
-///   `limit` when the descriptor carries an override (`requests_per_unit:N unit:UNIT`) and
-///   `hitsAddend` when it sets its own;
-/// * `hitsAddend`: the request's, when not 0;
-/// * `metadata`: the `metadata` of the YAML rules of the descriptors that passed (not
-///   `OVER_LIMIT`; unlimited, overridden and unmatched descriptors have none), merged in
-///   request order: a key already present keeps its value, two structs under one key are
-///   merged the same way. Absent when empty.
+/// The response's dynamic metadata as envoyproxy/ratelimit writes it (the crate documentation,
+/// "Dynamic metadata", lists the fields): the request's `domain`, `descriptors` and
+/// `hitsAddend`, and the `metadata` of the YAML rules of the descriptors that passed, merged.
 pub fn dynamic_metadata(request: &RateLimitRequest, answer: &CheckResponse) -> Struct {
     let mut fields = HashMap::new();
     fields.insert("domain".to_owned(), string(request.domain.clone()));

@@ -128,17 +128,12 @@ impl Args {
         Duration::from_millis(self.request_timeout_ms)
     }
 
-    /// The shutdown deadline.
-    pub fn shutdown_timeout(&self) -> Duration {
-        self.serve.shutdown_timeout()
-    }
-
-    /// The serving limits of the gRPC port: those of [`serve_config`](Self::serve_config)
-    /// with the gRPC idle timeout.
+    /// The serving limits of the gRPC port: those of the HTTP port (`serve`'s) with the gRPC
+    /// idle timeout.
     pub fn grpc_serve_config(&self) -> distlimit_serve::ServeConfig {
         distlimit_serve::ServeConfig {
             idle_timeout: Duration::from_millis(self.grpc_idle_timeout_ms),
-            ..self.serve_config()
+            ..self.serve.serve_config()
         }
     }
 
@@ -152,11 +147,6 @@ impl Args {
             }),
             _ => None,
         }
-    }
-
-    /// The serving limits of the HTTP port.
-    pub fn serve_config(&self) -> distlimit_serve::ServeConfig {
-        self.serve.serve_config()
     }
 
     /// How answers are completed: the headers (with `--response-headers`) under their names,
@@ -196,23 +186,10 @@ impl Args {
     /// The command line `args` (the program name first) over the settings envoyproxy/ratelimit
     /// reads from its environment (through `env`, [`std::env::var`] in the binary), so that
     /// an existing deployment's variables keep working: a flag given on the command line wins
-    /// over its variable. The variables and their flags:
-    ///
-    /// | variables | flag |
-    /// |---|---|
-    /// | `GRPC_HOST` (default `0.0.0.0`), `GRPC_PORT` | `--grpc HOST:PORT` |
-    /// | `HOST` (default `0.0.0.0`), `PORT` | `--http HOST:PORT` |
-    /// | `RUNTIME_ROOT` (default `/srv/runtime_data/current`), `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` (default `config`) | `--config ROOT/SUBDIRECTORY/APPDIRECTORY` |
-    /// | `REDIS_URL`, `REDIS_SOCKET_TYPE` (`tcp`, `unix`), `REDIS_TYPE` (`SINGLE`, `SENTINEL`: `name,host:port,…`; `CLUSTER`: `host:port,…`), `REDIS_AUTH` (`password` or `user:password`), `REDIS_TLS` | `--redis URL` (a `REDIS_URL` with a scheme is taken as is) |
-    /// | `LIMIT_RESPONSE_HEADERS_ENABLED` | `--response-headers` |
-    /// | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `--limit-header`, `--remaining-header`, `--reset-header` |
-    /// | `RESPONSE_DYNAMIC_METADATA` | `--response-dynamic-metadata` |
-    /// | `SHADOW_MODE`, `QUOTA_MODE` | `--shadow-mode`, `--quota-mode` |
-    /// | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT` | `--tls-cert`, `--tls-key`, `--tls-client-ca` (both ports) |
-    ///
-    /// A group is used only when one of its variables is set (`--grpc` from `GRPC_HOST` or
-    /// `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY`), `--redis` only
-    /// when `BACKEND_TYPE` is unset or `redis`. `LOG_LEVEL` is read by the logging setup.
+    /// over its variable. The crate documentation ("From envoyproxy/ratelimit") lists the
+    /// variables and their flags. A group is used only when one of its variables is set
+    /// (`--grpc` from `GRPC_HOST` or `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or
+    /// `RUNTIME_SUBDIRECTORY`), `--redis` only when `BACKEND_TYPE` is unset or `redis`.
     ///
     /// # Errors
     ///
@@ -363,17 +340,10 @@ fn redis_url(
         "SINGLE" => match socket.to_ascii_lowercase().as_str() {
             "tcp" => Ok(format!("{scheme}://{userinfo}{url}")),
             "unix" => {
-                let mut query = Vec::new();
-                if let Some(user) = user {
-                    query.push(format!("user={user}"));
-                }
-                if let Some(password) = password {
-                    query.push(format!("pass={password}"));
-                }
-                let query = if query.is_empty() {
-                    String::new()
-                } else {
-                    format!("?{}", query.join("&"))
+                let query = match (user, password) {
+                    (Some(user), Some(password)) => format!("?user={user}&pass={password}"),
+                    (_, Some(password)) => format!("?pass={password}"),
+                    _ => String::new(),
                 };
                 Ok(format!("unix://{url}{query}"))
             }

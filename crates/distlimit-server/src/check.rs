@@ -2,7 +2,6 @@
 //! with one [`DescriptorStatus`] per descriptor.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -71,8 +70,8 @@ pub struct CheckRequest<'a> {
     pub hits: u64,
 }
 
-/// The answer for one descriptor.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The answer for one descriptor (the default: unmatched).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DescriptorStatus {
     /// Over its limit (never for a rule in shadow mode).
     pub over_limit: bool,
@@ -122,12 +121,10 @@ impl CheckResponse {
         let tightest = self
             .statuses
             .iter()
-            .filter(|s| s.current_limit.is_some() && s.limit_remaining != u32::MAX)
-            .min_by_key(|s| (!s.over_limit, s.limit_remaining));
-        let Some(status) = tightest else {
-            return Vec::new();
-        };
-        let Some(limit) = &status.current_limit else {
+            .filter(|s| s.limit_remaining != u32::MAX)
+            .filter_map(|s| Some((s, s.current_limit.as_ref()?)))
+            .min_by_key(|(s, _)| (!s.over_limit, s.limit_remaining));
+        let Some((status, limit)) = tightest else {
             return Vec::new();
         };
         let reset = status.duration_until_reset.unwrap_or_default();
@@ -309,20 +306,16 @@ impl Checker {
     /// descriptor with [`with_quota_mode`](Self::with_quota_mode)) is. Unlike envoyproxy (which
     /// charges every descriptor of every request), a request denied is charged nothing, also
     /// when every quota descriptor denied it; an admitted one charges its quota descriptors
-    /// that passed. A rule's state is keyed by [`Match::counter_entries`](crate::config::Match::counter_entries),
-    /// its metrics by [`Match::metric_path`](crate::config::Match::metric_path).
+    /// that passed. The crate documentation ("Decisions") says how states and metrics are named.
     ///
     /// # Reports
     ///
-    /// A request whose descriptors are reports ([`SettleKind::Report`]: Envoy's
-    /// `apply_on_stream_done` request marked with [`REPORT_ENTRY`], or `POST /v1/report`) or
-    /// give-backs (`is_negative_hits`) charges each descriptor's hits even past the limit (the
-    /// excess is debt later checks wait out) or returns them; every one is applied, and each
-    /// status says whether its key is over the limit now. Only TOML policies of the token
-    /// bucket or GCRA carry debt: a report matching a YAML rule (a fixed window), a limit
-    /// override or a window policy is [`CheckError::InvalidArgument`], charging nothing; an
-    /// unmatched descriptor charges nothing. A request mixing decided and settled descriptors is
-    /// [`CheckError::InvalidArgument`].
+    /// Reports ([`SettleKind::Report`]: marked with [`REPORT_ENTRY`], or `POST /v1/report`) and
+    /// give-backs (`is_negative_hits`) are each applied even past the limit (the crate
+    /// documentation's "Reports"), each status saying whether its key is over the limit now;
+    /// an unmatched descriptor charges nothing. A report or give-back matching a YAML rule, a
+    /// limit override or a window policy (no debt), or a request mixing them with decided
+    /// descriptors, is [`CheckError::InvalidArgument`], charging nothing.
     ///
     /// # Errors
     ///
@@ -439,16 +432,16 @@ impl Checker {
             .map(|(plan, item)| {
                 let answer = item.and_then(|i| answers.get(i));
                 match (plan, answer) {
-                    (Plan::Policy { cost, .. }, Some(answer)) => match answer.verdict() {
-                        Some(verdict) => policy_status(verdict, *cost == 0),
-                        None => initial_status(None),
-                    },
+                    (Plan::Policy { cost, .. }, Some(answer)) => answer
+                        .verdict()
+                        .map(|verdict| policy_status(verdict, *cost == 0))
+                        .unwrap_or_default(),
                     (Plan::Rule(rule), answer) => {
                         let status = rule.status(answer);
                         self.report_rule(rule, &status, answer, latency);
                         status
                     }
-                    _ => initial_status(None),
+                    _ => DescriptorStatus::default(),
                 }
             })
             .collect();
@@ -479,10 +472,8 @@ impl Checker {
         any
     }
 
-    /// The request's verdict from its descriptors', as envoyproxy/ratelimit decides it: over
-    /// the limit when a descriptor outside quota mode is, or when every quota descriptor is
-    /// (a rule's `quota_mode`; with the global quota mode every YAML descriptor, unmatched
-    /// ones included, unlimited ones excluded); never in the global shadow mode.
+    /// The request's verdict from its descriptors', as [`Checker::check`] says; never in the
+    /// global shadow mode.
     fn overall(&self, plans: &[Plan<'_>], statuses: &[DescriptorStatus]) -> bool {
         if self.shadow_mode {
             return false;
@@ -579,7 +570,6 @@ struct RulePlan<'c> {
     applied: Applied<'c>,
     /// The state name, key and limit of a rule with a non-zero limit.
     request: Option<(StateName, Vec<u8>, Limit)>,
-    unit: Option<Unit>,
     cost: u64,
 }
 
@@ -590,26 +580,20 @@ impl<'c> RulePlan<'c> {
         descriptor: &Descriptor<'_>,
         cost: u64,
     ) -> Result<Self, CheckError> {
-        let (request, unit) = match applied.limit {
-            RuleLimit::PerUnit {
-                requests_per_unit: 0,
-                unit,
-            } => (None, Some(unit)),
+        let request = match applied.limit {
             RuleLimit::PerUnit {
                 requests_per_unit,
                 unit,
-            } => {
+            } if requests_per_unit > 0 => {
                 let state = rule_state(domain, &descriptor.entries, unit)?;
                 let limit = fixed_window(requests_per_unit, unit)?;
-                let key = std::mem::take(&mut applied.key);
-                (Some((state, key, limit)), Some(unit))
+                Some((state, std::mem::take(&mut applied.key), limit))
             }
-            RuleLimit::Unlimited => (None, None),
+            _ => None,
         };
         Ok(Self {
             applied,
             request,
-            unit,
             cost,
         })
     }
@@ -625,7 +609,7 @@ impl<'c> RulePlan<'c> {
     fn item(&self, quota_apart: bool) -> Option<Item<'_>> {
         // A descriptor spending nothing is decided apart, never denying the batch.
         let apart = self.applied.shadow || self.cost == 0 || quota_apart;
-        match (&self.request, self.unit) {
+        match (&self.request, self.applied.limit) {
             (Some((state, key, limit)), _) => {
                 let key = Key::new(key).ok()?;
                 let request = Request::new(key, *limit)
@@ -633,26 +617,43 @@ impl<'c> RulePlan<'c> {
                     .with_cost(self.cost);
                 Some(Item::request(request).shadow(apart))
             }
-            (None, Some(_)) => Some(Item::deny().shadow(apart)),
-            (None, None) => None,
+            (None, RuleLimit::PerUnit { .. }) => Some(Item::deny().shadow(apart)),
+            (None, RuleLimit::Unlimited) => None,
         }
     }
 
     fn status(&self, answer: Option<&Answer>) -> DescriptorStatus {
-        let mut status = initial_status(Some(&self.applied));
-        let Some(unit) = self.unit else {
-            return status;
+        let a = &self.applied;
+        let RuleLimit::PerUnit {
+            requests_per_unit,
+            unit,
+        } = a.limit
+        else {
+            return DescriptorStatus {
+                limit_remaining: u32::MAX,
+                ..DescriptorStatus::default()
+            };
+        };
+        // The store's decision (none for a zero limit, decided without the store).
+        let decision = answer
+            .map(Answer::decision)
+            .filter(|_| self.request.is_some());
+        let mut status = DescriptorStatus {
+            current_limit: Some(CurrentLimit {
+                name: a.name.clone(),
+                requests_per_unit,
+                unit: Some(unit),
+                window: Duration::from_secs(unit.seconds()),
+                metadata: a.rule.and_then(|r| r.metadata.clone()),
+            }),
+            limit_remaining: decision
+                .map_or(0, |d| u32::try_from(d.remaining()).unwrap_or(u32::MAX)),
+            duration_until_reset: Some(
+                decision.map_or_else(|| window_left(unit), |d| reset_of(d, unit)),
+            ),
+            ..DescriptorStatus::default()
         };
         let denied = answer.is_none_or(|a| a.decision().is_denied());
-        let decision = answer.map(Answer::decision);
-        status.duration_until_reset = Some(match decision {
-            Some(d) if self.request.is_some() => reset_of(d, unit),
-            _ => window_left(unit),
-        });
-        status.limit_remaining = match decision {
-            Some(d) if self.request.is_some() => u32::try_from(d.remaining()).unwrap_or(u32::MAX),
-            _ => 0,
-        };
         // Spending nothing never exceeds the limit (Envoy: over only when the count would).
         if denied && self.cost > 0 {
             if self.applied.shadow {
@@ -746,10 +747,9 @@ fn resolve<'c>(
             .map(|(k, _)| *k)
             .collect::<Vec<_>>()
             .join(".");
-        let label = label(domain, &path);
         return Some(Applied {
+            label: [domain, &path].join("/"),
             name: path,
-            label,
             limit: RuleLimit::PerUnit {
                 requests_per_unit: o.requests_per_unit,
                 unit: o.unit,
@@ -762,7 +762,7 @@ fn resolve<'c>(
     }
     let m = config.lookup(domain, descriptor.entries.iter().copied())?;
     Some(Applied {
-        label: label(domain, &m.metric_path(&descriptor.entries)),
+        label: [domain, &m.metric_path(&descriptor.entries)].join("/"),
         name: m.rule.name.clone().unwrap_or_else(|| m.path.to_owned()),
         limit: m.rule.limit,
         shadow: m.rule.shadow_mode,
@@ -770,48 +770,6 @@ fn resolve<'c>(
         rule: Some(m.rule),
         key: state_key(&m.counter_entries(&descriptor.entries)),
     })
-}
-
-/// `<domain>/<path>`: a rule's metrics label.
-fn label(domain: &str, path: &str) -> String {
-    let mut label = String::with_capacity(domain.len() + 1 + path.len());
-    label.push_str(domain);
-    label.push('/');
-    label.push_str(path);
-    label
-}
-
-fn initial_status(applied: Option<&Applied<'_>>) -> DescriptorStatus {
-    let unmatched = DescriptorStatus {
-        over_limit: false,
-        current_limit: None,
-        limit_remaining: 0,
-        duration_until_reset: None,
-        shadow_denied: false,
-    };
-    match applied.map(|a| (a, a.limit)) {
-        None => unmatched,
-        Some((_, RuleLimit::Unlimited)) => DescriptorStatus {
-            limit_remaining: u32::MAX,
-            ..unmatched
-        },
-        Some((
-            a,
-            RuleLimit::PerUnit {
-                requests_per_unit,
-                unit,
-            },
-        )) => DescriptorStatus {
-            current_limit: Some(CurrentLimit {
-                name: a.name.clone(),
-                requests_per_unit,
-                unit: Some(unit),
-                window: Duration::from_secs(unit.seconds()),
-                metadata: a.rule.and_then(|r| r.metadata.clone()),
-            }),
-            ..unmatched
-        },
-    }
 }
 
 /// The limiter key of a descriptor decided by a TOML policy: its value (several: the values
@@ -827,7 +785,7 @@ pub(crate) fn policy_key(entries: &[(&str, &str)]) -> Vec<u8> {
     if key.len() <= MAX_KEY_LEN {
         key
     } else {
-        format!("sha256:{}", hex(&Sha256::digest(&key))).into_bytes()
+        format!("sha256:{:x}", Sha256::digest(&key)).into_bytes()
     }
 }
 
@@ -847,10 +805,9 @@ fn policy_status(verdict: &Verdict, spends_nothing: bool) -> DescriptorStatus {
         // An allow- or deny-listed key: decided without a tier.
         return DescriptorStatus {
             over_limit,
-            current_limit: None,
             limit_remaining: if over_limit { 0 } else { u32::MAX },
-            duration_until_reset: None,
             shadow_denied,
+            ..DescriptorStatus::default()
         };
     };
     let window = tier.period();
@@ -943,35 +900,17 @@ fn rule_state(domain: &str, entries: &[(&str, &str)], unit: Unit) -> Result<Stat
     }
     // 4 + 6 + 8 + 64 bytes at most: within MAX_POLICY_LEN.
     let digest = format!(
-        "{unit}/sha256:{}",
-        hex(&Sha256::digest(&tier.as_bytes()[rest..]))
+        "{unit}/sha256:{:x}",
+        Sha256::digest(&tier.as_bytes()[rest..])
     );
     StateName::of_tier("rls", &digest).map_err(|e| CheckError::InvalidArgument(e.to_string()))
 }
 
 /// Appends `<len>:<text>`.
 fn push_len_prefixed(out: &mut String, text: &str) {
-    push_decimal(out, text.len());
+    out.push_str(itoa::Buffer::new().format(text.len()));
     out.push(':');
     out.push_str(text);
-}
-
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut String, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        // A digit: below 10.
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &digit in &digits[at..] {
-        out.push(char::from(digit));
-    }
 }
 
 /// The store key of a descriptor: its values, each prefixed by its length (so no two lists of
@@ -989,15 +928,8 @@ pub(crate) fn state_key(entries: &[(&str, &str)]) -> Vec<u8> {
     if key.len() <= MAX_KEY_LEN {
         key.into_bytes()
     } else {
-        format!("sha256:{}", hex(&Sha256::digest(key.as_bytes()))).into_bytes()
+        format!("sha256:{:x}", Sha256::digest(key.as_bytes())).into_bytes()
     }
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 #[cfg(test)]
@@ -1038,7 +970,6 @@ mod tests {
     #[test]
     fn structured_field_names_are_quoted() {
         let status = DescriptorStatus {
-            over_limit: false,
             current_limit: Some(CurrentLimit {
                 name: r#"a"b\c é"#.to_owned(),
                 requests_per_unit: 10,
@@ -1048,7 +979,7 @@ mod tests {
             }),
             limit_remaining: 3,
             duration_until_reset: Some(Duration::from_millis(200)),
-            shadow_denied: false,
+            ..DescriptorStatus::default()
         };
         let response = CheckResponse {
             over_limit: false,

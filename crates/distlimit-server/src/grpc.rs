@@ -155,18 +155,15 @@ impl RlsServer {
         B: Body + Send + 'static,
         B::Error: Into<StdError> + Send + 'static,
     {
-        let message = match read_unary(request).await {
-            Ok(message) => message,
-            Err(status) => return status.into_http(),
+        let answer = async {
+            let message = read_unary(request).await?;
+            let raw =
+                <RawRequest as prost::Message>::decode(&message[PREFIX..]).map_err(|error| {
+                    Status::internal(format!("failed to decode the request: {error}"))
+                })?;
+            self.0.should_rate_limit(Request::new(raw.into())).await
         };
-        let request = match <RawRequest as prost::Message>::decode(&message[PREFIX..]) {
-            Ok(raw) => Request::new(RateLimitRequest::from(raw)),
-            Err(error) => {
-                return Status::internal(format!("failed to decode the request: {error}"))
-                    .into_http();
-            }
-        };
-        match self.0.should_rate_limit(request).await {
+        match answer.await {
             Ok(response) => unary_response(response.get_ref()),
             Err(status) => status.into_http(),
         }
@@ -317,13 +314,7 @@ impl RateLimitService for RateLimitGrpc {
                 started.elapsed(),
             );
         };
-        let check = match to_check(&request) {
-            Ok(check) => check,
-            Err(status) => {
-                observe(RequestResult::invalid);
-                return Err(status);
-            }
-        };
+        let check = to_check(&request).inspect_err(|_| observe(RequestResult::invalid))?;
         let answer = self.checker.check(&check).await;
         observe(RequestResult::of(&answer));
         let answer = answer.map_err(to_status)?;
@@ -404,17 +395,15 @@ fn override_unit(unit: i32) -> Option<Unit> {
 }
 
 fn response_unit(unit: Option<Unit>) -> ResponseUnit {
-    let Some(unit) = unit else {
-        return ResponseUnit::Unknown;
-    };
     match unit {
-        Unit::Second => ResponseUnit::Second,
-        Unit::Minute => ResponseUnit::Minute,
-        Unit::Hour => ResponseUnit::Hour,
-        Unit::Day => ResponseUnit::Day,
-        Unit::Week => ResponseUnit::Week,
-        Unit::Month => ResponseUnit::Month,
-        Unit::Year => ResponseUnit::Year,
+        None => ResponseUnit::Unknown,
+        Some(Unit::Second) => ResponseUnit::Second,
+        Some(Unit::Minute) => ResponseUnit::Minute,
+        Some(Unit::Hour) => ResponseUnit::Hour,
+        Some(Unit::Day) => ResponseUnit::Day,
+        Some(Unit::Week) => ResponseUnit::Week,
+        Some(Unit::Month) => ResponseUnit::Month,
+        Some(Unit::Year) => ResponseUnit::Year,
     }
 }
 
@@ -432,19 +421,16 @@ pub fn to_response(answer: &CheckResponse, headers: Option<&HeaderNames>) -> Rat
     RateLimitResponse {
         overall_code: code(answer.over_limit),
         statuses: answer.statuses.iter().map(to_status_message).collect(),
-        response_headers_to_add: if let Some(names) = headers {
-            answer
-                .headers()
-                .into_iter()
+        response_headers_to_add: headers.map_or_else(Vec::new, |names| {
+            let headers = answer.headers().into_iter();
+            headers
                 .map(|(key, value)| HeaderValue {
                     key: names.name(key).to_owned(),
                     value,
                     ..HeaderValue::default()
                 })
                 .collect()
-        } else {
-            Vec::new()
-        },
+        }),
         ..RateLimitResponse::default()
     }
 }

@@ -118,11 +118,14 @@ impl std::fmt::Debug for HttpState {
 /// The routes.
 pub fn router(state: HttpState) -> Router {
     Router::new()
-        .route("/v1/check", post(check))
+        .route("/v1/check", post(decide::<false>))
         .route("/v1/permits/acquire", post(crate::permits::acquire))
-        .route("/v1/permits/release", post(crate::permits::release))
-        .route("/v1/permits/renew", post(crate::permits::renew))
-        .route("/v1/report", post(report))
+        .route(
+            "/v1/permits/release",
+            post(crate::permits::give_back::<false>),
+        )
+        .route("/v1/permits/renew", post(crate::permits::give_back::<true>))
+        .route("/v1/report", post(decide::<true>))
         .route("/metrics", get(metrics))
         .route("/ready", get(ready))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -137,39 +140,23 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     json(status, serde_json::json!({ "error": message }).to_string())
 }
 
-async fn check(
+/// `POST /v1/check`, or with `REPORT` `POST /v1/report`: the same body, each descriptor's
+/// `hits` charged even past the limit (usage known after the response; see [`Checker::check`],
+/// "Reports"), answered 200 once recorded, each status saying whether its key is over the limit
+/// now.
+async fn decide<const REPORT: bool>(
     State(state): State<HttpState>,
     body: Result<axum::Json<JsonCheck>, JsonRejection>,
-) -> Response {
-    decide(state, body, None).await
-}
-
-/// `POST /v1/report`: the body of `/v1/check`, each descriptor's `hits` charged even past the
-/// limit (usage known after the response; see [`Checker::check`], "Reports"). Always 200 once
-/// recorded; each status says whether its key is over the limit now.
-async fn report(
-    State(state): State<HttpState>,
-    body: Result<axum::Json<JsonCheck>, JsonRejection>,
-) -> Response {
-    decide(state, body, Some(SettleKind::Report)).await
-}
-
-async fn decide(
-    state: HttpState,
-    body: Result<axum::Json<JsonCheck>, JsonRejection>,
-    settle: Option<SettleKind>,
 ) -> Response {
     let started = Instant::now();
+    let settle = REPORT.then_some(SettleKind::Report);
     let body = match body {
         Ok(axum::Json(body)) => body,
         Err(rejection) => {
-            let checker = &state.checker;
-            checker.observe_request(
-                Protocol::http,
-                "",
-                RequestResult::invalid,
-                started.elapsed(),
-            );
+            let (result, elapsed) = (RequestResult::invalid, started.elapsed());
+            state
+                .checker
+                .observe_request(Protocol::http, "", result, elapsed);
             return error(rejection.status(), &rejection.body_text());
         }
     };
@@ -190,10 +177,9 @@ async fn decide(
         hits: u64::from(body.hits),
     };
     let decided = tokio::time::timeout(state.timeout, state.checker.check(&request)).await;
-    let result = match &decided {
-        Err(_) => RequestResult::unavailable,
-        Ok(answer) => RequestResult::of(answer),
-    };
+    let result = decided
+        .as_ref()
+        .map_or(RequestResult::unavailable, RequestResult::of);
     state
         .checker
         .observe_request(Protocol::http, &body.domain, result, started.elapsed());

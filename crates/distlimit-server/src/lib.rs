@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use distlimit_metrics::Metrics;
 use distlimit_serve::TlsWatcher;
-use distlimit_serve::store::{BuiltStore, RedisStatus, StoreError};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use distlimit_serve::store::{BuiltStore, StoreError};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic_health::ServingStatus;
+use tonic::server::NamedService;
+use tonic_health::ServingStatus::{NotServing, Serving};
 
 pub use crate::args::{Args, DEFAULT_GRPC_IDLE_TIMEOUT_MS, EnvError};
 pub use crate::check::{CheckError, CheckRequest, CheckResponse, Checker};
@@ -63,9 +63,8 @@ pub enum StartError {
     #[error("config: {0}")]
     Config(#[from] RateLimitConfigError),
     /// The store's configuration was refused: Redis refused it (an invalid URL, rejected
-    /// credentials; the error names Redis itself) or the hybrid store did. An unreachable Redis
-    /// is no error: the binary starts, the failure mode answers, and Redis is connected in the
-    /// background.
+    /// credentials; the error names Redis itself) or the hybrid store did (an unreachable Redis
+    /// is no error, see [`Server::build`]).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A TLS file (`--tls-cert`, `--tls-key`, `--tls-client-ca`) is missing or unusable; the
@@ -96,24 +95,20 @@ impl Server {
     /// Redis refuses. A Redis that does not answer is connected in the background while the
     /// failure mode (`--failure-mode`) answers.
     pub async fn build(args: &Args) -> Result<Self, StartError> {
-        let tls = match args.tls_files() {
-            Some(files) => {
-                let tls = Tls::load(files)?;
-                tracing::info!(
-                    cert = %tls.files().cert_chain.display(),
-                    mutual = tls.files().client_ca.is_some(),
-                    "TLS on both ports"
-                );
-                Some(tls)
-            }
-            None => None,
-        };
+        let tls = args.tls_files().map(Tls::load).transpose()?;
+        if let Some(tls) = &tls {
+            tracing::info!(
+                cert = %tls.files().cert_chain.display(),
+                mutual = tls.files().client_ca.is_some(),
+                "TLS on both ports"
+            );
+        }
         let (config, sources) = match &args.config {
             Some(path) => {
                 let sources = config::read_sources(path)?;
                 (Config::from_sources(&sources)?, sources)
             }
-            None => (Config::empty(), Vec::new()),
+            None => (Config::default(), Vec::new()),
         };
         tracing::info!(domains = config.domains().count(), "configuration loaded");
         for name in &args.store.lease {
@@ -169,11 +164,6 @@ impl Server {
         })
     }
 
-    /// Where Redis stands (`None` without `--redis`).
-    pub fn redis(&self) -> Option<&RedisStatus> {
-        self.store.redis.as_ref()
-    }
-
     /// The decisions.
     pub fn checker(&self) -> &Arc<Checker> {
         &self.checker
@@ -210,10 +200,10 @@ impl Server {
         let args = &self.args;
         let ready = Arc::new(AtomicBool::new(true));
         let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_serving::<RateLimitServiceServer<RateLimitGrpc>>()
-            .await;
-        health.set_serving::<QuotaServer>().await;
+        let services = [grpc::RlsServer::NAME, QuotaServer::NAME];
+        for service in services {
+            health.set_service_status(service, Serving).await;
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         {
             let ready = ready.clone();
@@ -222,14 +212,10 @@ impl Server {
                 shutdown.await;
                 tracing::info!("shutting down");
                 ready.store(false, Ordering::Release);
-                health
-                    .set_not_serving::<RateLimitServiceServer<RateLimitGrpc>>()
-                    .await;
-                health.set_not_serving::<QuotaServer>().await;
                 // The overall service too: a probe of `""` must see the shutdown as well.
-                health
-                    .set_service_status("", ServingStatus::NotServing)
-                    .await;
+                for service in services.into_iter().chain([""]) {
+                    health.set_service_status(service, NotServing).await;
+                }
                 let _ = stop_tx.send(true);
             });
         }
@@ -245,11 +231,7 @@ impl Server {
                 tick.tick().await;
                 let deciding = redis.is_deciding();
                 if last != Some(deciding) {
-                    let status = if deciding {
-                        ServingStatus::Serving
-                    } else {
-                        ServingStatus::NotServing
-                    };
+                    let status = if deciding { Serving } else { NotServing };
                     health
                         .set_service_status(REDIS_HEALTH_SERVICE, status)
                         .await;
@@ -262,17 +244,16 @@ impl Server {
             let _ = rx.wait_for(|stop| *stop).await;
         };
 
-        let rls = RateLimitGrpc::new(self.checker.clone(), args.response_settings());
         // Both ports: the same connection cap, first request deadline and shutdown deadline;
         // each its own idle timeout.
-        let serve_config = args.serve_config();
+        let serve_config = args.serve.serve_config();
         let tls = self.tls().cloned();
         let grpc_connections = net::incoming(
             distlimit_serve::Acceptor::new(grpc, &args.grpc_serve_config()),
             tls.clone(),
             serve_config.header_read_timeout,
         );
-        let rls = rls.into_server();
+        let rls = RateLimitGrpc::new(self.checker.clone(), args.response_settings()).into_server();
         let quota = QuotaService::new(
             self.checker.clone(),
             self.store.leases.clone(),
@@ -316,7 +297,7 @@ impl Server {
             grpc.map_err(io::Error::other)?;
             http
         };
-        let deadline = args.shutdown_timeout();
+        let deadline = args.serve.shutdown_timeout();
         let expired = async {
             stopped(stop_rx).await;
             tokio::time::sleep(deadline).await;

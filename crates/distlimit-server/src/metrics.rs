@@ -1,9 +1,5 @@
-//! Metrics of the requests themselves, beside the per-rule decisions of `distlimit-metrics`:
-//! `distlimit_server_requests_total` by domain, protocol and result, and
-//! `distlimit_server_request_duration_seconds` by protocol, `distlimit_server_config_loads_total`
-//! by result, `distlimit_server_store_up` with `--redis`, and with TLS
-//! `distlimit_server_tls_handshake_failures_total` by protocol. Served on `/metrics` together
-//! with the decision series, from one registry.
+//! Metrics of the requests themselves (the `distlimit_server_*` series), beside the per-rule
+//! decisions of `distlimit-metrics`: served on `/metrics` together, from one registry.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -221,16 +217,8 @@ impl RequestMetrics {
         elapsed: Duration,
     ) {
         let domain = domain.unwrap_or(&self.unconfigured);
-        let p = match protocol {
-            Protocol::grpc => 0,
-            Protocol::http => 1,
-        };
-        let r = match result {
-            RequestResult::ok => 0,
-            RequestResult::over_limit => 1,
-            RequestResult::invalid => 2,
-            RequestResult::unavailable => 3,
-        };
+        // The variants' declaration order: protocols 0 and 1, results 0 to 3.
+        let (p, r) = (protocol as usize, result as usize);
         let labels = || RequestLabels {
             domain: domain.domain.clone(),
             protocol,

@@ -1,21 +1,6 @@
 //! Concurrency limits over JSON: `POST /v1/permits/acquire`, `/v1/permits/release` and
-//! `/v1/permits/renew`, on the server's store (the memory store, or the hybrid of Redis and
-//! memory), for callers in any language.
-//!
-//! Each call names the limit one of two ways: itself, with `name` (the state, at most 128
-//! bytes), `max_in_flight` (1 to 65 536) and `lease_ms` (1 to 86 400 000); or by `policy`, a
-//! TOML policy of the configuration whose `max_in_flight` and `in_flight_lease` are the limit
-//! (the state is the policy's name; a reload of the configuration applies to the next call).
-//! Both at once, a policy that does not exist or has no `max_in_flight`, is a 400 naming what
-//! is wrong. Every call has a `key` (1 to 1024 bytes); release and renew add the `permit`
-//! acquire answered, and name the limit the same way as the acquire. The caller releases when its request ends and renews
-//! every third of the lease while it runs; a caller that crashes loses its permits after the
-//! lease.
-//!
-//! Envoy's rate limit service (RLS v3) cannot express this: it has one call, before the
-//! request, and nothing when the request ends, so it can count requests (a rate) but never give
-//! a permit back. A concurrency limit needs the application (or a filter with a call at the end
-//! of the stream) to call release.
+//! `/v1/permits/renew` on the server's store, each call naming its limit itself or by a TOML
+//! policy (the crate documentation, "Concurrency limits", describes the calls and answers).
 
 use std::time::Duration;
 
@@ -23,7 +8,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use distlimit_core::{Error, Key, PermitId, PermitLimit, PermitRequest};
 use serde::{Deserialize, Serialize};
 
@@ -77,8 +62,19 @@ pub struct JsonHeld {
     pub held: bool,
 }
 
-/// Why a call is not answered as asked: the status and the message of the error answer.
-type Refusal = (StatusCode, String);
+/// Why a call is not answered as asked: the status and the message of its JSON error answer.
+pub(crate) struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.0, &self.1)
+    }
+}
+
+/// A 400 saying `why`.
+fn bad(why: impl ToString) -> Refusal {
+    Refusal(StatusCode::BAD_REQUEST, why.to_string())
+}
 
 /// The request a call's body names (the limit's state and limit, and its key), or why not.
 fn permit_request<'b>(
@@ -92,19 +88,15 @@ fn permit_request<'b>(
                 Some(set) => set.in_flight(policy),
                 None => distlimit_policy::PolicySet::default().in_flight(policy),
             };
-            let limit = limit.map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-            (policy.as_str(), limit)
+            (policy.as_str(), limit.map_err(bad)?)
         }
         (Some(_), _, _, _) => {
-            return Err((
-                StatusCode::BAD_REQUEST,
-                "`policy` names the limit: give it without `name`, `max_in_flight` and `lease_ms`"
-                    .to_owned(),
+            return Err(bad(
+                "`policy` names the limit: give it without `name`, `max_in_flight` and `lease_ms`",
             ));
         }
         (None, Some(name), Some(max), Some(lease_ms)) => {
-            let limit = PermitLimit::new(max, Duration::from_millis(lease_ms))
-                .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+            let limit = PermitLimit::new(max, Duration::from_millis(lease_ms)).map_err(bad)?;
             (name.as_str(), limit)
         }
         (None, name, max, lease) => {
@@ -117,13 +109,10 @@ fn permit_request<'b>(
             .filter_map(|(missing, field)| missing.then_some(field))
             .collect::<Vec<_>>()
             .join("`, `");
-            return Err((
-                StatusCode::BAD_REQUEST,
-                format!("missing `{missing}` (or give `policy`)"),
-            ));
+            return Err(bad(format!("missing `{missing}` (or give `policy`)")));
         }
     };
-    let key = Key::new(&body.key).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    let key = Key::new(&body.key).map_err(bad)?;
     PermitRequest::new(key, limit)
         .with_policy(name)
         .map_err(|e| refusal(&e.into()))
@@ -132,7 +121,7 @@ fn permit_request<'b>(
 /// The JSON body of a call, or why not (400, 415, 422).
 fn json_body(body: Body) -> Result<JsonPermit, Refusal> {
     body.map(|Json(body)| body)
-        .map_err(|rejection| (rejection.status(), rejection.body_text()))
+        .map_err(|rejection| Refusal(rejection.status(), rejection.body_text()))
 }
 
 /// An error of the store: 400 for the caller's input, else 503.
@@ -142,32 +131,26 @@ fn refusal(error: &Error) -> Refusal {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, error.to_string())
+    Refusal(status, error.to_string())
 }
 
-/// The error answer of a refusal.
-fn answer((status, message): Refusal) -> Response {
-    error(status, &message)
+/// No answer from the store within the request timeout: 503 saying `message`.
+fn late(message: &str) -> Refusal {
+    Refusal(StatusCode::SERVICE_UNAVAILABLE, message.to_owned())
 }
 
 type Body = Result<Json<JsonPermit>, JsonRejection>;
 
-pub(crate) async fn acquire(State(state): State<HttpState>, body: Body) -> Response {
-    acquired(&state, body).await.unwrap_or_else(answer)
-}
-
-async fn acquired(state: &HttpState, body: Body) -> Result<Response, Refusal> {
+pub(crate) async fn acquire(
+    State(state): State<HttpState>,
+    body: Body,
+) -> Result<Response, Refusal> {
     let body = json_body(body)?;
-    let request = permit_request(state, &body)?;
+    let request = permit_request(&state, &body)?;
     let decided = tokio::time::timeout(state.timeout, state.permits.acquire(&request)).await;
-    let decision = match decided {
-        Err(_) => {
-            let late = "no decision in time".to_owned();
-            return Err((StatusCode::SERVICE_UNAVAILABLE, late));
-        }
-        Ok(Err(e)) => return Err(refusal(&e)),
-        Ok(Ok(d)) => d,
-    };
+    let decision = decided
+        .map_err(|_| late("no decision in time"))?
+        .map_err(|e| refusal(&e))?;
     let acquired = JsonAcquired {
         acquired: decision.is_allowed(),
         permit: decision.permit().map(PermitId::get),
@@ -186,41 +169,28 @@ async fn acquired(state: &HttpState, body: Body) -> Result<Response, Refusal> {
     Ok(json(status, body))
 }
 
-async fn given_back(state: &HttpState, body: Body, renew: bool) -> Result<Response, Refusal> {
+/// `release` or, with `RENEW`, `renew`.
+pub(crate) async fn give_back<const RENEW: bool>(
+    State(state): State<HttpState>,
+    body: Body,
+) -> Result<Response, Refusal> {
     let body = json_body(body)?;
-    let request = permit_request(state, &body)?;
+    let request = permit_request(&state, &body)?;
     let permit = match body.permit.map(PermitId::new) {
-        Some(Ok(permit)) => permit,
-        Some(Err(e)) => return Err(refusal(&e.into())),
-        None => {
-            let missing = "missing field `permit`".to_owned();
-            return Err((StatusCode::BAD_REQUEST, missing));
-        }
+        Some(permit) => permit.map_err(|e| refusal(&e.into()))?,
+        None => return Err(bad("missing field `permit`")),
     };
     let call = async {
-        if renew {
+        if RENEW {
             state.permits.renew(&request, permit).await
         } else {
             state.permits.release(&request, permit).await
         }
     };
-    match tokio::time::timeout(state.timeout, call).await {
-        Err(_) => Err((
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no answer in time".to_owned(),
-        )),
-        Ok(Err(e)) => Err(refusal(&e)),
-        Ok(Ok(held)) => {
-            let body = serde_json::to_string(&JsonHeld { held }).unwrap_or_default();
-            Ok(json(StatusCode::OK, body))
-        }
-    }
-}
-
-pub(crate) async fn release(State(state): State<HttpState>, body: Body) -> Response {
-    given_back(&state, body, false).await.unwrap_or_else(answer)
-}
-
-pub(crate) async fn renew(State(state): State<HttpState>, body: Body) -> Response {
-    given_back(&state, body, true).await.unwrap_or_else(answer)
+    let held = tokio::time::timeout(state.timeout, call).await;
+    let held = held
+        .map_err(|_| late("no answer in time"))?
+        .map_err(|e| refusal(&e))?;
+    let body = serde_json::to_string(&JsonHeld { held }).unwrap_or_default();
+    Ok(json(StatusCode::OK, body))
 }

@@ -1,13 +1,9 @@
-//! Envoy's Rate Limit Quota Service (`envoy.service.rate_limit_quota.v3`,
-//! `StreamRateLimitQuotas`): each proxy reports its usage per bucket on one stream, and is
-//! answered per bucket with `ALLOW_ALL`, `DENY_ALL` or a token bucket it enforces itself.
-//!
-//! A bucket's limit is the rule (or TOML policy) that an RLS request of the stream's domain with
-//! the bucket id's entries, in key order, as one descriptor lands on. Each proxy's token bucket
-//! is its share of that limit, and every unit a share may admit is withdrawn from the store's
-//! budget (a token bucket of the rule's rate, [`LeaseStore::exchange`]) before the assignment is
-//! sent, so proxies on one or several server instances sharing one Redis admit together at most
-//! the limit plus one burst (the README states the bound and its terms).
+//! Envoy's Rate Limit Quota Service (`StreamRateLimitQuotas`): each proxy reports its usage per
+//! bucket on one stream and is answered per bucket with `ALLOW_ALL`, `DENY_ALL` or a token bucket
+//! it enforces itself. A bucket's limit is what an RLS descriptor of its entries, in key order,
+//! lands on; each proxy's token bucket is its share of it, every unit of which is withdrawn from
+//! the store's budget ([`LeaseStore::exchange`]) before it is sent, so proxies sharing one Redis
+//! admit together at most the limit plus one burst (the crate documentation states the terms).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -42,7 +38,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
-use crate::check::{Checker, MAX_ENTRIES, MAX_ENTRY_LEN, hex, policy_key, state_key};
+use crate::check::{Checker, MAX_ENTRIES, MAX_ENTRY_LEN, policy_key, state_key};
 use crate::config::{Config, RuleLimit};
 
 /// The most bytes of one bucket id's keys and values together.
@@ -95,11 +91,6 @@ pub struct QuotaArgs {
 }
 
 impl QuotaArgs {
-    /// The report interval.
-    pub fn report_interval(&self) -> Duration {
-        Duration::from_millis(self.rlqs_report_interval_ms)
-    }
-
     /// An assignment's time to live: two report intervals, in whole seconds (at least 2).
     pub fn ttl(&self) -> Duration {
         Duration::from_secs((2 * self.rlqs_report_interval_ms).div_ceil(1000).max(2))
@@ -107,7 +98,7 @@ impl QuotaArgs {
 
     /// How long a stream may stay silent.
     fn silence(&self) -> Duration {
-        3 * self.report_interval() + Duration::from_secs(2)
+        3 * Duration::from_millis(self.rlqs_report_interval_ms) + Duration::from_secs(2)
     }
 }
 
@@ -382,14 +373,9 @@ struct Stream<'s> {
     buckets: HashMap<String, BucketState>,
 }
 
-/// One reported bucket's store work.
-struct Job {
-    name: String,
-    state: BucketState,
-    /// What it lands on, its usage and demand; `None`: idle too long, its units given back and
-    /// `AbandonAction` sent.
-    assign: Option<(Target, BucketQuotaUsage, Option<f64>)>,
-}
+/// A reported bucket's store work: what it lands on, its usage and demand; `None`: idle too
+/// long, its units given back and `AbandonAction` sent.
+type Work = Option<(Target, BucketQuotaUsage, Option<f64>)>;
 
 /// A job's bucket to keep (`None`: abandoned) and its answer.
 type Done = (Option<(String, BucketState)>, Option<BucketAction>);
@@ -446,17 +432,14 @@ impl Stream<'_> {
         // What each bucket's report changes here, in the report's order; the store calls after.
         let mut jobs = Vec::with_capacity(usages.len());
         for (name, usage) in usages {
-            let mut state = match self.buckets.remove(&name) {
-                Some(state) => state,
-                None => {
-                    metrics.buckets.inc();
-                    BucketState {
-                        id: usage.bucket_id.clone().unwrap_or_default(),
-                        member: self.shared.next_member.fetch_add(1, Ordering::Relaxed),
-                        ..BucketState::default()
-                    }
+            let mut state = self.buckets.remove(&name).unwrap_or_else(|| {
+                metrics.buckets.inc();
+                BucketState {
+                    id: usage.bucket_id.clone().unwrap_or_default(),
+                    member: self.shared.next_member.fetch_add(1, Ordering::Relaxed),
+                    ..BucketState::default()
                 }
-            };
+            });
             let requests = usage.num_requests_allowed + usage.num_requests_denied;
             state.admitted = state.admitted.saturating_add(usage.num_requests_allowed);
             state.pending = state.pending.saturating_add(requests);
@@ -465,52 +448,33 @@ impl Stream<'_> {
             } else {
                 0
             };
-            let demand = match state.last_report {
-                None => {
-                    state.last_report = Some(now);
-                    None
-                }
-                Some(last) => {
-                    let elapsed = now.saturating_duration_since(last).as_secs_f64();
-                    if elapsed >= 0.1 {
-                        let demand = state.pending as f64 / elapsed;
-                        state.pending = 0;
-                        state.last_report = Some(now);
-                        Some(demand)
-                    } else {
-                        None
-                    }
-                }
-            };
-            if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
-                metrics.buckets.dec();
-                jobs.push(Job {
-                    name,
-                    state,
-                    assign: None,
-                });
-                continue;
+            // Over at least 0.1 s since the report it was last measured at (none at the first).
+            let elapsed = state
+                .last_report
+                .map(|last| now.saturating_duration_since(last).as_secs_f64());
+            let demand = elapsed
+                .filter(|&elapsed| elapsed >= 0.1)
+                .map(|elapsed| std::mem::take(&mut state.pending) as f64 / elapsed);
+            if elapsed.is_none() || demand.is_some() {
+                state.last_report = Some(now);
             }
-            let target = match state.target.take() {
-                Some(target) => target,
-                None => resolve(&config, domain, &usage),
+            let work: Work = if state.idle_reports >= ABANDON_AFTER_IDLE_REPORTS {
+                metrics.buckets.dec();
+                None
+            } else {
+                let target = state
+                    .target
+                    .take()
+                    .unwrap_or_else(|| resolve(&config, domain, &usage));
+                Some((target, usage, demand))
             };
-            jobs.push(Job {
-                name,
-                state,
-                assign: Some((target, usage, demand)),
-            });
+            jobs.push((name, state, work));
         }
         // The buckets' store calls run concurrently (a store that coalesces, as Redis does,
         // packs them into a few calls), their answers in the report's order.
         let shared = self.shared;
         let done: Vec<Done> = futures_util::stream::iter(jobs)
-            .map(|job| async move {
-                let Job {
-                    name,
-                    mut state,
-                    assign: work,
-                } = job;
+            .map(|(name, mut state, work)| async move {
                 match work {
                     None => {
                         close_lease(shared, &mut state, now + DELIVERY_SLACK).await;
@@ -707,18 +671,12 @@ impl Shared {
         let now = Instant::now();
         let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
         let shares = budgets.entry(budget.clone()).or_default();
-        let entry = match shares.members.entry(member) {
-            Entry::Occupied(entry) => entry.into_mut(),
-            Entry::Vacant(entry) => {
-                shares.sized = None;
-                entry.insert(Member::default())
-            }
-        };
+        let entry = shares.members.entry(member).or_insert_with(|| {
+            shares.sized = None;
+            Member::default()
+        });
         if let Some(demand) = demand {
-            entry.demand = Some(match entry.demand {
-                Some(old) => 0.5 * old + 0.5 * demand,
-                None => demand,
-            });
+            entry.demand = Some(entry.demand.map_or(demand, |old| 0.5 * old + 0.5 * demand));
         }
         let fresh = shares
             .sized
@@ -782,10 +740,10 @@ fn resolve(config: &Config, domain: &str, usage: &BucketQuotaUsage) -> Target {
     };
     let entries = sorted_entries(id);
     let limited = |label: String, tier: &str, key: Vec<u8>, per_unit: u64, unit_secs: u64| {
-        let digest = hex(&Sha256::digest(format!("{}:{domain}{tier}", domain.len())));
+        let digest = Sha256::digest(format!("{}:{domain}{tier}", domain.len()));
         // The rate is in the name: a reload that changes the limit starts a new budget (full).
         let state =
-            StateName::of_tier("rlqs", &format!("{unit_secs}s/{per_unit}/{digest}")).ok()?;
+            StateName::of_tier("rlqs", &format!("{unit_secs}s/{per_unit}/{digest:x}")).ok()?;
         let rate = per_unit as f64 / unit_secs as f64;
         // The store's burst: what the assignments of one TTL and slack ask for at once.
         let burst = need(rate * 4.0).max(1);
@@ -1023,27 +981,24 @@ async fn assign(
         lease.held.saturating_sub(needed),
         needed.saturating_sub(lease.held),
     );
-    // A token bucket already assigned leaves the budget's reserve to the buckets that have
-    // none (a proxy that joins is served by its first report); they may spend it.
-    let established = matches!(state.sent, Sent::Bucket { .. });
-    let usable = match shared.leases.exchange(&request, give, want).await {
-        Ok(grant) => {
-            lease.held = lease.held - give + grant.granted;
-            let into_reserve = if established {
-                target
-                    .reserve
-                    .saturating_sub(grant.decision.remaining())
-                    .min(grant.granted)
-            } else {
-                0
-            };
-            lease.held - into_reserve
-        }
+    let grant = match shared.leases.exchange(&request, give, want).await {
+        Ok(grant) => grant,
         Err(error) => {
             tracing::warn!(%error, "rlqs: withdrawing units failed");
             return None;
         }
     };
+    lease.held = lease.held - give + grant.granted;
+    // A token bucket already assigned leaves the budget's reserve to the buckets that have
+    // none (a proxy that joins is served by its first report); they may spend it.
+    let into_reserve = match state.sent {
+        Sent::Bucket { .. } => target
+            .reserve
+            .saturating_sub(grant.decision.remaining())
+            .min(grant.granted),
+        _ => 0,
+    };
+    let usable = lease.held - into_reserve;
     if usable < needed {
         // The budget is short: the largest token bucket the units held pay for, else deny.
         let mut fit = per_fill;

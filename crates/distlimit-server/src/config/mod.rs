@@ -1,35 +1,7 @@
-//! envoyproxy/ratelimit's YAML configuration, read as is, and its matching rules.
-//!
-//! One file holds one domain:
-//!
-//! ```yaml
-//! domain: messaging
-//! descriptors:
-//!   - key: message_type
-//!     value: marketing
-//!     descriptors:
-//!       - key: to_number
-//!         rate_limit:
-//!           unit: day
-//!           requests_per_unit: 5
-//!   - key: to_number
-//!     rate_limit:
-//!       unit: day
-//!       requests_per_unit: 100
-//! ```
-//!
-//! A request's descriptor (an ordered list of key/value entries) is matched level by level: at
-//! each level the exact `key`/`value` first, then the values with a `*` wildcard in the order
-//! they were written, then the `key` without a value. A limit applies only where the request's
-//! last entry lands; a descriptor that matches nothing, or lands on a node without a limit, is
-//! not limited.
-//!
-//! Every field envoyproxy/ratelimit reads is read: `quota_mode`, `share_threshold`,
-//! `value_to_metric` and `detailed_metric` are exposed on the [`Match`] for the decision;
-//! `metadata` (a mapping) is kept on the [`Rule`] for the response's dynamic metadata. YAML merge keys (`<<: *anchor`) and a UTF-8 byte order
-//! mark are accepted (an error in a file with merge keys names the field's path and its line,
-//! found again in the text). Loading is linear in the file's size; flow nesting deeper than
-//! [`MAX_FLOW_DEPTH`] is refused before parsing.
+//! envoyproxy/ratelimit's YAML configuration, read as is, and its matching rules (the crate
+//! documentation, "Configuration", describes the format, the matching and the TOML policies).
+//! Loading is linear in a file's size: flow nesting deeper than [`MAX_FLOW_DEPTH`] is refused
+//! before parsing; an error in a file with merge keys is found again in the text for its line.
 
 mod policies;
 mod scan;
@@ -323,7 +295,8 @@ impl<'c> Match<'c> {
     }
 }
 
-/// A loaded configuration: every domain of every file.
+/// A loaded configuration: every domain of every file (the default: none, every descriptor
+/// unmatched).
 #[derive(Clone, Debug, Default)]
 pub struct Config {
     domains: HashMap<String, Domain>,
@@ -398,11 +371,6 @@ fn walk<'c, 'e>(
 }
 
 impl Config {
-    /// An empty configuration: every descriptor is unmatched.
-    pub fn empty() -> Self {
-        Self::default()
-    }
-
     /// Reads `path`: one YAML file, or every `.yaml`/`.yml` file of a directory (dot files
     /// skipped, symbolic links followed, as a Kubernetes ConfigMap volume lays them out).
     ///
@@ -423,8 +391,8 @@ impl Config {
     pub fn from_sources(sources: &[Source]) -> Result<Self, RateLimitConfigError> {
         let mut domains: HashMap<String, Domain> = HashMap::new();
         let mut policy_domains: HashMap<String, PolicyDomain> = HashMap::new();
-        // Policy name → (policy, file, line).
-        let mut policies: Vec<(distlimit_policy::Policy, PathBuf, usize)> = Vec::new();
+        // Every policy, with the file defining it.
+        let mut policies: Vec<(distlimit_policy::Policy, PathBuf)> = Vec::new();
         // A domain of `second` already defined by an earlier file.
         let defined_twice = |domains: &HashMap<String, Domain>,
                              policy_domains: &HashMap<String, PolicyDomain>,
@@ -444,20 +412,14 @@ impl Config {
             if is_toml(&source.path) {
                 let file = policies::parse(&source.path, &source.contents)?;
                 for (policy, line) in file.policies {
-                    if let Some((_, first, _)) =
-                        policies.iter().find(|(p, _, _)| p.name() == policy.name())
+                    if let Some((_, first)) =
+                        policies.iter().find(|(p, _)| p.name() == policy.name())
                     {
-                        return Err(RateLimitConfigError::Invalid {
-                            file: source.path.clone(),
-                            line: Some(line),
-                            message: format!(
-                                "policy \"{}\" is also defined in {}",
-                                policy.name(),
-                                first.display()
-                            ),
-                        });
+                        let (name, first) = (policy.name(), first.display());
+                        let message = format!("policy \"{name}\" is also defined in {first}");
+                        return Err(invalid(&source.path, Some(line), message));
                     }
-                    policies.push((policy, source.path.clone(), line));
+                    policies.push((policy, source.path.clone()));
                 }
                 for (name, domain) in file.domains {
                     defined_twice(&domains, &policy_domains, &name, &source.path)?;
@@ -471,28 +433,20 @@ impl Config {
         }
         for (name, domain) in &policy_domains {
             for (i, mapping) in domain.mappings.iter().enumerate() {
-                if !policies.iter().any(|(p, _, _)| p.name() == mapping.policy) {
-                    return Err(RateLimitConfigError::Invalid {
-                        file: domain.file.clone(),
-                        line: Some(domain.line),
-                        message: format!(
-                            "domain.{name}.descriptors[{i}].policy: no policy named \"{}\"",
-                            mapping.policy
-                        ),
-                    });
+                if !policies.iter().any(|(p, _)| p.name() == mapping.policy) {
+                    let policy = &mapping.policy;
+                    let message = format!(
+                        "domain.{name}.descriptors[{i}].policy: no policy named \"{policy}\""
+                    );
+                    return Err(invalid(&domain.file, Some(domain.line), message));
                 }
             }
         }
         let policies = if policies.is_empty() {
             None
         } else {
-            let set = PolicySet::new(policies.into_iter().map(|(p, _, _)| p)).map_err(|error| {
-                RateLimitConfigError::Invalid {
-                    file: PathBuf::new(),
-                    line: None,
-                    message: error.to_string(),
-                }
-            })?;
+            let set = PolicySet::new(policies.into_iter().map(|(p, _)| p))
+                .map_err(|error| invalid(Path::new(""), None, error.to_string()))?;
             Some(Arc::new(set))
         };
         Ok(Self {
@@ -601,10 +555,9 @@ impl Level {
                 .get(i)
                 .is_some_and(|node| node.key == key && wildcard_match(&node.value, value))
         });
-        match wildcard {
-            Some(i) => Some((i, Landed::Wildcard)),
-            None => self.key_only.get(key).map(|&i| (i, Landed::KeyOnly)),
-        }
+        wildcard
+            .map(|i| (i, Landed::Wildcard))
+            .or_else(|| self.key_only.get(key).map(|&i| (i, Landed::KeyOnly)))
     }
 }
 
@@ -684,10 +637,8 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
         if name.starts_with('.') || !known {
             continue;
         }
-        // Follows symbolic links: a ConfigMap's files are links into its `..data` directory.
-        // An entry that cannot be read is an error, never a file left out: leaving out a
-        // dangling link (a ConfigMap whose `..data` vanished) would load a configuration
-        // without its domains and answer every descriptor OK.
+        // Follows symbolic links: a ConfigMap's files are links into its `..data` directory. A
+        // dangling one (its `..data` vanished) is an error, never left out (see above).
         match std::fs::metadata(&file) {
             Ok(meta) if meta.is_file() => files.push(file),
             Ok(_) => {
@@ -697,18 +648,13 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
                 )));
             }
             Err(error) => {
-                let dangling = error.kind() == std::io::ErrorKind::NotFound
-                    && std::fs::symlink_metadata(&file).is_ok();
-                let error = if dangling {
-                    let target = std::fs::read_link(&file)
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_default();
-                    std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        format!("symbolic link to a missing file ({target})"),
-                    )
-                } else {
-                    error
+                let error = match std::fs::read_link(&file) {
+                    Ok(target) if error.kind() == std::io::ErrorKind::NotFound => {
+                        let missing =
+                            format!("symbolic link to a missing file ({})", target.display());
+                        std::io::Error::new(std::io::ErrorKind::NotFound, missing)
+                    }
+                    _ => error,
                 };
                 return Err(io(&file)(error));
             }
@@ -716,6 +662,16 @@ pub fn read_sources(path: &Path) -> Result<Vec<Source>, RateLimitConfigError> {
     }
     files.sort();
     files.into_iter().map(read).collect()
+}
+
+/// [`RateLimitConfigError::Invalid`]: `file`, at `line`, is not valid: `message`.
+fn invalid(file: &Path, line: Option<usize>, message: String) -> RateLimitConfigError {
+    let file = file.to_path_buf();
+    RateLimitConfigError::Invalid {
+        file,
+        line,
+        message,
+    }
 }
 
 /// The largest configuration file read (each file of a directory): 16 MiB.
@@ -947,50 +903,38 @@ impl TryFrom<RawRateLimitFields> for RawRateLimit {
 }
 
 fn parse_file(file: &Path, yaml: &str) -> Result<(String, Domain), RateLimitConfigError> {
-    let invalid = |error: serde_yaml_ng::Error| RateLimitConfigError::Invalid {
-        file: file.to_path_buf(),
-        line: error.location().map(|l| l.line()),
-        message: error.to_string(),
+    let yaml_error = |error: serde_yaml_ng::Error| {
+        invalid(file, error.location().map(|l| l.line()), error.to_string())
     };
     // A byte order mark is no part of the document (libyaml misreads some files starting with
     // one as several documents).
     let yaml = yaml.strip_prefix('\u{feff}').unwrap_or(yaml);
     if let Some(line) = scan::too_deep(yaml) {
-        return Err(RateLimitConfigError::Invalid {
-            file: file.to_path_buf(),
-            line: Some(line),
-            message: format!("flow collections ([ ], {{ }}) nested deeper than {MAX_FLOW_DEPTH}"),
-        });
+        let message = format!("flow collections ([ ], {{ }}) nested deeper than {MAX_FLOW_DEPTH}");
+        return Err(invalid(file, Some(line), message));
     }
     let raw: RawFile = if yaml.contains("<<") {
         // Merge keys (`<<: *defaults`) are resolved on the document's tree; an error past this
         // point knows the field's path, which is looked up in the text for its line.
-        let mut value: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).map_err(invalid)?;
-        value.apply_merge().map_err(invalid)?;
+        let mut value: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).map_err(yaml_error)?;
+        value.apply_merge().map_err(yaml_error)?;
         serde_path_to_error::deserialize(value).map_err(|error| {
             let path = error.path().clone();
             let inner = error.into_inner();
             let line = locate::line_of(yaml, &path, &inner.to_string());
             let path = path.to_string();
-            RateLimitConfigError::Invalid {
-                file: file.to_path_buf(),
-                line: inner.location().map(|l| l.line()).or(line),
-                message: if path == "." {
-                    inner.to_string()
-                } else {
-                    format!("{path}: {inner}")
-                },
-            }
+            let message = if path == "." {
+                inner.to_string()
+            } else {
+                format!("{path}: {inner}")
+            };
+            invalid(file, inner.location().map(|l| l.line()).or(line), message)
         })?
     } else {
-        serde_yaml_ng::from_str(yaml).map_err(invalid)?
+        serde_yaml_ng::from_str(yaml).map_err(yaml_error)?
     };
     if raw.domain.is_empty() {
-        return Err(RateLimitConfigError::Invalid {
-            file: file.to_path_buf(),
-            line: None,
-            message: "domain: must not be empty".into(),
-        });
+        return Err(invalid(file, None, "domain: must not be empty".into()));
     }
     let root = build_level(raw.descriptors.0, "");
     Ok((

@@ -1,24 +1,6 @@
-//! distlimit's own TOML policies in the server: `distlimit-policy`'s `[[policy]]` tables as
-//! they are (every algorithm, bursts, tiers, overrides, allow and deny lists, shadow mode), and
-//! `[domain.NAME]` sections that say which descriptors of an RLS request a policy decides.
-//!
-//! ```toml
-//! [[policy]]
-//! name = "per_user"
-//! tiers = [
-//!   { name = "second", algorithm = "token_bucket", limit = 10, per = "1s", burst = 20 },
-//!   { name = "day", algorithm = "sliding_window", limit = 10000, per = "1d" },
-//! ]
-//!
-//! [domain.api]
-//! descriptors = [
-//!   { keys = ["user"], policy = "per_user" },
-//! ]
-//! ```
-//!
-//! A descriptor of domain `api` whose entries' keys are exactly `keys`, in order, is decided
-//! by `policy`, under the key made of its values (one entry: its value; several: the values
-//! joined by `|`).
+//! distlimit's own TOML policies in the server: `[[policy]]` tables as `distlimit-policy` reads
+//! them, and `[domain.NAME]` sections mapping a descriptor's entry keys, in order, to the policy
+//! that decides it (the crate documentation, "distlimit's TOML policies", shows a file).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,7 +22,8 @@ pub(crate) struct PolicyDomain {
 }
 
 /// `{ keys = [...], policy = "..." }`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Mapping {
     pub(crate) keys: Vec<String>,
     pub(crate) policy: String,
@@ -80,14 +63,7 @@ struct RawFile {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDomain {
-    descriptors: Vec<Spanned<RawMapping>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawMapping {
-    keys: Vec<String>,
-    policy: String,
+    descriptors: Vec<Spanned<Mapping>>,
 }
 
 /// The 1-based line of byte `offset` in `text`.
@@ -97,11 +73,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 /// Parses one TOML file: its policies and domains, each with the line it starts on.
 pub(crate) fn parse(file: &Path, text: &str) -> Result<PolicyFile, RateLimitConfigError> {
-    let invalid = |line: Option<usize>, message: String| RateLimitConfigError::Invalid {
-        file: file.to_path_buf(),
-        line,
-        message,
-    };
+    let invalid = |line, message| super::invalid(file, line, message);
     let raw: RawFile = toml::from_str(text).map_err(|error| {
         let line = error.span().map(|span| line_of(text, span.start));
         invalid(line, error.message().trim_end().to_owned())
@@ -142,10 +114,6 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<PolicyFile, RateLimitConf
                     ),
                 ));
             }
-            let mapping = Mapping {
-                keys: mapping.keys,
-                policy: mapping.policy,
-            };
             if mappings.iter().any(|m: &Mapping| m.keys == mapping.keys) {
                 return Err(invalid(
                     Some(line),
