@@ -64,11 +64,6 @@ impl FaultKind {
             },
         }
     }
-
-    /// Whether the error is transient ([`Error::is_transient`]).
-    pub fn is_transient(self) -> bool {
-        self.error().is_transient()
-    }
 }
 
 /// What one call to a [`FaultyStore`] does.
@@ -89,13 +84,6 @@ pub enum Fault {
     LoseReply(FaultKind),
     /// Never completes: the caller's own timeout must fire.
     Hang,
-}
-
-impl Fault {
-    /// Whether the call reaches the inner store (if not cancelled first).
-    pub fn reaches_inner(&self) -> bool {
-        matches!(self, Fault::Pass | Fault::Delay(_) | Fault::LoseReply(_))
-    }
 }
 
 #[derive(Debug)]
@@ -176,11 +164,6 @@ impl<S> FaultyStore<S> {
     /// Sets the fault used once the script is empty.
     pub fn set_default(&self, fault: Fault) {
         self.script.lock().default = fault;
-    }
-
-    /// The fault used once the script is empty.
-    pub fn default_fault(&self) -> Fault {
-        self.script.lock().default
     }
 
     /// Appends one fault to the script.
@@ -366,7 +349,6 @@ mod tests {
     #[tokio::test]
     async fn passes_through_by_default() {
         let store = FaultyStore::new(Counting::default());
-        assert_eq!(store.default_fault(), Fault::Pass);
         assert_eq!(store.check("k", limit()).await.unwrap().remaining(), 99);
         let request = Request::new(Key::new("k").unwrap(), limit());
         let batch = [request, Request::new(Key::new("j").unwrap(), limit())];
@@ -435,17 +417,21 @@ mod tests {
 
     #[test]
     fn kinds_classify_like_errors() {
-        assert!(FaultKind::Unavailable.is_transient());
-        assert!(FaultKind::Timeout(Duration::ZERO).is_transient());
-        assert!(FaultKind::Backend { transient: true }.is_transient());
-        assert!(!FaultKind::Backend { transient: false }.is_transient());
-        assert!(!FaultKind::Protocol.is_transient());
-        assert!(!FaultKind::Config.is_transient());
-        assert!(!FaultKind::BadState.is_transient());
-        assert!(Fault::Pass.reaches_inner());
-        assert!(Fault::LoseReply(FaultKind::Unavailable).reaches_inner());
-        assert!(!Fault::Hang.reaches_inner());
-        assert!(!Fault::Fail(FaultKind::Unavailable).reaches_inner());
+        assert!(FaultKind::Unavailable.error().is_transient());
+        assert!(FaultKind::Timeout(Duration::ZERO).error().is_transient());
+        assert!(
+            FaultKind::Backend { transient: true }
+                .error()
+                .is_transient()
+        );
+        assert!(
+            !FaultKind::Backend { transient: false }
+                .error()
+                .is_transient()
+        );
+        assert!(!FaultKind::Protocol.error().is_transient());
+        assert!(!FaultKind::Config.error().is_transient());
+        assert!(!FaultKind::BadState.error().is_transient());
     }
 
     #[test]

@@ -86,16 +86,6 @@ impl Stack {
         &self.started
     }
 
-    /// The standalone server.
-    pub fn standalone(&self) -> Option<&RedisServer> {
-        self.standalone.as_ref()
-    }
-
-    /// The Sentinel set.
-    pub fn sentinel(&self) -> Option<&Sentinel> {
-        self.sentinel.as_ref()
-    }
-
     /// How many servers run.
     pub fn server_count(&mut self) -> usize {
         let mut count = usize::from(self.standalone.is_some());
