@@ -170,12 +170,6 @@ impl Breaker {
         state_of(self.word.load(Ordering::Acquire))
     }
 
-    /// Whether the breaker is closed.
-    #[cfg(all(test, not(distlimit_loom)))]
-    pub(crate) fn is_closed(&self) -> bool {
-        tag(self.word.load(Ordering::Acquire)) == CLOSED
-    }
-
     /// Whether a run's lock-free flag agrees with its count (the success path reads the flag).
     #[cfg(test)]
     pub(crate) fn run_is_consistent(&self) -> bool {
@@ -386,7 +380,7 @@ mod tests {
         assert_eq!(b.succeeded(Route::Primary), None);
         assert_eq!(b.failed(Route::Primary, 3), None);
         assert_eq!(b.failed(Route::Primary, 4), None);
-        assert!(b.is_closed());
+        assert_eq!(b.state(), BreakerState::Closed);
         let t = b.failed(Route::Primary, 5).unwrap();
         assert_eq!((t.from, t.to), (BreakerState::Closed, BreakerState::Open));
         assert_eq!(b.state(), BreakerState::Open);
@@ -459,7 +453,7 @@ mod tests {
         assert_eq!(b.route(now + COOL).0, Route::Primary);
         // The outcome of a stale probe is ignored.
         assert_eq!(b.failed(probe, now + COOL), None);
-        assert!(b.is_closed());
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 
     #[test]

@@ -438,28 +438,21 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
     /// mode's answer, or the fallback's synchronous answer ([`Store::decide_now`]) with the
     /// instance share applied; else the scaled request to await the fallback on.
     fn open_now<'k>(&self, request: &Request<'k>, error: Option<Error>) -> OpenAnswer<'k> {
-        match self.failure_mode_of(request.state()) {
-            FailureMode::Fallback => {
-                let share = match self.share_of(request) {
-                    Ok(share) => share,
-                    Err(e) => return OpenAnswer::Ready(Err(e)),
-                };
-                match self.fallback.decide_now(&share) {
-                    Some(answer) => {
-                        bump(&self.counters.fallback);
-                        OpenAnswer::Ready(answer.map(|d| d.with_source(Source::Fallback)))
-                    }
-                    None => OpenAnswer::Await(share),
-                }
+        let mode = self.failure_mode_of(request.state());
+        if mode != FailureMode::Fallback {
+            let answer = self.degrade_by(mode, error);
+            return OpenAnswer::Ready(answer.map(|_| Self::fail_open(request)));
+        }
+        let share = match self.share_of(request) {
+            Ok(share) => share,
+            Err(e) => return OpenAnswer::Ready(Err(e)),
+        };
+        match self.fallback.decide_now(&share) {
+            Some(answer) => {
+                bump(&self.counters.fallback);
+                OpenAnswer::Ready(answer.map(|d| d.with_source(Source::Fallback)))
             }
-            FailureMode::FailOpen => {
-                bump(&self.counters.failed_open);
-                OpenAnswer::Ready(Ok(Self::fail_open(request)))
-            }
-            FailureMode::FailClosed => {
-                bump(&self.counters.failed_closed);
-                OpenAnswer::Ready(Err(error.unwrap_or_else(|| self.open_error())))
-            }
+            None => OpenAnswer::Await(share),
         }
     }
 
