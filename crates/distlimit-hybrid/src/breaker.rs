@@ -151,8 +151,7 @@ impl Breaker {
     }
 
     /// The same breaker with a cool-off that starts at `first_us` when it opens and doubles
-    /// after each failed probe up to the cool-off it was made with: a short outage (a restart,
-    /// a failover) ends within a short cool-off, a long one settles into the full cool-off.
+    /// after each failed probe up to the cool-off it was made with.
     pub(crate) fn with_first_cool_off(mut self, first_us: u64) -> Self {
         self.first_cool_off_us = first_us.min(self.cool_off_us);
         self

@@ -159,9 +159,8 @@ impl<P, F, C> Hybrid<P, F, C> {
     }
 
     /// The failure mode of a request's state: the mode set for its storage name, else the one
-    /// set for its policy (a typed [`StateName`](distlimit_core::StateName): the
-    /// `distlimit-policy` limiter names each tier's state `<policy>/<tier>`, so a mode set for
-    /// `api` covers all of `api`'s tiers; no name is parsed), else the default.
+    /// set for its policy (so a mode set for `api` covers the limiter's `api/<tier>` states),
+    /// else the default.
     pub fn failure_mode_of(&self, state: StateRef<'_>) -> FailureMode {
         if self.modes.is_empty() {
             return self.default_mode;
@@ -585,10 +584,8 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         self.batch(requests, validate_batch(requests))
     }
 
-    /// Answers at once when no primary call is needed: an open breaker whose failure mode
-    /// answers without waiting (a fallback that answers [`Store::decide_now`], with this
-    /// instance's share, or fail open / fail closed), or a denial the blocked-key cache holds.
-    /// `None` otherwise: a closed breaker's call, a due probe, or a fallback that must be awaited.
+    /// Answers at once when no primary call is needed (see the crate documentation, "Answering
+    /// at once"); `None` for a closed breaker's call, a due probe, or a fallback to await.
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         match self.breaker.route_now(|| self.clock.now_us())? {
             Route::Fallback => match self.open_now(request, None) {
@@ -612,9 +609,8 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         None
     }
 
-    /// Settles as `decide_all` decides: on the primary while the breaker lets it (never from
-    /// the blocked-key cache), else, or when the primary fails, by each policy's failure mode
-    /// (the fallback settles this instance's share).
+    /// Settles as `decide_all` decides, never from the blocked-key cache (see the crate
+    /// documentation, "Reports and give-backs").
     fn settle_all<'s, 'r, 'k, 'f>(
         &'s self,
         settles: &'r [Settle<'k>],
