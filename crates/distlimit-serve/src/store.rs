@@ -8,7 +8,6 @@
 //! limit, fail open or fail closed) and a task connects in the background with a backoff; the
 //! [`RedisStatus`] tells readiness probes and metrics where it stands.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -201,8 +200,7 @@ pub enum StoreError {
 /// Where a binary's Redis stands, for readiness and metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisStatus {
-    connected: Arc<AtomicBool>,
-    breaker: Arc<dyn Fn() -> BreakerState + Send + Sync>,
+    hybrid: Arc<Hybrid<RedisPrimary, MemoryStore>>,
 }
 
 impl std::fmt::Debug for RedisStatus {
@@ -217,12 +215,12 @@ impl std::fmt::Debug for RedisStatus {
 impl RedisStatus {
     /// Whether a connection to Redis has been made (at start, or later in the background).
     pub fn is_connected(&self) -> bool {
-        self.connected.load(Ordering::Acquire)
+        self.hybrid.primary().shared.store.get().is_some()
     }
 
     /// The circuit breaker's state: `Open` while the failure mode answers.
     pub fn breaker_state(&self) -> BreakerState {
-        (self.breaker)()
+        self.hybrid.breaker_state()
     }
 
     /// Whether Redis decides now: connected and the breaker not open.
@@ -337,7 +335,6 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         }
     };
     let redis = RedisPrimary::start(builder, home, REDIS_STORE, &meanwhile).await?;
-    let connected = redis.shared.connected.clone();
     tracing::info!(
         "store: redis, failure mode {mode:?}, memory fallback with 1/{} of each limit",
         args.instances
@@ -356,11 +353,9 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
             .build()?,
     );
     metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
-    let breaker = {
-        let hybrid = hybrid.clone();
-        Arc::new(move || hybrid.breaker_state())
-    };
-    let status = Some(RedisStatus { connected, breaker });
+    let status = Some(RedisStatus {
+        hybrid: hybrid.clone(),
+    });
     let permits: Arc<dyn PermitStore> = hybrid.clone();
     let leases: Arc<dyn LeaseStore> = hybrid.clone();
     let store: Arc<dyn Store> = if args.lease.is_empty() {
@@ -446,7 +441,6 @@ struct RedisPrimary {
 #[derive(Debug, Default)]
 struct Shared {
     store: OnceLock<Connected>,
-    connected: Arc<AtomicBool>,
     home: Option<Home>,
     /// `redis`, or `redis home`: in logs.
     name: &'static str,
@@ -536,7 +530,6 @@ impl Shared {
             }
         };
         let _ = self.store.set(connected);
-        self.connected.store(true, Ordering::Release);
     }
 }
 
