@@ -173,11 +173,6 @@ impl StoreArgs {
         Duration::from_millis(self.redis_budget_ms)
     }
 
-    /// The Redis reply timeout.
-    pub fn redis_timeout(&self) -> Duration {
-        Duration::from_millis(self.redis_timeout_ms)
-    }
-
     /// Durable decisions: the replicas required and `WAIT`'s timeout, if asked for.
     pub fn redis_durable(&self) -> Option<(u32, Duration)> {
         self.redis_durable_replicas
@@ -272,8 +267,9 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
             redis: None,
         });
     };
+    let reply_timeout = Duration::from_millis(args.redis_timeout_ms);
     let mut builder = RedisStore::builder(url.as_str())
-        .response_timeout(args.redis_timeout())
+        .response_timeout(reply_timeout)
         // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
         .observer(Arc::new(metrics.clone()));
     if let Some((replicas, timeout)) = args.redis_durable() {
@@ -323,7 +319,7 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
                 "one limit across regions: units leased from the home Redis, horizon {horizon:?}, \
                  home unreachable: {answer:?}"
             );
-            let home = RedisStore::builder(home.as_str()).response_timeout(args.redis_timeout());
+            let home = RedisStore::builder(home.as_str()).response_timeout(reply_timeout);
             let pools = format!("the region's pools, then {answer:?},");
             Some(Home {
                 store: RedisPrimary::start(home, None, "redis home", &pools).await?,
