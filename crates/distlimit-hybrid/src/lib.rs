@@ -148,11 +148,6 @@ impl<P, F, C> Hybrid<P, F, C> {
         &self.fallback
     }
 
-    /// The primary's name in events and errors.
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
     /// The failure mode set for the policy named `policy` (exactly that name), else the default.
     pub fn failure_mode(&self, policy: &str) -> FailureMode {
         self.modes.get(policy).copied().unwrap_or(self.default_mode)
