@@ -35,7 +35,7 @@ pub(crate) fn start(setups: Setups) -> Result<Stack> {
 }
 
 /// Stops `stack` and says so.
-pub(crate) fn stop(mut stack: Stack) {
+pub(crate) fn stop(stack: Stack) {
     let start = Instant::now();
     let count = stack.server_count();
     drop(stack);

@@ -1,19 +1,6 @@
 //! [`BlockedCache`]: denied keys answered locally until the store's `retry_after`, so a flood
-//! on one denied key does not reach the primary.
-//!
-//! An entry remembers one denial by the primary: (policy, key), the limit and the cost it was
-//! for, and the instant the request was *sent* plus the `retry_after` the store answered. The
-//! store decided at or after that instant, so the local deadline never ends later than the
-//! store's: the cache denies no longer than the store would (on one host's clock), and it never
-//! admits anything. It only answers the same limit and the same cost (a denial of cost 5 says
-//! nothing exact about cost 1), never peeks (cost 0), never `NEVER` (a cost above the capacity
-//! is not a flood worth remembering), and never batches (a batch answers every request, so it
-//! needs the store anyway; its denials are still remembered).
-//!
-//! Bounded: a few mutex-guarded shards of `max_entries / shards` entries each. A full shard first
-//! drops its expired entries, then refuses new ones until some expire; the cache is an
-//! optimisation, a refused entry only costs a round trip. An atomic count of the entries lets a
-//! lookup in an empty cache (the normal state: nobody is being denied) return before hashing.
+//! on one denied key does not reach the primary. What it answers, and why it never denies longer
+//! than the store, is the crate documentation's "The blocked-key cache".
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -33,10 +33,8 @@ pub enum OpenRule {
     /// opens at the first failure or timeout.
     ConsecutiveFailures(u32),
     /// When the primary keeps failing: at the `failures`-th failure in a row (a success resets
-    /// the run) if the run's first failure was at least `for_at_least` earlier. A burst of
-    /// timeouts that all land together (every call in flight when the instance itself stalled)
-    /// is followed by successes and never lasts; an outage does. The default (see
-    /// [`Default`](#impl-Default-for-OpenRule)).
+    /// the run) if the run's first failure was at least `for_at_least` earlier, so that a burst
+    /// of timeouts that land together (a stalled instance) never opens it. The default.
     Failing {
         /// Failures in a row (at least 1).
         failures: u32,
@@ -155,23 +153,17 @@ impl<P, F, C> Builder<P, F, C> {
         self
     }
 
-    /// The most one primary call may take (default [`DEFAULT_BUDGET`], 50 ms). A call still
-    /// running then is dropped and counts as a failure ([`Error::Timeout`](distlimit_core::Error)).
-    ///
-    /// It is wall time from the call to its answer being polled, so it counts everything the
-    /// call waits for, not only Redis: a connection from the client's pool or a turn on its
-    /// multiplexed connection, the network, the server, and this process' own runtime getting
-    /// round to the answer (an instance whose threads are saturated sees its calls time out
-    /// with Redis healthy, which is what the default [`OpenRule`] rides out).
+    /// The most one primary call may take (default [`DEFAULT_BUDGET`], 50 ms), in wall time
+    /// from the call to its answer being polled (what that counts besides Redis: the crate
+    /// documentation). A call still running then is dropped and counts as a failure
+    /// ([`Error::Timeout`](distlimit_core::Error)).
     pub fn budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
     }
 
     /// The longest the breaker stays open before one caller probes the primary (default
-    /// [`DEFAULT_COOL_OFF`], 5 s). The cool-off starts at
-    /// [`first_cool_off`](Self::first_cool_off) when the breaker opens and doubles after each
-    /// failed probe up to this.
+    /// [`DEFAULT_COOL_OFF`], 5 s), reached by doubling [`first_cool_off`](Self::first_cool_off).
     pub fn cool_off(mut self, cool_off: Duration) -> Self {
         self.cool_off = cool_off;
         self
@@ -179,9 +171,7 @@ impl<P, F, C> Builder<P, F, C> {
 
     /// The cool-off after the breaker opens (default [`DEFAULT_FIRST_COOL_OFF`], 100 ms;
     /// at most [`cool_off`](Self::cool_off)). Each failed probe doubles it, up to the cool-off,
-    /// and closing starts it over: a restart or a failover of a few seconds is noticed within
-    /// about as long as it lasted, while a long outage costs one probe per cool-off. Set it to
-    /// the cool-off for a fixed one.
+    /// and closing starts it over (why: the crate documentation); equal to it, it is fixed.
     pub fn first_cool_off(mut self, first: Duration) -> Self {
         self.first_cool_off = first;
         self

@@ -1,12 +1,5 @@
-//! Leases through a hybrid store ([`LeaseStore`] for [`Hybrid`]): closed, an exchange goes to
-//! the primary within the time budget, exactly like a decision (its failures count for the
-//! breaker the same way); open, or when that call fails, the policy's failure mode answers:
-//! the fallback's exchange on this instance's share, a grant of every unit wanted (fail open),
-//! or the error (fail closed).
-//!
-//! Units given back while degraded are dropped, not handed to the fallback: they may have been
-//! taken from the primary, and the fallback must not get units it never gave. They stay spent
-//! where they were taken: an under-admission, never more than a limit.
+//! Leases through a hybrid store ([`LeaseStore`] for [`Hybrid`]), as the crate documentation's
+//! "Leases" says.
 
 use async_trait::async_trait;
 use distlimit_core::{Clock, Error, Grant, LeaseStore, Request, Source};

@@ -148,20 +148,14 @@ impl<P, F, C> Hybrid<P, F, C> {
         &self.fallback
     }
 
-    /// The primary's name in events and errors.
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
     /// The failure mode set for the policy named `policy` (exactly that name), else the default.
     pub fn failure_mode(&self, policy: &str) -> FailureMode {
         self.modes.get(policy).copied().unwrap_or(self.default_mode)
     }
 
     /// The failure mode of a request's state: the mode set for its storage name, else the one
-    /// set for its policy (a typed [`StateName`](distlimit_core::StateName): the
-    /// `distlimit-policy` limiter names each tier's state `<policy>/<tier>`, so a mode set for
-    /// `api` covers all of `api`'s tiers; no name is parsed), else the default.
+    /// set for its policy (so a mode set for `api` covers the limiter's `api/<tier>` states),
+    /// else the default.
     pub fn failure_mode_of(&self, state: StateRef<'_>) -> FailureMode {
         if self.modes.is_empty() {
             return self.default_mode;
@@ -438,28 +432,21 @@ impl<P: Store, F: Store, C: Clock> Hybrid<P, F, C> {
     /// mode's answer, or the fallback's synchronous answer ([`Store::decide_now`]) with the
     /// instance share applied; else the scaled request to await the fallback on.
     fn open_now<'k>(&self, request: &Request<'k>, error: Option<Error>) -> OpenAnswer<'k> {
-        match self.failure_mode_of(request.state()) {
-            FailureMode::Fallback => {
-                let share = match self.share_of(request) {
-                    Ok(share) => share,
-                    Err(e) => return OpenAnswer::Ready(Err(e)),
-                };
-                match self.fallback.decide_now(&share) {
-                    Some(answer) => {
-                        bump(&self.counters.fallback);
-                        OpenAnswer::Ready(answer.map(|d| d.with_source(Source::Fallback)))
-                    }
-                    None => OpenAnswer::Await(share),
-                }
+        let mode = self.failure_mode_of(request.state());
+        if mode != FailureMode::Fallback {
+            let answer = self.degrade_by(mode, error);
+            return OpenAnswer::Ready(answer.map(|_| Self::fail_open(request)));
+        }
+        let share = match self.share_of(request) {
+            Ok(share) => share,
+            Err(e) => return OpenAnswer::Ready(Err(e)),
+        };
+        match self.fallback.decide_now(&share) {
+            Some(answer) => {
+                bump(&self.counters.fallback);
+                OpenAnswer::Ready(answer.map(|d| d.with_source(Source::Fallback)))
             }
-            FailureMode::FailOpen => {
-                bump(&self.counters.failed_open);
-                OpenAnswer::Ready(Ok(Self::fail_open(request)))
-            }
-            FailureMode::FailClosed => {
-                bump(&self.counters.failed_closed);
-                OpenAnswer::Ready(Err(error.unwrap_or_else(|| self.open_error())))
-            }
+            None => OpenAnswer::Await(share),
         }
     }
 
@@ -592,10 +579,8 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         self.batch(requests, validate_batch(requests))
     }
 
-    /// Answers at once when no primary call is needed: an open breaker whose failure mode
-    /// answers without waiting (a fallback that answers [`Store::decide_now`], with this
-    /// instance's share, or fail open / fail closed), or a denial the blocked-key cache holds.
-    /// `None` otherwise: a closed breaker's call, a due probe, or a fallback that must be awaited.
+    /// Answers at once when no primary call is needed (see the crate documentation, "Answering
+    /// at once"); `None` for a closed breaker's call, a due probe, or a fallback to await.
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         match self.breaker.route_now(|| self.clock.now_us())? {
             Route::Fallback => match self.open_now(request, None) {
@@ -619,9 +604,8 @@ impl<P: Store, F: Store, C: Clock> Store for Hybrid<P, F, C> {
         None
     }
 
-    /// Settles as `decide_all` decides: on the primary while the breaker lets it (never from
-    /// the blocked-key cache), else, or when the primary fails, by each policy's failure mode
-    /// (the fallback settles this instance's share).
+    /// Settles as `decide_all` decides, never from the blocked-key cache (see the crate
+    /// documentation, "Reports and give-backs").
     fn settle_all<'s, 'r, 'k, 'f>(
         &'s self,
         settles: &'r [Settle<'k>],

@@ -1,16 +1,6 @@
-//! Concurrency permits through a hybrid store ([`PermitStore`] for [`Hybrid`]): closed, an
-//! acquire goes to the primary within the time budget, exactly like a decision (its failures
-//! count for the breaker the same way); open, or when that call fails, the policy's failure
-//! mode answers: the fallback's acquire on this instance's share of `max_in_flight` (divided
-//! by the instance count, rounded down, at least 1), a permit granted unchecked (fail open), or
-//! the error (fail closed).
-//!
-//! A release or renew goes to the primary unless the breaker is open, then, when the primary
-//! does not hold the permit (or failed), to the fallback: a permit is given back where it was
-//! taken. A primary permit whose release cannot reach the primary expires there after its
-//! lease (an under-admission of at most those permits, for at most one lease); a primary
-//! permit that cannot be renewed while the primary is down may expire before its request ends.
-//! A permit granted by fail-open is [`FAIL_OPEN_PERMIT`], which no store holds.
+//! Concurrency permits through a hybrid store ([`PermitStore`] for [`Hybrid`]), as the crate
+//! documentation's "Concurrency permits" says. A primary permit that cannot be renewed while the
+//! primary is down may expire before its request ends.
 
 use async_trait::async_trait;
 use distlimit_core::{Clock, Error, PermitDecision, PermitId, PermitRequest, PermitStore, Store};

@@ -1,6 +1,3 @@
-//! [`CoalesceWrites`]: one yield to the scheduler before each batch of writes, so that the
-//! responses of a multiplexed connection (HTTP/2) finished meanwhile leave in one system call.
-
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -10,13 +7,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// A stream whose first write after each flush first yields once to the scheduler, so that
 /// the other tasks ready to run (the request handlers of the same HTTP/2 connection) finish
 /// their responses before the protocol writes: it then writes them all in one system call
-/// instead of one call per response.
-///
-/// Why it is needed: hyper runs each HTTP/2 request on a task of its own; the first one to
-/// finish wakes the connection's task, which Tokio runs next (its "LIFO slot"), and which
-/// writes and flushes that single response before the other handlers have run. Under load
-/// that is one `writev` per response (about 49 900 for 50 000 responses), where yielding once
-/// makes it one per batch of in-flight requests.
+/// instead of one per response (why hyper needs it, and what it saves: the crate documentation).
 ///
 /// A yield is one trip through the runtime's queue, at most once per flush: the wait is
 /// bounded by the tasks already queued, and a write that finds the socket full waits for the

@@ -77,12 +77,9 @@ pub struct ServeConfig {
     /// connection. It bounds a client trickling its head. A connection on which no request has
     /// started this long after accept is closed, whatever the protocol (an HTTP/2 client that
     /// connects and never sends a request), so that a long
-    /// [`idle_timeout`](Self::idle_timeout) never lets silent sockets hold slots.
-    ///
-    /// Checked by the connection's one idle timer, not a timer per request: after a response,
-    /// a keep-alive connection whose next head is not complete within this time is closed
-    /// between 1 and 1.25 times this after the response (the check runs four times a period);
-    /// at accept, at this time exactly.
+    /// [`idle_timeout`](Self::idle_timeout) never lets silent sockets hold slots. Checked by
+    /// the connection's idle timer: after a response, a head not complete is cut between 1 and
+    /// 1.25 times this later; at accept, at this time exactly.
     pub header_read_timeout: Duration,
     /// A connection with no request in progress on which no byte moves for this long is closed:
     /// an idle keep-alive connection, or a client that stalls mid-head. Behind a load balancer,
@@ -185,9 +182,8 @@ async fn serve_inner(
     // HTTP/1.1 waits for a head whenever no request is in progress: a connection quiet for the
     // header read timeout is cut like an idle one.
     acceptor.idle_timeout = config.idle_timeout.min(config.header_read_timeout);
-    // No hyper timer: the connection's idle check enforces the header read timeout as well
-    // ([`IdleCheck`]). hyper's timer armed, polled and cancelled a sleep per request, about 700
-    // instructions of the demo's 26 600 (callgrind).
+    // No hyper timer (a sleep armed and cancelled per request, see the crate documentation):
+    // the connection's [`IdleCheck`] enforces the header read timeout as well.
     let http = http1::Builder::new();
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
@@ -327,15 +323,6 @@ impl Acceptor {
             }
         }
     }
-
-    /// The address the listener is bound to.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`TcpListener::local_addr`].
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
-    }
 }
 
 /// Errors of one connection that the peer caused; the next accept is unaffected.
@@ -396,11 +383,6 @@ impl Connection {
     /// The peer and the request count, to hand to the connection's requests.
     pub fn info(&self) -> ConnectionInfo {
         self.info.clone()
-    }
-
-    /// The TCP stream.
-    pub fn stream(&self) -> &TcpStream {
-        &self.stream
     }
 }
 

@@ -1,8 +1,6 @@
-//! The logging of a shipped binary (feature `logging`): text lines on stderr, the level from
-//! `RUST_LOG` (or envoyproxy/ratelimit's `LOG_LEVEL`), and repeated warnings and errors
-//! throttled per call site, so that a failure repeated on every request (a fail-closed store
-//! answering thousands of requests a second) writes a few lines and a count, not one per
-//! request. Refused configurations are never throttled.
+//! The logging of a shipped binary (feature `logging`, [`init`]), throttled so that a failure
+//! repeated on every request (a fail-closed store answering thousands of requests a second)
+//! writes a few lines and a count, not one per request.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

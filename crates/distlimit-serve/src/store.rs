@@ -8,7 +8,6 @@
 //! limit, fail open or fail closed) and a task connects in the background with a backoff; the
 //! [`RedisStatus`] tells readiness probes and metrics where it stands.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -26,9 +25,6 @@ use distlimit_redis::{HomeUnreachable, RedisStore, RedisStoreBuilder, RegionBuil
 
 /// The name of the Redis store in metrics and logs.
 pub const REDIS_STORE: &str = "redis";
-
-/// The name of the home Redis (`--redis-home`) in logs.
-pub const REDIS_HOME: &str = "redis home";
 
 /// The most instances `--instances` accepts: beyond it each one's share of a limit rounds to
 /// nothing useful.
@@ -177,11 +173,6 @@ impl StoreArgs {
         Duration::from_millis(self.redis_budget_ms)
     }
 
-    /// The Redis reply timeout.
-    pub fn redis_timeout(&self) -> Duration {
-        Duration::from_millis(self.redis_timeout_ms)
-    }
-
     /// Durable decisions: the replicas required and `WAIT`'s timeout, if asked for.
     pub fn redis_durable(&self) -> Option<(u32, Duration)> {
         self.redis_durable_replicas
@@ -204,8 +195,7 @@ pub enum StoreError {
 /// Where a binary's Redis stands, for readiness and metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisStatus {
-    connected: Arc<AtomicBool>,
-    breaker: Arc<dyn Fn() -> BreakerState + Send + Sync>,
+    hybrid: Arc<Hybrid<RedisPrimary, MemoryStore>>,
 }
 
 impl std::fmt::Debug for RedisStatus {
@@ -220,12 +210,12 @@ impl std::fmt::Debug for RedisStatus {
 impl RedisStatus {
     /// Whether a connection to Redis has been made (at start, or later in the background).
     pub fn is_connected(&self) -> bool {
-        self.connected.load(Ordering::Acquire)
+        self.hybrid.primary().shared.store.get().is_some()
     }
 
     /// The circuit breaker's state: `Open` while the failure mode answers.
     pub fn breaker_state(&self) -> BreakerState {
-        (self.breaker)()
+        self.hybrid.breaker_state()
     }
 
     /// Whether Redis decides now: connected and the breaker not open.
@@ -277,8 +267,9 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
             redis: None,
         });
     };
+    let reply_timeout = Duration::from_millis(args.redis_timeout_ms);
     let mut builder = RedisStore::builder(url.as_str())
-        .response_timeout(args.redis_timeout())
+        .response_timeout(reply_timeout)
         // Calls in flight, decisions queued and decisions per coalesced call, on `/metrics`.
         .observer(Arc::new(metrics.clone()));
     if let Some((replicas, timeout)) = args.redis_durable() {
@@ -318,25 +309,28 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
         builder = builder.durable(replicas, timeout);
     }
     let mode = FailureMode::from(args.failure_mode.unwrap_or(FailureModeArg::Fallback));
-    let redis = match &args.region.redis_home {
-        None => RedisPrimary::connect(builder, mode).await?,
+    let meanwhile = format!("failure mode {mode:?}");
+    let home = match &args.region.redis_home {
+        None => None,
         Some(home) => {
             let horizon = Duration::from_millis(args.region.region_horizon_ms);
-            let region = RegionStore::builder()
-                .horizon(horizon)
-                .home_unreachable(args.region.home_unreachable.into());
-            let home = RedisStore::builder(home.as_str()).response_timeout(args.redis_timeout());
+            let answer = HomeUnreachable::from(args.region.home_unreachable);
             tracing::info!(
                 "one limit across regions: units leased from the home Redis, horizon {horizon:?}, \
-                 home unreachable: {:?}",
-                args.region.home_unreachable
+                 home unreachable: {answer:?}"
             );
-            let home =
-                RedisPrimary::connect_home(home, args.region.home_unreachable.into()).await?;
-            RedisPrimary::connect_region(builder, home, region, horizon, mode).await?
+            let home = RedisStore::builder(home.as_str()).response_timeout(reply_timeout);
+            let pools = format!("the region's pools, then {answer:?},");
+            Some(Home {
+                store: RedisPrimary::start(home, None, "redis home", &pools).await?,
+                region: RegionStore::builder()
+                    .horizon(horizon)
+                    .home_unreachable(answer),
+                sweep_every: horizon,
+            })
         }
     };
-    let connected = redis.shared.connected.clone();
+    let redis = RedisPrimary::start(builder, home, REDIS_STORE, &meanwhile).await?;
     tracing::info!(
         "store: redis, failure mode {mode:?}, memory fallback with 1/{} of each limit",
         args.instances
@@ -355,11 +349,9 @@ pub async fn build(args: &StoreArgs, metrics: &Metrics) -> Result<BuiltStore, St
             .build()?,
     );
     metrics.set_breaker_state(REDIS_STORE, hybrid.breaker_state());
-    let breaker = {
-        let hybrid = hybrid.clone();
-        Arc::new(move || hybrid.breaker_state())
-    };
-    let status = Some(RedisStatus { connected, breaker });
+    let status = Some(RedisStatus {
+        hybrid: hybrid.clone(),
+    });
     let permits: Arc<dyn PermitStore> = hybrid.clone();
     let leases: Arc<dyn LeaseStore> = hybrid.clone();
     let store: Arc<dyn Store> = if args.lease.is_empty() {
@@ -435,26 +427,25 @@ impl Observer for LogTransitions {
 
 /// Redis, connected now or later: until a connection is made every call fails with an
 /// [`Error::Unavailable`] that was [`NotSent`], which the hybrid store answers with its failure
-/// mode.
-///
-/// With a home ([`connect_region`](Self::connect_region)), this Redis is a region's: once
-/// connected, decisions go through a [`RegionStore`] spending from its pools.
+/// mode. With a [`Home`], this Redis is a region's: once connected, decisions go through a
+/// [`RegionStore`] spending from its pools.
 #[derive(Clone, Debug)]
-pub struct RedisPrimary {
+struct RedisPrimary {
     shared: Arc<Shared>,
 }
 
 #[derive(Debug, Default)]
 struct Shared {
     store: OnceLock<Connected>,
-    connected: Arc<AtomicBool>,
-    /// The region store's home and settings, with `--redis-home`.
     home: Option<Home>,
     /// `redis`, or `redis home`: in logs.
     name: &'static str,
 }
 
-/// What a region's Redis needs for its [`RegionStore`].
+/// What a region's Redis needs for its [`RegionStore`] (`--redis-home`): the home Redis, whose
+/// unreachability is the region store's to answer ([`HomeUnreachable`]), the region store's
+/// settings, and how often pools gone quiet are swept ([`RegionStore::sweep`]: their due units
+/// go home).
 #[derive(Debug)]
 struct Home {
     store: RedisPrimary,
@@ -469,69 +460,24 @@ enum Connected {
     Region(RegionStore<RedisPrimary>),
 }
 
+/// `$call` on the store decisions go to, whichever it is.
+macro_rules! on_connected {
+    ($connected:expr, |$store:ident| $call:expr) => {
+        match $connected {
+            Connected::Redis($store) => $call,
+            Connected::Region($store) => $call,
+        }
+    };
+}
+
 impl RedisPrimary {
     /// Connects with `builder`; when Redis does not answer (a refused connection, a timeout),
     /// returns at once and keeps connecting in the background, logging the first failure at
-    /// WARN (naming `mode`, what answers meanwhile) and the connection at INFO.
+    /// WARN (naming `meanwhile`, what answers until then) and the connection at INFO. `name`
+    /// names it in logs.
     ///
-    /// # Errors
-    ///
-    /// The errors of [`RedisStoreBuilder::connect`] that retrying cannot fix (not
+    /// Errors: those of [`RedisStoreBuilder::connect`] that retrying cannot fix (not
     /// [transient](Error::is_transient)): a bad URL, rejected credentials.
-    pub async fn connect(builder: RedisStoreBuilder, mode: FailureMode) -> Result<Self, Error> {
-        Self::start(
-            builder,
-            None,
-            REDIS_STORE,
-            &format!("failure mode {mode:?}"),
-        )
-        .await
-    }
-
-    /// [`connect`](Self::connect) to a region's Redis: decisions go through a [`RegionStore`]
-    /// built by `region` on it, whose units come from `home` (a home unreachable is the region
-    /// store's to answer: see [`HomeUnreachable`]), and pools gone quiet are swept every
-    /// `sweep_every` ([`RegionStore::sweep`]: their due units go home).
-    ///
-    /// # Errors
-    ///
-    /// As [`connect`](Self::connect), for the region's Redis.
-    pub async fn connect_region(
-        builder: RedisStoreBuilder,
-        home: RedisPrimary,
-        region: RegionBuilder,
-        sweep_every: Duration,
-        mode: FailureMode,
-    ) -> Result<Self, Error> {
-        let home = Home {
-            store: home,
-            region,
-            sweep_every,
-        };
-        Self::start(
-            builder,
-            Some(home),
-            REDIS_STORE,
-            &format!("failure mode {mode:?}"),
-        )
-        .await
-    }
-
-    /// [`connect`](Self::connect) to the home Redis of [`connect_region`](Self::connect_region)
-    /// (`--redis-home`): logged as `redis home`; while it does not answer, the region stores
-    /// answer `answer` once their pools run out.
-    ///
-    /// # Errors
-    ///
-    /// As [`connect`](Self::connect).
-    pub async fn connect_home(
-        builder: RedisStoreBuilder,
-        answer: HomeUnreachable,
-    ) -> Result<Self, Error> {
-        let meanwhile = format!("the region's pools, then {answer:?},");
-        Self::start(builder, None, REDIS_HOME, &meanwhile).await
-    }
-
     async fn start(
         builder: RedisStoreBuilder,
         home: Option<Home>,
@@ -560,11 +506,6 @@ impl RedisPrimary {
         Ok(Self { shared })
     }
 
-    /// Whether a connection has been made.
-    pub fn is_connected(&self) -> bool {
-        self.shared.connected.load(Ordering::Acquire)
-    }
-
     fn store(&self) -> Result<&Connected, Error> {
         self.shared.store.get().ok_or_else(|| Error::Unavailable {
             store: REDIS_STORE,
@@ -585,7 +526,6 @@ impl Shared {
             }
         };
         let _ = self.store.set(connected);
-        self.connected.store(true, Ordering::Release);
     }
 }
 
@@ -625,32 +565,20 @@ async fn reconnect(shared: std::sync::Weak<Shared>, builder: RedisStoreBuilder) 
 #[async_trait]
 impl Store for RedisPrimary {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
-        match self.store()? {
-            Connected::Redis(store) => store.decide(request).await,
-            Connected::Region(store) => store.decide(request).await,
-        }
+        on_connected!(self.store()?, |store| store.decide(request).await)
     }
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        match self.store()? {
-            Connected::Redis(store) => store.decide_all(requests).await,
-            Connected::Region(store) => store.decide_all(requests).await,
-        }
+        on_connected!(self.store()?, |store| store.decide_all(requests).await)
     }
 
     fn decide_now(&self, request: &Request<'_>) -> Option<Result<Decision, Error>> {
         // Not connected: the asynchronous path fails, and the hybrid store answers.
-        match self.shared.store.get()? {
-            Connected::Redis(store) => store.decide_now(request),
-            Connected::Region(store) => store.decide_now(request),
-        }
+        on_connected!(self.shared.store.get()?, |store| store.decide_now(request))
     }
 
     async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
-        match self.store()? {
-            Connected::Redis(store) => store.settle_all(settles).await,
-            Connected::Region(store) => store.settle_all(settles).await,
-        }
+        on_connected!(self.store()?, |store| store.settle_all(settles).await)
     }
 }
 
@@ -662,10 +590,9 @@ impl LeaseStore for RedisPrimary {
         give_back: u64,
         want: u64,
     ) -> Result<Grant, Error> {
-        match self.store()? {
-            Connected::Redis(store) => store.exchange(request, give_back, want).await,
-            Connected::Region(store) => store.exchange(request, give_back, want).await,
-        }
+        on_connected!(self.store()?, |store| store
+            .exchange(request, give_back, want)
+            .await)
     }
 }
 

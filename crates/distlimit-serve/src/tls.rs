@@ -273,11 +273,6 @@ impl Tls {
         )
     }
 
-    /// The rustls configuration new connections get on a port speaking `alpn`.
-    pub fn server_config(&self, alpn: Alpn) -> Arc<ServerConfig> {
-        self.inner.current.load().configs[alpn.index()].clone()
-    }
-
     /// Runs the TLS handshake of `connection` with the current certificate, within `timeout`.
     /// A failure (a plaintext client, an untrusted or missing client certificate, a timeout)
     /// is counted in [`handshake_failures`](Self::handshake_failures) and returned; the caller
@@ -293,7 +288,8 @@ impl Tls {
         alpn: Alpn,
         timeout: Duration,
     ) -> io::Result<TlsStream<Connection>> {
-        let acceptor = tokio_rustls::TlsAcceptor::from(self.server_config(alpn));
+        let config = self.inner.current.load().configs[alpn.index()].clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let result = match tokio::time::timeout(timeout, acceptor.accept(connection)).await {
             Ok(result) => result,
             Err(_) => Err(io::Error::new(

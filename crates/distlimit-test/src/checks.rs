@@ -12,9 +12,9 @@ use distlimit_core::{
 };
 
 use crate::support::{
-    HOUR, Keys, MINUTE, Model, Rng, SECOND, TASKS, Via, Walk, all_limits, decide, decide_all,
-    describe, model_quotas, quota, race, random_advance, random_cost, request, seed, show,
-    small_quotas, via,
+    HOUR, Keys, MINUTE, Model, Rng, SECOND, TASKS, Via, Walk, all_limits, cases, decide,
+    decide_all, describe, model_quotas, quota, race, random_advance, random_cost, request, seed,
+    show, small_quotas, via,
 };
 
 /// Steps per algorithm and quota in [`check_matches_reference_model`].
@@ -74,11 +74,8 @@ async fn decide_all_like_model<S: Store + ?Sized>(
 /// `remaining` down to 0, then denies with a finite `retry_after`. Every algorithm, several quotas.
 pub async fn check_fresh_key_admits_capacity<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
     const CHECK: &str = "fresh_key_admits_capacity";
-    let keys = Keys::new(CHECK);
-    for (i, limit) in all_limits(&small_quotas()).into_iter().enumerate() {
-        let key = keys.key(i.to_string());
+    for (key, limit, ctx, _) in cases(CHECK, &small_quotas()) {
         let cap = limit.capacity();
-        let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let now = clock.now_us();
         let mut model = Model::default();
         for n in 1..=cap {
@@ -184,10 +181,7 @@ pub async fn check_retry_after_is_exact<S: Store + ?Sized>(store: &S, clock: &Ma
 /// must equal [`Limit::decide`] on a local [`State`].
 pub async fn check_matches_reference_model<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
     const CHECK: &str = "matches_reference_model";
-    let keys = Keys::new(CHECK);
-    for (i, limit) in all_limits(&model_quotas()).into_iter().enumerate() {
-        let key = keys.key(i.to_string());
-        let mut rng = Rng::new(seed(CHECK, i));
+    for (key, limit, _, mut rng) in cases(CHECK, &model_quotas()) {
         let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
         walk.random(store, clock, &mut rng, limit, MODEL_STEPS, 0)
             .await;
@@ -200,12 +194,8 @@ pub async fn check_matches_reference_model<S: Store + ?Sized>(store: &S, clock: 
 /// then a walk mixing peeks and charges matches the reference model.
 pub async fn check_peek_changes_nothing<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
     const CHECK: &str = "peek_changes_nothing";
-    let keys = Keys::new(CHECK);
-    for (i, limit) in all_limits(&small_quotas()).into_iter().enumerate() {
-        let key = keys.key(i.to_string());
+    for (key, limit, ctx, mut rng) in cases(CHECK, &small_quotas()) {
         let cap = limit.capacity();
-        let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
-        let mut rng = Rng::new(seed(CHECK, i));
         let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
         let now = clock.now_us();
         let first = walk.step(store, now, limit, 0, Via::Decide).await;
@@ -254,11 +244,8 @@ pub async fn check_peek_changes_nothing<S: Store + ?Sized>(store: &S, clock: &Ma
 /// afterwards. Through `decide` and `decide_all`, costs `capacity + 1` and `u64::MAX`.
 pub async fn check_cost_above_capacity_is_never<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
     const CHECK: &str = "cost_above_capacity_is_never";
-    let keys = Keys::new(CHECK);
-    for (i, limit) in all_limits(&small_quotas()).into_iter().enumerate() {
-        let key = keys.key(i.to_string());
+    for (key, limit, ctx, _) in cases(CHECK, &small_quotas()) {
         let cap = limit.capacity();
-        let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let now = clock.now_us();
         let mut walk = Walk::new(CHECK, &key, &limit, now);
         for (cost, via) in [
@@ -299,11 +286,8 @@ pub async fn check_denied_request_is_not_charged<S: Store + ?Sized>(
     clock: &ManualClock,
 ) {
     const CHECK: &str = "denied_request_is_not_charged";
-    let keys = Keys::new(CHECK);
-    for (i, limit) in all_limits(&small_quotas()).into_iter().enumerate() {
-        let key = keys.key(i.to_string());
+    for (key, limit, ctx, _) in cases(CHECK, &small_quotas()) {
         let cap = limit.capacity();
-        let ctx = format!("check `{CHECK}` ({}, key {})", describe(&limit), show(&key));
         let now = clock.now_us();
         let mut walk = Walk::new(CHECK, &key, &limit, now);
         if cap >= 2 {
@@ -757,10 +741,7 @@ pub async fn check_clock_going_backwards_follows_model<S: Store + ?Sized>(
 ) {
     const CHECK: &str = "clock_going_backwards_follows_model";
     const STEPS: usize = 60;
-    let keys = Keys::new(CHECK);
-    for (i, limit) in all_limits(&small_quotas()).into_iter().enumerate() {
-        let key = keys.key(i.to_string());
-        let mut rng = Rng::new(seed(CHECK, i));
+    for (key, limit, _, mut rng) in cases(CHECK, &small_quotas()) {
         let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
         walk.random(store, clock, &mut rng, limit, STEPS, 15).await;
     }
@@ -772,10 +753,7 @@ pub async fn check_clock_going_backwards_follows_model<S: Store + ?Sized>(
 pub async fn check_idle_key_decides_as_fresh<S: Store + ?Sized>(store: &S, clock: &ManualClock) {
     const CHECK: &str = "idle_key_decides_as_fresh";
     const STEPS: usize = 25;
-    let keys = Keys::new(CHECK);
-    for (i, limit) in all_limits(&model_quotas()).into_iter().enumerate() {
-        let key = keys.key(i.to_string());
-        let mut rng = Rng::new(seed(CHECK, i));
+    for (key, limit, ctx, mut rng) in cases(CHECK, &model_quotas()) {
         let mut walk = Walk::new(CHECK, &key, &limit, clock.now_us());
         walk.random(store, clock, &mut rng, limit, STEPS, 0).await;
         let expires = walk.state.expires_at(limit.quota());
@@ -792,13 +770,10 @@ pub async fn check_idle_key_decides_as_fresh<S: Store + ?Sized>(store: &S, clock
             let expected = limit.decide(&mut fresh, now, cost);
             let got = walk.step(store, now, limit, cost, via).await;
             assert_eq!(
-                got,
-                expected,
-                "check `{CHECK}` ({}, key {}): at the state's expires_at ({expires} µs, now {now} \
-                 µs) cost {cost} must be decided like on a fresh key (right); the store (left) \
-                 matched the reference model, so State::expires_at in distlimit-core is wrong",
-                describe(&limit),
-                show(&key)
+                got, expected,
+                "{ctx}: at the state's expires_at ({expires} µs, now {now} µs) cost {cost} must \
+                 be decided like on a fresh key (right); the store (left) matched the reference \
+                 model, so State::expires_at in distlimit-core is wrong"
             );
         }
     }

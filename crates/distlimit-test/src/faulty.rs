@@ -64,11 +64,6 @@ impl FaultKind {
             },
         }
     }
-
-    /// Whether the error is transient ([`Error::is_transient`]).
-    pub fn is_transient(self) -> bool {
-        self.error().is_transient()
-    }
 }
 
 /// What one call to a [`FaultyStore`] does.
@@ -89,13 +84,6 @@ pub enum Fault {
     LoseReply(FaultKind),
     /// Never completes: the caller's own timeout must fire.
     Hang,
-}
-
-impl Fault {
-    /// Whether the call reaches the inner store (if not cancelled first).
-    pub fn reaches_inner(&self) -> bool {
-        matches!(self, Fault::Pass | Fault::Delay(_) | Fault::LoseReply(_))
-    }
 }
 
 #[derive(Debug)]
@@ -176,11 +164,6 @@ impl<S> FaultyStore<S> {
     /// Sets the fault used once the script is empty.
     pub fn set_default(&self, fault: Fault) {
         self.script.lock().default = fault;
-    }
-
-    /// The fault used once the script is empty.
-    pub fn default_fault(&self) -> Fault {
-        self.script.lock().default
     }
 
     /// Appends one fault to the script.
@@ -366,7 +349,6 @@ mod tests {
     #[tokio::test]
     async fn passes_through_by_default() {
         let store = FaultyStore::new(Counting::default());
-        assert_eq!(store.default_fault(), Fault::Pass);
         assert_eq!(store.check("k", limit()).await.unwrap().remaining(), 99);
         let request = Request::new(Key::new("k").unwrap(), limit());
         let batch = [request, Request::new(Key::new("j").unwrap(), limit())];
@@ -435,17 +417,21 @@ mod tests {
 
     #[test]
     fn kinds_classify_like_errors() {
-        assert!(FaultKind::Unavailable.is_transient());
-        assert!(FaultKind::Timeout(Duration::ZERO).is_transient());
-        assert!(FaultKind::Backend { transient: true }.is_transient());
-        assert!(!FaultKind::Backend { transient: false }.is_transient());
-        assert!(!FaultKind::Protocol.is_transient());
-        assert!(!FaultKind::Config.is_transient());
-        assert!(!FaultKind::BadState.is_transient());
-        assert!(Fault::Pass.reaches_inner());
-        assert!(Fault::LoseReply(FaultKind::Unavailable).reaches_inner());
-        assert!(!Fault::Hang.reaches_inner());
-        assert!(!Fault::Fail(FaultKind::Unavailable).reaches_inner());
+        assert!(FaultKind::Unavailable.error().is_transient());
+        assert!(FaultKind::Timeout(Duration::ZERO).error().is_transient());
+        assert!(
+            FaultKind::Backend { transient: true }
+                .error()
+                .is_transient()
+        );
+        assert!(
+            !FaultKind::Backend { transient: false }
+                .error()
+                .is_transient()
+        );
+        assert!(!FaultKind::Protocol.error().is_transient());
+        assert!(!FaultKind::Config.error().is_transient());
+        assert!(!FaultKind::BadState.error().is_transient());
     }
 
     #[test]
@@ -475,45 +461,32 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn delays_then_passes_through() {
+    async fn delays_then_passes_through_or_fails_without_reaching_the_inner_store() {
         let store = FaultyStore::new(Counting::default());
         store.push(Fault::Delay(Duration::from_secs(3)));
+        let two = Duration::from_secs(2);
+        store.push(Fault::FailAfter(two, FaultKind::Timeout(two)));
         let start = tokio::time::Instant::now();
         assert!(store.check("k", limit()).await.unwrap().is_allowed());
         assert_eq!(start.elapsed(), Duration::from_secs(3));
         assert_eq!(store.inner_calls(), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn fails_after_a_delay_without_reaching_the_inner_store() {
-        let store = FaultyStore::new(Counting::default());
-        store.push(Fault::FailAfter(
-            Duration::from_secs(2),
-            FaultKind::Timeout(Duration::from_secs(2)),
-        ));
-        let start = tokio::time::Instant::now();
         let e = store.check("k", limit()).await.unwrap_err();
         assert!(matches!(e, Error::Timeout { .. }));
-        assert_eq!(start.elapsed(), Duration::from_secs(2));
-        assert_eq!((store.calls(), store.inner_calls()), (1, 0));
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        assert_eq!((store.calls(), store.inner_calls()), (2, 1));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_cancelled_delay_never_reaches_the_inner_store() {
-        let store = FaultyStore::new(Counting::default());
+    async fn a_cancelled_delay_or_a_hang_never_reaches_the_inner_store() {
+        let store = FaultyStore::new(Counting::default()).with_default(Fault::Hang);
         store.push(Fault::Delay(Duration::from_secs(10)));
         let r = tokio::time::timeout(Duration::from_secs(1), store.check("k", limit())).await;
         assert!(r.is_err(), "the caller's timeout must fire first");
         assert_eq!((store.calls(), store.inner_calls()), (1, 0));
-        assert_eq!(store.inner().decided.load(Ordering::SeqCst), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn hangs_until_the_caller_gives_up() {
-        let store = FaultyStore::new(Counting::default()).with_default(Fault::Hang);
         let r = tokio::time::timeout(Duration::from_secs(3600), store.check("k", limit())).await;
         assert!(r.is_err());
-        assert_eq!((store.calls(), store.inner_calls()), (1, 0));
+        assert_eq!((store.calls(), store.inner_calls()), (2, 0));
+        assert_eq!(store.inner().decided.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

@@ -61,22 +61,6 @@ pub const PERMIT_CHECKS: &[&str] = &crate::__for_each_permit_check!(__check_name
 ///
 /// Call it within a Tokio runtime with time enabled, preferably multi-threaded (the concurrency
 /// checks spawn tasks). [`conformance_tests!`] is usually better: one test per check.
-///
-/// ```
-/// # use distlimit_core::{Decision, Error, ManualClock, Request, Store};
-/// # struct MyStore;
-/// # impl MyStore { async fn connect(_: ManualClock) -> Self { MyStore } }
-/// # #[async_trait::async_trait]
-/// # impl Store for MyStore {
-/// #     async fn decide(&self, _: &Request<'_>) -> Result<Decision, Error> { todo!() }
-/// #     async fn decide_all(&self, _: &[Request<'_>]) -> Result<Vec<Decision>, Error> { todo!() }
-/// # }
-/// #[tokio::test(flavor = "multi_thread")]
-/// async fn conformance() {
-///     distlimit_test::run_all(MyStore::connect).await;
-/// }
-/// # fn main() {}
-/// ```
 pub async fn run_all<F, Fut, S>(factory: F)
 where
     F: Fn(ManualClock) -> Fut,

@@ -103,6 +103,23 @@ pub(crate) fn all_limits(quotas: &[Quota]) -> Vec<Limit> {
         .collect()
 }
 
+/// One case per limit of [`all_limits`]`(quotas)`: a fresh key under one prefix for the check,
+/// the limit, the failure messages' prefix naming both, and a generator seeded for the case.
+pub(crate) fn cases(
+    check: &'static str,
+    quotas: &[Quota],
+) -> impl Iterator<Item = (Vec<u8>, Limit, String, Rng)> {
+    let keys = Keys::new(check);
+    all_limits(quotas)
+        .into_iter()
+        .enumerate()
+        .map(move |(i, limit)| {
+            let key = keys.key(i.to_string());
+            let ctx = format!("check `{check}` ({}, key {})", describe(&limit), show(&key));
+            (key, limit, ctx, Rng::new(seed(check, i)))
+        })
+}
+
 /// `gcra 3 per 1000000 µs, burst 2`.
 pub(crate) fn describe(limit: &Limit) -> String {
     let q = limit.quota();

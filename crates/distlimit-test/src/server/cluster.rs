@@ -253,10 +253,6 @@ impl Cluster {
         let urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
         urls.join(",")
     }
-
-    pub(crate) fn servers_mut(&mut self) -> impl Iterator<Item = &mut RedisServer> {
-        self.nodes.iter_mut()
-    }
 }
 
 /// [`Cluster::shard_of`] from the text of `CLUSTER NODES`, nodes named by their index in

@@ -186,13 +186,6 @@ impl Sentinel {
             (ENV_SENTINEL_REPLICA, self.replica.addr()),
         ]
     }
-
-    /// Every server.
-    pub(crate) fn servers_mut(&mut self) -> impl Iterator<Item = &mut RedisServer> {
-        self.sentinels
-            .iter_mut()
-            .chain([&mut self.primary, &mut self.replica])
-    }
 }
 
 /// The config file of the sentinel on `port`, keeping its state in `dir`, monitoring the primary

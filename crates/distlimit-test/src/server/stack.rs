@@ -86,26 +86,12 @@ impl Stack {
         &self.started
     }
 
-    /// The standalone server.
-    pub fn standalone(&self) -> Option<&RedisServer> {
-        self.standalone.as_ref()
-    }
-
-    /// The Sentinel set.
-    pub fn sentinel(&self) -> Option<&Sentinel> {
-        self.sentinel.as_ref()
-    }
-
     /// How many servers run.
-    pub fn server_count(&mut self) -> usize {
-        let mut count = usize::from(self.standalone.is_some());
-        if let Some(sentinel) = &mut self.sentinel {
-            count += sentinel.servers_mut().count();
-        }
-        if let Some(cluster) = &mut self.cluster {
-            count += cluster.servers_mut().count();
-        }
-        count
+    pub fn server_count(&self) -> usize {
+        usize::from(self.standalone.is_some())
+            // The sentinels, the primary and the replica.
+            + self.sentinel.as_ref().map_or(0, |s| s.sentinels().len() + 2)
+            + self.cluster.as_ref().map_or(0, |c| c.nodes().len())
     }
 
     /// The variables that tell the tests where the servers are, `DISTLIMIT_REQUIRE_REDIS=1`
