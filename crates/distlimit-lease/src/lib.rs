@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlimit_core::{
     Clock, Decision, Error, Key, LeaseStore, NoopObserver, Request, Settle, StateRef, Store,
-    SystemClock,
+    StoreExt, SystemClock,
 };
 use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
@@ -419,10 +419,7 @@ impl<S: LeaseStore> Leased<S> {
         let drained = slot.account.lock().drain(limit, self.clock.now_us(), cost);
         self.counters.held.fetch_sub(drained, Ordering::Relaxed);
         let rest = Settle::Report(request.with_cost(cost - drained));
-        let result = self.inner.settle_all(&[rest]).await.and_then(|mut d| {
-            d.pop()
-                .ok_or(Error::InvalidRequest("the store answered no decision"))
-        });
+        let result = self.inner.settle(rest).await;
         if result.is_err() && drained > 0 {
             slot.account.lock().unspend(limit, drained);
             self.counters.held.fetch_add(drained, Ordering::Relaxed);
