@@ -79,18 +79,7 @@ impl Limit {
         now_us: u64,
         cost: u64,
     ) -> Result<Decision, DebtUnsupported> {
-        self.check_debt()?;
-        if state.algorithm() != self.algorithm {
-            *state = State::fresh(self.algorithm);
-        }
-        match state {
-            State::TokenBucket(s) => s.force(&self.quota, now_us, cost),
-            State::Gcra(s) => {
-                s.force(&self.quota, now_us, cost);
-            }
-            _ => {}
-        }
-        Ok(self.evaluate(Some(state), now_us, 0))
+        self.force_from(state, &mut None, now_us, cost)
     }
 
     /// [`force`](Self::force) on a state written under the quota `written`, as
@@ -111,9 +100,16 @@ impl Limit {
         {
             *state = state.carried(from, &self.quota, now_us);
         }
-        let decision = self.force(state, now_us, cost)?;
+        if state.algorithm() != self.algorithm {
+            *state = State::fresh(self.algorithm);
+        }
+        match state {
+            State::TokenBucket(s) => s.force(&self.quota, now_us, cost),
+            State::Gcra(s) => s.force(&self.quota, now_us, cost),
+            _ => {}
+        }
         *written = Some(self.quota);
-        Ok(decision)
+        Ok(self.evaluate(Some(state), now_us, 0))
     }
 }
 
