@@ -34,9 +34,7 @@ impl TokenBucket {
         // without a division on the hot path.
         self.deficit.saturating_sub(elapsed.saturating_mul(rate))
     }
-}
 
-impl TokenBucket {
     /// This state, written under `from`, as a state of `to` that has spent at `now` the whole
     /// tokens it had spent under `from` (refilled at `from`'s rate until `now`), capped at `to`'s
     /// burst; it refills at `to`'s rate from `now` on.
