@@ -475,7 +475,7 @@ impl<S: LeaseStore> Leased<S> {
         let mut returned = 0;
         for (slot, back) in due {
             let _flight = slot.flight.lock().await;
-            let Some(limit) = slot.account.lock().limit() else {
+            let Some(limit) = slot.account.lock().limit else {
                 continue;
             };
             let Some((policy, key)) = slot.request() else {
