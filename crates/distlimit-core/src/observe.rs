@@ -157,38 +157,7 @@ pub struct NoopObserver;
 
 impl Observer for NoopObserver {}
 
-impl<O: Observer + ?Sized> Observer for Arc<O> {
-    fn on_decision(&self, policy: &str, outcome: Outcome, decision: &Decision, latency: Duration) {
-        (**self).on_decision(policy, outcome, decision, latency);
-    }
-
-    fn policy_observer(&self, policy: &str) -> Option<Arc<dyn PolicyObserver>> {
-        (**self).policy_observer(policy)
-    }
-
-    fn on_store_error(&self, store: &'static str, policy: &str, error: &Error) {
-        (**self).on_store_error(store, policy, error);
-    }
-
-    fn on_breaker(&self, store: &'static str, from: BreakerState, to: BreakerState) {
-        (**self).on_breaker(store, from, to);
-    }
-
-    fn on_evict(&self, store: &'static str, evicted: u64) {
-        (**self).on_evict(store, evicted);
-    }
-
-    fn on_permits(&self, policy: &str, event: PermitEvent, count: u64) {
-        (**self).on_permits(policy, event, count);
-    }
-
-    fn on_stream(&self, policy: &str, event: StreamEvent, units: u64) {
-        (**self).on_stream(policy, event, units);
-    }
-}
-
-/// Receives the Redis store's own events (those every store shares are [`Observer`]'s); every
-/// method does nothing by default. Called on the decision path: cheap, never blocking.
+/// Receives the Redis store's own events (those every store shares are [`Observer`]'s).
 pub trait RedisObserver: Send + Sync {
     /// The store named `store` sent one coalesced call carrying `decisions` decisions (several
     /// callers' requests decided in one round trip; 1 when a caller's call carried only its own).
@@ -206,8 +175,7 @@ pub trait RedisObserver: Send + Sync {
 /// Ignores every Redis event.
 impl RedisObserver for NoopObserver {}
 
-/// Receives the lease client's events (those every store shares are [`Observer`]'s); every
-/// method does nothing by default. Called on the decision path: cheap, never blocking.
+/// Receives the lease client's events (those every store shares are [`Observer`]'s).
 pub trait LeaseObserver: Send + Sync {
     /// The lease client named `store` withdrew `units` units for `policy` in one store call (0
     /// when the store had none available).
@@ -247,7 +215,7 @@ mod tests {
     }
 
     #[test]
-    fn arc_forwards_and_defaults_do_nothing() {
+    fn shared_observers_forward_and_defaults_do_nothing() {
         let recorder = Arc::new(Recorder::default());
         let observer: Arc<dyn Observer> = recorder.clone();
         observer.on_breaker("redis", BreakerState::Closed, BreakerState::Open);

@@ -20,10 +20,8 @@ pub const MAX_LIMIT: u64 = 1 << 32;
 /// `1 / reduced period` of a token (see [`Quota::refill_units`]), so its capacity is
 /// `burst × reduced period` units, and GCRA's `burst × ⌈period / limit⌉` µs is never more.
 ///
-/// Every algorithm works on integers. Together with [`MAX_LIMIT`] and [`MAX_PERIOD_US`] this
-/// bound keeps every intermediate value below 2^53 for times below 2^52 µs (the year 2112): 2^53
-/// is the end of the range of integers a Lua number (an IEEE double) holds exactly, so the Redis
-/// scripts and the Rust reference model compute bit-identical decisions.
+/// Together with [`MAX_LIMIT`] and [`MAX_PERIOD_US`] this bound keeps every intermediate value
+/// below 2^53, so the Lua scripts compute bit-identical decisions (see [`algorithm`](crate::algorithm)).
 ///
 /// A round limit has a small reduced period, so large quotas fit with their default burst
 /// (`burst = limit`):
@@ -290,11 +288,7 @@ impl Quota {
 
     /// The sliding window counter's weighting: `(granule µs, steps per window)`, that is
     /// `gr = ⌈period_us / 2^20⌉` and `steps = ⌈period_us / gr⌉ ≤ 2^20` ([`WINDOW_STEPS`]).
-    ///
-    /// At `e` µs into the current window the previous window weighs `⌈(period_us − e) / gr⌉`
-    /// steps out of `steps`. Windows up to 2^20 µs (about 1.05 s) have `gr = 1`: weighted per
-    /// microsecond. Longer ones are weighted in steps of `gr` µs, between 2^19 and 2^20 steps
-    /// per window.
+    /// How they weigh the previous window: see [`SlidingWindow`](crate::algorithm::SlidingWindow).
     ///
     /// ```
     /// use distlimit_core::Quota;

@@ -78,23 +78,22 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// The flags of `line` after the binary's name.
+    fn parse(line: &str) -> Result<Args, clap::Error> {
+        Args::try_parse_from(
+            ["distlimit-demo"]
+                .into_iter()
+                .chain(line.split_whitespace()),
+        )
+    }
+
     #[test]
     fn the_shared_flags_are_those_of_the_server() {
-        let args = Args::try_parse_from([
-            "distlimit-demo",
-            "--max-connections",
-            "5000000000",
-            "--failure-mode",
-            "fail-closed",
-            "--redis-timeout-ms",
-            "300",
-            "--redis",
-            "redis+sentinel://127.0.0.1:26379/distlimit",
-            "--redis-durable-replicas",
-            "1",
-            "--redis-durable-timeout-ms",
-            "30",
-        ])
+        let args = parse(
+            "--max-connections 5000000000 --failure-mode fail-closed --redis-timeout-ms 300 \
+             --redis redis+sentinel://127.0.0.1:26379/distlimit --redis-durable-replicas 1 \
+             --redis-durable-timeout-ms 30",
+        )
         .unwrap();
         assert_eq!(args.serve.max_connections, 5_000_000_000);
         assert_eq!(args.store.redis_timeout_ms, 300);
@@ -106,22 +105,15 @@ mod tests {
             args.store.failure_mode,
             Some(distlimit_serve::store::FailureModeArg::FailClosed)
         );
-        assert!(Args::try_parse_from(["distlimit-demo", "--redis-budget-ms", "0"]).is_err());
+        assert!(parse("--redis-budget-ms 0").is_err());
     }
 
     #[test]
     fn the_region_flags_need_a_region_and_a_home() {
-        let args = Args::try_parse_from([
-            "distlimit-demo",
-            "--redis",
-            "redis://127.0.0.1:7001",
-            "--redis-home",
-            "redis://127.0.0.1:7000",
-            "--region-horizon-ms",
-            "500",
-            "--home-unreachable",
-            "allow",
-        ])
+        let both = "--redis redis://127.0.0.1:7001 --redis-home redis://127.0.0.1:7000";
+        let args = parse(&format!(
+            "{both} --region-horizon-ms 500 --home-unreachable allow"
+        ))
         .unwrap();
         assert_eq!(
             args.store.region.redis_home.as_deref(),
@@ -130,38 +122,14 @@ mod tests {
         assert_eq!(args.store.region.region_horizon_ms, 500);
         // A home without this region's Redis, and the region knobs without a home.
         for flags in [
-            &["--redis-home", "redis://127.0.0.1:7000"][..],
-            &[
-                "--redis",
-                "redis://127.0.0.1:7001",
-                "--region-horizon-ms",
-                "500",
-            ],
-            &[
-                "--redis",
-                "redis://127.0.0.1:7001",
-                "--home-unreachable",
-                "deny",
-            ],
+            "--redis-home redis://127.0.0.1:7000",
+            "--redis redis://127.0.0.1:7001 --region-horizon-ms 500",
+            "--redis redis://127.0.0.1:7001 --home-unreachable deny",
         ] {
-            let error = Args::try_parse_from(["distlimit-demo"].iter().chain(flags)).unwrap_err();
-            assert_eq!(
-                error.kind(),
-                clap::error::ErrorKind::MissingRequiredArgument,
-                "{flags:?}"
-            );
+            let error = parse(flags).unwrap_err();
+            let missing = clap::error::ErrorKind::MissingRequiredArgument;
+            assert_eq!(error.kind(), missing, "{flags:?}");
         }
-        assert!(
-            Args::try_parse_from([
-                "distlimit-demo",
-                "--redis",
-                "redis://127.0.0.1:7001",
-                "--redis-home",
-                "redis://127.0.0.1:7000",
-                "--region-horizon-ms",
-                "0",
-            ])
-            .is_err()
-        );
+        assert!(parse(&format!("{both} --region-horizon-ms 0")).is_err());
     }
 }

@@ -47,9 +47,8 @@ pub const TOKENS_POLICY: &str = "tokens";
 /// The response header of `/api/generate` saying how many tokens the answer used.
 pub const USAGE_HEADER: HeaderName = HeaderName::from_static("x-usage-tokens");
 
-/// The policies without `--policy`: per user, a token bucket of 100 tokens refilled at 60 per
-/// minute; per client IP, one of 1 000 refilled at 600 per minute; per user of
-/// `/api/generate`, a token bucket of 10 000 tokens refilled at 10 000 per minute.
+/// The policies without `--policy`: [`POLICY`], [`IP_POLICY`] and [`TOKENS_POLICY`] as token
+/// buckets.
 pub const DEFAULT_POLICIES: &str = r#"
 [[policy]]
 name = "api"
@@ -135,8 +134,7 @@ impl Demo {
         }
         let metrics = Metrics::new();
         let built = distlimit_serve::store::build(&args.store, &metrics).await?;
-        let store = built.store;
-        let limiter = limiter(store, policies, &metrics);
+        let limiter = limiter(built.store, policies, &metrics);
         // A reload that drops a policy the routes use is refused, the running set kept.
         for name in [POLICY, IP_POLICY] {
             limiter.declare(name)?;

@@ -19,7 +19,7 @@ pub(crate) enum Local {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Account {
     /// The limit the units were taken under.
-    limit: Option<Limit>,
+    pub(crate) limit: Option<Limit>,
     /// Units held, withdrawn from the store and not spent.
     units: u64,
     /// Units of an ended lease, to give back at the next store call.
@@ -196,10 +196,5 @@ impl Account {
             self.expire(&limit, now);
         }
         std::mem::take(&mut self.pending)
-    }
-
-    /// The limit of the lease, if any.
-    pub(crate) fn limit(&self) -> Option<Limit> {
-        self.limit
     }
 }

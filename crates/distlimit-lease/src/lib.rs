@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlimit_core::{
     Clock, Decision, Error, Key, LeaseStore, NoopObserver, Request, Settle, StateRef, Store,
-    SystemClock,
+    StoreExt, SystemClock,
 };
 use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
@@ -343,17 +343,11 @@ impl<S: LeaseStore> Leased<S> {
 
     /// Decides from the lease alone, if it can: `None` when the store must be asked.
     fn decide_local(&self, slot: &Slot, request: &Request<'_>) -> Option<Decision> {
-        let now = self.clock.now_us();
-        match slot
-            .account
-            .lock()
-            .spend(request.limit(), now, request.cost())
-        {
+        let (now, cost) = (self.clock.now_us(), request.cost());
+        match slot.account.lock().spend(request.limit(), now, cost) {
             Local::Spent(decision) => {
                 bump(&self.counters.local, 1);
-                self.counters
-                    .held
-                    .fetch_sub(request.cost(), Ordering::Relaxed);
+                self.counters.held.fetch_sub(cost, Ordering::Relaxed);
                 Some(decision)
             }
             Local::Denied(decision) => Some(decision),
@@ -389,7 +383,7 @@ impl<S: LeaseStore> Leased<S> {
                     .on_lease_taken(STORE_NAME, policy, grant.granted);
                 // Counted before the account makes them spendable, so the count never wraps.
                 let held = &self.counters.held;
-                held.fetch_add(grant.granted, Ordering::Relaxed);
+                bump(held, grant.granted);
                 let decision =
                     slot.account
                         .lock()
@@ -419,13 +413,10 @@ impl<S: LeaseStore> Leased<S> {
         let drained = slot.account.lock().drain(limit, self.clock.now_us(), cost);
         self.counters.held.fetch_sub(drained, Ordering::Relaxed);
         let rest = Settle::Report(request.with_cost(cost - drained));
-        let result = self.inner.settle_all(&[rest]).await.and_then(|mut d| {
-            d.pop()
-                .ok_or(Error::InvalidRequest("the store answered no decision"))
-        });
+        let result = self.inner.settle(rest).await;
         if result.is_err() && drained > 0 {
             slot.account.lock().unspend(limit, drained);
-            self.counters.held.fetch_add(drained, Ordering::Relaxed);
+            bump(&self.counters.held, drained);
         }
         result
     }
@@ -434,9 +425,7 @@ impl<S: LeaseStore> Leased<S> {
     fn unspend(&self, spent: &[(&Slot, &Request<'_>)]) {
         for (slot, request) in spent {
             slot.account.lock().unspend(request.limit(), request.cost());
-            self.counters
-                .held
-                .fetch_add(request.cost(), Ordering::Relaxed);
+            bump(&self.counters.held, request.cost());
         }
     }
 
@@ -478,7 +467,7 @@ impl<S: LeaseStore> Leased<S> {
         let mut returned = 0;
         for (slot, back) in due {
             let _flight = slot.flight.lock().await;
-            let Some(limit) = slot.account.lock().limit() else {
+            let Some(limit) = slot.account.lock().limit else {
                 continue;
             };
             let Some((policy, key)) = slot.request() else {
@@ -560,13 +549,10 @@ impl<S: LeaseStore> Store for Leased<S> {
             let Some(slot) = slot else { continue };
             let decided = match self.decide_local(slot, request) {
                 Some(decided) => decided,
-                None => match self.decide_leased(slot, request).await {
-                    Ok(decided) => decided,
-                    Err(e) => {
-                        self.unspend(&spent);
-                        return Err(e);
-                    }
-                },
+                None => self
+                    .decide_leased(slot, request)
+                    .await
+                    .inspect_err(|_| self.unspend(&spent))?,
             };
             if decided.is_allowed() {
                 spent.push((slot, request));
@@ -582,13 +568,11 @@ impl<S: LeaseStore> Store for Leased<S> {
             .map(|(r, _)| if denied { r.with_cost(0) } else { *r })
             .collect();
         if !rest.is_empty() {
-            let answered = match self.inner.decide_all(&rest).await {
-                Ok(answered) => answered,
-                Err(e) => {
-                    self.unspend(&spent);
-                    return Err(e);
-                }
-            };
+            let answered = self
+                .inner
+                .decide_all(&rest)
+                .await
+                .inspect_err(|_| self.unspend(&spent))?;
             denied |= answered.iter().any(Decision::is_denied);
             let mut answered = answered.into_iter();
             for (slot, decision) in slots.iter().zip(&mut decisions) {

@@ -11,6 +11,7 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use distlimit_core::{
@@ -31,11 +32,6 @@ pub const SHARDS: usize = 64;
 
 /// The largest batch [`MemoryStore::decide_all_into`] decides without allocating.
 pub const INLINE: usize = 8;
-
-/// A placeholder for a decision not yet made.
-fn undecided() -> Decision {
-    Decision::denied(0, 0, std::time::Duration::ZERO, std::time::Duration::ZERO)
-}
 
 /// The default cap on the number of keys a store holds: 1 048 576 (from about 30 MiB for GCRA
 /// states of 8-byte keys to about 150 MiB for token buckets of long keys).
@@ -255,7 +251,8 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
     ///
     /// The shards involved are locked in ascending order, so batches never deadlock.
     pub fn decide_all_sync(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
-        let mut decisions = vec![undecided(); requests.len()];
+        let undecided = Decision::denied(0, 0, Duration::ZERO, Duration::ZERO);
+        let mut decisions = vec![undecided; requests.len()];
         self.decide_all_into(requests, &mut decisions)?;
         Ok(decisions)
     }

@@ -95,11 +95,6 @@ impl PermitTable {
             shard.lock().retain(|_, p| p.in_flight(now) > 0);
         }
     }
-
-    /// The number of keys holding permits (live or not yet dropped).
-    pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
-    }
 }
 
 impl<C: Clock, S: BuildHasher + Send + Sync> MemoryStore<C, S> {
@@ -130,11 +125,6 @@ impl<C: Clock, S: BuildHasher + Send + Sync> MemoryStore<C, S> {
         self.permits
             .with(request, now, false, |p| p.renew(now, &limit, permit))
             .unwrap_or(false)
-    }
-
-    /// The number of keys holding permits.
-    pub fn permit_keys(&self) -> usize {
-        self.permits.len()
     }
 }
 

@@ -1403,37 +1403,36 @@ mod tests {
         }
     }
 
-    /// Decides on `key` in the unnamed policy.
-    fn decide(
-        table: &mut Table,
-        h: &Hasher,
-        key: &[u8],
-        limit: &Limit,
-        now: u64,
-        cost: u64,
-        max_len: usize,
-    ) -> (Decision, bool) {
-        table.decide(id(key).hash(h), id(key), limit, now, cost, max_len, h)
+    /// A table and the hasher that places its keys.
+    #[derive(Default)]
+    struct Keyed(Table, Hasher);
+
+    impl Keyed {
+        /// Decides on `key` in the unnamed policy.
+        fn decide(
+            &mut self,
+            key: &[u8],
+            limit: &Limit,
+            now: u64,
+            cost: u64,
+            max: usize,
+        ) -> (Decision, bool) {
+            let Keyed(table, h) = self;
+            table.decide(id(key).hash(h), id(key), limit, now, cost, max, h)
+        }
     }
 
     #[test]
     fn entries_fit_a_quarter_a_half_and_one_cache_line() {
-        use std::mem::{align_of, size_of};
-        assert_eq!((size_of::<WordEntry>(), align_of::<WordEntry>()), (16, 16));
-        assert_eq!(
-            (size_of::<ShortEntry>(), align_of::<ShortEntry>()),
-            (32, 32)
-        );
-        assert_eq!((size_of::<LongEntry>(), align_of::<LongEntry>()), (64, 64));
-        assert_eq!(
-            (size_of::<WordBucket>(), align_of::<WordBucket>()),
-            (32, 32)
-        );
-        assert_eq!(
-            (size_of::<ShortBucket>(), align_of::<ShortBucket>()),
-            (64, 64)
-        );
-        assert_eq!(size_of::<Wide>(), 64);
+        fn layout<T>() -> (usize, usize) {
+            (std::mem::size_of::<T>(), std::mem::align_of::<T>())
+        }
+        assert_eq!(layout::<WordEntry>(), (16, 16));
+        assert_eq!(layout::<ShortEntry>(), (32, 32));
+        assert_eq!(layout::<LongEntry>(), (64, 64));
+        assert_eq!(layout::<WordBucket>(), (32, 32));
+        assert_eq!(layout::<ShortBucket>(), (64, 64));
+        assert_eq!(layout::<Wide>().0, 64);
     }
 
     fn packed_round_trip<const W: usize>() {
@@ -1548,26 +1547,25 @@ mod tests {
 
     #[test]
     fn expired_entries_are_dropped_when_the_table_is_full() {
-        let h = Hasher::default();
         let limit = Limit::gcra(Quota::per_second(10).unwrap());
-        let mut table = Table::default();
+        let mut t = Keyed::default();
         for i in 0u32..100 {
-            decide(&mut table, &h, &i.to_be_bytes(), &limit, 0, 1, usize::MAX);
+            t.decide(&i.to_be_bytes(), &limit, 0, 1, usize::MAX);
         }
-        assert_eq!(table.len(), 100);
+        assert_eq!(t.0.len(), 100);
         // Much later every entry has expired: the insert that finds the table full drops them.
         for i in 1000u32..1400 {
-            let key = i.to_be_bytes();
-            decide(&mut table, &h, &key, &limit, 10_000_000, 1, usize::MAX);
+            t.decide(&i.to_be_bytes(), &limit, 10_000_000, 1, usize::MAX);
         }
+        let Keyed(table, h) = &mut t;
         let old_left = (0u32..100)
             .filter(|i| {
                 let key = i.to_be_bytes();
-                table.short.find(id(&key).hash(&h), id(&key)).is_some()
+                table.short.find(id(&key).hash(h), id(&key)).is_some()
             })
             .count();
         assert!(old_left < 100, "the full table dropped nothing");
-        table.purge(10_000_000, &h);
+        table.purge(10_000_000, h);
         assert_eq!(table.len(), 400, "purge keeps the live entries only");
     }
 
@@ -1576,30 +1574,27 @@ mod tests {
     /// keys need.
     #[test]
     fn a_table_grows_with_live_entries_not_expired_ones() {
-        let h = Hasher::default();
         let limit = Limit::gcra(Quota::per_second(10).unwrap());
-        let mut table = Table::default();
+        let mut t = Keyed::default();
         // 50 rounds of 100 new keys, each round's keys expired (after 100 ms) by the next one.
         for round in 0u32..50 {
             let now = u64::from(round) * 1_000_000;
             for i in 0u32..100 {
-                let key = (round * 100 + i).to_be_bytes();
-                decide(&mut table, &h, &key, &limit, now, 1, usize::MAX);
+                t.decide(&(round * 100 + i).to_be_bytes(), &limit, now, 1, usize::MAX);
             }
-            assert!(table.short.map.num_buckets() <= 512, "round {round}");
+            assert!(t.0.short.map.num_buckets() <= 512, "round {round}");
         }
     }
 
     #[test]
     fn the_cap_holds_under_a_flood_of_unique_keys() {
-        let h = Hasher::default();
         let limit = Limit::token_bucket(Quota::per_minute(10).unwrap());
-        let mut table = Table::default();
+        let mut t = Keyed::default();
         let mut evictions = 0;
         for i in 0u64..10_000 {
-            let (d, evicted) = decide(&mut table, &h, &i.to_le_bytes(), &limit, 5, 1, 100);
+            let (d, evicted) = t.decide(&i.to_le_bytes(), &limit, 5, 1, 100);
             assert!(d.is_allowed());
-            assert!(table.len() <= 100);
+            assert!(t.0.len() <= 100);
             evictions += usize::from(evicted);
         }
         assert_eq!(evictions, 10_000 - 100);
@@ -1609,17 +1604,16 @@ mod tests {
     /// spent their whole burst outlive a flood of keys that spent one unit each.
     #[test]
     fn evictions_take_expired_then_the_fullest_entries() {
-        let h = Hasher::default();
         for limit in [
             Limit::gcra(Quota::per_hour(1).unwrap().with_burst(10).unwrap()),
             Limit::token_bucket(Quota::per_hour(1).unwrap().with_burst(10).unwrap()),
         ] {
-            let mut table = Table::default();
+            let mut t = Keyed::default();
             let denied: Vec<String> = (0..20).map(|i| format!("denied-{i}")).collect();
             let mut now = 1_000_000;
             for key in &denied {
                 assert!(
-                    decide(&mut table, &h, key.as_bytes(), &limit, now, 10, 1_000)
+                    t.decide(key.as_bytes(), &limit, now, 10, 1_000)
                         .0
                         .is_allowed()
                 );
@@ -1627,39 +1621,23 @@ mod tests {
             // Expired entries (a second's quota, long past) are dropped without an eviction.
             let short = Limit::gcra(Quota::per_second(1).unwrap());
             for i in 0..500u32 {
-                decide(
-                    &mut table,
-                    &h,
-                    format!("old-{i}").as_bytes(),
-                    &short,
-                    now,
-                    1,
-                    1_000,
-                );
+                t.decide(format!("old-{i}").as_bytes(), &short, now, 1, 1_000);
             }
             now += 10_000_000;
             let mut evictions = 0;
             for i in 0..20_000u32 {
                 now += 1;
-                let (d, evicted) = decide(
-                    &mut table,
-                    &h,
-                    format!("flood-{i}").as_bytes(),
-                    &limit,
-                    now,
-                    1,
-                    1_000,
-                );
+                let (d, evicted) = t.decide(format!("flood-{i}").as_bytes(), &limit, now, 1, 1_000);
                 assert!(d.is_allowed());
                 evictions += usize::from(evicted);
-                assert!(table.len() <= 1_000, "{limit:?} {i} {}", table.len());
+                assert!(t.0.len() <= 1_000, "{limit:?} {i} {}", t.0.len());
             }
             assert!(evictions <= 20_000 - (1_000 - 520), "{evictions}");
             assert!(evictions >= 20_000 - 1_000, "{evictions}");
             let still_denied = denied
                 .iter()
                 .filter(|key| {
-                    decide(&mut table, &h, key.as_bytes(), &limit, now, 1, 1_000)
+                    t.decide(key.as_bytes(), &limit, now, 1, 1_000)
                         .0
                         .is_denied()
                 })
@@ -1674,15 +1652,10 @@ mod tests {
 
     #[test]
     fn denied_and_peeked_fresh_keys_store_nothing() {
-        let h = Hasher::default();
         let limit = Limit::token_bucket(Quota::per_minute(10).unwrap());
-        let mut table = Table::default();
-        assert!(
-            decide(&mut table, &h, b"k", &limit, 0, 0, 10)
-                .0
-                .is_allowed()
-        );
-        assert!(decide(&mut table, &h, b"k", &limit, 0, 11, 10).0.is_never());
-        assert_eq!(table.len(), 0);
+        let mut t = Keyed::default();
+        assert!(t.decide(b"k", &limit, 0, 0, 10).0.is_allowed());
+        assert!(t.decide(b"k", &limit, 0, 11, 10).0.is_never());
+        assert_eq!(t.0.len(), 0);
     }
 }

@@ -1,21 +1,8 @@
-//! The reference model of forced charges ([`Limit::force`]): usage reported after the fact,
-//! charged even past the limit, as *debt* that later requests wait out. The token bucket and
-//! GCRA only.
-//!
-//! * Token bucket: the deficit may exceed a full bucket's `burst × P'` units; the excess is the
-//!   debt, refilled at the bucket's rate like any deficit. A forced charge leaves a deficit of at
-//!   most [`MAX_DEFICIT`] (`3 × 2^51` units, above any bucket's `burst × P' ≤ 2^52`).
-//! * GCRA: the theoretical arrival time may lie more than `burst × T` after now; the excess is
-//!   the debt. A forced charge leaves an arrival time of at most [`MAX_TAT`] (`2^53 − 1` µs, the
-//!   year 2255).
-//!
-//! Past those bounds a forced charge saturates (the Lua scripts compute exactly below 2^53): for
-//! the largest quotas that is tens of thousands of periods of debt, for common ones far more
-//! than any key can report. A key in debt admits nothing until the debt is paid and one unit has
-//! refilled: the peek after the charge says when, exactly.
-//!
-//! The window algorithms refuse forced charges ([`DebtUnsupported`]): a count per window
-//! cannot carry what exceeds the window into the next one exactly.
+//! The reference model of forced charges ([`Limit::force`]; see the [module](super) docs).
+//! Past [`MAX_DEFICIT`] and [`MAX_TAT`] a forced charge saturates: for the largest quotas that
+//! is tens of thousands of periods of debt, for common ones far more than any key can report.
+//! The window algorithms refuse it: a count per window cannot carry what exceeds the window
+//! into the next one exactly.
 
 use super::{Algorithm, Gcra, Limit, State, TokenBucket};
 use crate::{Decision, Quota};
@@ -52,8 +39,8 @@ impl Limit {
     }
 
     /// Charges `cost` units to `state` at `now_us` whatever is left: a *forced* charge (usage
-    /// reported after the fact). What exceeds the units available becomes debt (see the module
-    /// documentation for the bounds). A state of another algorithm counts as fresh.
+    /// reported after the fact). What exceeds the units available becomes debt, up to
+    /// [`MAX_DEFICIT`] or [`MAX_TAT`]. A state of another algorithm counts as fresh.
     ///
     /// Answers what a peek (cost 0) answers right after the charge: allowed when one unit is
     /// still available, else denied with the exact `retry_after` until one is (the debt paid and
@@ -79,18 +66,7 @@ impl Limit {
         now_us: u64,
         cost: u64,
     ) -> Result<Decision, DebtUnsupported> {
-        self.check_debt()?;
-        if state.algorithm() != self.algorithm {
-            *state = State::fresh(self.algorithm);
-        }
-        match state {
-            State::TokenBucket(s) => s.force(&self.quota, now_us, cost),
-            State::Gcra(s) => {
-                s.force(&self.quota, now_us, cost);
-            }
-            _ => {}
-        }
-        Ok(self.evaluate(Some(state), now_us, 0))
+        self.force_from(state, &mut None, now_us, cost)
     }
 
     /// [`force`](Self::force) on a state written under the quota `written`, as
@@ -111,9 +87,16 @@ impl Limit {
         {
             *state = state.carried(from, &self.quota, now_us);
         }
-        let decision = self.force(state, now_us, cost)?;
+        if state.algorithm() != self.algorithm {
+            *state = State::fresh(self.algorithm);
+        }
+        match state {
+            State::TokenBucket(s) => s.force(&self.quota, now_us, cost),
+            State::Gcra(s) => s.force(&self.quota, now_us, cost),
+            _ => {}
+        }
         *written = Some(self.quota);
-        Ok(decision)
+        Ok(self.evaluate(Some(state), now_us, 0))
     }
 }
 

@@ -54,12 +54,6 @@ impl Divisor {
         }
     }
 
-    /// The divisor.
-    #[inline(always)]
-    pub fn get(&self) -> u64 {
-        self.d
-    }
-
     /// `⌊n / d⌋`.
     #[inline(always)]
     pub fn div(&self, n: u64) -> u64 {

@@ -26,9 +26,7 @@ impl FixedWindow {
             (self.start_us, self.count)
         }
     }
-}
 
-impl FixedWindow {
     /// This state, written under `from`, as a state of `to`: the count of `from`'s window that
     /// holds `now`, capped at `to`'s limit, counted in `to`'s window that holds `now`.
     pub(crate) fn carried(&self, from: &Quota, to: &Quota, now: u64) -> Self {

@@ -33,29 +33,22 @@ impl Gcra {
     pub fn decide(&mut self, quota: &Quota, now_us: u64, cost: u64) -> Decision {
         super::decide(self, quota, quota.burst(), now_us, cost)
     }
-}
 
-impl Gcra {
     /// This state, written under `from`, as a state of `to` that has spent at `now` the whole
     /// units it had spent under `from`, capped at `to`'s burst (see
     /// [`State::carried`](crate::State::carried)): for stores that keep GCRA states apart.
     pub fn carried(&self, from: &Quota, to: &Quota, now: u64) -> Self {
-        if (from.burst(), emission_interval(from)) == (to.burst(), emission_interval(to)) {
+        if (from.burst(), from.emission_interval_us()) == (to.burst(), to.emission_interval_us()) {
             return *self;
         }
-        let spent = div_ceil(self.tat_us.saturating_sub(now), emission_interval(from));
+        let spent = div_ceil(self.tat_us.saturating_sub(now), from.emission_interval_us());
         match spent.min(to.burst()) {
             0 => *self,
             units => Gcra {
-                tat_us: now.saturating_add(units.saturating_mul(emission_interval(to))),
+                tat_us: now.saturating_add(units.saturating_mul(to.emission_interval_us())),
             },
         }
     }
-}
-
-/// The emission interval: µs per unit, rounded up so the rate never exceeds the quota.
-fn emission_interval(q: &Quota) -> u64 {
-    q.emission_interval_us()
 }
 
 impl Model for Gcra {
@@ -66,21 +59,21 @@ impl Model for Gcra {
             0 => q.burst(),
             debt => q
                 .burst()
-                .saturating_sub(div_ceil(debt, emission_interval(q))),
+                .saturating_sub(div_ceil(debt, q.emission_interval_us())),
         }
     }
 
     #[inline]
     fn retry_after(&self, q: &Quota, now: u64, want: u64) -> u64 {
         let debt = self.tat_us.saturating_sub(now);
-        debt.saturating_sub((q.burst() - want) * emission_interval(q))
+        debt.saturating_sub((q.burst() - want) * q.emission_interval_us())
     }
 
     #[inline]
     fn reset_after(&self, q: &Quota, now: u64, extra: u64) -> u64 {
         self.tat_us
             .saturating_sub(now)
-            .saturating_add(extra.saturating_mul(emission_interval(q)))
+            .saturating_add(extra.saturating_mul(q.emission_interval_us()))
     }
 
     #[inline]
@@ -88,7 +81,7 @@ impl Model for Gcra {
         self.tat_us = self
             .tat_us
             .max(now)
-            .saturating_add(cost.saturating_mul(emission_interval(q)));
+            .saturating_add(cost.saturating_mul(q.emission_interval_us()));
     }
 
     fn expires_at(&self, _q: &Quota) -> u64 {

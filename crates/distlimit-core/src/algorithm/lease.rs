@@ -8,10 +8,7 @@ use crate::lease::{Grant, LeaseUnsupported};
 impl Limit {
     /// Whether this limit's algorithm can lease: the token bucket and GCRA.
     pub fn check_lease(&self) -> Result<(), LeaseUnsupported> {
-        match self.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => Ok(()),
-            other => Err(LeaseUnsupported(other)),
-        }
+        self.check_debt().map_err(|e| LeaseUnsupported(e.0))
     }
 
     /// Withdraws up to `want` of the units available at `now_us`, atomically: the units
@@ -39,17 +36,7 @@ impl Limit {
         now_us: u64,
         want: u64,
     ) -> Result<Grant, LeaseUnsupported> {
-        self.check_lease()?;
-        let peek = self.evaluate(Some(state), now_us, 0);
-        let granted = want.min(peek.remaining());
-        if granted == 0 {
-            return Ok(Grant {
-                granted,
-                decision: peek,
-            });
-        }
-        let decision = self.decide(state, now_us, granted);
-        Ok(Grant { granted, decision })
+        self.take_from(state, &mut None, now_us, want)
     }
 
     /// Returns `units` unspent units to `state` at `now_us`: the inverse of consuming them. The
@@ -89,13 +76,10 @@ impl Limit {
         self.check_lease()?;
         let peek = self.evaluate_from(Some(state), written.as_ref(), now_us, 0);
         let granted = want.min(peek.remaining());
-        if granted == 0 {
-            return Ok(Grant {
-                granted,
-                decision: peek,
-            });
-        }
-        let decision = self.decide_from(state, written, now_us, granted);
+        let decision = match granted {
+            0 => peek,
+            _ => self.decide_from(state, written, now_us, granted),
+        };
         Ok(Grant { granted, decision })
     }
 

@@ -15,12 +15,6 @@
 //! | [`SlidingLog`](Algorithm::SlidingLog) | ≤ `limit` entries | `limit` | ≤ `limit` when `d ≤ period` (exact) |
 //! | [`SlidingWindow`](Algorithm::SlidingWindow) | 24 B | `limit` | ≤ `limit` per aligned window, ≤ `2 × limit` when `d ≤ period` |
 //!
-//! The sliding window counter weighs the previous window by `w / steps` with
-//! `w = ⌈(period − elapsed) / gr⌉`, `gr = ⌈period / 2^20⌉` µs and `steps = ⌈period / gr⌉`: per
-//! microsecond for windows up to 2^20 µs (about 1.05 s), in steps of `gr` µs for longer ones
-//! (about 1/2^20 of the period: between 2^19 and 2^20 steps per window). See
-//! [`Quota::window_granule`].
-//!
 //! The largest intermediate values, for `limit ≤ 2^32`, `period ≤ 2^50` µs and
 //! `burst × P' ≤ 2^52` with `g = gcd(limit, period)`, `L' = limit / g`, `P' = period / g`:
 //!
@@ -112,14 +106,9 @@ pub enum Algorithm {
     /// (the half-open interval `(now − period, now]`) stays within `limit`. Exact, but stores up
     /// to `limit` entries per key: for small limits.
     SlidingLog,
-    /// The sliding window counter: the count of the previous aligned window weighted by how much
-    /// of it still overlaps the sliding window, plus the current count:
-    /// `prev × w + (current + cost) × steps ≤ limit × steps`, evaluated exactly in integers,
-    /// where `w = ⌈(period − elapsed) / gr⌉` out of `steps = ⌈period / gr⌉`, with the granule
-    /// `gr = ⌈period / 2^20⌉` µs ([`Quota::window_granule`]). Windows up to 2^20 µs (about
-    /// 1.05 s) have `gr = 1`: `prev × (period − elapsed) / period + current + cost ≤ limit`, per
-    /// microsecond. Longer windows are weighted in steps of `gr` µs, about 1/2^20 of the period
-    /// (3 434 µs for an hour). An approximation of the sliding log in 24 bytes.
+    /// The sliding window counter ([`SlidingWindow`]): the count of the previous aligned window,
+    /// weighted by how much of it still overlaps the sliding window, plus the current count,
+    /// exactly in integers. An approximation of the sliding log in 24 bytes.
     SlidingWindow,
 }
 

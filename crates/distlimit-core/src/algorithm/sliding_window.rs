@@ -46,9 +46,7 @@ impl SlidingWindow {
             (start, 0, 0)
         }
     }
-}
 
-impl SlidingWindow {
     /// This state, written under `from`, as a state of `to`: the units `from` counts at `now`
     /// (the previous window's weighted count rounded up, plus the current count), capped at `to`'s
     /// limit, as the current count of `to`'s window that holds `now`.

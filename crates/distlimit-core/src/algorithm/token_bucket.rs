@@ -11,10 +11,8 @@ use crate::Quota;
 /// period_us`), and a bucket holds `burst × P' ≤ 2^52` units. A round quota counts in small units:
 /// `Quota::per_day(1_000_000)` has `P' = 86 400`, `L' = 1`.
 ///
-/// The all-zero state is a full bucket, whatever the quota. Units depend on the quota: a state
-/// read under another quota than it was written under is first converted by
-/// [`State::carried`](crate::State::carried) (the tokens spent carry over, capped at the new
-/// burst).
+/// The all-zero state is a full bucket, whatever the quota. Units depend on the quota (see
+/// [`State::carried`](crate::State::carried)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TokenBucket {
     /// Units (`1 / P'` of a token) missing from a full bucket at `last_us`.
@@ -34,9 +32,7 @@ impl TokenBucket {
         // without a division on the hot path.
         self.deficit.saturating_sub(elapsed.saturating_mul(rate))
     }
-}
 
-impl TokenBucket {
     /// This state, written under `from`, as a state of `to` that has spent at `now` the whole
     /// tokens it had spent under `from` (refilled at `from`'s rate until `now`), capped at `to`'s
     /// burst; it refills at `to`'s rate from `now` on.
