@@ -9,9 +9,11 @@
 //! `CARGO_PKG_NAME` and `CARGO_PKG_VERSION`, the step's environment and the test arguments (what
 //! follows `--`). Its output (stdout and stderr, in order) goes to a file and is printed whole
 //! when it ends, so two binaries' lines never interleave; a table of every job's time ends the
-//! step. The binaries of [`Plan::alone`] run first, one at a time, nothing beside them; the
-//! [`Plan::first`] ones (the slowest) are the first to start after them. After a failure no new
-//! job starts; the running ones end and the step fails naming every failed job.
+//! step. Three phases: the binaries of [`Plan::alone`] one at a time, nothing beside them; then
+//! every other job but the [`Plan::last`] ones, [`Plan::first`] first; then the [`Plan::last`]
+//! ones, so the jobs that burn CPU (compiling the doctests, property tests) are done before the
+//! ones that time their Redis calls start. After a failure no new job starts; the running ones
+//! end and the step fails naming every failed job.
 
 use std::collections::VecDeque;
 use std::fs::{self, File};
@@ -35,8 +37,11 @@ pub(crate) struct Plan {
     pub(crate) jobs: usize,
     /// Binaries whose tests must not run beside another binary's: run first, one at a time.
     pub(crate) alone: &'static [&'static str],
-    /// Jobs started first, in this order; the others follow in package order.
+    /// Jobs started first in the second phase, in this order; the others follow in package
+    /// order.
     pub(crate) first: &'static [&'static str],
+    /// Jobs of the third phase, started (in this order) once every other job has ended.
+    pub(crate) last: &'static [&'static str],
 }
 
 /// The label of the doctests' job (`cargo test --doc`).
@@ -124,19 +129,23 @@ pub(crate) fn run(step: &Step, plan: &Plan) -> Result<()> {
             .envs(step.env.iter().cloned()),
         dir: project_root(),
     });
-    let (alone, pooled) = schedule(jobs, plan);
+    let [alone, pooled, last] = schedule(jobs, plan);
     println!(
-        "==> {}: `{}`, its {count} binaries run side by side: {} alone first, then the others \
-         and the doctests, {} at a time",
+        "==> {}: `{}`, its {count} binaries run side by side: {} alone first, then {} jobs \
+         (the doctests one of them), then {}, {} at a time",
         step.name,
         step.command_line(),
         alone.len(),
+        pooled.len(),
+        last.len(),
         plan.jobs
     );
     let mut done = Vec::new();
     let mut failed = pool(&step.name, alone, 1, &mut done);
-    if failed.is_empty() {
-        failed = pool(&step.name, pooled, plan.jobs, &mut done);
+    for phase in [pooled, last] {
+        if failed.is_empty() {
+            failed = pool(&step.name, phase, plan.jobs, &mut done);
+        }
     }
     done.sort_by_key(|(_, took)| std::cmp::Reverse(*took));
     println!("==> {}: each job's time", step.name);
@@ -180,15 +189,20 @@ fn list(step: &Step, cargo_args: &[String]) -> Result<Vec<Binary>> {
     Ok(binaries)
 }
 
-/// Splits `jobs` into the ones that run alone and the others, [`Plan::first`] first.
-fn schedule(jobs: Vec<Job>, plan: &Plan) -> (Vec<Job>, Vec<Job>) {
-    let (alone, mut pooled): (Vec<Job>, Vec<Job>) = jobs
+/// Splits `jobs` into the three phases: [`Plan::alone`]; the others, [`Plan::first`] first;
+/// [`Plan::last`], in its order.
+fn schedule(jobs: Vec<Job>, plan: &Plan) -> [Vec<Job>; 3] {
+    let (alone, others): (Vec<Job>, Vec<Job>) = jobs
         .into_iter()
         .partition(|job| plan.alone.contains(&job.label.as_str()));
-    let rank = |job: &Job| plan.first.iter().position(|l| *l == job.label);
+    let (mut last, mut pooled): (Vec<Job>, Vec<Job>) = others
+        .into_iter()
+        .partition(|job| plan.last.contains(&job.label.as_str()));
+    let rank = |list: &[&str], job: &Job| list.iter().position(|l| *l == job.label);
     // Stable: the others keep their order.
-    pooled.sort_by_key(|job| rank(job).unwrap_or(usize::MAX));
-    (alone, pooled)
+    pooled.sort_by_key(|job| rank(plan.first, job).unwrap_or(usize::MAX));
+    last.sort_by_key(|job| rank(plan.last, job));
+    [alone, pooled, last]
 }
 
 /// One command of the pool and where it runs.
@@ -373,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn alone_jobs_are_set_apart_and_the_first_ones_lead() {
+    fn alone_jobs_go_first_and_the_last_ones_last() {
         let job = |label: &str| Job {
             label: label.to_owned(),
             command: Step::new(label, "true", &[]),
@@ -382,7 +396,8 @@ mod tests {
         let plan = Plan {
             jobs: 3,
             alone: &["b/failover"],
-            first: &["c/integration", DOCTESTS, "a/integration"],
+            first: &[DOCTESTS, "a/integration"],
+            last: &["c/integration", "b/integration"],
         };
         let labels = |jobs: &[Job]| jobs.iter().map(|j| j.label.clone()).collect::<Vec<_>>();
         let all = [
@@ -394,18 +409,10 @@ mod tests {
         ];
         let mut jobs: Vec<Job> = all.into_iter().map(job).collect();
         jobs.push(job(DOCTESTS));
-        let (alone, pooled) = schedule(jobs, &plan);
+        let [alone, pooled, last] = schedule(jobs, &plan);
         assert_eq!(labels(&alone), ["b/failover"]);
-        assert_eq!(
-            labels(&pooled),
-            [
-                "c/integration",
-                DOCTESTS,
-                "a/integration",
-                "a/alloc",
-                "b/integration"
-            ]
-        );
+        assert_eq!(labels(&pooled), [DOCTESTS, "a/integration", "a/alloc"]);
+        assert_eq!(labels(&last), ["c/integration", "b/integration"]);
     }
 
     #[test]

@@ -51,8 +51,9 @@ Commands:
                     is installed with apt-get if missing and possible), test --workspace with
                     DISTLIMIT_REDIS_* and DISTLIMIT_REQUIRE_REDIS=1 set, skipping the tests
                     named `cluster` (the test binaries and the doctests side by side, 3 at a
-                    time; DISTLIMIT_TEST_JOBS sets how many), stop Redis, then `test-cluster`,
-                    then the loom models
+                    time, the CPU-heavy ones before the slow Redis, server and demo binaries;
+                    DISTLIMIT_TEST_JOBS sets how many), stop Redis, then `test-cluster`, then
+                    the loom models
   ci                same as `test` (the CI entry point)
   loom              loom models only: one cargo test with profile loom (target/loom) and
                     --cfg distlimit_loom (LOOM_MAX_PREEMPTIONS defaults to 3; set it to override)
