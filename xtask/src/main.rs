@@ -10,7 +10,10 @@
 //! - [`step`]: a [`Step`](step::Step) is one command with its environment;
 //!   [`run_all`](step::run_all) runs a list fail-fast, times each step and prints a summary.
 //! - [`tasks`]: what `test`, `test-cluster`, `loom` and `bench` run, including the lists of loom
-//!   packages and bench targets, and the test name filter of `test-cluster`.
+//!   packages and bench targets, the test name filter of `test-cluster`, and how the test step
+//!   schedules its binaries.
+//! - [`binaries`]: the test step's binaries (listed by `cargo test --no-run
+//!   --message-format=json`) run side by side, each one's output printed whole when it ends.
 //! - [`rls`]: `bench-rls`, distlimit-server against limitador-server and a bare tonic floor,
 //!   with the project's runner (`xtask/rls-bench/`).
 //! - [`redis`]: finding (or installing) `redis-server` and `openssl`, then starting the Redis
@@ -20,6 +23,7 @@
 // A CLI talks to its user on stdout; the workspace-wide lint is meant for the library crates.
 #![allow(clippy::print_stdout)]
 
+mod binaries;
 mod redis;
 mod rls;
 mod step;
@@ -46,7 +50,10 @@ Commands:
                     (standalone, Sentinel, 6-node Cluster on free loopback ports; redis-server
                     is installed with apt-get if missing and possible), test --workspace with
                     DISTLIMIT_REDIS_* and DISTLIMIT_REQUIRE_REDIS=1 set, skipping the tests
-                    named `cluster`, stop Redis, then `test-cluster`, then the loom models
+                    named `cluster` (the test binaries and the doctests side by side, 3 at a
+                    time, the CPU-heavy ones before the slow Redis, server and demo binaries;
+                    DISTLIMIT_TEST_JOBS sets how many), stop Redis, then `test-cluster`, then
+                    the loom models
   ci                same as `test` (the CI entry point)
   loom              loom models only: one cargo test with profile loom (target/loom) and
                     --cfg distlimit_loom (LOOM_MAX_PREEMPTIONS defaults to 3; set it to override)

@@ -74,17 +74,28 @@ impl Step {
         env.chain(argv).collect::<Vec<_>>().join(" ")
     }
 
+    /// How the program is shown: `cargo`, not the full path of `$CARGO`.
+    pub(crate) fn display_program(&self) -> &str {
+        &self.display
+    }
+
+    /// The step as a [`Command`] run in `dir`, output inherited.
+    pub(crate) fn command(&self, dir: &Path) -> Command {
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .envs(self.env.iter().map(|(key, value)| (key, value)))
+            .current_dir(dir);
+        command
+    }
+
     /// Prints a header, runs the step to completion and reports how long it took.
     ///
     /// The error names the step, how it ended and its command line.
     pub(crate) fn run(&self) -> Result<Duration> {
         println!("==> {}: {}", self.name, self.command_line());
         let start = Instant::now();
-        let mut command = Command::new(&self.program);
-        command
-            .args(&self.args)
-            .envs(self.env.iter().map(|(key, value)| (key, value)))
-            .current_dir(project_root());
+        let mut command = self.command(&project_root());
         // Nothing we run should ask questions; make sure nothing can when nobody could answer.
         if !interactive() {
             command.stdin(Stdio::null());

@@ -11,15 +11,66 @@
 //! [`TEST_CLUSTER_STEP`] runs them, exactly as `cargo xtask test-cluster` does, with only the
 //! Cluster up, so that command cannot break unnoticed and no test runs twice. Then the loom
 //! models ([`LOOM_STEP`]). A new check is one more [`Step`] in [`test_steps`].
+//!
+//! The [`TEST_STEP`] does not run its `cargo test` as one command, which would run the test
+//! binaries one after the other: [`binaries::run`] runs them side by side as [`TEST_PLAN`] says
+//! (a few at a time, the ones in [`TEST_ALONE`] alone first), the doctests beside them.
 
 use std::env;
 
 use crate::Result;
+use crate::binaries::{self, DOCTESTS, Plan};
 use crate::redis::{self, Setups};
 use crate::step::{Step, Summary, append_flags, project_root};
 
 /// The step of [`test_steps`] that runs with the Redis servers up.
 pub(crate) const TEST_STEP: &str = "test";
+
+/// How the [`TEST_STEP`] runs its binaries: [`TEST_JOBS`] at a time, after [`TEST_ALONE`];
+/// first the jobs that burn CPU ([`TEST_FIRST`] and the small binaries), then the slow ones that
+/// mostly wait ([`TEST_LAST`]).
+pub(crate) const TEST_PLAN: Plan = Plan {
+    jobs: TEST_JOBS,
+    alone: TEST_ALONE,
+    first: TEST_FIRST,
+    last: TEST_LAST,
+};
+
+/// How many jobs (test binaries, the doctests) the [`TEST_STEP`] runs at once, unless
+/// `DISTLIMIT_TEST_JOBS` says otherwise ([`test_jobs`]). Most of their time is waiting
+/// (failovers, timeouts, Redis round trips), so 3 pay on CI's 2 cores.
+const TEST_JOBS: usize = 3;
+
+/// [`TEST_JOBS`] unless `DISTLIMIT_TEST_JOBS` is set to a number of jobs (`1`: one binary at a
+/// time, as `cargo test` runs them).
+fn test_jobs() -> usize {
+    env::var("DISTLIMIT_TEST_JOBS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&jobs| jobs > 0)
+        .unwrap_or(TEST_JOBS)
+}
+
+/// Binaries whose tests must not run beside another binary's (`distlimit-redis/tests/main.rs`
+/// says why they are binaries of their own): `failover` fails the shared Sentinel set's primary
+/// over, which the other binaries' Sentinel tests would see; `bad_input` pauses the shared
+/// Cluster's primaries (those tests run in `test-cluster`, the rest as well stay alone here).
+const TEST_ALONE: &[&str] = &["distlimit-redis/failover", "distlimit-redis/bad_input"];
+
+/// The CPU-heavy jobs, started first (2026-12-04, alone on 2 cores: the doctests about 25 s,
+/// mostly compiling; distlimit-hybrid's binary 22 s with 19 s of CPU), with the small binaries
+/// (under 6 s each) after them.
+const TEST_FIRST: &[&str] = &[DOCTESTS, "distlimit-hybrid/integration"];
+
+/// The slow binaries, which mostly wait (failovers, timeouts, child processes: the Redis binary
+/// 95 s with 56 s of CPU, the server's 60 s with 11 s, the demo's 45 s with 15 s), started once
+/// the CPU-heavy jobs have ended: their tests time Redis calls (200 ms response timeouts) and
+/// throughput, which a starved CPU fails.
+const TEST_LAST: &[&str] = &[
+    "distlimit-redis/integration",
+    "distlimit-server/integration",
+    "distlimit-demo/integration",
+];
 
 /// Summary row for starting the Redis servers.
 const REDIS_UP: &str = "redis up";
@@ -93,10 +144,19 @@ fn setups_of(step: &Step) -> Option<Setups> {
 }
 
 /// Starts `setups`, runs `step` with their variables, and stops them whether it passed or not.
+/// The [`TEST_STEP`] runs its binaries side by side ([`binaries::run`] with [`TEST_PLAN`]).
 fn with_redis(summary: &mut Summary, setups: Setups, step: &Step) -> Result<()> {
     let stack = summary.action(REDIS_UP, || redis::start(setups))?;
     let step = step.clone().envs(stack.env());
-    let tested = summary.step(&step);
+    let tested = if step.name == TEST_STEP {
+        let plan = Plan {
+            jobs: test_jobs(),
+            ..TEST_PLAN
+        };
+        summary.action(TEST_STEP, || binaries::run(&step, &plan))
+    } else {
+        summary.step(&step)
+    };
     summary.action(REDIS_DOWN, || {
         redis::stop(stack);
         Ok(())
@@ -326,6 +386,27 @@ mod tests {
         }
         assert!(files > 0);
         assert!(missing.is_empty(), "in no test target: {missing:?}");
+    }
+
+    #[test]
+    fn the_test_plan_names_test_targets_that_exist() {
+        // A renamed target would silently lose its place in the plan (alone, first or last).
+        for label in TEST_ALONE
+            .iter()
+            .chain(TEST_FIRST)
+            .chain(TEST_LAST)
+            .filter(|l| **l != DOCTESTS)
+        {
+            let (package, target) = label.split_once('/').unwrap_or_default();
+            let manifest = project_root()
+                .join("crates")
+                .join(package)
+                .join("Cargo.toml");
+            let manifest = std::fs::read_to_string(manifest).unwrap_or_default();
+            let declared = format!("[[test]]\nname = \"{target}\"");
+            assert!(manifest.contains(&declared), "{label} is not a test target");
+        }
+        assert!(TEST_FIRST.contains(&DOCTESTS));
     }
 
     #[test]
