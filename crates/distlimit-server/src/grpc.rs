@@ -155,15 +155,20 @@ impl RlsServer {
         B: Body + Send + 'static,
         B::Error: Into<StdError> + Send + 'static,
     {
-        let answer = async {
-            let message = read_unary(request).await?;
-            let raw =
-                <RawRequest as prost::Message>::decode(&message[PREFIX..]).map_err(|error| {
-                    Status::internal(format!("failed to decode the request: {error}"))
-                })?;
-            self.0.should_rate_limit(Request::new(raw.into())).await
+        // Written out, not one async block with `?`: the nested future was moved whole once
+        // more per request (about 200 more instructions of memcpy, callgrind).
+        let message = match read_unary(request).await {
+            Ok(message) => message,
+            Err(status) => return status.into_http(),
         };
-        match answer.await {
+        let request = match <RawRequest as prost::Message>::decode(&message[PREFIX..]) {
+            Ok(raw) => Request::new(RateLimitRequest::from(raw)),
+            Err(error) => {
+                return Status::internal(format!("failed to decode the request: {error}"))
+                    .into_http();
+            }
+        };
+        match self.0.should_rate_limit(request).await {
             Ok(response) => unary_response(response.get_ref()),
             Err(status) => status.into_http(),
         }
