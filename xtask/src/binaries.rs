@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, Read, Seek};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -250,10 +250,7 @@ impl Job {
                 .status()
         });
         let took = start.elapsed();
-        let mut output = Vec::new();
-        if let Ok(mut file) = File::open(log) {
-            let _ = file.rewind().and_then(|()| file.read_to_end(&mut output));
-        }
+        let output = fs::read(log).unwrap_or_default();
         let _ = fs::remove_file(log);
         (status, took, String::from_utf8_lossy(&output).into_owned())
     }
