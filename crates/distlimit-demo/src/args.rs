@@ -22,10 +22,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
 
-    /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
-    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`, `--failure-mode`, `--lease`,
-    /// `--redis-home`, `--region-horizon-ms`, `--home-unreachable` (shared with
-    /// `distlimit-server`).
+    /// The store's flags ([`StoreArgs`], shared with `distlimit-server`).
     #[command(flatten)]
     pub store: StoreArgs,
 
@@ -53,8 +50,7 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub stream_block: u64,
 
-    /// The serving limits: `--header-read-timeout-ms`, `--idle-timeout-ms`,
-    /// `--max-connections`, `--shutdown-timeout-ms` (shared with `distlimit-server`).
+    /// The serving limits ([`ServeArgs`], shared with `distlimit-server`).
     #[command(flatten)]
     pub serve: ServeArgs,
 }

@@ -29,9 +29,7 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub http: SocketAddr,
 
-    /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
-    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`, `--failure-mode`, `--lease`,
-    /// `--redis-home`, `--region-horizon-ms`, `--home-unreachable` (shared with the demo).
+    /// The store's flags ([`StoreArgs`], shared with the demo).
     #[command(flatten)]
     pub store: StoreArgs,
 
@@ -77,9 +75,8 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub reload_interval_ms: u64,
 
-    /// The serving limits of both ports: `--header-read-timeout-ms` (also the deadline of a
-    /// connection's first request on either port), `--idle-timeout-ms` (the HTTP port's),
-    /// `--max-connections` (each port's), `--shutdown-timeout-ms` (shared with the demo).
+    /// The serving limits of each port ([`ServeArgs`], shared with the demo); the gRPC port's
+    /// idle timeout is `--grpc-idle-timeout-ms`.
     #[command(flatten)]
     pub serve: ServeArgs,
 

@@ -457,16 +457,13 @@ impl Config {
     }
 
     /// Parses one TOML document of distlimit policies and domains, as if read from a file
-    /// named `file`.
+    /// named `file` (a `.toml` name: [`Config::from_yaml`] reads either, by the name).
     ///
     /// # Errors
     ///
     /// See [`Config::from_sources`].
     pub fn from_toml(file: &str, toml: &str) -> Result<Self, RateLimitConfigError> {
-        Self::from_sources(&[Source {
-            path: PathBuf::from(file),
-            contents: toml.to_owned(),
-        }])
+        Self::from_yaml(file, toml)
     }
 
     /// The policies of the TOML files, if any.
@@ -486,7 +483,8 @@ impl Config {
             .policy_for(keys.into_iter())
     }
 
-    /// Parses one YAML document, as if read from a file named `file`.
+    /// Parses one YAML document (or a TOML one when `file` ends `.toml`), as if read from a
+    /// file named `file`.
     ///
     /// # Errors
     ///
