@@ -41,19 +41,12 @@ pub struct TlsFiles {
 #[non_exhaustive]
 pub enum Alpn {
     /// `http/1.1`: [`serve_tls`](crate::serve_tls)'s port.
-    Http1,
+    Http1 = 0,
     /// `h2`: a gRPC port.
-    H2,
+    H2 = 1,
 }
 
 impl Alpn {
-    fn index(self) -> usize {
-        match self {
-            Alpn::Http1 => 0,
-            Alpn::H2 => 1,
-        }
-    }
-
     fn protocol(self) -> &'static [u8] {
         match self {
             Alpn::Http1 => b"http/1.1",
@@ -175,8 +168,8 @@ impl Contents {
     }
 }
 
-/// The configurations built from one version of the files, one per ALPN protocol (by
-/// [`Alpn::index`]).
+/// The configurations built from one version of the files, one per ALPN protocol (indexed by
+/// the [`Alpn`]).
 struct Loaded {
     contents: Contents,
     configs: [Arc<ServerConfig>; 2],
@@ -288,7 +281,7 @@ impl Tls {
         alpn: Alpn,
         timeout: Duration,
     ) -> io::Result<TlsStream<Connection>> {
-        let config = self.inner.current.load().configs[alpn.index()].clone();
+        let config = self.inner.current.load().configs[alpn as usize].clone();
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let result = match tokio::time::timeout(timeout, acceptor.accept(connection)).await {
             Ok(result) => result,
@@ -298,14 +291,14 @@ impl Tls {
             )),
         };
         if result.is_err() {
-            self.inner.handshake_failures[alpn.index()].fetch_add(1, Ordering::Relaxed);
+            self.inner.handshake_failures[alpn as usize].fetch_add(1, Ordering::Relaxed);
         }
         result
     }
 
     /// How many handshakes failed since the start on the ports speaking `alpn`.
     pub fn handshake_failures(&self, alpn: Alpn) -> u64 {
-        self.inner.handshake_failures[alpn.index()].load(Ordering::Relaxed)
+        self.inner.handshake_failures[alpn as usize].load(Ordering::Relaxed)
     }
 }
 

@@ -384,14 +384,19 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn parse(env: &[(&str, &str)], args: &[&str]) -> Args {
+    /// The command line `args` over the variables `env`: the arguments, or the variable refused.
+    fn env_and_args(env: &[(&str, &str)], args: &[&str]) -> Result<Args, EnvError> {
         let env = |name: &str| {
             env.iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
         };
         let argv = std::iter::once("distlimit-server").chain(args.iter().copied());
-        Args::from_env_and_args(env, argv).unwrap().unwrap()
+        Args::from_env_and_args(env, argv).map(Result::unwrap)
+    }
+
+    fn parse(env: &[(&str, &str)], args: &[&str]) -> Args {
+        env_and_args(env, args).unwrap()
     }
 
     #[test]
@@ -481,18 +486,11 @@ mod tests {
 
     #[test]
     fn unusable_variables_are_named() {
-        let env = |name: &str| (name == "GRPC_PORT").then(|| "http".to_owned());
-        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
-        assert_eq!(error.name, "GRPC_PORT");
-        let env = |name: &str| match name {
-            "REDIS_URL" => Some("x:1".to_owned()),
-            "REDIS_SOCKET_TYPE" => Some("udp".to_owned()),
-            _ => None,
-        };
-        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
-        assert_eq!(error.name, "REDIS_SOCKET_TYPE");
-        let env = |name: &str| (name == "LIMIT_RESET_HEADER").then(|| "Reset: now".to_owned());
-        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
+        let refused = |env: &[(&str, &str)]| env_and_args(env, &[]).unwrap_err();
+        assert_eq!(refused(&[("GRPC_PORT", "http")]).name, "GRPC_PORT");
+        let socket = refused(&[("REDIS_URL", "x:1"), ("REDIS_SOCKET_TYPE", "udp")]);
+        assert_eq!(socket.name, "REDIS_SOCKET_TYPE");
+        let error = refused(&[("LIMIT_RESET_HEADER", "Reset: now")]);
         assert_eq!(error.name, "LIMIT_RESET_HEADER");
         assert!(error.to_string().contains("Reset: now"), "{error}");
         // The same name as a flag: clap's error.

@@ -877,20 +877,15 @@ async fn assign(
         }
         Target::Limited(target) => target,
     };
-    let metrics = &shared.checker.request_metrics().quota;
-    let count = |result, n| {
+    let reported = &shared.checker.request_metrics().quota.reported;
+    let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+    for (result, n) in [("allowed", allowed), ("denied", denied)] {
         if n > 0 {
-            metrics
-                .reported
-                .get_or_create(&UsageLabels {
-                    rule: target.label.clone(),
-                    result,
-                })
-                .inc_by(n);
+            let rule = target.label.clone();
+            let labels = UsageLabels { rule, result };
+            reported.get_or_create(&labels).inc_by(n);
         }
-    };
-    count("allowed", usage.num_requests_allowed);
-    count("denied", usage.num_requests_denied);
+    }
     if state
         .lease
         .as_ref()

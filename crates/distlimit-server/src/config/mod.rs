@@ -775,7 +775,6 @@ struct RawDescriptor {
     key: NonEmpty,
     #[serde(default)]
     value: String,
-    #[serde(default)]
     rate_limit: Option<RawRateLimit>,
     #[serde(default)]
     descriptors: Descriptors,
@@ -791,7 +790,6 @@ struct RawDescriptor {
     share_threshold: bool,
     /// Returned in a response's dynamic metadata (`--response-dynamic-metadata`) when the
     /// descriptor passes: a mapping, or nothing.
-    #[serde(default)]
     metadata: Option<serde_yaml_ng::Mapping>,
 }
 
@@ -822,13 +820,10 @@ struct RawRateLimit {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRateLimitFields {
-    #[serde(default)]
     unit: Option<UnitName>,
-    #[serde(default)]
     requests_per_unit: Option<u32>,
     #[serde(default)]
     unlimited: bool,
-    #[serde(default)]
     name: Option<String>,
     #[serde(default)]
     replaces: Vec<RawReplace>,
