@@ -636,9 +636,10 @@ mod tests {
 
     #[test]
     fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
-        let args = |flags: &[&str]| {
-            let base = ["test", "--redis", "redis://127.0.0.1:1", "--failure-mode"];
-            Flags::try_parse_from(base.iter().chain(flags))
+        let args = |flags: &str| {
+            let base = "test --redis redis://127.0.0.1:1 --failure-mode fail-closed";
+            let line = format!("{base} --redis-durable-replicas 1 {flags}");
+            Flags::try_parse_from(line.split_whitespace())
                 .unwrap()
                 .store
         };
@@ -647,13 +648,7 @@ mod tests {
             .build()
             .unwrap();
         let metrics = Metrics::new();
-        let refused = args(&[
-            "fail-closed",
-            "--redis-durable-replicas",
-            "1",
-            "--redis-durable-timeout-ms",
-            "50",
-        ]);
+        let refused = args("--redis-durable-timeout-ms 50");
         match rt.block_on(build(&refused, &metrics)) {
             Err(StoreError::Redis(Error::Config { message, .. })) => {
                 assert!(message.contains("--redis-budget-ms"), "{message}");
@@ -662,15 +657,7 @@ mod tests {
             Ok(_) => panic!("a WAIT timeout of the budget's length was accepted"),
         }
         // Below the budget but not below the reply timeout: the store refuses it.
-        let refused = args(&[
-            "fail-closed",
-            "--redis-durable-replicas",
-            "1",
-            "--redis-durable-timeout-ms",
-            "300",
-            "--redis-budget-ms",
-            "1000",
-        ]);
+        let refused = args("--redis-durable-timeout-ms 300 --redis-budget-ms 1000");
         assert!(matches!(
             rt.block_on(build(&refused, &metrics)),
             Err(StoreError::Redis(Error::Config { .. }))

@@ -219,12 +219,7 @@ mod tests {
             "x-ratelimit-limit"
         );
         for bad in ["", "has space", "colon:", "ü", "a\nb"] {
-            assert_eq!(
-                parse_header_name(bad),
-                Err(InvalidHeaderName {
-                    name: bad.to_owned()
-                })
-            );
+            assert_eq!(parse_header_name(bad).unwrap_err().name, bad);
         }
         let names = HeaderNames {
             limit: parse_header_name("X-Limit").unwrap(),
@@ -232,10 +227,7 @@ mod tests {
         };
         assert_eq!(names.name("ratelimit-limit"), "x-limit");
         assert_eq!(names.name("ratelimit-reset"), "ratelimit-reset");
-        assert_eq!(
-            names.header("ratelimit"),
-            HeaderName::from_static("ratelimit")
-        );
+        assert_eq!(names.header("ratelimit").as_str(), "ratelimit");
     }
 
     #[test]

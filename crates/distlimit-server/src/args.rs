@@ -318,18 +318,14 @@ fn redis_url(
         return Ok(url.to_owned());
     }
     let bad = |name: &'static str, value: String, why: &'static str| EnvError { name, value, why };
-    let (user, password) = match var("REDIS_AUTH") {
-        None => (None, None),
-        Some(auth) => match auth.split_once(':') {
-            Some((user, password)) => (Some(percent_encode(user)), Some(percent_encode(password))),
-            None => (None, Some(percent_encode(&auth))),
-        },
-    };
-    let userinfo = match (&user, &password) {
-        (Some(user), Some(password)) => format!("{user}:{password}@"),
-        (None, Some(password)) => format!(":{password}@"),
-        _ => String::new(),
-    };
+    // `user:password` or `password`, each percent-encoded.
+    let auth = var("REDIS_AUTH").map(|auth| match auth.split_once(':') {
+        Some((user, password)) => (Some(percent_encode(user)), percent_encode(password)),
+        None => (None, percent_encode(&auth)),
+    });
+    let userinfo = auth.as_ref().map_or_else(String::new, |(user, password)| {
+        format!("{}:{password}@", user.as_deref().unwrap_or_default())
+    });
     let scheme = if tls { "rediss" } else { "redis" };
     let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
     let kind = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
@@ -337,10 +333,10 @@ fn redis_url(
         "SINGLE" => match socket.to_ascii_lowercase().as_str() {
             "tcp" => Ok(format!("{scheme}://{userinfo}{url}")),
             "unix" => {
-                let query = match (user, password) {
-                    (Some(user), Some(password)) => format!("?user={user}&pass={password}"),
-                    (_, Some(password)) => format!("?pass={password}"),
-                    _ => String::new(),
+                let query = match auth {
+                    Some((Some(user), password)) => format!("?user={user}&pass={password}"),
+                    Some((None, password)) => format!("?pass={password}"),
+                    None => String::new(),
                 };
                 Ok(format!("unix://{url}{query}"))
             }
