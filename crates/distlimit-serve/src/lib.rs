@@ -116,15 +116,12 @@ impl ServeConfig {
     }
 }
 
-#[cfg(unix)]
 fn descriptor_limit() -> Option<usize> {
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    limit.current.and_then(|n| usize::try_from(n).ok())
-}
-
-#[cfg(not(unix))]
-fn descriptor_limit() -> Option<usize> {
-    None
+    #[cfg(unix)]
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    #[cfg(not(unix))]
+    let limit: Option<u64> = None;
+    limit.and_then(|n| usize::try_from(n).ok())
 }
 
 /// Serves `router` on `listener` with the limits of `config` until `shutdown` completes; then

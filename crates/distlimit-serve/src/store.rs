@@ -512,6 +512,15 @@ impl RedisPrimary {
             source: Box::new(NotSent("not connected yet".into())),
         })
     }
+
+    /// Where permits live: the Redis store, or with `--redis-home` the region's own Redis
+    /// (a concurrency limit holds per region: permits are not leased from home).
+    fn permits(&self) -> Result<&RedisStore, Error> {
+        Ok(match self.store()? {
+            Connected::Redis(store) => store,
+            Connected::Region(store) => store.region(),
+        })
+    }
 }
 
 impl Shared {
@@ -608,17 +617,6 @@ impl PermitStore for RedisPrimary {
 
     async fn renew(&self, request: &PermitRequest<'_>, permit: PermitId) -> Result<bool, Error> {
         self.permits()?.renew(request, permit).await
-    }
-}
-
-impl RedisPrimary {
-    /// Where permits live: the Redis store, or with `--redis-home` the region's own Redis
-    /// (a concurrency limit holds per region: permits are not leased from home).
-    fn permits(&self) -> Result<&RedisStore, Error> {
-        Ok(match self.store()? {
-            Connected::Redis(store) => store,
-            Connected::Region(store) => store.region(),
-        })
     }
 }
 

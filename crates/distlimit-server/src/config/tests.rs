@@ -446,21 +446,16 @@ fn units_read_in_any_case() {
 #[test]
 fn files_past_the_size_cap_or_not_utf8_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let huge = dir.path().join("huge.yaml");
-    let bytes = usize::try_from(MAX_CONFIG_FILE_BYTES).unwrap() + 1;
-    std::fs::write(&huge, vec![b'#'; bytes]).unwrap();
-    let error = read_sources(&huge).unwrap_err().to_string();
-    assert!(
-        error.contains("huge.yaml") && error.contains("larger than"),
-        "{error}"
-    );
-    let binary = dir.path().join("binary.yaml");
-    std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap();
-    let error = read_sources(&binary).unwrap_err().to_string();
-    assert!(
-        error.contains("binary.yaml") && error.contains("UTF-8"),
-        "{error}"
-    );
+    let huge = vec![b'#'; usize::try_from(MAX_CONFIG_FILE_BYTES).unwrap() + 1];
+    for (name, bytes, why) in [
+        ("huge.yaml", huge, "larger than"),
+        ("binary.yaml", vec![0xff, 0xfe, 0x00], "UTF-8"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let error = read_sources(&path).unwrap_err().to_string();
+        assert!(error.contains(name) && error.contains(why), "{error}");
+    }
     // A device that never ends is an error, not a reload that never returns.
     #[cfg(unix)]
     {
