@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use clap::Parser;
 use distlimit_tower::Cidr;
 
+use crate::serve::ServeArgs;
 use crate::serve::store::StoreArgs;
-use crate::serve::{ServeArgs, ServeConfig};
 
 /// The demo service's command line (`distlimit-demo --help`).
 #[derive(Clone, Debug, Parser)]
@@ -53,13 +53,6 @@ pub struct Args {
     /// The serving limits ([`ServeArgs`], shared with `distlimit-server`).
     #[command(flatten)]
     pub serve: ServeArgs,
-}
-
-impl Args {
-    /// The server's limits, from the flags.
-    pub fn serve_config(&self) -> ServeConfig {
-        self.serve.serve_config()
-    }
 }
 
 impl Default for Args {

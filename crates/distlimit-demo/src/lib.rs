@@ -168,7 +168,7 @@ impl Demo {
             metrics,
             limiter,
             watcher,
-            serve_config: args.serve_config(),
+            serve_config: args.serve.serve_config(),
         })
     }
 

@@ -109,19 +109,15 @@ impl ServeConfig {
     /// [`max_connections`](Self::max_connections) lowered to the descriptors this process may
     /// open (its soft `RLIMIT_NOFILE`) minus [`RESERVED_DESCRIPTORS`]; at least 1.
     pub fn connection_cap(&self) -> usize {
-        let limit = descriptor_limit().unwrap_or(usize::MAX);
+        #[cfg(unix)]
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        #[cfg(not(unix))]
+        let limit: Option<u64> = None;
+        let limit = limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
         self.max_connections
             .min(limit.saturating_sub(RESERVED_DESCRIPTORS))
             .max(1)
     }
-}
-
-fn descriptor_limit() -> Option<usize> {
-    #[cfg(unix)]
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-    #[cfg(not(unix))]
-    let limit: Option<u64> = None;
-    limit.and_then(|n| usize::try_from(n).ok())
 }
 
 /// Serves `router` on `listener` with the limits of `config` until `shutdown` completes; then

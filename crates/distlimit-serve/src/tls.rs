@@ -188,9 +188,9 @@ struct Inner {
 }
 
 /// A TLS server's certificate, key and client CA, read from [`TlsFiles`] and replaced for new
-/// connections by [`reload`](Self::reload) (or the task of [`watch`](Self::watch)) when the
-/// files change; connections already open keep the certificate they started with. Cheap to
-/// clone: clones share the certificate. Uses rustls with the *ring* provider, TLS 1.2 and 1.3.
+/// connections by the task of [`watch`](Self::watch) when the files change; connections
+/// already open keep the certificate they started with. Cheap to clone: clones share the
+/// certificate. Uses rustls with the *ring* provider, TLS 1.2 and 1.3.
 #[derive(Clone)]
 pub struct Tls {
     inner: Arc<Inner>,
@@ -231,18 +231,9 @@ impl Tls {
         &self.inner.files
     }
 
-    /// Reads the files again (blocking file reads); when their contents changed and are valid,
-    /// new connections use them. `Ok(true)`: applied; `Ok(false)`: unchanged.
-    ///
-    /// # Errors
-    ///
-    /// As [`load`](Self::load): the changed files were refused and the running certificate is
-    /// kept.
-    pub fn reload(&self) -> Result<bool, TlsError> {
-        self.apply(&Contents::read(&self.inner.files)?)
-    }
-
-    /// Builds and serves `contents` unless they are the running ones.
+    /// Builds and serves `contents` unless they are the running ones: `Ok(true)`: applied;
+    /// `Ok(false)`: unchanged. On an error (as [`load`](Self::load)'s) the running certificate
+    /// is kept.
     fn apply(&self, contents: &Contents) -> Result<bool, TlsError> {
         if *contents == self.inner.current.load().contents {
             return Ok(false);

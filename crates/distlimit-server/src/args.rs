@@ -226,14 +226,13 @@ fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvEr
         }
     };
     let mut flags = Vec::new();
-    for (flag, host, port) in [
-        ("--grpc", "GRPC_HOST", "GRPC_PORT"),
-        ("--http", "HOST", "PORT"),
+    for (flag, host, port, default) in [
+        ("--grpc", "GRPC_HOST", "GRPC_PORT", "8081"),
+        ("--http", "HOST", "PORT", "8080"),
     ] {
         if var(host).is_none() && var(port).is_none() {
             continue;
         }
-        let default = if flag == "--grpc" { "8081" } else { "8080" };
         let port_value = var(port).unwrap_or_else(|| default.to_owned());
         if port_value.trim().parse::<u16>().is_err() {
             return Err(EnvError {

@@ -409,7 +409,7 @@ impl Config {
             }
         };
         for source in sources {
-            if is_toml(&source.path) {
+            if source.path.extension().is_some_and(|e| e == "toml") {
                 let file = policies::parse(&source.path, &source.contents)?;
                 for (policy, line) in file.policies {
                     if let Some((_, first)) =
@@ -581,11 +581,6 @@ pub fn wildcard_match(pattern: &str, text: &str) -> bool {
         }
     }
     rest.len() >= last.len() && rest.ends_with(last)
-}
-
-/// Whether `path` is a TOML file of distlimit policies (by its extension).
-fn is_toml(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "toml")
 }
 
 /// One configuration file as read from disk.

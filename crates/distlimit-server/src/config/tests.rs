@@ -269,15 +269,11 @@ descriptors:
 #[test]
 fn example_9_wildcards() {
     let config = parse(EXAMPLE_9);
+    let at = |value| find(&config, "example9", &[("key1", value)]);
     for value in ["value_1", "value_2", "value"] {
-        let path = "key1_value*";
-        assert_eq!(
-            find(&config, "example9", &[("key1", value)]),
-            rule(20, Unit::Minute, path),
-            "{value}"
-        );
+        assert_eq!(at(value), rule(20, Unit::Minute, "key1_value*"), "{value}");
     }
-    assert_eq!(find(&config, "example9", &[("key1", "other")]), None);
+    assert_eq!(at("other"), None);
 }
 
 #[test]
