@@ -158,6 +158,35 @@ impl Args {
             dynamic_metadata: self.response_dynamic_metadata,
         }
     }
+
+    /// The command line `args` (the program name first) over the settings envoyproxy/ratelimit
+    /// reads from its environment (through `env`, [`std::env::var`] in the binary), so that
+    /// an existing deployment's variables keep working: a flag given on the command line wins
+    /// over its variable. The crate documentation ("From envoyproxy/ratelimit") lists the
+    /// variables and their flags. A group is used only when one of its variables is set
+    /// (`--grpc` from `GRPC_HOST` or `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or
+    /// `RUNTIME_SUBDIRECTORY`), `--redis` only when `BACKEND_TYPE` is unset or `redis`.
+    ///
+    /// # Errors
+    ///
+    /// A variable the server cannot use (a port that is no number, a header name that HTTP
+    /// does not allow), or the command line's errors (`clap`'s, which print the help or the
+    /// version too).
+    pub fn from_env_and_args<I, T>(
+        env: impl Fn(&str) -> Option<String>,
+        args: I,
+    ) -> Result<Result<Self, clap::Error>, EnvError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut args = args.into_iter().map(Into::into);
+        let program = args.next().unwrap_or_else(|| "distlimit-server".into());
+        let mut argv = vec![program];
+        argv.extend(env_flags(&env)?.into_iter().map(Into::into));
+        argv.extend(args);
+        Ok(Self::try_parse_from(argv))
+    }
 }
 
 impl Default for Args {
@@ -177,37 +206,6 @@ pub struct EnvError {
     pub value: String,
     /// What is wrong with it.
     pub why: &'static str,
-}
-
-impl Args {
-    /// The command line `args` (the program name first) over the settings envoyproxy/ratelimit
-    /// reads from its environment (through `env`, [`std::env::var`] in the binary), so that
-    /// an existing deployment's variables keep working: a flag given on the command line wins
-    /// over its variable. The crate documentation ("From envoyproxy/ratelimit") lists the
-    /// variables and their flags. A group is used only when one of its variables is set
-    /// (`--grpc` from `GRPC_HOST` or `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or
-    /// `RUNTIME_SUBDIRECTORY`), `--redis` only when `BACKEND_TYPE` is unset or `redis`.
-    ///
-    /// # Errors
-    ///
-    /// A variable the server cannot use (a port that is no number, a header name that HTTP
-    /// does not allow), or the command line's
-    /// errors (`clap`'s, which print the help or the version too).
-    pub fn from_env_and_args<I, T>(
-        env: impl Fn(&str) -> Option<String>,
-        args: I,
-    ) -> Result<Result<Self, clap::Error>, EnvError>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let mut args = args.into_iter().map(Into::into);
-        let program = args.next().unwrap_or_else(|| "distlimit-server".into());
-        let mut argv = vec![program];
-        argv.extend(env_flags(&env)?.into_iter().map(Into::into));
-        argv.extend(args);
-        Ok(Self::try_parse_from(argv))
-    }
 }
 
 /// The flags of envoyproxy/ratelimit's environment variables (see

@@ -142,13 +142,10 @@ descriptors:
           unit: second
 ",
     );
-    let path = "key_value.subkey";
-    assert_eq!(
-        find(&nested, "example4", &request),
-        rule(300, Unit::Second, path)
-    );
+    let at = |entries: &[(&str, &str)]| find(&nested, "example4", entries);
+    assert_eq!(at(&request), rule(300, Unit::Second, "key_value.subkey"));
     // One entry short of the configured depth: no limit.
-    assert_eq!(find(&nested, "example4", &[("key", "value")]), None);
+    assert_eq!(at(&[("key", "value")]), None);
 }
 
 #[test]
