@@ -1,12 +1,9 @@
-//! The store of a shipped binary, assembled from its flags (feature `store`): the embedded
-//! memory store, or Redis behind a circuit breaker with a memory fallback, wrapped in token
-//! leases for the `--lease` policies. One assembly and one set of flags ([`StoreArgs`], a
-//! `clap::Args` that binaries flatten) for every binary.
-//!
-//! A Redis that does not answer at start does not stop the process: an outage is when pods
-//! restart. The store starts without it, the failure mode answers (the fallback's share of each
-//! limit, fail open or fail closed) and a task connects in the background with a backoff; the
-//! [`RedisStatus`] tells readiness probes and metrics where it stands.
+//! The store of a shipped binary (feature `store`): [`build`] assembles it (memory, or Redis
+//! behind a circuit breaker, in leases) from one set of flags for every binary ([`StoreArgs`], a
+//! `clap::Args` that binaries flatten). A Redis that does not answer at start does not stop the
+//! process (an outage is when pods restart): the failure mode answers (the fallback's share of
+//! each limit, fail open or fail closed) while a task connects in the background with a
+//! backoff, and [`RedisStatus`] tells readiness probes and metrics where it stands.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -236,10 +236,7 @@ mod tests {
         let second = serde_json::json!({ "a": 2, "s": { "x": 2, "y": 2 }, "b": null });
         let mut dest = Struct::default();
         for m in [first, second] {
-            let serde_json::Value::Object(m) = m else {
-                unreachable!()
-            };
-            merge(&mut dest, &m);
+            merge(&mut dest, m.as_object().unwrap());
         }
         assert_eq!(dest.fields["a"], number(1.0));
         assert_eq!(

@@ -371,8 +371,7 @@ fn walk<'c, 'e>(
 }
 
 impl Config {
-    /// Reads `path`: one YAML file, or every `.yaml`/`.yml` file of a directory (dot files
-    /// skipped, symbolic links followed, as a Kubernetes ConfigMap volume lays them out).
+    /// Reads `path` ([`read_sources`]: a file, or a directory's files) and parses its files.
     ///
     /// # Errors
     ///
@@ -812,15 +811,13 @@ struct RawRateLimit {
     replaces: Vec<String>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 struct RawRateLimitFields {
     unit: Option<UnitName>,
     requests_per_unit: Option<u32>,
-    #[serde(default)]
     unlimited: bool,
     name: Option<String>,
-    #[serde(default)]
     replaces: Vec<RawReplace>,
 }
 

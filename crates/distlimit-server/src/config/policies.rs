@@ -51,12 +51,10 @@ pub(crate) struct PolicyFile {
     pub(crate) domains: Vec<(String, PolicyDomain)>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 struct RawFile {
-    #[serde(default)]
     policy: Vec<Spanned<toml::Table>>,
-    #[serde(default)]
     domain: HashMap<String, Spanned<RawDomain>>,
 }
 

@@ -22,10 +22,7 @@ fn rule(rpu: u32, unit: Unit, path: &str) -> Option<(RuleLimit, String)> {
 }
 
 fn parse(yaml: &str) -> Config {
-    match Config::from_yaml("test.yaml", yaml) {
-        Ok(config) => config,
-        Err(error) => panic!("{error}"),
-    }
+    Config::from_yaml("test.yaml", yaml).unwrap_or_else(|error| panic!("{error}"))
 }
 
 const EXAMPLE_1: &str = "
@@ -333,41 +330,34 @@ descriptors:
 
 /// The error of an invalid file.
 fn error(yaml: &str) -> RateLimitConfigError {
-    match Config::from_yaml("bad.yaml", yaml) {
-        Ok(_) => panic!("accepted:\n{yaml}"),
-        Err(error) => error,
-    }
+    let refused = Config::from_yaml("bad.yaml", yaml).err();
+    refused.unwrap_or_else(|| panic!("accepted:\n{yaml}"))
 }
 
 #[test]
 fn errors_name_file_line_and_field() {
-    let e = error(
-        "domain: d
-descriptors:
-  - key: k
-    rate_limit:
-      unit: secnd
-      requests_per_unit: 5
-",
-    );
-    let text = e.to_string();
-    assert!(text.starts_with("bad.yaml:5:"), "{text}");
-    assert!(text.contains("descriptors[0].rate_limit"), "{text}");
-    assert!(text.contains("unknown unit \"secnd\""), "{text}");
-
-    let e = error(
-        "domain: d
-descriptors:
-  - key: k
-    rate_limit:
-      unit: second
-      requests_per_unit: 5
-      burst: 3
-",
-    );
-    let text = e.to_string();
-    assert!(text.contains("unknown field `burst`"), "{text}");
-    assert_eq!(e.line(), Some(7), "{text}");
+    let head = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n";
+    // (the rest of the file, the line at fault, parts of the message)
+    for (rest, line, parts) in [
+        (
+            "      unit: secnd\n      requests_per_unit: 5\n",
+            5,
+            &["descriptors[0].rate_limit", "unknown unit \"secnd\""][..],
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      burst: 3\n",
+            7,
+            &["unknown field `burst`"],
+        ),
+    ] {
+        let e = error(&format!("{head}{rest}"));
+        let text = e.to_string();
+        assert!(text.starts_with(&format!("bad.yaml:{line}:")), "{text}");
+        assert_eq!(e.line(), Some(line), "{text}");
+        for part in parts {
+            assert!(text.contains(part), "{text}");
+        }
+    }
 }
 
 #[test]
@@ -420,11 +410,8 @@ fn two_files_of_one_domain_are_refused() {
         path: PathBuf::from(name),
         contents: EXAMPLE_9.to_owned(),
     };
-    let e = Config::from_sources(&[source("a.yaml"), source("b.yaml")]);
-    assert!(matches!(
-        e,
-        Err(RateLimitConfigError::DuplicateDomain { .. })
-    ));
+    let e = Config::from_sources(&[source("a.yaml"), source("b.yaml")]).unwrap_err();
+    assert!(matches!(e, RateLimitConfigError::DuplicateDomain { .. }));
 }
 
 #[test]
