@@ -99,10 +99,8 @@ mod tests {
     #[test]
     fn the_region_flags_need_a_region_and_a_home() {
         let both = "--redis redis://127.0.0.1:7001 --redis-home redis://127.0.0.1:7000";
-        let args = parse(&format!(
-            "{both} --region-horizon-ms 500 --home-unreachable allow"
-        ))
-        .unwrap();
+        let flags = format!("{both} --region-horizon-ms 500 --home-unreachable allow");
+        let args = parse(&flags).unwrap();
         assert_eq!(
             args.store.region.redis_home.as_deref(),
             Some("redis://127.0.0.1:7000")

@@ -629,8 +629,8 @@ mod tests {
         store: StoreArgs,
     }
 
-    #[test]
-    fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
+    #[tokio::test]
+    async fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
         let args = |flags: &str| {
             let base = "test --redis redis://127.0.0.1:1 --failure-mode fail-closed";
             let line = format!("{base} --redis-durable-replicas 1 {flags}");
@@ -638,13 +638,9 @@ mod tests {
                 .unwrap()
                 .store
         };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
         let metrics = Metrics::new();
         let refused = args("--redis-durable-timeout-ms 50");
-        match rt.block_on(build(&refused, &metrics)) {
+        match build(&refused, &metrics).await {
             Err(StoreError::Redis(Error::Config { message, .. })) => {
                 assert!(message.contains("--redis-budget-ms"), "{message}");
             }
@@ -654,7 +650,7 @@ mod tests {
         // Below the budget but not below the reply timeout: the store refuses it.
         let refused = args("--redis-durable-timeout-ms 300 --redis-budget-ms 1000");
         assert!(matches!(
-            rt.block_on(build(&refused, &metrics)),
+            build(&refused, &metrics).await,
             Err(StoreError::Redis(Error::Config { .. }))
         ));
     }

@@ -231,18 +231,6 @@ impl Tls {
         &self.inner.files
     }
 
-    /// Builds and serves `contents` unless they are the running ones: `Ok(true)`: applied;
-    /// `Ok(false)`: unchanged. On an error (as [`load`](Self::load)'s) the running certificate
-    /// is kept.
-    fn apply(&self, contents: &Contents) -> Result<bool, TlsError> {
-        if *contents == self.inner.current.load().contents {
-            return Ok(false);
-        }
-        let loaded = build(&self.inner.files, &self.inner.provider, contents.clone())?;
-        self.inner.current.store(Arc::new(loaded));
-        Ok(true)
-    }
-
     /// Starts the file poller ([`poll_files`](crate::poll_files)) on the files every
     /// `interval`, and at once when `hangup` changes: it logs what it applies and, once per
     /// distinct change, what it refuses (with the file's path). Dropping the returned
@@ -308,8 +296,17 @@ impl crate::Reloadable for Watched {
         Contents::read(&self.0.inner.files).map_err(|error| error.to_string())
     }
 
+    /// Builds and serves `contents` unless they are the running ones; on an error (as
+    /// [`Tls::load`]'s) the running certificate is kept.
     fn apply(&self, contents: &Contents) -> Result<bool, String> {
-        self.0.apply(contents).map_err(|error| error.to_string())
+        let inner = &self.0.inner;
+        if *contents == inner.current.load().contents {
+            return Ok(false);
+        }
+        let loaded = build(&inner.files, &inner.provider, contents.clone());
+        let loaded = loaded.map_err(|error| error.to_string())?;
+        inner.current.store(Arc::new(loaded));
+        Ok(true)
     }
 
     fn running(&self) -> Option<Contents> {

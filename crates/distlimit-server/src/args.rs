@@ -259,10 +259,8 @@ fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvEr
     }
     let redis_backend = var("BACKEND_TYPE").is_none_or(|b| b.eq_ignore_ascii_case("redis"));
     if let (Some(url), true) = (var("REDIS_URL"), redis_backend) {
-        flags.extend([
-            "--redis".to_owned(),
-            redis_url(&var, &url, truthy("REDIS_TLS")?)?,
-        ]);
+        let url = redis_url(&var, &url, truthy("REDIS_TLS")?)?;
+        flags.extend(["--redis".to_owned(), url]);
     }
     for (name, flag) in [
         ("LIMIT_RESPONSE_HEADERS_ENABLED", "--response-headers"),

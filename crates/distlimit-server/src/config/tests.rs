@@ -317,13 +317,7 @@ fn wildcard_patterns() {
 
 #[test]
 fn a_descriptor_without_limit_or_children_passes() {
-    let config = parse(
-        "
-domain: d
-descriptors:
-  - key: k
-",
-    );
+    let config = parse("domain: d\ndescriptors:\n  - key: k\n");
     assert_eq!(find(&config, "d", &[("k", "v")]), None);
     assert_eq!(find(&config, "d", &[]), None);
 }
