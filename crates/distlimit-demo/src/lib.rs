@@ -63,9 +63,6 @@ name = "tokens"
 tiers = [{ name = "minute", algorithm = "token_bucket", limit = 10000, per = "1m" }]
 "#;
 
-/// The name of the Redis store in metrics and logs.
-pub use distlimit_serve::store::REDIS_STORE;
-
 /// What a reload of the `--policy` file did: the binaries' one reload event, its `Rejected`
 /// error the policy file's.
 pub type PolicyReload = distlimit_serve::Reload<PolicyConfigError>;
@@ -168,7 +165,7 @@ impl Demo {
             metrics,
             limiter,
             watcher,
-            serve_config: args.serve_config(),
+            serve_config: args.serve.serve_config(),
         })
     }
 

@@ -131,30 +131,18 @@ mod tests {
     async fn yields_once_per_flush_and_writes_everything() {
         let calls = Arc::new(AtomicUsize::new(0));
         let mut stream = CoalesceWrites::new(Counter(calls.clone(), Vec::new()));
-        let waker = std::task::Waker::noop();
-        let mut cx = Context::from_waker(waker);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let write = |stream: &mut CoalesceWrites<_>, bytes: &[u8]| {
+            Pin::new(stream).poll_write(&mut Context::from_waker(std::task::Waker::noop()), bytes)
+        };
         // The first write of a batch yields, the next ones write through.
-        assert!(
-            Pin::new(&mut stream)
-                .poll_write(&mut cx, b"ab")
-                .is_pending()
-        );
+        assert!(write(&mut stream, b"ab").is_pending());
         assert_eq!(calls.load(Ordering::Relaxed), 0);
-        assert!(matches!(
-            Pin::new(&mut stream).poll_write(&mut cx, b"ab"),
-            Poll::Ready(Ok(2))
-        ));
-        assert!(matches!(
-            Pin::new(&mut stream).poll_write(&mut cx, b"cd"),
-            Poll::Ready(Ok(2))
-        ));
+        assert!(matches!(write(&mut stream, b"ab"), Poll::Ready(Ok(2))));
+        assert!(matches!(write(&mut stream, b"cd"), Poll::Ready(Ok(2))));
         assert!(Pin::new(&mut stream).poll_flush(&mut cx).is_ready());
         // After a flush, the next batch yields again.
-        assert!(
-            Pin::new(&mut stream)
-                .poll_write(&mut cx, b"ef")
-                .is_pending()
-        );
+        assert!(write(&mut stream, b"ef").is_pending());
         // Through the async API nothing is lost.
         stream.write_all(b"ef").await.expect("write");
         stream.flush().await.expect("flush");

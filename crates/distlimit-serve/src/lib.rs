@@ -109,22 +109,15 @@ impl ServeConfig {
     /// [`max_connections`](Self::max_connections) lowered to the descriptors this process may
     /// open (its soft `RLIMIT_NOFILE`) minus [`RESERVED_DESCRIPTORS`]; at least 1.
     pub fn connection_cap(&self) -> usize {
-        let limit = descriptor_limit().unwrap_or(usize::MAX);
+        #[cfg(unix)]
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        #[cfg(not(unix))]
+        let limit: Option<u64> = None;
+        let limit = limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
         self.max_connections
             .min(limit.saturating_sub(RESERVED_DESCRIPTORS))
             .max(1)
     }
-}
-
-#[cfg(unix)]
-fn descriptor_limit() -> Option<usize> {
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    limit.current.and_then(|n| usize::try_from(n).ok())
-}
-
-#[cfg(not(unix))]
-fn descriptor_limit() -> Option<usize> {
-    None
 }
 
 /// Serves `router` on `listener` with the limits of `config` until `shutdown` completes; then
@@ -797,6 +790,14 @@ mod tests {
         }
     }
 
+    /// Serves `app` with `config` on a loopback port, and connects to it.
+    async fn connect(app: Router, config: ServeConfig) -> TcpStream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, app, config, std::future::pending()));
+        TcpStream::connect(addr).await.unwrap()
+    }
+
     /// A layer that wraps nothing and counts how often it is applied.
     #[derive(Clone)]
     struct CountLayers(Arc<AtomicUsize>);
@@ -815,21 +816,13 @@ mod tests {
     /// handlers), an allocation per layer and request.
     #[tokio::test]
     async fn route_layers_are_applied_once_not_per_request() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let applied = Arc::new(AtomicUsize::new(0));
         let app = Router::new().route(
             "/",
             axum::routing::get(|| async { "ok" }).route_layer(CountLayers(applied.clone())),
         );
-        tokio::spawn(serve(
-            listener,
-            app,
-            ServeConfig::default(),
-            std::future::pending(),
-        ));
         let before = applied.load(Ordering::Relaxed);
-        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut stream = connect(app, ServeConfig::default()).await;
         get_ok(&mut stream, 20).await;
         let during = applied.load(Ordering::Relaxed) - before;
         assert!(during <= 1, "applied {during} times for 20 requests");
@@ -840,16 +833,13 @@ mod tests {
     /// the idle timeout; before, a complete request on it is served.
     #[tokio::test]
     async fn a_head_not_completed_within_the_header_read_timeout_is_cut() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let config = ServeConfig {
             header_read_timeout: Duration::from_millis(400),
             idle_timeout: Duration::from_secs(60),
             ..ServeConfig::default()
         };
         let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        tokio::spawn(serve(listener, app, config, std::future::pending()));
-        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut stream = connect(app, config).await;
         get_ok(&mut stream, 3).await;
         let mut buf = vec![0u8; 1024];
         let answered = std::time::Instant::now();

@@ -148,21 +148,13 @@ mod tests {
     #[test]
     fn a_site_writes_its_burst_per_window_then_reports_the_rest() {
         let throttle = Throttle::new(3, Duration::from_secs(10));
-        let site = || Identifier(&HERE);
         let start = Instant::now();
-        let written: Vec<bool> = (0..100)
-            .map(|i| throttle.admit(site(), start + Duration::from_millis(i)).0)
-            .collect();
+        let at = |ms| throttle.admit(Identifier(&HERE), start + Duration::from_millis(ms));
+        let written: Vec<bool> = (0..100).map(|i| at(i).0).collect();
         assert_eq!(written.iter().filter(|w| **w).count(), 3);
         assert!(written[..3].iter().all(|w| *w));
         // The next window: written, and the 97 dropped are reported.
-        assert_eq!(
-            throttle.admit(site(), start + Duration::from_secs(11)),
-            (true, 97)
-        );
-        assert_eq!(
-            throttle.admit(site(), start + Duration::from_secs(12)),
-            (true, 0)
-        );
+        assert_eq!(at(11_000), (true, 97));
+        assert_eq!(at(12_000), (true, 0));
     }
 }

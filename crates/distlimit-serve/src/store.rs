@@ -1,12 +1,9 @@
-//! The store of a shipped binary, assembled from its flags (feature `store`): the embedded
-//! memory store, or Redis behind a circuit breaker with a memory fallback, wrapped in token
-//! leases for the `--lease` policies. One assembly and one set of flags ([`StoreArgs`], a
-//! `clap::Args` that binaries flatten) for every binary.
-//!
-//! A Redis that does not answer at start does not stop the process: an outage is when pods
-//! restart. The store starts without it, the failure mode answers (the fallback's share of each
-//! limit, fail open or fail closed) and a task connects in the background with a backoff; the
-//! [`RedisStatus`] tells readiness probes and metrics where it stands.
+//! The store of a shipped binary (feature `store`): [`build`] assembles it (memory, or Redis
+//! behind a circuit breaker, in leases) from one set of flags for every binary ([`StoreArgs`], a
+//! `clap::Args` that binaries flatten). A Redis that does not answer at start does not stop the
+//! process (an outage is when pods restart): the failure mode answers (the fallback's share of
+//! each limit, fail open or fail closed) while a task connects in the background with a
+//! backoff, and [`RedisStatus`] tells readiness probes and metrics where it stands.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -512,6 +509,15 @@ impl RedisPrimary {
             source: Box::new(NotSent("not connected yet".into())),
         })
     }
+
+    /// Where permits live: the Redis store, or with `--redis-home` the region's own Redis
+    /// (a concurrency limit holds per region: permits are not leased from home).
+    fn permits(&self) -> Result<&RedisStore, Error> {
+        Ok(match self.store()? {
+            Connected::Redis(store) => store,
+            Connected::Region(store) => store.region(),
+        })
+    }
 }
 
 impl Shared {
@@ -611,17 +617,6 @@ impl PermitStore for RedisPrimary {
     }
 }
 
-impl RedisPrimary {
-    /// Where permits live: the Redis store, or with `--redis-home` the region's own Redis
-    /// (a concurrency limit holds per region: permits are not leased from home).
-    fn permits(&self) -> Result<&RedisStore, Error> {
-        Ok(match self.store()? {
-            Connected::Redis(store) => store,
-            Connected::Region(store) => store.region(),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
@@ -634,27 +629,18 @@ mod tests {
         store: StoreArgs,
     }
 
-    #[test]
-    fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
-        let args = |flags: &[&str]| {
-            let base = ["test", "--redis", "redis://127.0.0.1:1", "--failure-mode"];
-            Flags::try_parse_from(base.iter().chain(flags))
+    #[tokio::test]
+    async fn a_durable_wait_that_may_outlast_the_budget_is_refused() {
+        let args = |flags: &str| {
+            let base = "test --redis redis://127.0.0.1:1 --failure-mode fail-closed";
+            let line = format!("{base} --redis-durable-replicas 1 {flags}");
+            Flags::try_parse_from(line.split_whitespace())
                 .unwrap()
                 .store
         };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
         let metrics = Metrics::new();
-        let refused = args(&[
-            "fail-closed",
-            "--redis-durable-replicas",
-            "1",
-            "--redis-durable-timeout-ms",
-            "50",
-        ]);
-        match rt.block_on(build(&refused, &metrics)) {
+        let refused = args("--redis-durable-timeout-ms 50");
+        match build(&refused, &metrics).await {
             Err(StoreError::Redis(Error::Config { message, .. })) => {
                 assert!(message.contains("--redis-budget-ms"), "{message}");
             }
@@ -662,17 +648,9 @@ mod tests {
             Ok(_) => panic!("a WAIT timeout of the budget's length was accepted"),
         }
         // Below the budget but not below the reply timeout: the store refuses it.
-        let refused = args(&[
-            "fail-closed",
-            "--redis-durable-replicas",
-            "1",
-            "--redis-durable-timeout-ms",
-            "300",
-            "--redis-budget-ms",
-            "1000",
-        ]);
+        let refused = args("--redis-durable-timeout-ms 300 --redis-budget-ms 1000");
         assert!(matches!(
-            rt.block_on(build(&refused, &metrics)),
+            build(&refused, &metrics).await,
             Err(StoreError::Redis(Error::Config { .. }))
         ));
     }

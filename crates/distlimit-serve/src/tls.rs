@@ -41,19 +41,12 @@ pub struct TlsFiles {
 #[non_exhaustive]
 pub enum Alpn {
     /// `http/1.1`: [`serve_tls`](crate::serve_tls)'s port.
-    Http1,
+    Http1 = 0,
     /// `h2`: a gRPC port.
-    H2,
+    H2 = 1,
 }
 
 impl Alpn {
-    fn index(self) -> usize {
-        match self {
-            Alpn::Http1 => 0,
-            Alpn::H2 => 1,
-        }
-    }
-
     fn protocol(self) -> &'static [u8] {
         match self {
             Alpn::Http1 => b"http/1.1",
@@ -175,8 +168,8 @@ impl Contents {
     }
 }
 
-/// The configurations built from one version of the files, one per ALPN protocol (by
-/// [`Alpn::index`]).
+/// The configurations built from one version of the files, one per ALPN protocol (indexed by
+/// the [`Alpn`]).
 struct Loaded {
     contents: Contents,
     configs: [Arc<ServerConfig>; 2],
@@ -195,9 +188,9 @@ struct Inner {
 }
 
 /// A TLS server's certificate, key and client CA, read from [`TlsFiles`] and replaced for new
-/// connections by [`reload`](Self::reload) (or the task of [`watch`](Self::watch)) when the
-/// files change; connections already open keep the certificate they started with. Cheap to
-/// clone: clones share the certificate. Uses rustls with the *ring* provider, TLS 1.2 and 1.3.
+/// connections by the task of [`watch`](Self::watch) when the files change; connections
+/// already open keep the certificate they started with. Cheap to clone: clones share the
+/// certificate. Uses rustls with the *ring* provider, TLS 1.2 and 1.3.
 #[derive(Clone)]
 pub struct Tls {
     inner: Arc<Inner>,
@@ -238,27 +231,6 @@ impl Tls {
         &self.inner.files
     }
 
-    /// Reads the files again (blocking file reads); when their contents changed and are valid,
-    /// new connections use them. `Ok(true)`: applied; `Ok(false)`: unchanged.
-    ///
-    /// # Errors
-    ///
-    /// As [`load`](Self::load): the changed files were refused and the running certificate is
-    /// kept.
-    pub fn reload(&self) -> Result<bool, TlsError> {
-        self.apply(&Contents::read(&self.inner.files)?)
-    }
-
-    /// Builds and serves `contents` unless they are the running ones.
-    fn apply(&self, contents: &Contents) -> Result<bool, TlsError> {
-        if *contents == self.inner.current.load().contents {
-            return Ok(false);
-        }
-        let loaded = build(&self.inner.files, &self.inner.provider, contents.clone())?;
-        self.inner.current.store(Arc::new(loaded));
-        Ok(true)
-    }
-
     /// Starts the file poller ([`poll_files`](crate::poll_files)) on the files every
     /// `interval`, and at once when `hangup` changes: it logs what it applies and, once per
     /// distinct change, what it refuses (with the file's path). Dropping the returned
@@ -288,7 +260,7 @@ impl Tls {
         alpn: Alpn,
         timeout: Duration,
     ) -> io::Result<TlsStream<Connection>> {
-        let config = self.inner.current.load().configs[alpn.index()].clone();
+        let config = self.inner.current.load().configs[alpn as usize].clone();
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let result = match tokio::time::timeout(timeout, acceptor.accept(connection)).await {
             Ok(result) => result,
@@ -298,14 +270,14 @@ impl Tls {
             )),
         };
         if result.is_err() {
-            self.inner.handshake_failures[alpn.index()].fetch_add(1, Ordering::Relaxed);
+            self.inner.handshake_failures[alpn as usize].fetch_add(1, Ordering::Relaxed);
         }
         result
     }
 
     /// How many handshakes failed since the start on the ports speaking `alpn`.
     pub fn handshake_failures(&self, alpn: Alpn) -> u64 {
-        self.inner.handshake_failures[alpn.index()].load(Ordering::Relaxed)
+        self.inner.handshake_failures[alpn as usize].load(Ordering::Relaxed)
     }
 }
 
@@ -324,8 +296,17 @@ impl crate::Reloadable for Watched {
         Contents::read(&self.0.inner.files).map_err(|error| error.to_string())
     }
 
+    /// Builds and serves `contents` unless they are the running ones; on an error (as
+    /// [`Tls::load`]'s) the running certificate is kept.
     fn apply(&self, contents: &Contents) -> Result<bool, String> {
-        self.0.apply(contents).map_err(|error| error.to_string())
+        let inner = &self.0.inner;
+        if *contents == inner.current.load().contents {
+            return Ok(false);
+        }
+        let loaded = build(&inner.files, &inner.provider, contents.clone());
+        let loaded = loaded.map_err(|error| error.to_string())?;
+        inner.current.store(Arc::new(loaded));
+        Ok(true)
     }
 
     fn running(&self) -> Option<Contents> {

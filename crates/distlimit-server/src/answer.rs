@@ -219,12 +219,7 @@ mod tests {
             "x-ratelimit-limit"
         );
         for bad in ["", "has space", "colon:", "ü", "a\nb"] {
-            assert_eq!(
-                parse_header_name(bad),
-                Err(InvalidHeaderName {
-                    name: bad.to_owned()
-                })
-            );
+            assert_eq!(parse_header_name(bad).unwrap_err().name, bad);
         }
         let names = HeaderNames {
             limit: parse_header_name("X-Limit").unwrap(),
@@ -232,10 +227,7 @@ mod tests {
         };
         assert_eq!(names.name("ratelimit-limit"), "x-limit");
         assert_eq!(names.name("ratelimit-reset"), "ratelimit-reset");
-        assert_eq!(
-            names.header("ratelimit"),
-            HeaderName::from_static("ratelimit")
-        );
+        assert_eq!(names.header("ratelimit").as_str(), "ratelimit");
     }
 
     #[test]
@@ -244,10 +236,7 @@ mod tests {
         let second = serde_json::json!({ "a": 2, "s": { "x": 2, "y": 2 }, "b": null });
         let mut dest = Struct::default();
         for m in [first, second] {
-            let serde_json::Value::Object(m) = m else {
-                unreachable!()
-            };
-            merge(&mut dest, &m);
+            merge(&mut dest, m.as_object().unwrap());
         }
         assert_eq!(dest.fields["a"], number(1.0));
         assert_eq!(

@@ -29,9 +29,7 @@ pub struct Args {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub http: SocketAddr,
 
-    /// The store: `--redis`, `--instances`, `--redis-budget-ms`, `--redis-timeout-ms`,
-    /// `--redis-durable-replicas`, `--redis-durable-timeout-ms`, `--failure-mode`, `--lease`,
-    /// `--redis-home`, `--region-horizon-ms`, `--home-unreachable` (shared with the demo).
+    /// The store's flags ([`StoreArgs`], shared with the demo).
     #[command(flatten)]
     pub store: StoreArgs,
 
@@ -77,9 +75,8 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub reload_interval_ms: u64,
 
-    /// The serving limits of both ports: `--header-read-timeout-ms` (also the deadline of a
-    /// connection's first request on either port), `--idle-timeout-ms` (the HTTP port's),
-    /// `--max-connections` (each port's), `--shutdown-timeout-ms` (shared with the demo).
+    /// The serving limits of each port ([`ServeArgs`], shared with the demo); the gRPC port's
+    /// idle timeout is `--grpc-idle-timeout-ms`.
     #[command(flatten)]
     pub serve: ServeArgs,
 
@@ -161,6 +158,35 @@ impl Args {
             dynamic_metadata: self.response_dynamic_metadata,
         }
     }
+
+    /// The command line `args` (the program name first) over the settings envoyproxy/ratelimit
+    /// reads from its environment (through `env`, [`std::env::var`] in the binary), so that
+    /// an existing deployment's variables keep working: a flag given on the command line wins
+    /// over its variable. The crate documentation ("From envoyproxy/ratelimit") lists the
+    /// variables and their flags. A group is used only when one of its variables is set
+    /// (`--grpc` from `GRPC_HOST` or `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or
+    /// `RUNTIME_SUBDIRECTORY`), `--redis` only when `BACKEND_TYPE` is unset or `redis`.
+    ///
+    /// # Errors
+    ///
+    /// A variable the server cannot use (a port that is no number, a header name that HTTP
+    /// does not allow), or the command line's errors (`clap`'s, which print the help or the
+    /// version too).
+    pub fn from_env_and_args<I, T>(
+        env: impl Fn(&str) -> Option<String>,
+        args: I,
+    ) -> Result<Result<Self, clap::Error>, EnvError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut args = args.into_iter().map(Into::into);
+        let program = args.next().unwrap_or_else(|| "distlimit-server".into());
+        let mut argv = vec![program];
+        argv.extend(env_flags(&env)?.into_iter().map(Into::into));
+        argv.extend(args);
+        Ok(Self::try_parse_from(argv))
+    }
 }
 
 impl Default for Args {
@@ -182,37 +208,6 @@ pub struct EnvError {
     pub why: &'static str,
 }
 
-impl Args {
-    /// The command line `args` (the program name first) over the settings envoyproxy/ratelimit
-    /// reads from its environment (through `env`, [`std::env::var`] in the binary), so that
-    /// an existing deployment's variables keep working: a flag given on the command line wins
-    /// over its variable. The crate documentation ("From envoyproxy/ratelimit") lists the
-    /// variables and their flags. A group is used only when one of its variables is set
-    /// (`--grpc` from `GRPC_HOST` or `GRPC_PORT`, `--config` from `RUNTIME_ROOT` or
-    /// `RUNTIME_SUBDIRECTORY`), `--redis` only when `BACKEND_TYPE` is unset or `redis`.
-    ///
-    /// # Errors
-    ///
-    /// A variable the server cannot use (a port that is no number, a header name that HTTP
-    /// does not allow), or the command line's
-    /// errors (`clap`'s, which print the help or the version too).
-    pub fn from_env_and_args<I, T>(
-        env: impl Fn(&str) -> Option<String>,
-        args: I,
-    ) -> Result<Result<Self, clap::Error>, EnvError>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let mut args = args.into_iter().map(Into::into);
-        let program = args.next().unwrap_or_else(|| "distlimit-server".into());
-        let mut argv = vec![program];
-        argv.extend(env_flags(&env)?.into_iter().map(Into::into));
-        argv.extend(args);
-        Ok(Self::try_parse_from(argv))
-    }
-}
-
 /// The flags of envoyproxy/ratelimit's environment variables (see
 /// [`Args::from_env_and_args`]).
 fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvError> {
@@ -229,14 +224,13 @@ fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvEr
         }
     };
     let mut flags = Vec::new();
-    for (flag, host, port) in [
-        ("--grpc", "GRPC_HOST", "GRPC_PORT"),
-        ("--http", "HOST", "PORT"),
+    for (flag, host, port, default) in [
+        ("--grpc", "GRPC_HOST", "GRPC_PORT", "8081"),
+        ("--http", "HOST", "PORT", "8080"),
     ] {
         if var(host).is_none() && var(port).is_none() {
             continue;
         }
-        let default = if flag == "--grpc" { "8081" } else { "8080" };
         let port_value = var(port).unwrap_or_else(|| default.to_owned());
         if port_value.trim().parse::<u16>().is_err() {
             return Err(EnvError {
@@ -265,10 +259,8 @@ fn env_flags(env: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>, EnvEr
     }
     let redis_backend = var("BACKEND_TYPE").is_none_or(|b| b.eq_ignore_ascii_case("redis"));
     if let (Some(url), true) = (var("REDIS_URL"), redis_backend) {
-        flags.extend([
-            "--redis".to_owned(),
-            redis_url(&var, &url, truthy("REDIS_TLS")?)?,
-        ]);
+        let url = redis_url(&var, &url, truthy("REDIS_TLS")?)?;
+        flags.extend(["--redis".to_owned(), url]);
     }
     for (name, flag) in [
         ("LIMIT_RESPONSE_HEADERS_ENABLED", "--response-headers"),
@@ -321,18 +313,14 @@ fn redis_url(
         return Ok(url.to_owned());
     }
     let bad = |name: &'static str, value: String, why: &'static str| EnvError { name, value, why };
-    let (user, password) = match var("REDIS_AUTH") {
-        None => (None, None),
-        Some(auth) => match auth.split_once(':') {
-            Some((user, password)) => (Some(percent_encode(user)), Some(percent_encode(password))),
-            None => (None, Some(percent_encode(&auth))),
-        },
-    };
-    let userinfo = match (&user, &password) {
-        (Some(user), Some(password)) => format!("{user}:{password}@"),
-        (None, Some(password)) => format!(":{password}@"),
-        _ => String::new(),
-    };
+    // `user:password` or `password`, each percent-encoded.
+    let auth = var("REDIS_AUTH").map(|auth| match auth.split_once(':') {
+        Some((user, password)) => (Some(percent_encode(user)), percent_encode(password)),
+        None => (None, percent_encode(&auth)),
+    });
+    let userinfo = auth.as_ref().map_or_else(String::new, |(user, password)| {
+        format!("{}:{password}@", user.as_deref().unwrap_or_default())
+    });
     let scheme = if tls { "rediss" } else { "redis" };
     let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
     let kind = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
@@ -340,10 +328,10 @@ fn redis_url(
         "SINGLE" => match socket.to_ascii_lowercase().as_str() {
             "tcp" => Ok(format!("{scheme}://{userinfo}{url}")),
             "unix" => {
-                let query = match (user, password) {
-                    (Some(user), Some(password)) => format!("?user={user}&pass={password}"),
-                    (_, Some(password)) => format!("?pass={password}"),
-                    _ => String::new(),
+                let query = match auth {
+                    Some((Some(user), password)) => format!("?user={user}&pass={password}"),
+                    Some((None, password)) => format!("?pass={password}"),
+                    None => String::new(),
                 };
                 Ok(format!("unix://{url}{query}"))
             }
@@ -387,14 +375,19 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn parse(env: &[(&str, &str)], args: &[&str]) -> Args {
+    /// The command line `args` over the variables `env`: the arguments, or the variable refused.
+    fn env_and_args(env: &[(&str, &str)], args: &[&str]) -> Result<Args, EnvError> {
         let env = |name: &str| {
             env.iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
         };
         let argv = std::iter::once("distlimit-server").chain(args.iter().copied());
-        Args::from_env_and_args(env, argv).unwrap().unwrap()
+        Args::from_env_and_args(env, argv).map(Result::unwrap)
+    }
+
+    fn parse(env: &[(&str, &str)], args: &[&str]) -> Args {
+        env_and_args(env, args).unwrap()
     }
 
     #[test]
@@ -484,18 +477,11 @@ mod tests {
 
     #[test]
     fn unusable_variables_are_named() {
-        let env = |name: &str| (name == "GRPC_PORT").then(|| "http".to_owned());
-        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
-        assert_eq!(error.name, "GRPC_PORT");
-        let env = |name: &str| match name {
-            "REDIS_URL" => Some("x:1".to_owned()),
-            "REDIS_SOCKET_TYPE" => Some("udp".to_owned()),
-            _ => None,
-        };
-        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
-        assert_eq!(error.name, "REDIS_SOCKET_TYPE");
-        let env = |name: &str| (name == "LIMIT_RESET_HEADER").then(|| "Reset: now".to_owned());
-        let error = Args::from_env_and_args(env, ["distlimit-server"]).unwrap_err();
+        let refused = |env: &[(&str, &str)]| env_and_args(env, &[]).unwrap_err();
+        assert_eq!(refused(&[("GRPC_PORT", "http")]).name, "GRPC_PORT");
+        let socket = refused(&[("REDIS_URL", "x:1"), ("REDIS_SOCKET_TYPE", "udp")]);
+        assert_eq!(socket.name, "REDIS_SOCKET_TYPE");
+        let error = refused(&[("LIMIT_RESET_HEADER", "Reset: now")]);
         assert_eq!(error.name, "LIMIT_RESET_HEADER");
         assert!(error.to_string().contains("Reset: now"), "{error}");
         // The same name as a flag: clap's error.

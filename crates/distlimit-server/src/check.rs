@@ -949,13 +949,11 @@ mod tests {
         let long = rule_state("d", &[("k".repeat(500).as_str(), "v")], Unit::Hour).unwrap();
         assert!(long.as_str().len() <= MAX_POLICY_LEN);
         assert!(long.as_str().starts_with("rls/hour/sha256:"));
-        let named = rule_state("d", &[("a", "1"), ("b", "2")], Unit::Minute).unwrap();
+        let minute = |domain, entries: &[_]| rule_state(domain, entries, Unit::Minute).unwrap();
+        let named = minute("d", &[("a", "1"), ("b", "2")]);
         assert_eq!(named.as_str(), "rls/minute/1:d/1:a/1:b");
         assert_eq!(named.policy(), "rls");
-        assert_ne!(
-            rule_state("d/1:a", &[], Unit::Minute).unwrap(),
-            rule_state("d", &[("a", "")], Unit::Minute).unwrap()
-        );
+        assert_ne!(minute("d/1:a", &[]), minute("d", &[("a", "")]));
     }
 
     #[test]

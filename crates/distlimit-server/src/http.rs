@@ -21,6 +21,7 @@ use distlimit_core::SettleKind;
 use crate::check::{CheckError, CheckRequest, CheckResponse, Checker, Descriptor};
 use crate::config::Unit;
 use crate::metrics::{Protocol, RequestResult};
+use crate::permits;
 
 /// The largest `POST /v1/check` body, in bytes.
 pub const MAX_BODY: usize = 256 * 1024;
@@ -119,12 +120,9 @@ impl std::fmt::Debug for HttpState {
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/check", post(decide::<false>))
-        .route("/v1/permits/acquire", post(crate::permits::acquire))
-        .route(
-            "/v1/permits/release",
-            post(crate::permits::give_back::<false>),
-        )
-        .route("/v1/permits/renew", post(crate::permits::give_back::<true>))
+        .route("/v1/permits/acquire", post(permits::acquire))
+        .route("/v1/permits/release", post(permits::give_back::<false>))
+        .route("/v1/permits/renew", post(permits::give_back::<true>))
         .route("/v1/report", post(decide::<true>))
         .route("/metrics", get(metrics))
         .route("/ready", get(ready))

@@ -38,8 +38,6 @@ pub use crate::reload::{Reload, Watcher};
 pub use crate::rlqs::{QuotaArgs, QuotaService};
 /// Completes at Ctrl-C or SIGTERM; installed when called, so an early signal is not lost.
 pub use distlimit_serve::shutdown_signal;
-/// The store flags (shared with the demo), `--failure-mode`'s values and where Redis stands.
-pub use distlimit_serve::store::{FailureModeArg, REDIS_STORE, StoreArgs};
 /// The TLS of both ports (`--tls-cert`), its errors and its reload events.
 pub use distlimit_serve::{Tls, TlsError, TlsFiles, TlsReload};
 

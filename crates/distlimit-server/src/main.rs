@@ -36,11 +36,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let http = tokio::net::TcpListener::bind(args.http).await?;
     // Scripts and tests read the bound addresses (with port 0) from these lines.
     tracing::info!("grpc listening on {}", grpc.local_addr()?);
-    let scheme = if server.tls().is_some() {
-        "https"
-    } else {
-        "http"
-    };
+    let scheme = server.tls().map_or("http", |_| "https");
     tracing::info!("http listening on {scheme}://{}", http.local_addr()?);
     server.serve(grpc, http, shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -19,21 +19,16 @@ use crate::http::{HttpState, error, json};
 #[serde(deny_unknown_fields)]
 pub struct JsonPermit {
     /// The TOML policy whose concurrency limit this is (its name is the state).
-    #[serde(default)]
     pub policy: Option<String>,
     /// The concurrency limit's name (its state), without `policy`.
-    #[serde(default)]
     pub name: Option<String>,
     /// The key held to the limit.
     pub key: String,
     /// The most permits the key holds at once, without `policy`.
-    #[serde(default)]
     pub max_in_flight: Option<u32>,
     /// How long a permit lives without a renew, in milliseconds, without `policy`.
-    #[serde(default)]
     pub lease_ms: Option<u64>,
     /// The permit to release or renew (absent for an acquire).
-    #[serde(default)]
     pub permit: Option<u64>,
 }
 

@@ -320,7 +320,7 @@ struct Lease {
     /// What the proxy may have admitted (or may admit) by `t0`, at most: every fresh bucket's
     /// `max_tokens` and every rate over the time it was in force.
     base: f64,
-    /// Units per second from `t0`.
+    /// Units per second from `t0`: the rate assigned (in the metrics).
     rate: f64,
     t0: Instant,
     /// Until when the current assignment can be in force: its TTL plus the delivery slack.
@@ -330,8 +330,6 @@ struct Lease {
     /// The `max_tokens` of the current and of the previous token bucket.
     max_tokens: f64,
     prev_max_tokens: f64,
-    /// The rate assigned, for the metrics.
-    assigned: f64,
 }
 
 impl Lease {
@@ -655,6 +653,7 @@ impl Shared {
         }
     }
 
+    /// Moves `lease`'s rate in the metrics to `rate`.
     fn set_assigned(&self, lease: &Lease, rate: f64) {
         let metrics = &self.checker.request_metrics().quota;
         metrics
@@ -662,7 +661,7 @@ impl Shared {
             .get_or_create(&RuleLabels {
                 rule: lease.target.label.clone(),
             })
-            .inc_by(rate - lease.assigned);
+            .inc_by(rate - lease.rate);
     }
 
     /// `member`'s share of `total` units per second among this instance's members of
@@ -877,20 +876,15 @@ async fn assign(
         }
         Target::Limited(target) => target,
     };
-    let metrics = &shared.checker.request_metrics().quota;
-    let count = |result, n| {
+    let reported = &shared.checker.request_metrics().quota.reported;
+    let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+    for (result, n) in [("allowed", allowed), ("denied", denied)] {
         if n > 0 {
-            metrics
-                .reported
-                .get_or_create(&UsageLabels {
-                    rule: target.label.clone(),
-                    result,
-                })
-                .inc_by(n);
+            let rule = target.label.clone();
+            let labels = UsageLabels { rule, result };
+            reported.get_or_create(&labels).inc_by(n);
         }
-    };
-    count("allowed", usage.num_requests_allowed);
-    count("denied", usage.num_requests_denied);
+    }
     if state
         .lease
         .as_ref()
@@ -912,7 +906,6 @@ async fn assign(
         known_lost: 0.0,
         max_tokens: 0.0,
         prev_max_tokens: 0.0,
-        assigned: 0.0,
     });
     lease.target.limit = target.limit;
     // Credit past what the proxy admitted and could still hold was lost to its full bucket.
@@ -1023,6 +1016,7 @@ async fn assign(
             }
         }
     }
+    shared.set_assigned(lease, rate);
     lease.base = base;
     lease.rate = rate;
     lease.t0 = now;
@@ -1034,8 +1028,6 @@ async fn assign(
             _ => 0.0,
         };
     }
-    shared.set_assigned(lease, rate);
-    lease.assigned = rate;
     state.sent = sent;
     Some(assignment(&state.id, strategy_of(sent)?, ttl))
 }

@@ -371,8 +371,7 @@ fn walk<'c, 'e>(
 }
 
 impl Config {
-    /// Reads `path`: one YAML file, or every `.yaml`/`.yml` file of a directory (dot files
-    /// skipped, symbolic links followed, as a Kubernetes ConfigMap volume lays them out).
+    /// Reads `path` ([`read_sources`]: a file, or a directory's files) and parses its files.
     ///
     /// # Errors
     ///
@@ -409,7 +408,7 @@ impl Config {
             }
         };
         for source in sources {
-            if is_toml(&source.path) {
+            if source.path.extension().is_some_and(|e| e == "toml") {
                 let file = policies::parse(&source.path, &source.contents)?;
                 for (policy, line) in file.policies {
                     if let Some((_, first)) =
@@ -457,16 +456,13 @@ impl Config {
     }
 
     /// Parses one TOML document of distlimit policies and domains, as if read from a file
-    /// named `file`.
+    /// named `file` (a `.toml` name: [`Config::from_yaml`] reads either, by the name).
     ///
     /// # Errors
     ///
     /// See [`Config::from_sources`].
     pub fn from_toml(file: &str, toml: &str) -> Result<Self, RateLimitConfigError> {
-        Self::from_sources(&[Source {
-            path: PathBuf::from(file),
-            contents: toml.to_owned(),
-        }])
+        Self::from_yaml(file, toml)
     }
 
     /// The policies of the TOML files, if any.
@@ -486,7 +482,8 @@ impl Config {
             .policy_for(keys.into_iter())
     }
 
-    /// Parses one YAML document, as if read from a file named `file`.
+    /// Parses one YAML document (or a TOML one when `file` ends `.toml`), as if read from a
+    /// file named `file`.
     ///
     /// # Errors
     ///
@@ -583,11 +580,6 @@ pub fn wildcard_match(pattern: &str, text: &str) -> bool {
         }
     }
     rest.len() >= last.len() && rest.ends_with(last)
-}
-
-/// Whether `path` is a TOML file of distlimit policies (by its extension).
-fn is_toml(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "toml")
 }
 
 /// One configuration file as read from disk.
@@ -777,7 +769,6 @@ struct RawDescriptor {
     key: NonEmpty,
     #[serde(default)]
     value: String,
-    #[serde(default)]
     rate_limit: Option<RawRateLimit>,
     #[serde(default)]
     descriptors: Descriptors,
@@ -793,7 +784,6 @@ struct RawDescriptor {
     share_threshold: bool,
     /// Returned in a response's dynamic metadata (`--response-dynamic-metadata`) when the
     /// descriptor passes: a mapping, or nothing.
-    #[serde(default)]
     metadata: Option<serde_yaml_ng::Mapping>,
 }
 
@@ -821,18 +811,13 @@ struct RawRateLimit {
     replaces: Vec<String>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 struct RawRateLimitFields {
-    #[serde(default)]
     unit: Option<UnitName>,
-    #[serde(default)]
     requests_per_unit: Option<u32>,
-    #[serde(default)]
     unlimited: bool,
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     replaces: Vec<RawReplace>,
 }
 

@@ -51,12 +51,10 @@ pub(crate) struct PolicyFile {
     pub(crate) domains: Vec<(String, PolicyDomain)>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 struct RawFile {
-    #[serde(default)]
     policy: Vec<Spanned<toml::Table>>,
-    #[serde(default)]
     domain: HashMap<String, Spanned<RawDomain>>,
 }
 
@@ -73,11 +71,11 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 /// Parses one TOML file: its policies and domains, each with the line it starts on.
 pub(crate) fn parse(file: &Path, text: &str) -> Result<PolicyFile, RateLimitConfigError> {
-    let invalid = |line, message| super::invalid(file, line, message);
     let raw: RawFile = toml::from_str(text).map_err(|error| {
         let line = error.span().map(|span| line_of(text, span.start));
-        invalid(line, error.message().trim_end().to_owned())
+        super::invalid(file, line, error.message().trim_end().to_owned())
     })?;
+    let invalid = |line, message| super::invalid(file, Some(line), message);
     let mut policies = Vec::with_capacity(raw.policy.len());
     for (i, table) in raw.policy.into_iter().enumerate() {
         let line = line_of(text, table.span().start);
@@ -88,37 +86,28 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<PolicyFile, RateLimitConf
             toml::Value::Array(vec![toml::Value::Table(table.into_inner())]),
         );
         let set = PolicySet::from_toml_str(&one.to_string())
-            .map_err(|error| invalid(Some(line), format!("policy[{i}]: {error}")))?;
+            .map_err(|error| invalid(line, format!("policy[{i}]: {error}")))?;
         policies.extend(set.policies().iter().cloned().map(|p| (p, line)));
     }
     let mut domains = Vec::with_capacity(raw.domain.len());
     for (name, domain) in raw.domain {
         let line = line_of(text, domain.span().start);
         if name.is_empty() {
-            return Err(invalid(
-                Some(line),
-                "domain: the name must not be empty".into(),
-            ));
+            return Err(invalid(line, "domain: the name must not be empty".into()));
         }
         let mut mappings = Vec::new();
         for (i, mapping) in domain.into_inner().descriptors.into_iter().enumerate() {
             let line = line_of(text, mapping.span().start);
             let mapping = mapping.into_inner();
             let field = format!("domain.{name}.descriptors[{i}].keys");
-            if mapping.keys.is_empty() || mapping.keys.len() > MAX_ENTRIES {
-                return Err(invalid(
-                    Some(line),
-                    format!(
-                        "{field}: 1 to {MAX_ENTRIES} keys, not {}",
-                        mapping.keys.len()
-                    ),
-                ));
+            let count = mapping.keys.len();
+            if count == 0 || count > MAX_ENTRIES {
+                let message = format!("{field}: 1 to {MAX_ENTRIES} keys, not {count}");
+                return Err(invalid(line, message));
             }
             if mappings.iter().any(|m: &Mapping| m.keys == mapping.keys) {
-                return Err(invalid(
-                    Some(line),
-                    format!("{field}: these keys are already mapped to a policy"),
-                ));
+                let message = format!("{field}: these keys are already mapped to a policy");
+                return Err(invalid(line, message));
             }
             mappings.push(mapping);
         }

@@ -16,11 +16,13 @@ fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> Option<(Rule
         .map(|m| (m.rule.limit, m.path.to_owned()))
 }
 
+/// What [`find`] answers for a rule of `rpu` per `unit` at `path`.
+fn rule(rpu: u32, unit: Unit, path: &str) -> Option<(RuleLimit, String)> {
+    Some((limit(rpu, unit), path.to_owned()))
+}
+
 fn parse(yaml: &str) -> Config {
-    match Config::from_yaml("test.yaml", yaml) {
-        Ok(config) => config,
-        Err(error) => panic!("{error}"),
-    }
+    Config::from_yaml("test.yaml", yaml).unwrap_or_else(|error| panic!("{error}"))
 }
 
 const EXAMPLE_1: &str = "
@@ -42,19 +44,13 @@ descriptors:
 #[test]
 fn example_1_exact_values() {
     let config = parse(EXAMPLE_1);
-    assert_eq!(
-        find(&config, "mongo_cps", &[("database", "users")]),
-        Some((limit(500, Unit::Second), "database_users".into()))
-    );
-    assert_eq!(
-        find(&config, "mongo_cps", &[("database", "default")]),
-        Some((limit(500, Unit::Second), "database_default".into()))
-    );
-    assert_eq!(find(&config, "mongo_cps", &[("database", "other")]), None);
-    assert_eq!(
-        find(&config, "other_domain", &[("database", "users")]),
-        None
-    );
+    let at = |domain, value| find(&config, domain, &[("database", value)]);
+    for value in ["users", "default"] {
+        let path = format!("database_{value}");
+        assert_eq!(at("mongo_cps", value), rule(500, Unit::Second, &path));
+    }
+    assert_eq!(at("mongo_cps", "other"), None);
+    assert_eq!(at("other_domain", "users"), None);
 }
 
 pub(crate) const EXAMPLE_2: &str = "
@@ -79,38 +75,15 @@ descriptors:
 #[test]
 fn example_2_nested_descriptors() {
     let config = parse(EXAMPLE_2);
-    assert_eq!(
-        find(
-            &config,
-            "messaging",
-            &[("message_type", "marketing"), ("to_number", "2061111111")]
-        ),
-        Some((
-            limit(5, Unit::Day),
-            "message_type_marketing.to_number".into()
-        ))
-    );
-    assert_eq!(
-        find(&config, "messaging", &[("to_number", "2061111111")]),
-        Some((limit(100, Unit::Day), "to_number".into()))
-    );
+    let at = |entries: &[(&str, &str)]| find(&config, "messaging", entries);
+    let (marketing, to) = (("message_type", "marketing"), ("to_number", "2061111111"));
+    let nested = "message_type_marketing.to_number";
+    assert_eq!(at(&[marketing, to]), rule(5, Unit::Day, nested));
+    assert_eq!(at(&[to]), rule(100, Unit::Day, "to_number"));
     // The placeholder level has no limit of its own.
-    assert_eq!(
-        find(&config, "messaging", &[("message_type", "marketing")]),
-        None
-    );
+    assert_eq!(at(&[marketing]), None);
     // Another message type matches no rule.
-    assert_eq!(
-        find(
-            &config,
-            "messaging",
-            &[
-                ("message_type", "transactional"),
-                ("to_number", "2061111111")
-            ]
-        ),
-        None
-    );
+    assert_eq!(at(&[("message_type", "transactional"), to]), None);
 }
 
 #[test]
@@ -132,22 +105,10 @@ descriptors:
       requests_per_unit: 0
 ",
     );
-    assert_eq!(
-        find(
-            &config,
-            "edge_proxy_per_ip",
-            &[("remote_address", "50.0.0.1")]
-        ),
-        Some((limit(10, Unit::Second), "remote_address".into()))
-    );
-    assert_eq!(
-        find(
-            &config,
-            "edge_proxy_per_ip",
-            &[("remote_address", "50.0.0.5")]
-        ),
-        Some((limit(0, Unit::Second), "remote_address_50.0.0.5".into()))
-    );
+    let at = |value| find(&config, "edge_proxy_per_ip", &[("remote_address", value)]);
+    assert_eq!(at("50.0.0.1"), rule(10, Unit::Second, "remote_address"));
+    let blocked = "remote_address_50.0.0.5";
+    assert_eq!(at("50.0.0.5"), rule(0, Unit::Second, blocked));
 }
 
 #[test]
@@ -178,12 +139,10 @@ descriptors:
           unit: second
 ",
     );
-    assert_eq!(
-        find(&nested, "example4", &request),
-        Some((limit(300, Unit::Second), "key_value.subkey".into()))
-    );
+    let at = |entries: &[(&str, &str)]| find(&nested, "example4", entries);
+    assert_eq!(at(&request), rule(300, Unit::Second, "key_value.subkey"));
     // One entry short of the configured depth: no limit.
-    assert_eq!(find(&nested, "example4", &[("key", "value")]), None);
+    assert_eq!(at(&[("key", "value")]), None);
 }
 
 #[test]
@@ -202,14 +161,9 @@ descriptors:
       requests_per_unit: 100
 ",
     );
-    assert_eq!(
-        find(&config, "internal", &[("ldap", "x")]),
-        Some((RuleLimit::Unlimited, "ldap".into()))
-    );
-    assert_eq!(
-        find(&config, "internal", &[("azure", "x")]),
-        Some((limit(100, Unit::Minute), "azure".into()))
-    );
+    let at = |key| find(&config, "internal", &[(key, "x")]);
+    assert_eq!(at("ldap"), Some((RuleLimit::Unlimited, "ldap".into())));
+    assert_eq!(at("azure"), rule(100, Unit::Minute, "azure"));
 }
 
 pub(crate) const EXAMPLE_6: &str = "
@@ -233,14 +187,8 @@ descriptors:
 #[test]
 fn example_6_shadow_mode() {
     let config = parse(EXAMPLE_6);
-    let a = config.lookup(
-        "example6",
-        [("service", "auth-service"), ("user", "user-a")],
-    );
-    let b = config.lookup(
-        "example6",
-        [("service", "auth-service"), ("user", "user-b")],
-    );
+    let user = |user| config.lookup("example6", [("service", "auth-service"), ("user", user)]);
+    let (a, b) = (user("user-a"), user("user-b"));
     assert!(a.is_some_and(|m| m.rule.shadow_mode && m.rule.limit == limit(10, Unit::Second)));
     assert!(b.is_some_and(|m| !m.rule.shadow_mode && m.rule.limit == limit(20, Unit::Second)));
 }
@@ -315,14 +263,11 @@ descriptors:
 #[test]
 fn example_9_wildcards() {
     let config = parse(EXAMPLE_9);
+    let at = |value| find(&config, "example9", &[("key1", value)]);
     for value in ["value_1", "value_2", "value"] {
-        assert_eq!(
-            find(&config, "example9", &[("key1", value)]),
-            Some((limit(20, Unit::Minute), "key1_value*".into())),
-            "{value}"
-        );
+        assert_eq!(at(value), rule(20, Unit::Minute, "key1_value*"), "{value}");
     }
-    assert_eq!(find(&config, "example9", &[("key1", "other")]), None);
+    assert_eq!(at("other"), None);
 }
 
 #[test]
@@ -344,20 +289,15 @@ descriptors:
     rate_limit: { unit: second, requests_per_unit: 4 }
 ",
     );
-    let rpu = |value: &str| {
-        config
-            .lookup("d", [("path", value)])
-            .map(|m| match m.rule.limit {
-                RuleLimit::PerUnit {
-                    requests_per_unit, ..
-                } => requests_per_unit,
-                RuleLimit::Unlimited => u32::MAX,
-            })
-    };
-    assert_eq!(rpu("/api/v1/orders"), Some(4));
-    assert_eq!(rpu("/api/v2/orders"), Some(2));
-    assert_eq!(rpu("/api/v2/users"), Some(3));
-    assert_eq!(rpu("/health"), Some(1));
+    for (value, rpu) in [
+        ("/api/v1/orders", 4),
+        ("/api/v2/orders", 2),
+        ("/api/v2/users", 3),
+        ("/health", 1),
+    ] {
+        let found = config.lookup("d", [("path", value)]).map(|m| m.rule.limit);
+        assert_eq!(found, Some(limit(rpu, Unit::Second)), "{value}");
+    }
 }
 
 #[test]
@@ -377,54 +317,41 @@ fn wildcard_patterns() {
 
 #[test]
 fn a_descriptor_without_limit_or_children_passes() {
-    let config = parse(
-        "
-domain: d
-descriptors:
-  - key: k
-",
-    );
+    let config = parse("domain: d\ndescriptors:\n  - key: k\n");
     assert_eq!(find(&config, "d", &[("k", "v")]), None);
     assert_eq!(find(&config, "d", &[]), None);
 }
 
 /// The error of an invalid file.
 fn error(yaml: &str) -> RateLimitConfigError {
-    match Config::from_yaml("bad.yaml", yaml) {
-        Ok(_) => panic!("accepted:\n{yaml}"),
-        Err(error) => error,
-    }
+    let refused = Config::from_yaml("bad.yaml", yaml).err();
+    refused.unwrap_or_else(|| panic!("accepted:\n{yaml}"))
 }
 
 #[test]
 fn errors_name_file_line_and_field() {
-    let e = error(
-        "domain: d
-descriptors:
-  - key: k
-    rate_limit:
-      unit: secnd
-      requests_per_unit: 5
-",
-    );
-    let text = e.to_string();
-    assert!(text.starts_with("bad.yaml:5:"), "{text}");
-    assert!(text.contains("descriptors[0].rate_limit"), "{text}");
-    assert!(text.contains("unknown unit \"secnd\""), "{text}");
-
-    let e = error(
-        "domain: d
-descriptors:
-  - key: k
-    rate_limit:
-      unit: second
-      requests_per_unit: 5
-      burst: 3
-",
-    );
-    let text = e.to_string();
-    assert!(text.contains("unknown field `burst`"), "{text}");
-    assert_eq!(e.line(), Some(7), "{text}");
+    let head = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n";
+    // (the rest of the file, the line at fault, parts of the message)
+    for (rest, line, parts) in [
+        (
+            "      unit: secnd\n      requests_per_unit: 5\n",
+            5,
+            &["descriptors[0].rate_limit", "unknown unit \"secnd\""][..],
+        ),
+        (
+            "      unit: second\n      requests_per_unit: 5\n      burst: 3\n",
+            7,
+            &["unknown field `burst`"],
+        ),
+    ] {
+        let e = error(&format!("{head}{rest}"));
+        let text = e.to_string();
+        assert!(text.starts_with(&format!("bad.yaml:{line}:")), "{text}");
+        assert_eq!(e.line(), Some(line), "{text}");
+        for part in parts {
+            assert!(text.contains(part), "{text}");
+        }
+    }
 }
 
 #[test]
@@ -477,11 +404,8 @@ fn two_files_of_one_domain_are_refused() {
         path: PathBuf::from(name),
         contents: EXAMPLE_9.to_owned(),
     };
-    let e = Config::from_sources(&[source("a.yaml"), source("b.yaml")]);
-    assert!(matches!(
-        e,
-        Err(RateLimitConfigError::DuplicateDomain { .. })
-    ));
+    let e = Config::from_sources(&[source("a.yaml"), source("b.yaml")]).unwrap_err();
+    assert!(matches!(e, RateLimitConfigError::DuplicateDomain { .. }));
 }
 
 #[test]
@@ -496,21 +420,16 @@ fn units_read_in_any_case() {
 #[test]
 fn files_past_the_size_cap_or_not_utf8_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let huge = dir.path().join("huge.yaml");
-    let bytes = usize::try_from(MAX_CONFIG_FILE_BYTES).unwrap() + 1;
-    std::fs::write(&huge, vec![b'#'; bytes]).unwrap();
-    let error = read_sources(&huge).unwrap_err().to_string();
-    assert!(
-        error.contains("huge.yaml") && error.contains("larger than"),
-        "{error}"
-    );
-    let binary = dir.path().join("binary.yaml");
-    std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap();
-    let error = read_sources(&binary).unwrap_err().to_string();
-    assert!(
-        error.contains("binary.yaml") && error.contains("UTF-8"),
-        "{error}"
-    );
+    let huge = vec![b'#'; usize::try_from(MAX_CONFIG_FILE_BYTES).unwrap() + 1];
+    for (name, bytes, why) in [
+        ("huge.yaml", huge, "larger than"),
+        ("binary.yaml", vec![0xff, 0xfe, 0x00], "UTF-8"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let error = read_sources(&path).unwrap_err().to_string();
+        assert!(error.contains(name) && error.contains(why), "{error}");
+    }
     // A device that never ends is an error, not a reload that never returns.
     #[cfg(unix)]
     {
@@ -693,54 +612,37 @@ descriptors:
     rate_limit: { unit: minute, requests_per_unit: 5 }
 ";
 
-/// The counter's entries and the metric name of `entries`.
-fn named(config: &Config, entries: &[(&str, &str)]) -> (Vec<(String, String)>, String) {
-    let m = config.lookup("d", entries.iter().copied()).unwrap();
-    (
-        owned(&m.counter_entries(entries)),
-        m.metric_path(entries).into_owned(),
-    )
-}
-
-fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
-    entries
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
 #[test]
 fn share_threshold_keys_the_counter_by_the_pattern_and_value_to_metric_names_values() {
     let config = parse(SHARED);
-    assert_eq!(
-        named(&config, &[("files", "files/a.txt")]),
-        (owned(&[("files", "files/*")]), "files_files/*".into())
-    );
-    assert_eq!(
-        named(&config, &[("route", "api/v1"), ("method", "GET")]),
+    // (the request's entries, the counter's entries, the metric name)
+    for (entries, counter, metric) in [
         (
-            owned(&[("route", "api/*"), ("method", "GET")]),
-            "route_api/*.method_GET".into()
-        )
-    );
-    assert_eq!(
-        named(&config, &[("service", "svc/a"), ("endpoint", "e1")]),
+            &[("files", "files/a.txt")][..],
+            &[("files", "files/*")][..],
+            "files_files/*",
+        ),
         (
-            owned(&[("service", "svc/*"), ("endpoint", "e1")]),
-            "service_svc/*.endpoint_e1".into()
-        )
-    );
-    assert_eq!(
-        named(&config, &[("user", "u42"), ("plan", "free")]),
+            &[("route", "api/v1"), ("method", "GET")],
+            &[("route", "api/*"), ("method", "GET")],
+            "route_api/*.method_GET",
+        ),
         (
-            owned(&[("user", "u42"), ("plan", "free")]),
-            "user_u42.plan_free".into()
-        )
-    );
-    assert_eq!(
-        named(&config, &[("plain", "p1")]),
-        (owned(&[("plain", "p1")]), "plain_p*".into())
-    );
+            &[("service", "svc/a"), ("endpoint", "e1")],
+            &[("service", "svc/*"), ("endpoint", "e1")],
+            "service_svc/*.endpoint_e1",
+        ),
+        (
+            &[("user", "u42"), ("plan", "free")],
+            &[("user", "u42"), ("plan", "free")],
+            "user_u42.plan_free",
+        ),
+        (&[("plain", "p1")], &[("plain", "p1")], "plain_p*"),
+    ] {
+        let m = config.lookup("d", entries.iter().copied()).unwrap();
+        assert_eq!(*m.counter_entries(entries), *counter, "{entries:?}");
+        assert_eq!(m.metric_path(entries), metric);
+    }
     assert!(
         error("domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n")
             .to_string()
