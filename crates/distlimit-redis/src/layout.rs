@@ -2,6 +2,7 @@
 
 use distlimit_core::{Error, Key};
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 use crate::config::config_error;
 
@@ -114,7 +115,7 @@ impl KeyLayout {
 
     /// The Cluster hash slot of every policy of `key` (see [`hash_slot`]).
     pub fn slot(&self, key: Key<'_>) -> u16 {
-        hash_slot(self.key_buf(b"", key.as_bytes()).as_bytes())
+        hash_slot(&self.key_buf(b"", key.as_bytes()))
     }
 
     /// Appends the Redis key of (`policy`, `key`) to `out`.
@@ -133,12 +134,7 @@ impl KeyLayout {
     /// The Redis key of (`policy`, `key`) in a stack buffer (spilling to the heap only for long
     /// keys).
     pub(crate) fn key_buf(&self, policy: &[u8], key: &[u8]) -> KeyBuf {
-        let mut buf = KeyBuf {
-            inline: [0; INLINE_KEY],
-            len: 0,
-            heap: Vec::new(),
-            spilled: false,
-        };
+        let mut buf = KeyBuf::new();
         self.write(policy, key, &mut buf);
         buf
     }
@@ -157,37 +153,12 @@ impl Sink for Vec<u8> {
 }
 
 /// A Redis key under construction: on the stack up to [`INLINE_KEY`] bytes, else on the heap.
-pub(crate) struct KeyBuf {
-    inline: [u8; INLINE_KEY],
-    len: usize,
-    heap: Vec<u8>,
-    spilled: bool,
-}
-
-impl KeyBuf {
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        if self.spilled {
-            &self.heap
-        } else {
-            &self.inline[..self.len]
-        }
-    }
-}
+pub(crate) type KeyBuf = SmallVec<[u8; INLINE_KEY]>;
 
 impl Sink for KeyBuf {
     #[inline]
     fn put(&mut self, bytes: &[u8]) {
-        if self.spilled {
-            self.heap.extend_from_slice(bytes);
-        } else if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
-            room.copy_from_slice(bytes);
-            self.len += bytes.len();
-        } else {
-            self.heap.reserve(self.len + bytes.len() + 64);
-            self.heap.extend_from_slice(&self.inline[..self.len]);
-            self.heap.extend_from_slice(bytes);
-            self.spilled = true;
-        }
+        self.extend_from_slice(bytes);
     }
 }
 
@@ -407,7 +378,7 @@ mod tests {
         for len in [1, 100, 170, 180, 181, 190, 200, 1024] {
             let id = vec![b'{'; len];
             let buf = layout.key_buf(b"policy", &id);
-            assert_eq!(buf.as_bytes(), layout.redis_key("policy", key(&id)));
+            assert_eq!(buf.as_slice(), layout.redis_key("policy", key(&id)));
         }
     }
 }

@@ -26,7 +26,7 @@ impl LeaseStore for RedisStore {
         // `Group::lease` refuses a limit other than the token bucket and GCRA.
         let key = self.state_key(request.policy(), request.key().as_bytes());
         let time = self.time();
-        let group = Group::lease(key.as_bytes(), request.limit(), give_back, want, time)?;
+        let group = Group::lease(&key, request.limit(), give_back, want, time)?;
         self.send(group).await?.lease()
     }
 }

@@ -54,7 +54,7 @@ impl RedisStore {
     ) -> Result<PermitDecision, Error> {
         let key = self.state_key(request.policy(), request.key().as_bytes());
         let op = Op::Permit(action, id, *request.limit());
-        let group = Group::keyed(key.as_bytes(), PERMIT_SUFFIX, op, self.time())?;
+        let group = Group::keyed(&key, PERMIT_SUFFIX, op, self.time())?;
         self.send(group).await?.permit()
     }
 }

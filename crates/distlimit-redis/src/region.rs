@@ -339,7 +339,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             keep_ms: s.keep_ms,
         };
         let op = Op::Pool(params, action);
-        let group = Group::keyed(buf.as_bytes(), POOL_SUFFIX, op, s.region.time())?;
+        let group = Group::keyed(&buf, POOL_SUFFIX, op, s.region.time())?;
         s.region.send(group).await?.pool()
     }
 

@@ -235,7 +235,7 @@ impl RedisStore {
 impl Store for RedisStore {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
         let key = self.state_key(request.policy(), request.key().as_bytes());
-        let group = Group::single(key.as_bytes(), request.limit(), request.cost(), self.time())?;
+        let group = Group::single(&key, request.limit(), request.cost(), self.time())?;
         self.send(group).await?.decision()
     }
 
