@@ -388,7 +388,6 @@ impl RedisStore {
         charged: &[(usize, u64)],
     ) {
         for &(g, at) in charged {
-            // Nothing more to do on failure: the units stay spent.
             if let Ok(group) = Group::refund(&groups[g].1, at, self.time()) {
                 let _ = self.send(group).await;
             }
