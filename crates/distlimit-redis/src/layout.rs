@@ -108,9 +108,7 @@ impl KeyLayout {
 
     /// The Redis key holding the state of `key` under `policy`.
     pub fn redis_key(&self, policy: &str, key: Key<'_>) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.prefix.len() + key.len() + policy.len() + 8);
-        self.write(policy.as_bytes(), key.as_bytes(), &mut out);
-        out
+        self.key_buf(policy.as_bytes(), key.as_bytes()).into_vec()
     }
 
     /// The Cluster hash slot of every policy of `key` (see [`hash_slot`]).
@@ -119,15 +117,15 @@ impl KeyLayout {
     }
 
     /// Appends the Redis key of (`policy`, `key`) to `out`.
-    pub(crate) fn write(&self, policy: &[u8], key: &[u8], out: &mut impl Sink) {
-        out.put(&self.prefix);
-        out.put(b":{");
+    pub(crate) fn write(&self, policy: &[u8], key: &[u8], out: &mut KeyBuf) {
+        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(b":{");
         if self.hash_identities {
-            out.put(&sha256_hex(key));
+            out.extend_from_slice(&sha256_hex(key));
         } else {
             escape(key, out);
         }
-        out.put(b"}:");
+        out.extend_from_slice(b"}:");
         escape(policy, out);
     }
 
@@ -140,30 +138,11 @@ impl KeyLayout {
     }
 }
 
-/// Something bytes are appended to: a `Vec` or a [`KeyBuf`].
-pub(crate) trait Sink {
-    fn put(&mut self, bytes: &[u8]);
-}
-
-impl Sink for Vec<u8> {
-    #[inline]
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-/// A Redis key under construction: on the stack up to [`INLINE_KEY`] bytes, else on the heap.
+/// Redis keys under construction: on the stack up to [`INLINE_KEY`] bytes, else on the heap.
 pub(crate) type KeyBuf = SmallVec<[u8; INLINE_KEY]>;
 
-impl Sink for KeyBuf {
-    #[inline]
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
 /// `%` → `%25`, `{` → `%7B`, `}` → `%7D`; runs of other bytes are copied as they are.
-fn escape(bytes: &[u8], out: &mut impl Sink) {
+fn escape(bytes: &[u8], out: &mut KeyBuf) {
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let replacement: &[u8] = match b {
@@ -172,11 +151,11 @@ fn escape(bytes: &[u8], out: &mut impl Sink) {
             b'}' => b"%7D",
             _ => continue,
         };
-        out.put(&bytes[start..i]);
-        out.put(replacement);
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(replacement);
         start = i + 1;
     }
-    out.put(&bytes[start..]);
+    out.extend_from_slice(&bytes[start..]);
 }
 
 fn sha256_hex(bytes: &[u8]) -> [u8; 64] {
@@ -377,8 +356,9 @@ mod tests {
         let layout = KeyLayout::default();
         for len in [1, 100, 170, 180, 181, 190, 200, 1024] {
             let id = vec![b'{'; len];
-            let buf = layout.key_buf(b"policy", &id);
-            assert_eq!(buf.as_slice(), layout.redis_key("policy", key(&id)));
+            let escaped = "%7B".repeat(len);
+            let want = format!("distlimit:{{{escaped}}}:policy");
+            assert_eq!(layout.key_buf(b"policy", &id).as_slice(), want.as_bytes());
         }
     }
 }

@@ -241,7 +241,7 @@ impl Store for RedisStore {
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(requests)?;
-        let mut buf = Vec::new();
+        let mut buf = KeyBuf::new();
         let script_requests = self.script_requests(requests.iter(), &mut buf);
         if self.inner.mode == Mode::Cluster {
             let slot = hash_slot(script_requests[0].redis_key);
@@ -262,7 +262,7 @@ impl Store for RedisStore {
     async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
         validate_settles(settles)?;
         let requests = settles.iter().map(Settle::request);
-        let mut buf = Vec::new();
+        let mut buf = KeyBuf::new();
         let script_requests = self.script_requests(requests, &mut buf);
         let mut out = vec![None; settles.len()];
         for at in by_slot(&script_requests, |key| self.coalescing_slot(key)) {
@@ -283,7 +283,7 @@ impl RedisStore {
     fn script_requests<'b, 'r, 'a: 'r>(
         &self,
         requests: impl Iterator<Item = &'r Request<'a>> + Clone,
-        buf: &'b mut Vec<u8>,
+        buf: &'b mut KeyBuf,
     ) -> Vec<ScriptRequest<'b>> {
         let layout = &self.inner.layout;
         let len = requests
