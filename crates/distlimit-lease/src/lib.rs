@@ -23,8 +23,7 @@ pub use distlimit_core::LeaseObserver;
 /// How long a lease lasts by default: 100 ms.
 pub const DEFAULT_HORIZON: Duration = Duration::from_millis(100);
 
-/// The most keys with a lease by default: 65 536. Requests for further keys go straight to the
-/// store.
+/// The most keys with a lease by default: 65 536 (see [`Builder::max_leases`]).
 pub const DEFAULT_MAX_LEASES: usize = 1 << 16;
 
 /// The most ended leases one [`Leased::sweep`] gives back: 1 024.

@@ -21,13 +21,11 @@
 //! several waiting callers into the same shape. So Redis receives one encoding whatever the
 //! load, and a group is decided the same way alone or packed with others.
 //!
-//! `Call::run` is the one place a call is sent: `EVALSHA` and, when the server answers `NOSCRIPT`
-//! (a restart, a failover, `SCRIPT FLUSH`), the same call once more as `EVAL` with the script's
-//! text, which also caches it again. A `NOSCRIPT` reply means the script did not run, so
-//! re-sending it cannot charge twice. Nothing else is ever retried. (`redis::Script` answers
-//! `NOSCRIPT` with a `SCRIPT LOAD` and a second `EVALSHA`: a third round trip, a keyless command
-//! that a Cluster routes apart from the call and that the `ASK` path here would have to wrap too,
-//! and a copy of every key and argument into its own buffers.)
+//! `Call::run` is the one place a call is sent: `EVALSHA` and, on `NOSCRIPT` (a restart, a
+//! failover, `SCRIPT FLUSH`: the script did not run, so this cannot charge twice), the same call
+//! once more as `EVAL`, which also caches it again; nothing else is retried. (Why not
+//! `redis::Script`: ARCHITECTURE.md, "Decisions and their reasons"; its keyless `SCRIPT LOAD`
+//! would also need wrapping in the `ASK` path here.)
 //!
 //! A request whose cost exceeds the capacity never reaches Lua with that cost: it is sent as a
 //! peek (cost 0, which reads the state and writes nothing) and answered as a denial with
