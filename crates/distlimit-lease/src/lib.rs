@@ -23,8 +23,7 @@ pub use distlimit_core::LeaseObserver;
 /// How long a lease lasts by default: 100 ms.
 pub const DEFAULT_HORIZON: Duration = Duration::from_millis(100);
 
-/// The most keys with a lease by default: 65 536. Requests for further keys go straight to the
-/// store.
+/// The most keys with a lease by default: 65 536 (see [`Builder::max_leases`]).
 pub const DEFAULT_MAX_LEASES: usize = 1 << 16;
 
 /// The most ended leases one [`Leased::sweep`] gives back: 1 024.
@@ -404,10 +403,8 @@ impl<S: LeaseStore> Leased<S> {
         }
     }
 
-    /// A report on a leased policy: the units this instance holds for the key pay first (they
-    /// are charged in the store already), the rest is reported to the store, where what exceeds
-    /// the key's units becomes debt. If the store fails, the units taken from the lease go back
-    /// to it, so the report charged nothing here either.
+    /// A report on a leased policy, paid as the crate documentation's "Reports and give-backs"
+    /// says.
     async fn report(&self, slot: &Slot, request: &Request<'_>) -> Result<Decision, Error> {
         let (limit, cost) = (request.limit(), request.cost());
         let drained = slot.account.lock().drain(limit, self.clock.now_us(), cost);
@@ -525,14 +522,9 @@ impl<S: LeaseStore> Store for Leased<S> {
         self.decide_leased(&slot, request).await
     }
 
-    /// All or nothing, with the leased requests served by their leases: a batch of one request
-    /// is that request's decision; in a larger one, the requests a lease serves are spent from
-    /// their leases first, then the others go to the store as one batch (only peeked at, charged
-    /// nothing, once a lease denied). When any request is denied, or the store fails, the units
-    /// spent from leases go back to them: the batch charged nothing. Those units are this
-    /// instance's own, so giving them back is exact; meanwhile they are not spendable by other
-    /// requests (an under-admission for the length of one store call, never more than the
-    /// limit). A leased request of a denied batch answers what it alone was answered.
+    /// All or nothing, as the crate documentation's "Batches, all or nothing" says: a batch of
+    /// one request is that request's decision; a leased request of a denied batch answers what
+    /// it alone was answered.
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         if let [one] = requests {
             return Ok(vec![self.decide(one).await?]);

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use crate::NotDurable;
 use crate::RedisObserver;
 use crate::config::STORE;
-use crate::connection::{Backend, Timeouts};
+use crate::connection::{Backend, Timeouts, timeout};
 use crate::script::{Answer, Call, Group};
 
 /// The most decisions one coalesced call carries.
@@ -149,10 +149,7 @@ impl Coalescer {
                          shut down)"
                     .into(),
             }),
-            Err(_) => Err(Error::Timeout {
-                store: STORE,
-                after,
-            }),
+            Err(_) => Err(timeout(after)),
         }
     }
 

@@ -2,6 +2,7 @@
 
 use distlimit_core::{Error, Key};
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 use crate::config::config_error;
 
@@ -107,92 +108,41 @@ impl KeyLayout {
 
     /// The Redis key holding the state of `key` under `policy`.
     pub fn redis_key(&self, policy: &str, key: Key<'_>) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.prefix.len() + key.len() + policy.len() + 8);
-        self.write(policy.as_bytes(), key.as_bytes(), &mut out);
-        out
+        self.key_buf(policy.as_bytes(), key.as_bytes()).into_vec()
     }
 
     /// The Cluster hash slot of every policy of `key` (see [`hash_slot`]).
     pub fn slot(&self, key: Key<'_>) -> u16 {
-        hash_slot(self.key_buf(b"", key.as_bytes()).as_bytes())
+        hash_slot(&self.key_buf(b"", key.as_bytes()))
     }
 
     /// Appends the Redis key of (`policy`, `key`) to `out`.
-    pub(crate) fn write(&self, policy: &[u8], key: &[u8], out: &mut impl Sink) {
-        out.put(&self.prefix);
-        out.put(b":{");
+    pub(crate) fn write(&self, policy: &[u8], key: &[u8], out: &mut KeyBuf) {
+        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(b":{");
         if self.hash_identities {
-            out.put(&sha256_hex(key));
+            out.extend_from_slice(&sha256_hex(key));
         } else {
             escape(key, out);
         }
-        out.put(b"}:");
+        out.extend_from_slice(b"}:");
         escape(policy, out);
     }
 
     /// The Redis key of (`policy`, `key`) in a stack buffer (spilling to the heap only for long
     /// keys).
     pub(crate) fn key_buf(&self, policy: &[u8], key: &[u8]) -> KeyBuf {
-        let mut buf = KeyBuf {
-            inline: [0; INLINE_KEY],
-            len: 0,
-            heap: Vec::new(),
-            spilled: false,
-        };
+        let mut buf = KeyBuf::new();
         self.write(policy, key, &mut buf);
         buf
     }
 }
 
-/// Something bytes are appended to: a `Vec` or a [`KeyBuf`].
-pub(crate) trait Sink {
-    fn put(&mut self, bytes: &[u8]);
-}
-
-impl Sink for Vec<u8> {
-    #[inline]
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-/// A Redis key under construction: on the stack up to [`INLINE_KEY`] bytes, else on the heap.
-pub(crate) struct KeyBuf {
-    inline: [u8; INLINE_KEY],
-    len: usize,
-    heap: Vec<u8>,
-    spilled: bool,
-}
-
-impl KeyBuf {
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        if self.spilled {
-            &self.heap
-        } else {
-            &self.inline[..self.len]
-        }
-    }
-}
-
-impl Sink for KeyBuf {
-    #[inline]
-    fn put(&mut self, bytes: &[u8]) {
-        if self.spilled {
-            self.heap.extend_from_slice(bytes);
-        } else if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
-            room.copy_from_slice(bytes);
-            self.len += bytes.len();
-        } else {
-            self.heap.reserve(self.len + bytes.len() + 64);
-            self.heap.extend_from_slice(&self.inline[..self.len]);
-            self.heap.extend_from_slice(bytes);
-            self.spilled = true;
-        }
-    }
-}
+/// Redis keys under construction: on the stack up to [`INLINE_KEY`] bytes, else on the heap.
+pub(crate) type KeyBuf = SmallVec<[u8; INLINE_KEY]>;
 
 /// `%` → `%25`, `{` → `%7B`, `}` → `%7D`; runs of other bytes are copied as they are.
-fn escape(bytes: &[u8], out: &mut impl Sink) {
+fn escape(bytes: &[u8], out: &mut KeyBuf) {
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let replacement: &[u8] = match b {
@@ -201,11 +151,11 @@ fn escape(bytes: &[u8], out: &mut impl Sink) {
             b'}' => b"%7D",
             _ => continue,
         };
-        out.put(&bytes[start..i]);
-        out.put(replacement);
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(replacement);
         start = i + 1;
     }
-    out.put(&bytes[start..]);
+    out.extend_from_slice(&bytes[start..]);
 }
 
 fn sha256_hex(bytes: &[u8]) -> [u8; 64] {
@@ -406,8 +356,9 @@ mod tests {
         let layout = KeyLayout::default();
         for len in [1, 100, 170, 180, 181, 190, 200, 1024] {
             let id = vec![b'{'; len];
-            let buf = layout.key_buf(b"policy", &id);
-            assert_eq!(buf.as_bytes(), layout.redis_key("policy", key(&id)));
+            let escaped = "%7B".repeat(len);
+            let want = format!("distlimit:{{{escaped}}}:policy");
+            assert_eq!(layout.key_buf(b"policy", &id).as_slice(), want.as_bytes());
         }
     }
 }

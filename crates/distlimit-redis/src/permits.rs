@@ -1,15 +1,8 @@
 //! Concurrency permits on Redis ([`PermitStore`] for [`RedisStore`]): each call is one group of
-//! the entry script (`permit.lua`), atomic inside Redis, exactly as the reference model
-//! ([`Permits`](distlimit_core::Permits)) on the key's sorted set.
-//!
-//! A key's permits live at its permit key: the key of its (state, key) pair (see
-//! [`KeyLayout`](crate::KeyLayout)) followed by [`PERMIT_SUFFIX`], `%permits`, which no escaped
-//! state name ends with: apart from its rate state, in its Cluster slot (the crate
-//! documentation, "Concurrency permits"; the set itself: `permit.lua`).
-//!
-//! Permit ids are 53 random bits (a per-store random seed hashed with a counter): two live
-//! permits of one key share an id with a probability of about `n² / 2^54` for `n` in flight,
-//! which would let two holders share one place.
+//! the entry script (`permit.lua`) on the key's sorted set, as the crate documentation's
+//! "Concurrency permits" says. Permit ids are 53 random bits (a per-store random seed hashed with
+//! a counter): two live permits of one key share an id with a probability of about `n² / 2^54`
+//! for `n` in flight, which would let two holders share one place.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,14 +47,13 @@ impl RedisStore {
     ) -> Result<PermitDecision, Error> {
         let key = self.state_key(request.policy(), request.key().as_bytes());
         let op = Op::Permit(action, id, *request.limit());
-        let group = Group::keyed(key.as_bytes(), PERMIT_SUFFIX, op, self.time())?;
+        let group = Group::keyed(&key, PERMIT_SUFFIX, op, self.time())?;
         self.send(group).await?.permit()
     }
 }
 
 /// One call per acquire, release or renew (alone, or packed with other groups by the
-/// coalescer). A call whose fate is unknown (a timeout, a lost connection) is never resent: an
-/// acquire may then hold a permit nobody knows of, which comes back after its lease.
+/// coalescer), never resent (see the crate documentation).
 #[async_trait]
 impl PermitStore for RedisStore {
     async fn acquire(&self, request: &PermitRequest<'_>) -> Result<PermitDecision, Error> {

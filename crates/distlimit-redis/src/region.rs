@@ -339,7 +339,7 @@ impl<H: LeaseStore + 'static> RegionStore<H> {
             keep_ms: s.keep_ms,
         };
         let op = Op::Pool(params, action);
-        let group = Group::keyed(buf.as_bytes(), POOL_SUFFIX, op, s.region.time())?;
+        let group = Group::keyed(&buf, POOL_SUFFIX, op, s.region.time())?;
         s.region.send(group).await?.pool()
     }
 
@@ -529,12 +529,10 @@ impl<H: LeaseStore + 'static> Store for RegionStore<H> {
         Ok(decisions)
     }
 
-    /// All or nothing, one request after the other: each regional request (see the module
-    /// documentation) is spent from its pool in turn, then the others go to home as one batch
-    /// (only peeked at once a pool denied). When any request is denied, or a store fails, the
-    /// units spent from pools go back into them (they are the region's own: exact), so the
-    /// batch charged nothing; until then they are not spendable by other requests. A denied
-    /// batch answers each regional request what its pool answered.
+    /// All or nothing, as the module documentation's "What is decided where" says (the others
+    /// only peeked at once a pool denied; a store's failure, too, puts the pools' units back).
+    /// Until then those units are not spendable by other requests. A denied batch answers each
+    /// regional request what its pool answered.
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         distlimit_core::validate_batch(requests)?;
         if let [one] = requests {

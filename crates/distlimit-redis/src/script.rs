@@ -21,13 +21,11 @@
 //! several waiting callers into the same shape. So Redis receives one encoding whatever the
 //! load, and a group is decided the same way alone or packed with others.
 //!
-//! `Call::run` is the one place a call is sent: `EVALSHA` and, when the server answers `NOSCRIPT`
-//! (a restart, a failover, `SCRIPT FLUSH`), the same call once more as `EVAL` with the script's
-//! text, which also caches it again. A `NOSCRIPT` reply means the script did not run, so
-//! re-sending it cannot charge twice. Nothing else is ever retried. (`redis::Script` answers
-//! `NOSCRIPT` with a `SCRIPT LOAD` and a second `EVALSHA`: a third round trip, a keyless command
-//! that a Cluster routes apart from the call and that the `ASK` path here would have to wrap too,
-//! and a copy of every key and argument into its own buffers.)
+//! `Call::run` is the one place a call is sent: `EVALSHA` and, on `NOSCRIPT` (a restart, a
+//! failover, `SCRIPT FLUSH`: the script did not run, so this cannot charge twice), the same call
+//! once more as `EVAL`, which also caches it again; nothing else is retried. (Why not
+//! `redis::Script`: ARCHITECTURE.md, "Decisions and their reasons"; its keyless `SCRIPT LOAD`
+//! would also need wrapping in the `ASK` path here.)
 //!
 //! A request whose cost exceeds the capacity never reaches Lua with that cost: it is sent as a
 //! peek (cost 0, which reads the state and writes nothing) and answered as a denial with
@@ -267,11 +265,8 @@ pub fn single_argument(limit: &Limit, cost: u64, time: TimeSource) -> Result<Vec
 /// at the burst of the key's state.
 const MAX_GIVE_BACK: u64 = 1 << 52;
 
-/// Loads the entry script into the server's script cache (`SCRIPT LOAD`), so that the first
-/// calls need no `EVAL`. Optional: a call loads a missing script itself. It also tells early
-/// whether the connection may run scripts at all (an ACL without `EVALSHA` is an
-/// [`Error::Config`]). In a Cluster it loads on the node the connection routes `SCRIPT LOAD`
-/// to; the other nodes load on first use.
+/// Loads the entry script into the server's script cache (`SCRIPT LOAD`) unless it is there:
+/// optional, a call loads a missing script itself (when and why: `Backend::preload`).
 pub async fn load_scripts(conn: &mut (impl ConnectionLike + Send)) -> Result<(), Error> {
     // Asked first, in a small command: a server that wants authentication answers it with
     // `NOAUTH`, while it refuses a command as large as the script from an unauthenticated client
@@ -1195,21 +1190,9 @@ pub(crate) fn describe(value: &Value) -> String {
     }
 }
 
-/// Maps a Redis error to distlimit's [`Error`], classified for circuit breakers:
-///
-/// * `DISTLIMIT_CORRUPT` (an unreadable state) and `WRONGTYPE` (a key of another Redis type):
-///   [`Error::BadState`], an error of this request only, permanent;
-/// * replies the client could not parse: [`Error::Protocol`], permanent;
-/// * `NOPERM` (an ACL forbids scripts or keys), authentication and client configuration errors:
-///   [`Error::Config`], permanent;
-/// * I/O errors, dropped or refused connections, and the cluster's and a failover's passing states
-///   (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`):
-///   [`Error::Unavailable`], transient;
-/// * a response timeout and a busy server (`BUSY`): [`Error::Backend`], transient (a timed-out
-///   script may still have run: never retry it blindly);
-/// * anything else: [`Error::Backend`], permanent.
-///
-/// `keys` are the keys of the call, named in the `WRONGTYPE` message.
+/// Maps a Redis error to distlimit's [`Error`], classified for circuit breakers as the crate
+/// documentation's "Failures" table says (`connection::refine` completes it with what connecting
+/// can say). `keys` are the keys of the call, named in the `WRONGTYPE` message.
 pub(crate) fn map_error(err: RedisError, keys: &[&[u8]]) -> Error {
     let detail = err.detail().unwrap_or_default().to_owned();
     match err.code() {

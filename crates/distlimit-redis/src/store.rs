@@ -235,13 +235,13 @@ impl RedisStore {
 impl Store for RedisStore {
     async fn decide(&self, request: &Request<'_>) -> Result<Decision, Error> {
         let key = self.state_key(request.policy(), request.key().as_bytes());
-        let group = Group::single(key.as_bytes(), request.limit(), request.cost(), self.time())?;
+        let group = Group::single(&key, request.limit(), request.cost(), self.time())?;
         self.send(group).await?.decision()
     }
 
     async fn decide_all(&self, requests: &[Request<'_>]) -> Result<Vec<Decision>, Error> {
         validate_batch(requests)?;
-        let mut buf = Vec::new();
+        let mut buf = KeyBuf::new();
         let script_requests = self.script_requests(requests.iter(), &mut buf);
         if self.inner.mode == Mode::Cluster {
             let slot = hash_slot(script_requests[0].redis_key);
@@ -262,7 +262,7 @@ impl Store for RedisStore {
     async fn settle_all(&self, settles: &[Settle<'_>]) -> Result<Vec<Decision>, Error> {
         validate_settles(settles)?;
         let requests = settles.iter().map(Settle::request);
-        let mut buf = Vec::new();
+        let mut buf = KeyBuf::new();
         let script_requests = self.script_requests(requests, &mut buf);
         let mut out = vec![None; settles.len()];
         for at in by_slot(&script_requests, |key| self.coalescing_slot(key)) {
@@ -283,7 +283,7 @@ impl RedisStore {
     fn script_requests<'b, 'r, 'a: 'r>(
         &self,
         requests: impl Iterator<Item = &'r Request<'a>> + Clone,
-        buf: &'b mut Vec<u8>,
+        buf: &'b mut KeyBuf,
     ) -> Vec<ScriptRequest<'b>> {
         let layout = &self.inner.layout;
         let len = requests
@@ -388,7 +388,6 @@ impl RedisStore {
         charged: &[(usize, u64)],
     ) {
         for &(g, at) in charged {
-            // Nothing more to do on failure: the units stay spent.
             if let Ok(group) = Group::refund(&groups[g].1, at, self.time()) {
                 let _ = self.send(group).await;
             }
