@@ -132,9 +132,8 @@ impl RawPolicy {
         let name = self.name;
         let in_policy = |e: PolicyConfigError| e.in_policy(&name);
         let mut policy = Policy::new(name.as_str()).shadow(self.shadow);
-        if let Some(limit) = in_flight(self.max_in_flight, self.in_flight_lease.as_deref())
-            .map_err(|e| e.in_policy(&name))?
-        {
+        let lease = self.in_flight_lease.as_deref();
+        if let Some(limit) = in_flight(self.max_in_flight, lease).map_err(in_policy)? {
             policy = policy.with_max_in_flight(limit);
         }
         if let Some(overrun) = self.overrun {
@@ -194,24 +193,19 @@ fn in_flight(
     max: Option<u32>,
     lease: Option<&str>,
 ) -> Result<Option<distlimit_core::PermitLimit>, PolicyConfigError> {
-    let Some(max) = max else {
-        return match lease {
-            Some(_) => Err(PolicyConfigError::new(
-                Field::MaxInFlight,
-                "in_flight_lease without max_in_flight",
-            )),
-            None => Ok(None),
-        };
-    };
-    let lease = match lease {
-        Some(text) => parse_duration(text).map_err(|e| {
-            PolicyConfigError::new(Field::MaxInFlight, format!("in_flight_lease: {e}"))
-        })?,
-        None => DEFAULT_IN_FLIGHT_LEASE,
+    let error = |message: String| PolicyConfigError::new(Field::MaxInFlight, message);
+    let (max, lease) = match (max, lease) {
+        (None, None) => return Ok(None),
+        (None, Some(_)) => return Err(error("in_flight_lease without max_in_flight".into())),
+        (Some(max), None) => (max, DEFAULT_IN_FLIGHT_LEASE),
+        (Some(max), Some(text)) => {
+            let lease = parse_duration(text).map_err(|e| error(format!("in_flight_lease: {e}")))?;
+            (max, lease)
+        }
     };
     distlimit_core::PermitLimit::new(max, lease)
         .map(Some)
-        .map_err(|e| PolicyConfigError::new(Field::MaxInFlight, e.to_string()))
+        .map_err(|e| error(e.to_string()))
 }
 
 fn lossy(key: &[u8]) -> String {
