@@ -501,7 +501,8 @@ mod tests {
         );
         let all: Cidr = "0.0.0.0/0".parse().unwrap();
         assert!(all.contains(ip("255.1.2.3")) && !all.contains(ip("::1")));
-        for bad in [
+        let bad = |s: &str| s.parse::<Cidr>().unwrap_err();
+        for s in [
             "10.0.0.0/33",
             "::/129",
             "10.0.0.0/",
@@ -511,12 +512,9 @@ mod tests {
             "10.0.0.0/ 8",
             "::/",
         ] {
-            assert!(
-                matches!(bad.parse::<Cidr>(), Err(CidrError::Prefix(_))),
-                "{bad}"
-            );
+            assert_eq!(bad(s), CidrError::Prefix(s.into()));
         }
-        for bad in [
+        for s in [
             "",
             "10.0.0",
             "example.com/8",
@@ -525,10 +523,7 @@ mod tests {
             "010.0.0.0/8",
             "10.0.0.1 /8",
         ] {
-            assert!(
-                matches!(bad.parse::<Cidr>(), Err(CidrError::Address(_))),
-                "{bad}"
-            );
+            assert_eq!(bad(s), CidrError::Address(s.into()));
         }
     }
 
@@ -651,27 +646,21 @@ mod tests {
 
     #[test]
     fn keys_group_ipv6_by_64() {
-        let r = ClientIpResolver::default();
-        let none = HeaderMap::new();
-        let key = |s: &str| {
-            let k = r.resolve(ip(s), &none).key();
-            String::from_utf8(k.as_bytes().to_vec()).unwrap()
-        };
-        assert_eq!(key("203.0.113.7"), "203.0.113.7");
-        assert_eq!(key("::ffff:203.0.113.7"), "203.0.113.7");
-        assert_eq!(key("2001:db8:1:2:3:4:5:6"), "2001:db8:1:2::/64");
-        assert_eq!(key("2001:db8:1:2:ffff::1"), "2001:db8:1:2::/64");
-        let r = ClientIpResolver::default().ipv6_prefix(200).ipv4_prefix(24);
-        let k = r
-            .resolve(ip("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), &none)
-            .key();
-        assert_eq!(k.as_bytes(), b"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff");
-        let k = r.resolve(ip("203.0.113.7"), &none).key();
-        assert_eq!(k.as_bytes(), b"203.0.113.0/24");
-        let k = ClientIpResolver::default()
-            .ipv6_prefix(127)
-            .resolve(ip("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), &none)
-            .key();
-        assert_eq!(k.as_bytes(), b"ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe/127");
+        let default = ClientIpResolver::default();
+        let wide = ClientIpResolver::default().ipv6_prefix(200).ipv4_prefix(24);
+        let v6_127 = ClientIpResolver::default().ipv6_prefix(127);
+        let max = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
+        for (r, addr, want) in [
+            (&default, "203.0.113.7", "203.0.113.7"),
+            (&default, "::ffff:203.0.113.7", "203.0.113.7"),
+            (&default, "2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+            (&default, "2001:db8:1:2:ffff::1", "2001:db8:1:2::/64"),
+            (&wide, max, max),
+            (&wide, "203.0.113.7", "203.0.113.0/24"),
+            (&v6_127, max, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe/127"),
+        ] {
+            let key = r.resolve(ip(addr), &HeaderMap::new()).key();
+            assert_eq!(key.as_bytes(), want.as_bytes(), "{addr}");
+        }
     }
 }
