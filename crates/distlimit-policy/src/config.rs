@@ -361,22 +361,17 @@ mod tests {
             set.get("gen").unwrap().max_in_flight().unwrap().lease(),
             DEFAULT_IN_FLIGHT_LEASE
         );
+        let edit = |from: &str, to: &str| text.replace(from, to);
         for (bad, says) in [
+            (edit("max_in_flight = 4", "max_in_flight = 0"), "at least 1"),
             (
-                text.replace("max_in_flight = 4", "max_in_flight = 0"),
-                "at least 1",
-            ),
-            (
-                text.replace("max_in_flight = 4", "max_in_flight = 70000"),
+                edit("max_in_flight = 4", "max_in_flight = 70000"),
                 "maximum is 65536",
             ),
-            (text.replace("\"10s\"", "\"0s\""), "at least 1 ms"),
-            (text.replace("\"10s\"", "\"2d\""), "longer than"),
-            (text.replace("\"10s\"", "\"ten\""), "in_flight_lease"),
-            (
-                text.replace("max_in_flight = 4\n", ""),
-                "without max_in_flight",
-            ),
+            (edit("\"10s\"", "\"0s\""), "at least 1 ms"),
+            (edit("\"10s\"", "\"2d\""), "longer than"),
+            (edit("\"10s\"", "\"ten\""), "in_flight_lease"),
+            (edit("max_in_flight = 4\n", ""), "without max_in_flight"),
         ] {
             let e = PolicySet::from_toml_str(&bad).unwrap_err();
             assert_eq!(e.field(), Field::MaxInFlight, "{bad}");
