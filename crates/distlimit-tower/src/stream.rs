@@ -96,11 +96,8 @@ fn sse_units(data: &[u8]) -> u64 {
     }
     impl Event {
         fn units(&self) -> u64 {
-            match self.tokens {
-                Some(tokens) => tokens,
-                None if self.named => 0,
-                None => self.data,
-            }
+            self.tokens
+                .unwrap_or(if self.named { 0 } else { self.data })
         }
     }
     let mut total = 0u64;
