@@ -239,9 +239,10 @@ pub(crate) struct StreamConfig {
 }
 
 /// How one reservation's frames are covered now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Mode {
     /// Each frame covered by reserved units.
+    #[default]
     Reserving,
     /// Past the budget in debt mode: frames pass, counted, charged at the end.
     Debt,
@@ -250,7 +251,7 @@ enum Mode {
 }
 
 /// One metered reservation of a stream.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Flow {
     /// Units reserved and not used yet.
     credit: u64,
@@ -305,12 +306,9 @@ impl Streaming {
         let flows: SmallVec<[Option<Flow>; 1]> = reserved
             .iter()
             .map(|r| {
-                (r.spec.meter.is_some() && r.actual.is_none()).then_some(Flow {
+                (r.spec.meter.is_some() && r.actual.is_none()).then(|| Flow {
                     credit: r.estimate,
-                    used: 0,
-                    charged: 0,
-                    pending: 0,
-                    mode: Mode::Reserving,
+                    ..Flow::default()
                 })
             })
             .collect();
