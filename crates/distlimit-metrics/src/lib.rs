@@ -245,11 +245,6 @@ impl Metrics {
             .register(registry.sub_registry_with_prefix("distlimit"));
     }
 
-    /// This instance's own registry.
-    pub fn registry(&self) -> &Registry {
-        &self.inner.registry
-    }
-
     /// Writes the OpenMetrics text exposition (ending with `# EOF`) to `writer`.
     ///
     /// # Errors
