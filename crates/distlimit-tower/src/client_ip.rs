@@ -91,10 +91,7 @@ impl FromStr for Cidr {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         // The address goes through std's parser first: it refuses octets with leading zeros
         // (`010.0.0.0`, octal to some tools), which ipnet's parser reads as decimal.
-        let (addr, prefix) = match s.split_once('/') {
-            Some((addr, prefix)) => (addr, Some(prefix)),
-            None => (s, None),
-        };
+        let (addr, prefix) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
         let addr: IpAddr = addr.parse().map_err(|_| CidrError::Address(s.to_owned()))?;
         let net = match prefix {
             // A bare address is a network of one.

@@ -177,10 +177,8 @@ impl RouteTable {
 }
 
 fn prefix_matches(prefix: &str, path: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
-        None => false,
-    }
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'))
 }
 
 #[cfg(test)]

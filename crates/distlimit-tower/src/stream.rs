@@ -479,11 +479,8 @@ impl Streaming {
                     self.retry = Some(left.clamp(need, asked));
                     return;
                 }
-                let debt = match sink.overrun(&r.policy) {
-                    Some(Overrun::Debt) => true,
-                    Some(Overrun::Stop) => false,
-                    None => r.spec.exhausted.debt,
-                };
+                let overrun = sink.overrun(&r.policy);
+                let debt = overrun.map_or(r.spec.exhausted.debt, |o| o == Overrun::Debt);
                 if debt {
                     // The credit left goes to this frame; the rest is debt.
                     flow.used = flow.used.saturating_add(flow.credit);
