@@ -238,10 +238,7 @@ pub enum CheckError {
 impl CheckError {
     /// Whether trying again later may succeed: only transient store failures.
     pub fn is_transient(&self) -> bool {
-        match self {
-            CheckError::UnknownPolicy(_) => false,
-            CheckError::Store(e) => e.is_transient(),
-        }
+        matches!(self, CheckError::Store(e) if e.is_transient())
     }
 }
 
