@@ -495,7 +495,6 @@ mod tests {
 
     #[test]
     fn stream_events_are_counted_by_policy() {
-        use distlimit_core::StreamEvent;
         let metrics = Metrics::new();
         metrics.on_stream("tokens", StreamEvent::Reserved, 100);
         metrics.on_stream("tokens", StreamEvent::Reserved, 40);
