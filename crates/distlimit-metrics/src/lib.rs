@@ -245,11 +245,6 @@ impl Metrics {
             .register(registry.sub_registry_with_prefix("distlimit"));
     }
 
-    /// This instance's own registry.
-    pub fn registry(&self) -> &Registry {
-        &self.inner.registry
-    }
-
     /// Writes the OpenMetrics text exposition (ending with `# EOF`) to `writer`.
     ///
     /// # Errors
@@ -500,7 +495,6 @@ mod tests {
 
     #[test]
     fn stream_events_are_counted_by_policy() {
-        use distlimit_core::StreamEvent;
         let metrics = Metrics::new();
         metrics.on_stream("tokens", StreamEvent::Reserved, 100);
         metrics.on_stream("tokens", StreamEvent::Reserved, 40);

@@ -132,9 +132,8 @@ impl RawPolicy {
         let name = self.name;
         let in_policy = |e: PolicyConfigError| e.in_policy(&name);
         let mut policy = Policy::new(name.as_str()).shadow(self.shadow);
-        if let Some(limit) = in_flight(self.max_in_flight, self.in_flight_lease.as_deref())
-            .map_err(|e| e.in_policy(&name))?
-        {
+        let lease = self.in_flight_lease.as_deref();
+        if let Some(limit) = in_flight(self.max_in_flight, lease).map_err(in_policy)? {
             policy = policy.with_max_in_flight(limit);
         }
         if let Some(overrun) = self.overrun {
@@ -194,24 +193,19 @@ fn in_flight(
     max: Option<u32>,
     lease: Option<&str>,
 ) -> Result<Option<distlimit_core::PermitLimit>, PolicyConfigError> {
-    let Some(max) = max else {
-        return match lease {
-            Some(_) => Err(PolicyConfigError::new(
-                Field::MaxInFlight,
-                "in_flight_lease without max_in_flight",
-            )),
-            None => Ok(None),
-        };
-    };
-    let lease = match lease {
-        Some(text) => parse_duration(text).map_err(|e| {
-            PolicyConfigError::new(Field::MaxInFlight, format!("in_flight_lease: {e}"))
-        })?,
-        None => DEFAULT_IN_FLIGHT_LEASE,
+    let error = |message: String| PolicyConfigError::new(Field::MaxInFlight, message);
+    let (max, lease) = match (max, lease) {
+        (None, None) => return Ok(None),
+        (None, Some(_)) => return Err(error("in_flight_lease without max_in_flight".into())),
+        (Some(max), None) => (max, DEFAULT_IN_FLIGHT_LEASE),
+        (Some(max), Some(text)) => {
+            let lease = parse_duration(text).map_err(|e| error(format!("in_flight_lease: {e}")))?;
+            (max, lease)
+        }
     };
     distlimit_core::PermitLimit::new(max, lease)
         .map(Some)
-        .map_err(|e| PolicyConfigError::new(Field::MaxInFlight, e.to_string()))
+        .map_err(|e| error(e.to_string()))
 }
 
 fn lossy(key: &[u8]) -> String {
@@ -367,22 +361,17 @@ mod tests {
             set.get("gen").unwrap().max_in_flight().unwrap().lease(),
             DEFAULT_IN_FLIGHT_LEASE
         );
+        let edit = |from: &str, to: &str| text.replace(from, to);
         for (bad, says) in [
+            (edit("max_in_flight = 4", "max_in_flight = 0"), "at least 1"),
             (
-                text.replace("max_in_flight = 4", "max_in_flight = 0"),
-                "at least 1",
-            ),
-            (
-                text.replace("max_in_flight = 4", "max_in_flight = 70000"),
+                edit("max_in_flight = 4", "max_in_flight = 70000"),
                 "maximum is 65536",
             ),
-            (text.replace("\"10s\"", "\"0s\""), "at least 1 ms"),
-            (text.replace("\"10s\"", "\"2d\""), "longer than"),
-            (text.replace("\"10s\"", "\"ten\""), "in_flight_lease"),
-            (
-                text.replace("max_in_flight = 4\n", ""),
-                "without max_in_flight",
-            ),
+            (edit("\"10s\"", "\"0s\""), "at least 1 ms"),
+            (edit("\"10s\"", "\"2d\""), "longer than"),
+            (edit("\"10s\"", "\"ten\""), "in_flight_lease"),
+            (edit("max_in_flight = 4\n", ""), "without max_in_flight"),
         ] {
             let e = PolicySet::from_toml_str(&bad).unwrap_err();
             assert_eq!(e.field(), Field::MaxInFlight, "{bad}");

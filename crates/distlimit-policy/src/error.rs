@@ -185,19 +185,9 @@ impl PolicyConfigError {
 impl PartialEq for PolicyConfigError {
     fn eq(&self, other: &Self) -> bool {
         let cause = |e: &Self| e.source.as_ref().map(ToString::to_string);
-        (
-            &self.policy,
-            &self.override_key,
-            &self.tier,
-            self.field,
-            &self.message,
-        ) == (
-            &other.policy,
-            &other.override_key,
-            &other.tier,
-            other.field,
-            &other.message,
-        ) && cause(self) == cause(other)
+        let place = |e: &Self| [e.policy.clone(), e.override_key.clone(), e.tier.clone()];
+        (place(self), self.field, &self.message, cause(self))
+            == (place(other), other.field, &other.message, cause(other))
     }
 }
 
@@ -248,10 +238,7 @@ pub enum CheckError {
 impl CheckError {
     /// Whether trying again later may succeed: only transient store failures.
     pub fn is_transient(&self) -> bool {
-        match self {
-            CheckError::UnknownPolicy(_) => false,
-            CheckError::Store(e) => e.is_transient(),
-        }
+        matches!(self, CheckError::Store(e) if e.is_transient())
     }
 }
 

@@ -520,17 +520,11 @@ impl<S: Store + ?Sized> Limiter<S> {
         window: Duration,
     ) -> Result<(), PolicyConfigError> {
         let mut result = Ok(());
-        self.policies
-            .rcu(|current| match current.with_quota(name, limit, window) {
-                Ok(set) => {
-                    result = Ok(());
-                    Arc::new(set)
-                }
-                Err(e) => {
-                    result = Err(e);
-                    Arc::clone(current)
-                }
-            });
+        self.policies.rcu(|current| {
+            let set = current.with_quota(name, limit, window);
+            result = set.as_ref().map(|_| ()).map_err(Clone::clone);
+            set.map_or_else(|_| Arc::clone(current), Arc::new)
+        });
         result
     }
 }

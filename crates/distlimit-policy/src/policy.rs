@@ -865,10 +865,9 @@ impl PolicySet {
         limit: u64,
         window: Duration,
     ) -> Result<Self, PolicyConfigError> {
-        let (policy, tier) = match name.split_once('/') {
-            Some((policy, tier)) => (policy, Some(tier)),
-            None => (name, None),
-        };
+        let (policy, tier) = name
+            .split_once('/')
+            .map_or((name, None), |(p, t)| (p, Some(t)));
         let mut policies = self.policies.clone();
         let target = policies
             .iter_mut()

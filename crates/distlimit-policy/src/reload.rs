@@ -157,10 +157,7 @@ async fn poll<F: Reloadable>(
     tx: watch::Sender<Reload<F::Error>>,
 ) {
     let mut seen = files.running();
-    let mut signalled = false;
-    if seen.is_some() {
-        signalled = wait(interval, &mut hangup).await;
-    }
+    let mut signalled = seen.is_some() && wait(interval, &mut hangup).await;
     let mut generation = 0;
     let mut refused: Option<String> = None;
     loop {
@@ -179,11 +176,8 @@ async fn poll<F: Reloadable>(
         };
         seen = looked.0;
         match looked.1 {
-            Look::Unchanged => {
-                if signalled {
-                    tracing::info!("{what} unchanged");
-                }
-            }
+            Look::Unchanged if signalled => tracing::info!("{what} unchanged"),
+            Look::Unchanged => {}
             Look::Applied => {
                 generation += 1;
                 refused = None;

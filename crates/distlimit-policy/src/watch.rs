@@ -91,10 +91,8 @@ impl<S: Store + ?Sized + 'static> Reloadable for PolicyFile<S> {
     }
 
     fn describe(error: &PolicyConfigError) -> String {
-        match std::error::Error::source(error) {
-            Some(cause) => format!("{error}: {cause}"),
-            None => error.to_string(),
-        }
+        let cause = std::error::Error::source(error);
+        cause.map_or_else(|| error.to_string(), |cause| format!("{error}: {cause}"))
     }
 }
 

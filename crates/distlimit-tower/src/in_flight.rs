@@ -286,9 +286,7 @@ impl Config {
             tracing::warn!(policy, %error, "distlimit-tower: permit acquire failed");
         })?;
         self.report(PermitEvent::Expired, decision.expired().into());
-        if decision.is_allowed() {
-            self.report(PermitEvent::Acquired, 1);
-        }
+        self.report(PermitEvent::Acquired, decision.is_allowed().into());
         Ok(decision)
     }
 

@@ -45,10 +45,7 @@ impl KeyExtractor {
 
     /// Keys by the value of header `name`, falling back to the client IP.
     pub fn header(name: HeaderName) -> Self {
-        Self(Kind::Header {
-            name,
-            max_len: DEFAULT_MAX_HEADER_KEY_LEN,
-        })
+        Self::header_with_max_len(name, DEFAULT_MAX_HEADER_KEY_LEN)
     }
 
     /// Keys by the value of header `name` when it is at most `max_len` bytes (capped at 1024),

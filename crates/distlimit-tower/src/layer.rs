@@ -494,9 +494,8 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
         key: KeyExtractor,
         settle: Settle,
     ) -> Self {
-        let settle = Some(settle.spec);
         self.limit(LimitSpec {
-            settle,
+            settle: Some(settle.spec),
             ..LimitSpec::new(policy.into(), key)
         })
     }
@@ -513,9 +512,8 @@ impl<S: Store + ?Sized + 'static> RateLimitLayerBuilder<S> {
     where
         F: Fn(&RequestInfo<'_>) -> u64 + Send + Sync + 'static,
     {
-        let cost: Option<Box<CostFn>> = Some(Box::new(cost));
         self.limit(LimitSpec {
-            cost,
+            cost: Some(Box::new(cost)),
             ..LimitSpec::new(policy.into(), key)
         })
     }

@@ -166,30 +166,19 @@ impl RouteTable {
 
     /// The policy for a request.
     pub fn lookup(&self, method: &Method, path: &str) -> Option<&Arc<str>> {
-        let mut best: Option<(usize, bool, &Arc<str>)> = None;
-        for route in &self.routes {
-            let exact_method = match &route.method {
-                Some(m) if m == method => true,
-                Some(_) => continue,
-                None => false,
-            };
-            if !prefix_matches(&route.prefix, path) {
-                continue;
-            }
-            let rank = (route.prefix.len(), exact_method);
-            if best.is_none_or(|(len, exact, _)| rank > (len, exact)) {
-                best = Some((rank.0, rank.1, &route.policy));
-            }
-        }
-        best.map(|(_, _, policy)| policy).or(self.fallback.as_ref())
+        // Reversed: of equally good routes, `max_by_key` keeps the last, the first added.
+        let routes = self.routes.iter().rev();
+        let matching = routes.filter(|r| {
+            r.method.as_ref().is_none_or(|m| m == method) && prefix_matches(&r.prefix, path)
+        });
+        let best = matching.max_by_key(|r| (r.prefix.len(), r.method.is_some()));
+        best.map(|r| &r.policy).or(self.fallback.as_ref())
     }
 }
 
 fn prefix_matches(prefix: &str, path: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
-        None => false,
-    }
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'))
 }
 
 #[cfg(test)]

@@ -108,9 +108,4 @@ impl<'a> RequestInfo<'a> {
     pub fn client_ip(&self) -> Option<ClientIp> {
         self.client_ip
     }
-
-    /// Whether this is a gRPC request (`content-type: application/grpc...`).
-    pub fn is_grpc(&self) -> bool {
-        crate::layer::is_grpc(self.headers)
-    }
 }

@@ -229,7 +229,7 @@ mod tests {
         out
     }
 
-    fn denial(name: &str, tier: &str, list: bool, full: bool, legacy: bool) -> Rejection {
+    async fn denial(name: &str, tier: &str, list: bool, full: bool, legacy: bool) -> Rejection {
         let clock = ManualClock::new(1_700_000_000_000_000);
         let store = MemoryStore::builder().clock(clock).build();
         let quota = Quota::new(1, Duration::from_millis(1500)).unwrap();
@@ -243,7 +243,7 @@ mod tests {
         let limiter = Limiter::new(Arc::new(store), PolicySet::new([policy]).unwrap());
         let key: &[u8] = if list { b"blocked" } else { b"k" };
         let verdict = loop {
-            let verdict = futures_now(limiter.check(name, key)).unwrap();
+            let verdict = limiter.check(name, key).await.unwrap();
             if !verdict.is_allowed() {
                 break verdict;
             }
@@ -251,31 +251,23 @@ mod tests {
         Rejection::Denied(Computed::new(std::slice::from_ref(&verdict), full, legacy))
     }
 
-    fn futures_now<F: std::future::Future>(future: F) -> F::Output {
-        let waker = std::task::Waker::noop();
-        match std::pin::pin!(future).poll(&mut std::task::Context::from_waker(waker)) {
-            std::task::Poll::Ready(output) => output,
-            std::task::Poll::Pending => panic!("the memory store never waits"),
-        }
-    }
-
     /// Every answer's status, headers (in order) and body, byte for byte: escaped names,
     /// legacy headers, a listed key, gRPC.
-    #[test]
-    fn answers_are_byte_for_byte() {
+    #[tokio::test]
+    async fn answers_are_byte_for_byte() {
         let unavailable = || Rejection::Unavailable {
             retry_after: Duration::from_millis(1500),
         };
         let cases = [
-            render(denial("api", "second", false, true, false), false),
-            render(denial("api", "second", false, false, false), false),
-            render(denial("api", "second", false, true, true), false),
+            render(denial("api", "second", false, true, false).await, false),
+            render(denial("api", "second", false, false, false).await, false),
+            render(denial("api", "second", false, true, true).await, false),
             render(
-                denial("a\"b\\c\n\u{1}\u{7f}", "é x", false, true, false),
+                denial("a\"b\\c\n\u{1}\u{7f}", "é x", false, true, false).await,
                 false,
             ),
-            render(denial("api", "second", true, true, true), false),
-            render(denial("api", "second", false, true, true), true),
+            render(denial("api", "second", true, true, true).await, false),
+            render(denial("api", "second", false, true, true).await, true),
             render(unavailable(), false),
             render(unavailable(), true),
             render(

@@ -334,10 +334,8 @@ impl Settlement {
     /// Whether a metered body has ended: ended when the inner body has, with nothing held or
     /// left to send (settled then), or after its final frame.
     pub(crate) fn metered_end(&self, inner_end: bool) -> bool {
-        let end = match &self.streaming {
-            Some(streaming) => streaming.is_done() || (inner_end && streaming.is_idle()),
-            None => inner_end,
-        };
+        let streaming = self.streaming.as_ref();
+        let end = streaming.map_or(inner_end, |s| s.is_done() || (inner_end && s.is_idle()));
         if end {
             self.finish();
         }

@@ -96,11 +96,8 @@ fn sse_units(data: &[u8]) -> u64 {
     }
     impl Event {
         fn units(&self) -> u64 {
-            match self.tokens {
-                Some(tokens) => tokens,
-                None if self.named => 0,
-                None => self.data,
-            }
+            self.tokens
+                .unwrap_or(if self.named { 0 } else { self.data })
         }
     }
     let mut total = 0u64;
@@ -242,9 +239,10 @@ pub(crate) struct StreamConfig {
 }
 
 /// How one reservation's frames are covered now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Mode {
     /// Each frame covered by reserved units.
+    #[default]
     Reserving,
     /// Past the budget in debt mode: frames pass, counted, charged at the end.
     Debt,
@@ -253,7 +251,7 @@ enum Mode {
 }
 
 /// One metered reservation of a stream.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Flow {
     /// Units reserved and not used yet.
     credit: u64,
@@ -308,12 +306,9 @@ impl Streaming {
         let flows: SmallVec<[Option<Flow>; 1]> = reserved
             .iter()
             .map(|r| {
-                (r.spec.meter.is_some() && r.actual.is_none()).then_some(Flow {
+                (r.spec.meter.is_some() && r.actual.is_none()).then(|| Flow {
                     credit: r.estimate,
-                    used: 0,
-                    charged: 0,
-                    pending: 0,
-                    mode: Mode::Reserving,
+                    ..Flow::default()
                 })
             })
             .collect();
@@ -484,11 +479,8 @@ impl Streaming {
                     self.retry = Some(left.clamp(need, asked));
                     return;
                 }
-                let debt = match sink.overrun(&r.policy) {
-                    Some(Overrun::Debt) => true,
-                    Some(Overrun::Stop) => false,
-                    None => r.spec.exhausted.debt,
-                };
+                let overrun = sink.overrun(&r.policy);
+                let debt = overrun.map_or(r.spec.exhausted.debt, |o| o == Overrun::Debt);
                 if debt {
                     // The credit left goes to this frame; the rest is debt.
                     flow.used = flow.used.saturating_add(flow.credit);

@@ -90,14 +90,8 @@ impl Cell {
     /// Reads snapshot `slot`, checking that it is whole.
     fn read(&self, slot: usize) -> (u64, u64) {
         let s = &self.slots[slot];
-        let (x, xw) = (
-            s.x.load(Ordering::Relaxed),
-            s.x_window.load(Ordering::Relaxed),
-        );
-        let (y, yw) = (
-            s.y.load(Ordering::Relaxed),
-            s.y_window.load(Ordering::Relaxed),
-        );
+        let fields = [&s.x, &s.x_window, &s.y, &s.y_window];
+        let [x, xw, y, yw] = fields.map(|field| field.load(Ordering::Relaxed));
         assert!(
             x > 0 && y > 0,
             "a snapshot read before it was built: ({x}, {y})"
