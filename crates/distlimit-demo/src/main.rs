@@ -5,12 +5,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use distlimit_demo::{Args, Demo, shutdown_signal};
 
-/// mimalloc, as `distlimit-server`: hyper and axum allocate and free about 18 small buffers per
-/// request (the request's head and extensions, boxed handler futures, the response body);
-/// mimalloc does it in 1 500 fewer instructions per request than glibc's allocator (23 800 ->
-/// 22 200, callgrind, the default policies and a million users).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The system allocator, not mimalloc: mimalloc ran 1 500 fewer instructions per request but
+// served 4–6 % fewer requests per CPU second (the demo README, "Cost of the limits").
 
 #[tokio::main]
 async fn main() -> ExitCode {
