@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use distlimit_server::{Args, Server, shutdown_signal};
 
 /// mimalloc: each request allocates and frees many small buffers (HTTP/2 frames, protobuf
-/// messages, futures), where glibc's allocator spent a sixth of the server's instructions.
+/// messages, futures), where glibc's allocator spent a sixth of the server's instructions and
+/// served 1.1–1.2× limitador's requests/s over 100 000 keys, against 1.8–2.2× on mimalloc.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
