@@ -237,7 +237,7 @@ fn a_long_name_is_not_echoed_whole() {
 async fn a_bad_file_keeps_the_running_set() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
-    std::fs::write(&path, GOOD).unwrap();
+    support::replace(&path, GOOD);
     let limiter = Arc::new(Limiter::new(
         Arc::new(MemoryStore::new()),
         PolicySet::from_toml_str(GOOD).unwrap(),
@@ -249,7 +249,7 @@ async fn a_bad_file_keeps_the_running_set() {
     assert!(limiter.check("api", b"k").await.unwrap().is_allowed());
 
     for (what, text, expected) in CASES {
-        std::fs::write(&path, text).unwrap();
+        support::replace(&path, text);
         match next(&mut rx).await {
             Reload::Rejected { error } => assert_eq!(error.to_string(), *expected, "{what}"),
             other => panic!("{what}: {other:?}"),
@@ -262,7 +262,7 @@ async fn a_bad_file_keeps_the_running_set() {
     assert!(!limiter.check("api", b"k").await.unwrap().is_allowed());
 
     // Not UTF-8.
-    std::fs::write(&path, b"\xff\xfe[[policy]]").unwrap();
+    support::replace(&path, b"\xff\xfe[[policy]]");
     match next(&mut rx).await {
         Reload::Rejected { error } => assert_eq!(error.field(), Field::File),
         other => panic!("{other:?}"),

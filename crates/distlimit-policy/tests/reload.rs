@@ -31,7 +31,7 @@ fn limit_of(limiter: &Limiter<MemoryStore<ManualClock>>) -> u64 {
 }
 
 fn write(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
+    support::replace(path, text);
 }
 
 /// A limiter with the set of `path`, the watcher of `path` (every 5 ms) and its events, after

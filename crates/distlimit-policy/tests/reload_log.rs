@@ -1,17 +1,19 @@
 //! A refused reload is logged at ERROR level, an applied one at INFO.
 //!
-//! `tracing` caches per call site whether anyone listens. Other tests of this binary hit the same
-//! call sites on other threads without a subscriber; one that registers a call site while this
-//! test installs its subscriber can cache "nobody listens" for it. The test rebuilds the cache
-//! once its subscriber is in place.
+//! `tracing` caches per call site whether anyone listens, computed on the thread that first hits
+//! it. Other tests of this binary hit the same call sites on other threads, so a subscriber set
+//! for this thread alone can be cached as "nobody listens". The test installs a process-wide
+//! subscriber instead, and keeps the events that name its own file.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use distlimit_memory::MemoryStore;
 use distlimit_policy::{Limiter, PolicySet, Reload, watch};
+use tracing::Level;
 
 use crate::support;
 use support::next;
@@ -22,11 +24,13 @@ fn config(name: &str) -> String {
     )
 }
 
-/// Records the level of every event of this crate.
-#[derive(Clone, Default)]
-struct Levels(Arc<std::sync::Mutex<Vec<tracing::Level>>>);
+/// The level and message of every event of this crate, from every thread of this binary.
+static EVENTS: Mutex<Vec<(Level, String)>> = Mutex::new(Vec::new());
 
-impl tracing::Subscriber for Levels {
+/// The process's subscriber: enabled for every call site, whichever thread registers it first.
+struct Record;
+
+impl tracing::Subscriber for Record {
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
         true
     }
@@ -36,23 +40,42 @@ impl tracing::Subscriber for Levels {
     fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, _: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0 += &format!("{value:?} ");
+            }
+        }
         if event.metadata().target().starts_with("distlimit_policy") {
-            self.0.lock().unwrap().push(*event.metadata().level());
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            let level = *event.metadata().level();
+            EVENTS.lock().unwrap().push((level, message.0));
         }
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
+/// The levels of the events that name `path`, in order.
+fn levels(path: &Path) -> Vec<Level> {
+    let path = path.display().to_string();
+    let events = EVENTS.lock().unwrap();
+    events
+        .iter()
+        .filter(|(_, m)| m.contains(&path))
+        .map(|(l, _)| *l)
+        .collect()
+}
+
 #[tokio::test]
 async fn a_refused_reload_is_logged_at_error_level() {
-    let levels = Levels::default();
-    // The test's runtime runs the watcher's task on this thread.
-    let _guard = tracing::subscriber::set_default(levels.clone());
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| tracing::subscriber::set_global_default(Record).unwrap());
     tracing::callsite::rebuild_interest_cache();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
-    std::fs::write(&path, config("api")).unwrap();
+    support::replace(&path, config("api"));
     let l = Arc::new(Limiter::new(
         Arc::new(MemoryStore::new()),
         PolicySet::from_toml_str(&config("api")).unwrap(),
@@ -61,43 +84,35 @@ async fn a_refused_reload_is_logged_at_error_level() {
     let watcher = watch(&l, &path, Duration::from_millis(5)).unwrap();
     let mut rx = watcher.subscribe();
     assert_eq!(next(&mut rx).await, Reload::Applied { generation: 1 });
-    assert_eq!(*levels.0.lock().unwrap(), [tracing::Level::INFO]);
+    assert_eq!(levels(&path), [Level::INFO]);
 
     for text in [
         config("other"),
         String::new(),
         "[[policy]]\nname = ".to_owned(),
     ] {
-        std::fs::write(&path, &text).unwrap();
+        support::replace(&path, &text);
         assert!(matches!(next(&mut rx).await, Reload::Rejected { .. }));
-        assert_eq!(
-            levels.0.lock().unwrap().last(),
-            Some(&tracing::Level::ERROR),
-            "{text:?}"
-        );
+        assert_eq!(levels(&path).last(), Some(&Level::ERROR), "{text:?}");
     }
-    assert_eq!(levels.0.lock().unwrap().len(), 4);
+    assert_eq!(levels(&path).len(), 4);
 
     // Another version refused for the same reason (the declared "api" missing): neither logged
     // nor reported again.
-    std::fs::write(&path, config("other")).unwrap();
+    support::replace(&path, config("other"));
     assert!(matches!(next(&mut rx).await, Reload::Rejected { .. }));
-    std::fs::write(&path, config("third")).unwrap();
+    support::replace(&path, config("third"));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!rx.has_changed().unwrap());
-    assert_eq!(levels.0.lock().unwrap().len(), 5);
+    assert_eq!(levels(&path).len(), 5);
 
     // Fixed: applied and logged at INFO; the same refusal as before is then news again.
-    std::fs::write(&path, config("api")).unwrap();
+    support::replace(&path, config("api"));
     assert_eq!(next(&mut rx).await, Reload::Applied { generation: 2 });
-    std::fs::write(&path, config("other")).unwrap();
+    support::replace(&path, config("other"));
     assert!(matches!(next(&mut rx).await, Reload::Rejected { .. }));
     assert_eq!(
-        levels.0.lock().unwrap()[4..],
-        [
-            tracing::Level::ERROR,
-            tracing::Level::INFO,
-            tracing::Level::ERROR
-        ]
+        levels(&path)[4..],
+        [Level::ERROR, Level::INFO, Level::ERROR]
     );
 }

@@ -62,7 +62,7 @@ async fn a_deeply_nested_file_is_refused_without_holding_back_the_next_edit() {
         "[".repeat(100_000),
         "]".repeat(100_000)
     );
-    std::fs::write(&file, deep).unwrap();
+    replace(&file, deep);
     let Reload::Rejected { error } = server.next_reload().await else {
         panic!("a deep file was applied");
     };
@@ -72,7 +72,7 @@ async fn a_deeply_nested_file_is_refused_without_holding_back_the_next_edit() {
     );
     assert_eq!(configured_limit(&server).await, Some(10));
 
-    std::fs::write(&file, limit_of(30)).unwrap();
+    replace(&file, limit_of(30));
     assert_eq!(
         server.next_reload().await,
         Reload::Applied { generation: 1 }
@@ -91,7 +91,7 @@ fn every_distinct_refusal_is_logged_past_the_log_throttle() {
         let bad = format!(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ unit: fortnight{i}, requests_per_unit: 1 }}\n"
         );
-        std::fs::write(dir.path().join("config.yaml"), bad).unwrap();
+        replace(&dir.path().join("config.yaml"), bad);
         let line = server.wait_for_line(&format!("fortnight{i}"), Duration::from_secs(5));
         assert!(line.contains("ERROR") && line.contains("refused"), "{line}");
     }

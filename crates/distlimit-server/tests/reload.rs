@@ -17,7 +17,7 @@ async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
     let mut server = Running::with_config(dir.path(), &[]).await;
     assert_eq!(configured_limit(&server).await, Some(10));
 
-    std::fs::write(&file, limit_of(20)).unwrap();
+    replace(&file, limit_of(20));
     assert_eq!(
         server.next_reload().await,
         Reload::Applied { generation: 1 }
@@ -43,7 +43,7 @@ async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
         ),
     ];
     for (yaml, line, expected) in bad_files {
-        std::fs::write(&file, yaml).unwrap();
+        replace(&file, yaml);
         let Reload::Rejected { error } = server.next_reload().await else {
             panic!("{yaml} was applied");
         };
@@ -57,12 +57,12 @@ async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
         );
     }
     // A second file of the same domain is refused too.
-    std::fs::write(&file, limit_of(30)).unwrap();
+    replace(&file, limit_of(30));
     assert_eq!(
         server.next_reload().await,
         Reload::Applied { generation: 2 }
     );
-    std::fs::write(dir.path().join("other.yml"), limit_of(40)).unwrap();
+    replace(&dir.path().join("other.yml"), limit_of(40));
     let Reload::Rejected { error } = server.next_reload().await else {
         panic!("a duplicate domain was applied");
     };
@@ -70,8 +70,8 @@ async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
     assert_eq!(configured_limit(&server).await, Some(30));
     // Removing it applies again; dot files and other extensions are ignored.
     std::fs::remove_file(dir.path().join("other.yml")).unwrap();
-    std::fs::write(dir.path().join(".hidden.yaml"), "not: [valid").unwrap();
-    std::fs::write(dir.path().join("notes.txt"), "not yaml").unwrap();
+    replace(&dir.path().join(".hidden.yaml"), "not: [valid");
+    replace(&dir.path().join("notes.txt"), "not yaml");
     assert_eq!(
         server.next_reload().await,
         Reload::Applied { generation: 3 }
