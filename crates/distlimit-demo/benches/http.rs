@@ -44,7 +44,8 @@
 //! `BENCH_SIDE` (`axum`, `bare`, `allow`, `deny` or `bare429`) instead runs one server alone for
 //! `BENCH_REQUESTS × BENCH_ROUNDS` requests, and prints its PID first (for `perf record -p`).
 //! `BENCH_TARGET=<addr>` runs the client alone, one round against a server started elsewhere
-//! (`BENCH_SEED` picks where the users' walk starts).
+//! (`BENCH_SEED` picks where the users' walk starts, `BENCH_STATUS` the status every answer
+//! must have, 200).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -550,10 +551,11 @@ fn main() {
     }
     if let Ok(target) = std::env::var("BENCH_TARGET") {
         // Only the client, against a server started elsewhere (the demo binary under
-        // callgrind, say), expecting 200s: one round of `BENCH_REQUESTS`.
+        // callgrind, say), expecting `BENCH_STATUS` (200): one round of `BENCH_REQUESTS`.
         let addr: SocketAddr = target.parse().expect("BENCH_TARGET is an address");
         let seed = knob("BENCH_SEED", 1);
-        let (n, elapsed) = runtime(1).block_on(round(addr, &load, StatusCode::OK, seed));
+        let status = StatusCode::from_u16(u16::try_from(knob("BENCH_STATUS", 200)).unwrap());
+        let (n, elapsed) = runtime(1).block_on(round(addr, &load, status.unwrap(), seed));
         println!("{n} requests in {elapsed:.2?}");
         return;
     }
