@@ -592,7 +592,7 @@ impl Group {
         time: TimeSource,
     ) -> Result<Self, Error> {
         if requests.len() != reports.len() {
-            return Err(Error::InvalidRequest("empty batch"));
+            return Err(Error::InvalidRequest("one report flag per settled request"));
         }
         Group::check_batch(requests)?;
         // The units go among the op's values; each request is sent as a peek would be.
