@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod batch;
+mod cidr;
 mod config;
 mod error;
 mod limiter;
@@ -12,6 +13,7 @@ mod watch;
 mod tests;
 
 pub use batch::{Answer, Item, Plan};
+pub use cidr::{Cidr, CidrError};
 pub use config::DEFAULT_IN_FLIGHT_LEASE;
 pub use error::{CheckError, Field, PolicyConfigError};
 pub use limiter::{Checked, Limiter, Listed, TierVerdict, TierVerdicts, Verdict};

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -11,7 +10,9 @@ use distlimit_core::{
     Algorithm, Decision, Key, KeyError, Limit, MAX_POLICY_LEN, Observer, Outcome, PolicyObserver,
     Quota, QuotaError, StateName,
 };
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
+
+use crate::{Cidr, CidrError};
 
 use crate::PolicyConfigError;
 use crate::error::{Field, shown_key};
@@ -713,51 +714,27 @@ fn list_network(entry: &[u8]) -> Result<Option<IpNet>, &'static str> {
     let Ok(text) = std::str::from_utf8(entry) else {
         return Ok(None);
     };
-    if let Ok(addr) = text.parse::<IpAddr>() {
-        return Ok(Some(normalized(IpNet::from(addr))));
-    }
-    let Some((addr, prefix)) = text.rsplit_once('/') else {
-        return Ok(None);
+    let looks_like_cidr = |(addr, prefix): (&str, &str)| {
+        addr.contains(['.', ':'])
+            && addr
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b'.' || b == b':')
+            && !prefix.is_empty()
+            && prefix.bytes().all(|b| b.is_ascii_digit())
     };
-    let looks_like_cidr = addr.contains(['.', ':'])
-        && addr
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() || b == b'.' || b == b':')
-        && !prefix.is_empty()
-        && prefix.bytes().all(|b| b.is_ascii_digit());
-    if !looks_like_cidr {
-        return Ok(None);
+    match text.parse::<Cidr>() {
+        Ok(net) => Ok(Some(net.into())),
+        Err(_) if !text.rsplit_once('/').is_some_and(looks_like_cidr) => Ok(None),
+        Err(CidrError::Address(_)) => Err("not an IP address"),
+        Err(_) => Err("the prefix length is at most 32 for IPv4 and 128 for IPv6"),
     }
-    if addr.parse::<IpAddr>().is_err() {
-        return Err("not an IP address");
-    }
-    let net: IpNet = text
-        .parse()
-        .map_err(|_| "the prefix length is at most 32 for IPv4 and 128 for IPv6")?;
-    Ok(Some(normalized(net.trunc())))
 }
 
-/// A key as a network, if it is an IP address (a network of one) or a CIDR network.
+/// A key as a network, if it is an IP address (a network of one) or a CIDR network, parsed as
+/// the tower layer writes client keys ([`Cidr`]).
 fn ip_network(key: &[u8]) -> Option<IpNet> {
-    let text = std::str::from_utf8(key).ok()?;
-    let net = match text.parse::<IpAddr>() {
-        Ok(addr) => IpNet::from(addr),
-        Err(_) => text.parse::<IpNet>().ok()?.trunc(),
-    };
-    Some(normalized(net))
-}
-
-/// `net` with an IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as IPv4 (`10.0.0.0/8`), as
-/// the tower layer keys IPv4-mapped clients.
-fn normalized(net: IpNet) -> IpNet {
-    if let IpNet::V6(v6) = net
-        && let Some(v4) = v6.addr().to_ipv4_mapped()
-        && let Some(prefix) = v6.prefix_len().checked_sub(96)
-        && let Ok(v4) = Ipv4Net::new(v4, prefix)
-    {
-        return IpNet::V4(v4);
-    }
-    net
+    let net: Cidr = std::str::from_utf8(key).ok()?.parse().ok()?;
+    Some(net.into())
 }
 
 /// The policies a [`Limiter`](crate::Limiter) enforces, by name: an immutable, validated

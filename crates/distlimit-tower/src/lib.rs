@@ -14,10 +14,9 @@ mod settle;
 mod stream;
 
 pub use body::RateLimitBody;
-pub use client_ip::{
-    Cidr, CidrError, ClientIp, ClientIpResolver, ForwardedHeader, IpKey, TrustedProxies,
-};
+pub use client_ip::{ClientIp, ClientIpResolver, ForwardedHeader, IpKey, TrustedProxies};
 pub use distlimit_core::{Quota, QuotaError};
+pub use distlimit_policy::{Cidr, CidrError};
 pub use future::ResponseFuture;
 pub use headers::RateLimitHeaders;
 pub use in_flight::{
