@@ -8,8 +8,8 @@ use std::str::FromStr;
 use ipnet::IpNet;
 
 /// An IP network in CIDR notation, such as `10.0.0.0/8` or `2001:db8::/32`: a thin wrapper of
-/// [`ipnet::IpNet`] that parses the forms operators
-/// write and compares the way the resolver sees clients.
+/// [`ipnet::IpNet`] that parses the forms operators write and compares the way the tower
+/// layer's client IP resolver sees clients.
 ///
 /// A bare address is a network of one (`/32` or `/128`). Host bits below the prefix are
 /// cleared. IPv4-mapped IPv6 networks (`::ffff:10.0.0.0/104`) are stored as IPv4, as the
