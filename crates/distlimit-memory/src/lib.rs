@@ -22,7 +22,7 @@ use distlimit_core::{
 pub use clock::FastClock;
 use shard::{Id, Table};
 use smallvec::SmallVec;
-use sync::RwLock;
+use sync::Lock;
 
 /// The store name the memory store reports to its [`Observer`].
 pub const STORE_NAME: &str = "memory";
@@ -54,7 +54,7 @@ struct Padded<T>(T);
 
 /// The in-process store: see the [crate documentation](crate).
 pub struct MemoryStore<C = FastClock, S = DefaultHasher> {
-    shards: Box<[Padded<RwLock<Table>>; SHARDS]>,
+    shards: Box<[Padded<Lock<Table>>; SHARDS]>,
     hasher: S,
     clock: C,
     max_keys_per_shard: usize,
@@ -115,9 +115,9 @@ impl Default for MemoryStore {
 
 /// The shards, built one by one on the heap: `Box::new` of the whole array would first build
 /// it on the stack, more than a loom thread's stack holds.
-fn new_shards() -> Box<[Padded<RwLock<Table>>; SHARDS]> {
+fn new_shards() -> Box<[Padded<Lock<Table>>; SHARDS]> {
     let shards: Box<[_]> = (0..SHARDS)
-        .map(|_| Padded(RwLock::new(Table::default())))
+        .map(|_| Padded(Lock::new(Table::default())))
         .collect();
     match shards.try_into() {
         Ok(shards) => shards,
@@ -208,11 +208,11 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         let (limit, cost) = (request.limit(), request.cost());
         let shard = &self.shards[shard].0;
         if cost == 0 {
-            return shard.read().evaluate(hash, id, limit, now_us, 0);
+            return shard.lock().evaluate(hash, id, limit, now_us, 0);
         }
         let (max, hasher) = (self.max_keys_per_shard, &self.hasher);
         let (decision, evicted) = shard
-            .write()
+            .lock()
             .decide(hash, id, limit, now_us, cost, max, hasher);
         self.count_eviction(evicted);
         decision
@@ -227,7 +227,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         let settle = |s: &Settle<'_>| {
             let r = s.request();
             let (id, hash, shard) = self.locate(r);
-            let mut table = self.shards[shard].0.write();
+            let mut table = self.shards[shard].0.lock();
             let (limit, cost) = (r.limit(), r.cost());
             let (decision, evicted) =
                 table.settle(hash, id, limit, s.is_report(), now, cost, max, hasher);
@@ -288,7 +288,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         shard_ids.dedup();
         let mut guards: SmallVec<[_; INLINE]> = SmallVec::new();
         for &s in &shard_ids {
-            guards.push((s, self.shards[s].0.write()));
+            guards.push((s, self.shards[s].0.lock()));
         }
         let guard_of = |shard: usize| shard_ids.binary_search(&shard).unwrap_or(0);
 
@@ -343,7 +343,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         request.limit().check_lease()?;
         let now = self.clock.now_us();
         let (id, hash, shard) = self.locate(request);
-        let mut table = self.shards[shard].0.write();
+        let mut table = self.shards[shard].0.lock();
         table.give_back(hash, id, request.limit(), now, give_back);
         let (grant, evicted) = table.take(
             hash,
@@ -365,7 +365,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
     pub fn purge_expired(&self) {
         let now = self.clock.now_us();
         for shard in self.shards.iter() {
-            shard.0.write().purge(now, &self.hasher);
+            shard.0.lock().purge(now, &self.hasher);
         }
         self.permits.purge(now);
     }
@@ -374,7 +374,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
 impl<C, S> MemoryStore<C, S> {
     /// The number of keys held now (expired ones not yet swept included).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.read().len()).sum()
+        self.shards.iter().map(|s| s.0.lock().len()).sum()
     }
 
     /// Whether the store holds no key.
@@ -384,7 +384,7 @@ impl<C, S> MemoryStore<C, S> {
 
     /// The number of keys each shard holds now: a diagnostic of how evenly keys spread.
     pub fn shard_lens(&self) -> Vec<usize> {
-        self.shards.iter().map(|s| s.0.read().len()).collect()
+        self.shards.iter().map(|s| s.0.lock().len()).collect()
     }
 
     /// The cap on the number of keys.
