@@ -12,10 +12,8 @@ use distlimit_core::{
 };
 use ipnet::IpNet;
 
-use crate::{Cidr, CidrError};
-
-use crate::PolicyConfigError;
 use crate::error::{Field, shown_key};
+use crate::{Cidr, CidrError, PolicyConfigError};
 
 /// The most tiers one request is checked against (global tiers plus per-key tiers, or global
 /// tiers plus an override's tiers): all of them go to the store in one all-or-nothing batch.
