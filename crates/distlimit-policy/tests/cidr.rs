@@ -49,6 +49,12 @@ deny = ["10.6.6.0/24", "203.0.113.9"]"#,
     assert_eq!(listed(&l, "::ffff:10.1.2.3"), Some(Listed::Allow));
     // Not an address: never a network match.
     assert_eq!(listed(&l, "10.1.2.3.example"), None);
+    // A leading zero is not an address (std's and `Cidr`'s reading, the layer's trusted
+    // proxies included): listed, it is an exact key; as a key, it matches no network.
+    assert_eq!(listed(&l, "010.1.2.3"), None);
+    let l = limiter(r#"deny = ["010.1.2.3"]"#);
+    assert_eq!(listed(&l, "010.1.2.3"), Some(Listed::Deny));
+    assert_eq!(listed(&l, "10.1.2.3"), None);
 }
 
 #[test]
