@@ -29,6 +29,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
+use distlimit_test::replace_file;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,7 +39,7 @@ use std::time::{Duration, Instant};
 use distlimit_test::Proxy;
 use distlimit_test::server::{RedisServer, SERVICE, Sentinel, server_bin};
 use http::StatusCode;
-use support::{DemoProcess, Http, Reply, unique, write_atomically};
+use support::{DemoProcess, Http, Reply, unique};
 
 /// The tests run one at a time: a killed primary's port is free until the test restarts it,
 /// and a server another test started on it meanwhile would be taken for the old primary by
@@ -229,7 +230,7 @@ async fn failover_through_three_processes(durable: bool, failure_mode: &str) -> 
 
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.toml");
-    write_atomically(&policy, CAPPED);
+    replace_file(&policy, CAPPED).unwrap();
     let sentinels: Vec<String> = set.sentinels().iter().map(RedisServer::addr).collect();
     let url = format!("redis+sentinel://{}/{SERVICE}", sentinels.join(","));
     let mut args = vec![

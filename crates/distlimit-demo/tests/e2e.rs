@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
+use distlimit_test::replace_file;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -12,7 +13,7 @@ use http::StatusCode;
 use support::openmetrics::parse;
 use support::{
     DemoProcess, ENV_CLUSTER_URLS, ENV_SENTINEL_SERVICE, ENV_SENTINEL_URLS, Http, redis_list,
-    redis_url, unique, write_atomically,
+    redis_url, unique,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +76,7 @@ async fn two_instances_enforce_one_limit(url: &str) {
     // The same policy file for both instances, as in a deployment.
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.toml");
-    write_atomically(&policy, SLOW_POLICY);
+    replace_file(&policy, SLOW_POLICY).unwrap();
     let policy = policy.to_str().unwrap();
     // A budget no loaded test machine exceeds: a timed-out call would be decided by this
     // instance's fallback, not by Redis.
@@ -181,12 +182,12 @@ async fn race(url: &str, algorithm: &str, lease: bool) {
     };
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.toml");
-    write_atomically(
+    replace_file(
         &policy,
-        &format!(
+        format!(
             "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"t\", algorithm = \"{algorithm}\", {tier} }}]\n\n[[policy]]\nname = \"api-ip\"\ntiers = [{{ name = \"client\", limit = 1000, per = \"1s\", burst = 100000 }}]\n"
         ),
-    );
+    ).unwrap();
     let policy = policy.to_str().unwrap();
     // A budget no loaded test machine exceeds: this test is about Redis's decisions, and a
     // timed-out call would be decided by the fallback instead.
@@ -273,7 +274,7 @@ async fn a_redis_outage_falls_back_to_this_instances_share() {
     };
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.toml");
-    write_atomically(&policy, SLOW_POLICY);
+    replace_file(&policy, SLOW_POLICY).unwrap();
     let demo = DemoProcess::start(&[
         "--redis",
         &redis.url(),

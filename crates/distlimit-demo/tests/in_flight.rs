@@ -6,13 +6,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
+use distlimit_test::replace_file;
 
 use std::time::{Duration, Instant};
 
 use distlimit_test::server::RedisServer;
 use http::StatusCode;
 use support::openmetrics::parse;
-use support::{DemoProcess, Http, unique, write_atomically};
+use support::{DemoProcess, Http, unique};
 
 fn demos(redis: &RedisServer, lease_ms: &str) -> Vec<DemoProcess> {
     let url = redis.url();
@@ -229,13 +230,13 @@ async fn concurrently(http: &Http, demo: &DemoProcess, user: &str, n: usize) -> 
 async fn max_in_flight_of_the_generate_policy_limits_the_route() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policies.toml");
-    write_atomically(&path, &policy_file("max_in_flight = 2\n"));
+    replace_file(&path, policy_file("max_in_flight = 2\n")).unwrap();
     let file = path.to_str().unwrap();
     let demo = DemoProcess::start(&["--policy", file, "--max-in-flight", "4"]);
     let http = Http::new();
     assert_eq!(concurrently(&http, &demo, "ada", 3).await, (2, 1));
 
-    write_atomically(&path, &policy_file("max_in_flight = 3\n"));
+    replace_file(&path, policy_file("max_in_flight = 3\n")).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !demo.log().iter().any(|l| l.contains("fixed at start")) {
         assert!(
@@ -247,7 +248,7 @@ async fn max_in_flight_of_the_generate_policy_limits_the_route() {
     }
     assert_eq!(concurrently(&http, &demo, "bob", 3).await, (2, 1));
 
-    write_atomically(&path, &policy_file(""));
+    replace_file(&path, policy_file("")).unwrap();
     let (status, log) = DemoProcess::run(&["--listen", "127.0.0.1:0", "--policy", file]);
     assert!(!status.success(), "{log}");
     assert!(

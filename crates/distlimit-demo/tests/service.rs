@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
+use distlimit_test::replace_file;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,8 +20,8 @@ use distlimit_metrics::Metrics;
 use distlimit_policy::PolicySet;
 use distlimit_tower::TrustedProxies;
 use http::StatusCode;
+use support::Http;
 use support::openmetrics::parse;
-use support::{Http, write_atomically};
 use tokio::net::TcpListener;
 
 /// The default service on a memory store whose clock only moves when told: no refill during the
@@ -169,7 +170,7 @@ async fn a_policy_file_is_applied_and_hot_reloaded() {
             "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"burst\", limit = 1, per = \"1h\", burst = {burst} }}]\n{IP_POLICY_TOML}"
         )
     };
-    write_atomically(&path, &policy(2));
+    replace_file(&path, policy(2)).unwrap();
     let args = Args::parse_from([
         "distlimit-demo",
         "--listen",
@@ -203,7 +204,7 @@ async fn a_policy_file_is_applied_and_hot_reloaded() {
     );
 
     // A bigger burst: erin's 2 spent tokens stay spent, 3 more are there.
-    write_atomically(&path, &policy(5));
+    replace_file(&path, policy(5)).unwrap();
     next_reload(&mut reloads, |r| {
         matches!(r, Reload::Applied { generation: 2 })
     })
@@ -220,12 +221,12 @@ async fn a_policy_file_is_applied_and_hot_reloaded() {
     );
 
     // A broken file is rejected: the running policy stays.
-    write_atomically(
+    replace_file(
         &path,
-        &format!(
+        format!(
             "[[policy]]\nname = \"api\"\ntiers = [{{ name = \"burst\", limit = 0, per = \"1s\" }}]\n{IP_POLICY_TOML}"
         ),
-    );
+    ).unwrap();
     next_reload(&mut reloads, |r| matches!(r, Reload::Rejected { .. })).await;
     for _ in 0..5 {
         assert_eq!(
@@ -239,7 +240,7 @@ async fn a_policy_file_is_applied_and_hot_reloaded() {
     );
 
     // A valid file without the policy the route uses is refused too: /api/data keeps answering.
-    write_atomically(&path, IP_POLICY_TOML);
+    replace_file(&path, IP_POLICY_TOML).unwrap();
     next_reload(&mut reloads, |r| matches!(r, Reload::Rejected { .. })).await;
     assert_eq!(
         http.get(addr, "/api/data", Some("grace")).await.status,
@@ -324,7 +325,7 @@ async fn a_policy_file_without_the_api_policies_is_refused() {
         (format!("{other}{IP_POLICY_TOML}"), "api"),
         (api.to_owned(), "api-ip"),
     ] {
-        write_atomically(&path, &file);
+        replace_file(&path, &file).unwrap();
         let args = Args::parse_from(["distlimit-demo", "--policy", path.to_str().unwrap()]);
         match Demo::build(&args).await {
             Err(error @ StartError::MissingPolicy(name)) => {

@@ -3,11 +3,11 @@
 //! models explore every interleaving of the shard locks.
 //!
 //! Not `parking_lot`'s `RwLock`: taking and releasing it are two locked instructions, and a
-//! decision on a hot key is bound by their latency rather than by its own instructions. The
-//! spin lock releases with a plain store, one locked instruction per decision: 15 % less time on
-//! a hot key, and less under contention too, where parking_lot parks the waiters of a lock held
-//! for tens of nanoseconds (ARCHITECTURE.md, "Libraries"). Readers are rare (peeks, `len`), so
-//! they take the lock like writers.
+//! decision on a hot key is bound by their latency rather than by its own instructions. The spin
+//! lock releases with a plain store, one locked instruction per decision: 15 % less time on a hot
+//! key, and less under contention too, where parking_lot parks the waiters of a lock held for tens
+//! of nanoseconds (ARCHITECTURE.md, "Decisions and their reasons"). Readers are rare (peeks,
+//! `len`), so they take the lock like writers.
 
 #[cfg(not(distlimit_loom))]
 pub(crate) use self::spin_lock::Lock;

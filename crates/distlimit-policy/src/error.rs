@@ -185,7 +185,9 @@ impl PolicyConfigError {
 impl PartialEq for PolicyConfigError {
     fn eq(&self, other: &Self) -> bool {
         let cause = |e: &Self| e.source.as_ref().map(ToString::to_string);
-        let place = |e: &Self| [e.policy.clone(), e.override_key.clone(), e.tier.clone()];
+        fn place(e: &PolicyConfigError) -> [&Option<String>; 3] {
+            [&e.policy, &e.override_key, &e.tier]
+        }
         (place(self), self.field, &self.message, cause(self))
             == (place(other), other.field, &other.message, cause(other))
     }

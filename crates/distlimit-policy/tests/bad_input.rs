@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use distlimit_test::replace_file;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -237,7 +238,7 @@ fn a_long_name_is_not_echoed_whole() {
 async fn a_bad_file_keeps_the_running_set() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
-    support::replace(&path, GOOD);
+    replace_file(&path, GOOD).unwrap();
     let limiter = Arc::new(Limiter::new(
         Arc::new(MemoryStore::new()),
         PolicySet::from_toml_str(GOOD).unwrap(),
@@ -249,7 +250,7 @@ async fn a_bad_file_keeps_the_running_set() {
     assert!(limiter.check("api", b"k").await.unwrap().is_allowed());
 
     for (what, text, expected) in CASES {
-        support::replace(&path, text);
+        replace_file(&path, text).unwrap();
         match next(&mut rx).await {
             Reload::Rejected { error } => assert_eq!(error.to_string(), *expected, "{what}"),
             other => panic!("{what}: {other:?}"),
@@ -262,7 +263,7 @@ async fn a_bad_file_keeps_the_running_set() {
     assert!(!limiter.check("api", b"k").await.unwrap().is_allowed());
 
     // Not UTF-8.
-    support::replace(&path, b"\xff\xfe[[policy]]");
+    replace_file(&path, b"\xff\xfe[[policy]]").unwrap();
     match next(&mut rx).await {
         Reload::Rejected { error } => assert_eq!(error.field(), Field::File),
         other => panic!("{other:?}"),

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use distlimit_test::replace_file;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +57,7 @@ async fn replace_refuses_a_set_without_a_declared_policy_and_keeps_the_running_o
 async fn a_reload_without_a_declared_policy_or_with_an_empty_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
-    support::replace(&path, config(&["api", "login"]));
+    replace_file(&path, config(&["api", "login"])).unwrap();
     let l = limiter(&["api", "login"]);
     l.declare("api").unwrap();
     let watcher = watch(&l, &path, Duration::from_millis(5)).unwrap();
@@ -64,7 +65,7 @@ async fn a_reload_without_a_declared_policy_or_with_an_empty_file_is_refused() {
     assert_eq!(next(&mut rx).await, Reload::Applied { generation: 1 });
     let running = l.policies();
 
-    support::replace(&path, config(&["login"]));
+    replace_file(&path, config(&["login"])).unwrap();
     let Reload::Rejected { error } = next(&mut rx).await else {
         panic!("a set without the declared policy was applied")
     };
@@ -77,7 +78,7 @@ async fn a_reload_without_a_declared_policy_or_with_an_empty_file_is_refused() {
     // Empty, then half-written (cut inside a policy, then after a complete one without "api").
     let whole = config(&["api", "login"]);
     for text in ["", &whole[..whole.len() / 3], &config(&["login"])[..]] {
-        support::replace(&path, text);
+        replace_file(&path, text).unwrap();
         let Reload::Rejected { error } = next(&mut rx).await else {
             panic!("{text:?} was applied")
         };
@@ -89,6 +90,6 @@ async fn a_reload_without_a_declared_policy_or_with_an_empty_file_is_refused() {
     }
     assert!(l.check("api", b"k").await.unwrap().is_allowed());
 
-    support::replace(&path, config(&["api"]));
+    replace_file(&path, config(&["api"])).unwrap();
     assert_eq!(next(&mut rx).await, Reload::Applied { generation: 2 });
 }

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use distlimit_test::replace_file;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ fn limit_of(limiter: &Limiter<MemoryStore<ManualClock>>) -> u64 {
 }
 
 fn write(path: &Path, text: &str) {
-    support::replace(path, text);
+    replace_file(path, text).unwrap();
 }
 
 /// A limiter with the set of `path`, the watcher of `path` (every 5 ms) and its events, after

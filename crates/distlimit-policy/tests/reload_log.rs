@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use distlimit_test::replace_file;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
@@ -75,7 +76,7 @@ async fn a_refused_reload_is_logged_at_error_level() {
     tracing::callsite::rebuild_interest_cache();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
-    support::replace(&path, config("api"));
+    replace_file(&path, config("api")).unwrap();
     let l = Arc::new(Limiter::new(
         Arc::new(MemoryStore::new()),
         PolicySet::from_toml_str(&config("api")).unwrap(),
@@ -91,7 +92,7 @@ async fn a_refused_reload_is_logged_at_error_level() {
         String::new(),
         "[[policy]]\nname = ".to_owned(),
     ] {
-        support::replace(&path, &text);
+        replace_file(&path, &text).unwrap();
         assert!(matches!(next(&mut rx).await, Reload::Rejected { .. }));
         assert_eq!(levels(&path).last(), Some(&Level::ERROR), "{text:?}");
     }
@@ -99,17 +100,17 @@ async fn a_refused_reload_is_logged_at_error_level() {
 
     // Another version refused for the same reason (the declared "api" missing): neither logged
     // nor reported again.
-    support::replace(&path, config("other"));
+    replace_file(&path, config("other")).unwrap();
     assert!(matches!(next(&mut rx).await, Reload::Rejected { .. }));
-    support::replace(&path, config("third"));
+    replace_file(&path, config("third")).unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!rx.has_changed().unwrap());
     assert_eq!(levels(&path).len(), 5);
 
     // Fixed: applied and logged at INFO; the same refusal as before is then news again.
-    support::replace(&path, config("api"));
+    replace_file(&path, config("api")).unwrap();
     assert_eq!(next(&mut rx).await, Reload::Applied { generation: 2 });
-    support::replace(&path, config("other"));
+    replace_file(&path, config("other")).unwrap();
     assert!(matches!(next(&mut rx).await, Reload::Rejected { .. }));
     assert_eq!(
         levels(&path)[4..],

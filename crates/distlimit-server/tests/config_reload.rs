@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
+use distlimit_test::replace_file;
 
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ async fn a_deeply_nested_file_is_refused_without_holding_back_the_next_edit() {
         "[".repeat(100_000),
         "]".repeat(100_000)
     );
-    replace(&file, deep);
+    replace_file(&file, deep).unwrap();
     let Reload::Rejected { error } = server.next_reload().await else {
         panic!("a deep file was applied");
     };
@@ -72,7 +73,7 @@ async fn a_deeply_nested_file_is_refused_without_holding_back_the_next_edit() {
     );
     assert_eq!(configured_limit(&server).await, Some(10));
 
-    replace(&file, limit_of(30));
+    replace_file(&file, limit_of(30)).unwrap();
     assert_eq!(
         server.next_reload().await,
         Reload::Applied { generation: 1 }
@@ -91,7 +92,7 @@ fn every_distinct_refusal_is_logged_past_the_log_throttle() {
         let bad = format!(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ unit: fortnight{i}, requests_per_unit: 1 }}\n"
         );
-        replace(&dir.path().join("config.yaml"), bad);
+        replace_file(&dir.path().join("config.yaml"), bad).unwrap();
         let line = server.wait_for_line(&format!("fortnight{i}"), Duration::from_secs(5));
         assert!(line.contains("ERROR") && line.contains("refused"), "{line}");
     }

@@ -15,6 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
+use distlimit_test::replace_file;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -268,7 +269,7 @@ async fn config_reload(binary: &Binary, config: &Path) {
     let before = binary.metric(LOADS_OK);
     assert!(before >= 1, "the first load is counted");
     let reload = std::fs::read_to_string(compat_fixture("reload.yaml")).unwrap();
-    replace(&config.join("reload.yaml"), &reload);
+    replace_file(&config.join("reload.yaml"), &reload).unwrap();
     let after = binary.wait_metric_above(LOADS_OK, before);
     let r = call(&mut c, req("reload", &[&[("key1", &fresh())]], 1)).await;
     expect(&r, OK, &[(OK, Some((50, SECOND)), 49)]);
@@ -420,13 +421,6 @@ fn service_config() -> tempfile::TempDir {
     dir
 }
 
-/// Replaces `file` with `contents` in one rename (a reload never reads half a file).
-fn replace(file: &Path, contents: &str) {
-    let next = file.with_extension("next");
-    std::fs::write(&next, contents).unwrap();
-    std::fs::rename(&next, file).unwrap();
-}
-
 /// Spends all of `entries`' limit of `rpu` in `domain` (its answer: OK, nothing left).
 async fn spend(
     c: &mut RateLimitServiceClient<Channel>,
@@ -463,7 +457,7 @@ async fn service() {
     // A reload (a config event): counted.
     let loads = binary.metric(LOADS_OK);
     let file = dir.path().join("different-domain.yaml");
-    replace(&file, &format!("{DIFFERENT_DOMAIN}\n# reloaded\n"));
+    replace_file(&file, format!("{DIFFERENT_DOMAIN}\n# reloaded\n")).unwrap();
     let loads = binary.wait_metric_above(LOADS_OK, loads);
     assert_eq!(loads, 2);
     spend(&mut c, "different-domain", FOO, 10).await;
@@ -474,7 +468,7 @@ async fn service() {
         &[(OVER_LIMIT, TEN_A_MINUTE, 0), (OK, None, 0)],
     );
     // A load error keeps the running configuration; the order of descriptors does not matter.
-    replace(&file, "domain: different-domain\ndescriptors: [\n");
+    replace_file(&file, "domain: different-domain\ndescriptors: [\n").unwrap();
     binary.wait_metric_above(LOADS_ERROR, 0);
     let r = call(&mut c, req("different-domain", &[HELLO, FOO], 1)).await;
     expect(

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
+use distlimit_test::replace_file;
 
 use std::path::Path;
 
@@ -17,7 +18,7 @@ async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
     let mut server = Running::with_config(dir.path(), &[]).await;
     assert_eq!(configured_limit(&server).await, Some(10));
 
-    replace(&file, limit_of(20));
+    replace_file(&file, limit_of(20)).unwrap();
     assert_eq!(
         server.next_reload().await,
         Reload::Applied { generation: 1 }
@@ -43,7 +44,7 @@ async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
         ),
     ];
     for (yaml, line, expected) in bad_files {
-        replace(&file, yaml);
+        replace_file(&file, yaml).unwrap();
         let Reload::Rejected { error } = server.next_reload().await else {
             panic!("{yaml} was applied");
         };
@@ -57,12 +58,12 @@ async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
         );
     }
     // A second file of the same domain is refused too.
-    replace(&file, limit_of(30));
+    replace_file(&file, limit_of(30)).unwrap();
     assert_eq!(
         server.next_reload().await,
         Reload::Applied { generation: 2 }
     );
-    replace(&dir.path().join("other.yml"), limit_of(40));
+    replace_file(&dir.path().join("other.yml"), limit_of(40)).unwrap();
     let Reload::Rejected { error } = server.next_reload().await else {
         panic!("a duplicate domain was applied");
     };
@@ -70,8 +71,8 @@ async fn an_edited_file_is_applied_and_a_bad_one_keeps_the_running_config() {
     assert_eq!(configured_limit(&server).await, Some(30));
     // Removing it applies again; dot files and other extensions are ignored.
     std::fs::remove_file(dir.path().join("other.yml")).unwrap();
-    replace(&dir.path().join(".hidden.yaml"), "not: [valid");
-    replace(&dir.path().join("notes.txt"), "not yaml");
+    replace_file(&dir.path().join(".hidden.yaml"), "not: [valid").unwrap();
+    replace_file(&dir.path().join("notes.txt"), "not yaml").unwrap();
     assert_eq!(
         server.next_reload().await,
         Reload::Applied { generation: 3 }

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
+use distlimit_test::replace_file;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -513,13 +514,6 @@ fn swap_symlink(link: &Path, target: &Path) {
     std::fs::rename(&next, link).unwrap();
 }
 
-/// Replaces `path`'s contents atomically (a reload never sees half a file).
-fn replace(path: &Path, contents: &str) {
-    let next = path.with_extension("tmp");
-    std::fs::write(&next, contents).unwrap();
-    std::fs::rename(&next, path).unwrap();
-}
-
 #[tokio::test]
 async fn rotated_certificates_serve_new_connections_and_bad_ones_are_refused() {
     let config = config_dir(CONFIG);
@@ -575,7 +569,7 @@ async fn rotated_certificates_serve_new_connections_and_bad_ones_are_refused() {
     .await;
 
     // A certificate that is not PEM: refused by name, the new certificate keeps serving.
-    replace(&v2.join("cert.pem"), "not a certificate");
+    replace_file(&v2.join("cert.pem"), "not a certificate").unwrap();
     match server.next_tls_reload().await {
         TlsReload::Rejected { error } => {
             assert!(error.contains("cert.pem"), "{error}");
@@ -588,7 +582,7 @@ async fn rotated_certificates_serve_new_connections_and_bad_ones_are_refused() {
         .unwrap();
 
     // A certificate whose key is another's: refused naming the key file.
-    replace(&v2.join("cert.pem"), &old_ca.server().cert);
+    replace_file(&v2.join("cert.pem"), &old_ca.server().cert).unwrap();
     match server.next_tls_reload().await {
         TlsReload::Rejected { error } => {
             assert!(error.contains("key.pem"), "{error}");

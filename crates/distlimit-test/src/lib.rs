@@ -9,7 +9,9 @@ mod proxy;
 pub mod server;
 mod support;
 
+use std::ffi::OsString;
 use std::future::Future;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -47,6 +49,30 @@ pub fn unique_prefix(tag: &str) -> Vec<u8> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("dlt:{}:{nanos:x}:{n}:{tag}:", std::process::id()).into_bytes()
+}
+
+/// Replaces the file at `path` with `contents` through a rename in its directory, as editors
+/// and Kubernetes ConfigMaps do, so that a reloader polling it never reads it empty or half
+/// written. The new contents are first written to `.<name>.tmp` beside it: a dot file, which
+/// directory watchers skip.
+///
+/// # Errors
+///
+/// Writing or renaming the temporary file; a `path` without a file name is
+/// [`InvalidInput`](std::io::ErrorKind::InvalidInput).
+pub fn replace_file(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a path without a file name",
+        )
+    })?;
+    let mut temporary = OsString::from(".");
+    temporary.push(name);
+    temporary.push(".tmp");
+    let temporary = path.with_file_name(temporary);
+    std::fs::write(&temporary, contents)?;
+    std::fs::rename(&temporary, path)
 }
 
 /// The name of every check, in the order [`run_all`] runs them: also the test names

@@ -13,9 +13,9 @@
 #[path = "../../../distlimit-metrics/tests/support/openmetrics.rs"]
 pub mod openmetrics;
 
+use distlimit_test::replace_file;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -251,13 +251,6 @@ impl Drop for DemoProcess {
     }
 }
 
-/// Writes `text` to `path` atomically (a rename), so a reloading reader never sees half a file.
-pub fn write_atomically(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 /// The demo's `api` and `api-ip` policies (a burst of 5 an hour per user, 1 000 a second per
 /// client IP), the base of the token tests' policy files.
 const TOKEN_TESTS_BASE: &str = r#"
@@ -274,9 +267,10 @@ tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000, per = "1s"
 /// and options); answers the file's path.
 pub fn tokens_policy_file(dir: &std::path::Path, lines: &str) -> String {
     let path = dir.join("policy.toml");
-    write_atomically(
+    replace_file(
         &path,
-        &format!("{TOKEN_TESTS_BASE}\n[[policy]]\nname = \"tokens\"\n{lines}\n"),
-    );
+        format!("{TOKEN_TESTS_BASE}\n[[policy]]\nname = \"tokens\"\n{lines}\n"),
+    )
+    .unwrap();
     path.to_str().unwrap().to_owned()
 }

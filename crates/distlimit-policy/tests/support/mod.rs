@@ -15,12 +15,3 @@ pub(crate) async fn next(rx: &mut Receiver<Reload>) -> Reload {
         .unwrap();
     rx.borrow_and_update().clone()
 }
-
-/// Writes `contents` to `path` through a rename, as editors and ConfigMaps do, so a watcher
-/// polling the file never reads it empty or half written.
-pub(crate) fn replace(path: &std::path::Path, contents: impl AsRef<[u8]>) {
-    let name = path.file_name().unwrap().to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}

@@ -226,12 +226,3 @@ pub async fn configured_limit(server: &Running) -> Option<u32> {
         .as_ref()
         .map(|l| l.requests_per_unit)
 }
-
-/// Writes `contents` to `path` through a rename, as editors and ConfigMaps do, so a watcher
-/// polling the file never reads it empty or half written.
-pub fn replace(path: &std::path::Path, contents: impl AsRef<[u8]>) {
-    let name = path.file_name().unwrap().to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
