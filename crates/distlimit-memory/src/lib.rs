@@ -211,9 +211,10 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             return shard.lock().evaluate(hash, id, limit, now_us, 0);
         }
         let (max, hasher) = (self.max_keys_per_shard, &self.hasher);
-        let (decision, evicted) = shard
-            .lock()
-            .decide(hash, id, limit, now_us, cost, max, hasher);
+        let mut table = shard.lock();
+        let decision = table.decide(hash, id, limit, now_us, cost, max, hasher);
+        let evicted = table.take_evicted();
+        drop(table);
         self.count_eviction(evicted);
         decision
     }
@@ -229,8 +230,9 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             let (id, hash, shard) = self.locate(r);
             let mut table = self.shards[shard].0.lock();
             let (limit, cost) = (r.limit(), r.cost());
-            let (decision, evicted) =
-                table.settle(hash, id, limit, s.is_report(), now, cost, max, hasher);
+            let decision = table.settle(hash, id, limit, s.is_report(), now, cost, max, hasher);
+            let evicted = table.take_evicted();
+            drop(table);
             self.count_eviction(evicted);
             decision
         };
@@ -323,9 +325,8 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
                 }
                 let table = &mut guards[guard_of(shard)].1;
                 let (max, hasher) = (self.max_keys_per_shard, &self.hasher);
-                let (_, evicted) =
-                    table.decide_at(at, hash, id, r.limit(), now, r.cost(), max, hasher);
-                self.count_eviction(evicted);
+                table.decide_at(at, hash, id, r.limit(), now, r.cost(), max, hasher);
+                self.count_eviction(table.take_evicted());
             }
         }
         Ok(())
@@ -345,7 +346,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
         let (id, hash, shard) = self.locate(request);
         let mut table = self.shards[shard].0.lock();
         table.give_back(hash, id, request.limit(), now, give_back);
-        let (grant, evicted) = table.take(
+        let grant = table.take(
             hash,
             id,
             request.limit(),
@@ -354,6 +355,7 @@ impl<C: Clock, S: BuildHasher> MemoryStore<C, S> {
             self.max_keys_per_shard,
             &self.hasher,
         );
+        let evicted = table.take_evicted();
         drop(table);
         self.count_eviction(evicted);
         Ok(grant)
