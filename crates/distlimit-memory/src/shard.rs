@@ -612,9 +612,12 @@ impl Slot for Wide {
 impl<const W: usize, A> Slot for Bucket<W, A> {
     #[inline]
     fn expires_at(&self, stamps: &Stamps) -> u64 {
-        stamps.get(self.stamp()).map_or(u64::MAX, |quota| {
-            State::TokenBucket(self.state()).expires_at(quota)
-        })
+        // A state whose quota was not recorded (the registry was full) is kept until evicted.
+        stamps
+            .entry(self.stamp())
+            .map_or(u64::MAX, |(_, divisors)| {
+                self.state().expires_with(divisors)
+            })
     }
 
     #[inline(always)]

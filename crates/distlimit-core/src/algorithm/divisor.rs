@@ -157,6 +157,17 @@ impl TokenBucket {
 
 /// `Model::reset_after` of a token bucket with a deficit of `units`, `wait` µs before its
 /// refill starts.
+impl TokenBucket {
+    /// [`State::expires_at`](crate::State::expires_at) of this state under `quota` without a
+    /// hardware division: `divisors` must be `QuotaDivisors::new(quota)`. For stores that
+    /// derive a state's expiry instead of storing it.
+    #[inline]
+    pub fn expires_with(&self, divisors: &QuotaDivisors) -> u64 {
+        self.last_us
+            .saturating_add(divisors.rate.div_ceil(self.deficit))
+    }
+}
+
 #[inline(always)]
 fn reset_after(rate: &Divisor, wait: u64, units: u64) -> u64 {
     match rate.div_ceil(units) {
@@ -295,6 +306,7 @@ mod tests {
             let tb = TokenBucket { deficit, last_us: last };
             let mut state = State::TokenBucket(tb);
             let expected = Limit::token_bucket(quota).decide(&mut state, now, cost);
+            prop_assert_eq!(tb.expires_with(&divisors), State::TokenBucket(tb).expires_at(&quota));
             let mut fast = tb;
             prop_assert_eq!(fast.decide_with(&quota, &divisors, now, cost), expected);
             prop_assert_eq!(State::TokenBucket(fast), state);
