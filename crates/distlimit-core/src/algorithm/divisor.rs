@@ -153,11 +153,7 @@ impl TokenBucket {
             Decision::from_micros_exact(false, burst, available, reset, retry.max(1))
         }
     }
-}
 
-/// `Model::reset_after` of a token bucket with a deficit of `units`, `wait` µs before its
-/// refill starts.
-impl TokenBucket {
     /// [`State::expires_at`](crate::State::expires_at) of this state under `quota` without a
     /// hardware division: `divisors` must be `QuotaDivisors::new(quota)`. For stores that
     /// derive a state's expiry instead of storing it.
@@ -168,6 +164,8 @@ impl TokenBucket {
     }
 }
 
+/// `Model::reset_after` of a token bucket with a deficit of `units`, `wait` µs before its
+/// refill starts.
 #[inline(always)]
 fn reset_after(rate: &Divisor, wait: u64, units: u64) -> u64 {
     match rate.div_ceil(units) {
