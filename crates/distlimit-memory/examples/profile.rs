@@ -1,6 +1,8 @@
 //! Drives one contender of `benches/compare.rs` through one case for a fixed number of
 //! decisions, so a deterministic counter (callgrind, cachegrind) can count instructions per
-//! decision: only [`measure`] is meant to be counted (`--toggle-collect=*measure*`).
+//! decision: only [`measure`] is meant to be counted (`--toggle-collect='profile::measure*'`;
+//! a bare `*measure*` also matches governor's `measure_and_replace`, whose nested toggle stops
+//! the count inside it).
 //!
 //! `cargo run --release -p distlimit-memory --example profile -- <tb|gcra|governor> <u64|string24>
 //! <hot|10k|100k|1m|new> <decisions>`; see `docs/measurements/2026-12-03-memory-vs-governor.md`.
