@@ -714,9 +714,9 @@ impl<T: Slot> Part<T> {
     /// both lines on their way.
     #[inline(always)]
     fn warm(&self, hash: u64, probe: &T::Probe<'_>) {
-        // hashbrown probes from the hash's low bits (`h1`), masked to the bucket count.
-        #[allow(clippy::cast_possible_truncation)]
-        let first = hash as usize & (self.map.num_buckets() - 1);
+        // hashbrown probes from the hash's low bits (`h1`), masked to the bucket count. Were
+        // that to change, this read would only be wasted: it decides nothing.
+        let first = hash as usize & self.map.num_buckets().wrapping_sub(1);
         std::hint::black_box(self.map.get_bucket(first).is_some_and(|e| e.is(probe)));
     }
 
