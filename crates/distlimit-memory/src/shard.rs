@@ -1493,6 +1493,31 @@ mod tests {
         }
     }
 
+    /// `Part::warm`'s premise: most entries sit in the first bucket their hash probes. Should
+    /// hashbrown probe from elsewhere, the read ahead is wasted on every decision; this says so.
+    #[test]
+    fn most_entries_sit_where_the_read_ahead_looks() {
+        let limit = Limit::gcra(Quota::per_second(1).unwrap());
+        let mut keyed = Keyed::default();
+        let keys: Vec<[u8; 8]> = (0..50_000_u64).map(u64::to_le_bytes).collect();
+        for key in &keys {
+            assert!(keyed.decide(key, &limit, 1, 1, usize::MAX).0.is_allowed());
+        }
+        let Keyed(table, h) = &keyed;
+        let map = &table.word.map;
+        let at_first = keys
+            .iter()
+            .filter(|key| {
+                let (hash, probe) = (id(&key[..]).hash(h), pack::<1>(id(&key[..])).unwrap());
+                let first = hash as usize & (map.num_buckets() - 1);
+                map.get_bucket(first)
+                    .is_some_and(|e| <WordEntry as super::Keyed>::is(e, &probe))
+            })
+            .count();
+        assert_eq!(map.len(), keys.len());
+        assert!(at_first * 2 > keys.len(), "{at_first} of {}", keys.len());
+    }
+
     #[test]
     fn entry_sizes_and_alignments() {
         fn layout<T>() -> (usize, usize) {
