@@ -714,10 +714,16 @@ impl<T: Slot> Part<T> {
     /// both lines on their way.
     #[inline(always)]
     fn warm(&self, hash: u64, probe: &T::Probe<'_>) {
-        // hashbrown probes from the hash's low bits (`h1`), masked to the bucket count. Were
-        // that to change, this read would only be wasted: it decides nothing.
-        let first = hash as usize & self.map.num_buckets().wrapping_sub(1);
+        let first = self.first_bucket(hash);
         std::hint::black_box(self.map.get_bucket(first).is_some_and(|e| e.is(probe)));
+    }
+
+    /// The bucket hashbrown probes first for `hash`: its low bits (`h1`) masked to the bucket
+    /// count. Were that to change, [`warm`](Self::warm)'s read would only be wasted: it decides
+    /// nothing.
+    #[inline(always)]
+    fn first_bucket(&self, hash: u64) -> usize {
+        hash as usize & self.map.num_buckets().wrapping_sub(1)
     }
 
     fn remove(&mut self, hash: u64, id: Id<'_>) {
@@ -1288,9 +1294,8 @@ impl Table {
                 Err(_) => return limit.evaluate(None, now, 0),
             },
         };
-        let evicted =
+        self.evicted |=
             self.insert_fresh(hash, id, home, stamp, state, expires, now, max_len, hasher);
-        self.evicted |= evicted;
         decision
     }
 
@@ -1311,7 +1316,7 @@ impl Table {
         hasher: &S,
     ) -> bool {
         // A state of another algorithm lives in one of the id's other tables (`Wide` may be
-        // searched twice, for an id of 39 to 54 bytes: the second search finds nothing).
+        // searched twice, for a GCRA id of 47 to 54 bytes: the second search finds nothing).
         for other in [Home::compact(id), Home::bucket(id), Home::Wide] {
             if other != home && in_part!(&self, other, |part| !part.map.is_empty()) {
                 self.remove_from(other, hash, id);
@@ -1504,17 +1509,16 @@ mod tests {
             assert!(keyed.decide(key, &limit, 1, 1, usize::MAX).0.is_allowed());
         }
         let Keyed(table, h) = &keyed;
-        let map = &table.word.map;
+        let part = &table.word;
         let at_first = keys
             .iter()
             .filter(|key| {
                 let (hash, probe) = (id(&key[..]).hash(h), pack::<1>(id(&key[..])).unwrap());
-                let first = hash as usize & (map.num_buckets() - 1);
-                map.get_bucket(first)
-                    .is_some_and(|e| <WordEntry as super::Keyed>::is(e, &probe))
+                let first = part.map.get_bucket(part.first_bucket(hash));
+                first.is_some_and(|e| <WordEntry as super::Keyed>::is(e, &probe))
             })
             .count();
-        assert_eq!(map.len(), keys.len());
+        assert_eq!(part.map.len(), keys.len());
         assert!(at_first * 2 > keys.len(), "{at_first} of {}", keys.len());
     }
 
