@@ -5,17 +5,20 @@
 //! one of 1 000 000 users (`X-User-ID`) drawn in a pseudo-random order, so nearly every
 //! request's user is new to the store.
 //!
-//! Six servers, each a separate process pinned to one core, so the client's own work is not
+//! Seven servers, each a separate process pinned to one core, so the client's own work is not
 //! counted in theirs:
 //!
 //! * `demo`: the `distlimit-demo` binary itself, as users run it, on the default per-user
 //!   policy with the per-address tier raised out of the way (the outside harness's setup);
 //!
-//! and five built by this executable, re-run with `BENCH_ROLE=server`:
+//! and six built by this executable, re-run with `BENCH_ROLE=server`:
 //!
 //! * `axum`: a bare `axum::serve` app answering `GET /api/data` with the demo's body, none of
 //!   the demo's serving stack (what an outside harness compares the demo with);
 //! * `bare`: the demo's routes and serving stack (`distlimit-serve`) without a limiter;
+//! * `pass`: with the limits' layer on a policy selector that names no policy, so every request
+//!   passes unchecked: what the layer costs before it decides anything (reading the client
+//!   IP, the response future, the body axum boxes once more);
 //! * `allow`: with the limits, on policies that never deny;
 //! * `deny`: with the limits, every user already spent before the run (1 per hour, burst 1):
 //!   every request is answered 429;
@@ -24,7 +27,7 @@
 //!   sending those bytes costs without deciding anything.
 //!
 //! Each server's CPU time is read from `/proc/<pid>/task/*/schedstat` around every round.
-//! Rounds run in back-to-back sets of six, rotating which goes first, so that machine noise
+//! Rounds run in back-to-back sets of seven, rotating which goes first, so that machine noise
 //! hits all alike; the medians of the sets' ratios are the result (`deny` also against
 //! `bare429`).
 //!
@@ -41,7 +44,7 @@
 //! per round (20000), `BENCH_ROUND_SECS` (3, the time bound of a round), `BENCH_ROUNDS` (11
 //! sets), `BENCH_SERVER_CPUS` (a `taskset -c` list for the servers, `0`; empty: not
 //! pinned), `BENCH_SERVER_THREADS` (1) and `BENCH_CLIENT_THREADS` (1) worker threads.
-//! `BENCH_SIDE` (`axum`, `bare`, `allow`, `deny` or `bare429`) instead runs one server alone for
+//! `BENCH_SIDE` (`axum`, `bare`, `pass`, `allow`, `deny` or `bare429`) instead runs one server alone for
 //! `BENCH_REQUESTS × BENCH_ROUNDS` requests, and prints its PID first (for `perf record -p`).
 //! `BENCH_TARGET=<addr>` runs the client alone, one round against a server started elsewhere
 //! (`BENCH_SEED` picks where the users' walk starts, `BENCH_STATUS` the status every answer
@@ -64,7 +67,7 @@ use distlimit_demo::{DATA_BODY, POLICY, ServeConfig, api_limits, limiter, router
 use distlimit_memory::MemoryStore;
 use distlimit_metrics::Metrics;
 use distlimit_policy::PolicySet;
-use distlimit_tower::{PeerAddr, TrustedProxies};
+use distlimit_tower::{PeerAddr, PolicySelector, RateLimitLayer, TrustedProxies};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Bytes;
@@ -109,9 +112,10 @@ tiers = [{ name = "client", algorithm = "token_bucket", limit = 1000000000, per 
 "#;
 
 /// The servers compared, in the order of the table's columns.
-const SIDES: [Side; 6] = [
+const SIDES: [Side; 7] = [
     Side::Axum,
     Side::Bare,
+    Side::Pass,
     Side::Allow,
     Side::Deny,
     Side::Bare429,
@@ -123,6 +127,8 @@ enum Side {
     /// A bare `axum::serve` app: no limiter, none of the demo's serving stack.
     Axum,
     Bare,
+    /// The limits' layer, its selector naming no policy: every request unchecked.
+    Pass,
     Allow,
     Deny,
     /// The control of `Deny`: no limiter, the same 429 bytes.
@@ -136,6 +142,7 @@ impl Side {
         match self {
             Self::Axum => "axum",
             Self::Bare => "bare",
+            Self::Pass => "pass",
             Self::Allow => "allow",
             Self::Deny => "deny",
             Self::Bare429 => "bare429",
@@ -149,14 +156,14 @@ impl Side {
             .find(|side| side.name() == name)
             .unwrap_or_else(|| {
                 panic!(
-                    "a side is `axum`, `bare`, `allow`, `deny`, `bare429` or `demo`, not {name:?}"
+                    "a side is `axum`, `bare`, `pass`, `allow`, `deny`, `bare429` or `demo`, not {name:?}"
                 )
             })
     }
 
     fn status(self) -> StatusCode {
         match self {
-            Self::Axum | Self::Bare | Self::Allow | Self::Demo => StatusCode::OK,
+            Self::Axum | Self::Bare | Self::Pass | Self::Allow | Self::Demo => StatusCode::OK,
             Self::Deny | Self::Bare429 => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -221,6 +228,13 @@ async fn start(side: Side, users: u64) -> SocketAddr {
         Side::Axum => return serve_axum().await,
         Side::Demo => unreachable!("the demo side is the binary, spawned by `Server::spawn`"),
         Side::Bare => None,
+        Side::Pass => {
+            let policies = PolicySet::from_toml_str(ALLOW_POLICIES).unwrap();
+            let limiter = limiter(Arc::new(MemoryStore::new()), policies, &metrics);
+            let mut limits = api_limits(limiter.clone(), TrustedProxies::none());
+            limits.layer = RateLimitLayer::new(limiter, PolicySelector::custom(|_| None));
+            Some(limits)
+        }
         Side::Bare429 => return serve_control(denial().await).await,
         Side::Allow | Side::Deny => {
             let toml = if side == Side::Allow {
@@ -583,17 +597,18 @@ fn main() {
             std::env::var("BENCH_SERVER_CPUS").unwrap_or_else(|_| "0".into())
         );
         println!(
-            "round  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  capacity allow/axum  deny/axum",
+            "round  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  {:>20}  capacity allow/axum  deny/axum",
             "axum req/s, µs/req",
             "bare req/s, µs/req",
+            "pass req/s, µs/req",
             "allow req/s, µs/req",
             "deny req/s, µs/req",
             "bare429 req/s, µs/req",
             "demo req/s, µs/req"
         );
         // Per side: requests per second and µs of server CPU per request, one per round.
-        let mut rates: [Vec<f64>; 6] = Default::default();
-        let mut cpus: [Vec<f64>; 6] = Default::default();
+        let mut rates: [Vec<f64>; 7] = Default::default();
+        let mut cpus: [Vec<f64>; 7] = Default::default();
         // (name, side, baseline): throughput and CPU ratios, one per set of rounds.
         let pairs = [
             ("demo/axum", Side::Demo, Side::Axum),
@@ -601,17 +616,18 @@ fn main() {
             ("deny/axum", Side::Deny, Side::Axum),
             ("demo/allow", Side::Demo, Side::Allow),
             ("bare/axum", Side::Bare, Side::Axum),
+            ("pass/axum", Side::Pass, Side::Axum),
             ("allow/bare", Side::Allow, Side::Bare),
             ("deny/bare", Side::Deny, Side::Bare),
             ("deny/bare429", Side::Deny, Side::Bare429),
             ("bare429/bare", Side::Bare429, Side::Bare),
         ];
-        let mut rate_ratios: [Vec<f64>; 9] = Default::default();
-        let mut cpu_ratios: [Vec<f64>; 9] = Default::default();
+        let mut rate_ratios: [Vec<f64>; 10] = Default::default();
+        let mut cpu_ratios: [Vec<f64>; 10] = Default::default();
         let index = |side: Side| SIDES.iter().position(|s| *s == side).unwrap();
         for r in 0..rounds {
-            let mut rate = [0.0; 6];
-            let mut cpu = [0.0; 6];
+            let mut rate = [0.0; 7];
+            let mut cpu = [0.0; 7];
             for k in 0..SIDES.len() {
                 // Rotated, so each side goes first, second, third and last alike.
                 let i = (k + usize::try_from(r).unwrap()) % SIDES.len();
@@ -627,7 +643,8 @@ fn main() {
             for i in 0..SIDES.len() {
                 print!("  {:>12.0} {:>7.2}", rate[i], cpu[i]);
             }
-            println!("  {:>19.3}  {:>9.3}", cpu[0] / cpu[2], cpu[0] / cpu[3]);
+            let (allow, deny) = (index(Side::Allow), index(Side::Deny));
+            println!("  {:>19.3}  {:>9.3}", cpu[0] / cpu[allow], cpu[0] / cpu[deny]);
             for i in 0..SIDES.len() {
                 rates[i].push(rate[i]);
                 cpus[i].push(cpu[i]);
@@ -660,7 +677,7 @@ fn main() {
     });
 }
 
-/// `BENCH_SIDE=bare|allow|deny`: one server and its client in this process, for profiling one
+/// `BENCH_SIDE=bare|pass|allow|deny`: one server and its client in this process, for profiling one
 /// side.
 fn one_side(side: Side, load: &Load, rounds: u64) {
     println!("pid {}", std::process::id());
