@@ -225,7 +225,7 @@ pub(crate) fn redis_up() -> Result<()> {
 /// `--cfg distlimit_loom` goes through `RUSTFLAGS`, so every crate of the build sees it; the
 /// profile gives the build its own directory (`target/loom`), so switching never rebuilds the
 /// normal one, and compiles only the workspace's crates and loom's scheduler with
-/// optimizations (the root `Cargo.toml` says why).
+/// optimizations, and none of the packages' dev-dependencies (the root `Cargo.toml` says why).
 pub(crate) fn loom_step() -> Step {
     let preemptions =
         env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| LOOM_MAX_PREEMPTIONS.to_owned());

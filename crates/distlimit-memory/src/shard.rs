@@ -1431,7 +1431,7 @@ impl Table {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(distlimit_loom)))]
 mod tests {
     use super::*;
     use distlimit_core::Quota;

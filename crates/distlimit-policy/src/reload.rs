@@ -235,7 +235,7 @@ async fn wait(interval: Duration, hangup: &mut Option<watch::Receiver<u64>>) -> 
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(distlimit_loom)))]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use std::sync::Mutex;
